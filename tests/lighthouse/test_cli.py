@@ -1,0 +1,120 @@
+"""``torchft_lighthouse``: the installed console script, its flags and its errors."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.lighthouse.test_server import free_port, wait_serving
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torchtitan_ft.lighthouse.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--min_replicas", "0"], "--min_replicas must be >= 1, got 0"),
+        (["--min_replicas", "1", "--join_timeout_ms", "-1"], "--join_timeout_ms must be >= 0"),
+        (["--min_replicas", "1", "--heartbeat_timeout_ms", "-3"], "--heartbeat_timeout_ms"),
+        (["--min_replicas", "1", "--quorum_tick_ms", "0"], "--quorum_tick_ms must be > 0"),
+        (["--min_replicas", "1", "--bind", "nowhere"], "--bind: bind address 'nowhere'"),
+        (["--min_replicas", "1", "--bind", "127.0.0.1:70000"], "port 70000"),
+        (["--min_replicas", "1", "--status_bind", "x:y"], "--status_bind"),
+        (["--min_replicas", "two"], "--min_replicas: invalid int value: 'two'"),
+        ([], "the following arguments are required: --min_replicas"),
+        (["--min_replicas", "1", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line_naming_the_flag(args, flag) -> None:
+    result = run(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("torchft_lighthouse: error: ")
+    assert flag in lines[0]
+
+
+@pytest.mark.multiprocess
+def test_port_in_use_is_one_line_exit_2() -> None:
+    port = free_port()
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchtitan_ft.lighthouse.cli",
+            "--min_replicas",
+            "1",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--status_bind",
+            "off",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_serving(first)
+        result = run("--min_replicas", "1", "--bind", f"127.0.0.1:{port}", "--status_bind", "off")
+    finally:
+        first.kill()
+        first.wait()
+    assert result.returncode == 2
+    assert f"cannot bind the lighthouse to 127.0.0.1:{port}" in result.stderr.strip()
+
+
+@pytest.mark.multiprocess
+def test_console_script_serves_and_stops_on_sigterm() -> None:
+    exe = shutil.which("torchft_lighthouse")
+    assert exe, "the console script is not installed (scripts/install.sh)"
+    port, status_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--min_replicas",
+            "1",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--status_bind",
+            f"127.0.0.1:{status_port}",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_serving(proc)
+        from tests.lighthouse.test_server import get
+
+        code, page = get(f"http://127.0.0.1:{status_port}/")
+        assert code == 200 and "torchft lighthouse" in page
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_help_lists_torchft_flags_and_defaults() -> None:
+    result = run("--help")
+    assert result.returncode == 0
+    for text in [
+        "--bind",
+        "[::]:29510",
+        "--join_timeout_ms",
+        "60000",
+        "--quorum_tick_ms",
+        "--heartbeat_timeout_ms",
+        "5000",
+        "--auth_token",
+        "--status_bind",
+    ]:
+        assert text in result.stdout

@@ -1,0 +1,207 @@
+"""Table tests of the pure quorum decision: states built by hand, decisions and reasons checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from torchtitan_ft.lighthouse.decision import (
+    DecisionOptions,
+    Pending,
+    decide,
+    next_quorum_id,
+)
+from torchtitan_ft.lighthouse.types import QuorumMember
+
+OPTS = DecisionOptions(min_replicas=2, join_timeout=10.0, heartbeat_timeout=5.0)
+NOW = 100.0
+
+
+def member(rid: str, shrink_only: bool = False, commit_failures: int = 0) -> QuorumMember:
+    return QuorumMember(replica_id=rid, shrink_only=shrink_only, commit_failures=commit_failures)
+
+
+@dataclass
+class Case:
+    name: str
+    pending: dict[str, float]  # replica -> joined time
+    heartbeats: dict[str, float]  # replica -> last seen
+    previous: list[str] | None
+    expected: list[str] | None
+    reason: str  # a substring of the reason
+    shrink_only: set[str] = field(default_factory=set)
+    opts: DecisionOptions = OPTS
+
+
+CASES = [
+    Case(
+        "first quorum once every healthy replica asked",
+        pending={"b": 99.0, "a": 99.5},
+        heartbeats={"a": 99.5, "b": 99.0},
+        previous=None,
+        expected=["a", "b"],
+        reason="all 2 eligible healthy replicas asked",
+    ),
+    Case(
+        "below min_replicas",
+        pending={"a": 99.0},
+        heartbeats={"a": 99.0},
+        previous=None,
+        expected=None,
+        reason="min_replicas=2",
+    ),
+    Case(
+        "join timeout not passed: waits for a healthy straggler",
+        pending={"a": 95.0, "b": 96.0},
+        heartbeats={"a": 99.0, "b": 99.0, "c": 99.0},
+        previous=None,
+        expected=None,
+        reason="1 healthy replica(s) have not asked; issuing without them in 5.0s",
+    ),
+    Case(
+        "join timeout passed: issues without the straggler",
+        pending={"a": 89.0, "b": 96.0},
+        heartbeats={"a": 99.0, "b": 99.0, "c": 99.0},
+        previous=None,
+        expected=["a", "b"],
+        reason="join timeout passed, issuing without 1",
+    ),
+    Case(
+        "expired heartbeat: the requester no longer counts",
+        pending={"a": 99.0, "b": 90.0},
+        heartbeats={"a": 99.0, "b": 94.0},
+        previous=None,
+        expected=None,
+        reason="1 healthy replica(s) asked, min_replicas=2",
+    ),
+    Case(
+        "expired heartbeat: a silent replica no longer blocks the round",
+        pending={"a": 99.0, "b": 99.0},
+        heartbeats={"a": 99.0, "b": 99.0, "c": 90.0},
+        previous=["a", "b", "c"],
+        expected=["a", "b"],
+        reason="all 2 eligible healthy replicas asked",
+    ),
+    Case(
+        "fast quorum: all previous members are back",
+        pending={"a": 99.9, "b": 99.9},
+        heartbeats={"a": 99.9, "b": 99.9, "c": 99.9},
+        previous=["a", "b"],
+        expected=["a", "b"],
+        reason="fast quorum: all 2 previous members are back",
+    ),
+    Case(
+        "fast quorum includes a newcomer already waiting",
+        pending={"a": 99.9, "b": 99.9, "c": 99.0},
+        heartbeats={"a": 99.9, "b": 99.9, "c": 99.0},
+        previous=["a", "b"],
+        expected=["a", "b", "c"],
+        reason="plus 1 newcomer(s)",
+    ),
+    Case(
+        "fast quorum comes before the min_replicas check, as in torchft",
+        pending={"a": 99.9},
+        heartbeats={"a": 99.9},
+        previous=["a"],
+        expected=["a"],
+        reason="fast quorum",
+        opts=DecisionOptions(min_replicas=2, join_timeout=10.0, heartbeat_timeout=5.0),
+    ),
+    Case(
+        "split brain: two of four healthy is not a majority",
+        pending={"a": 80.0, "b": 80.0},
+        heartbeats={"a": 99.0, "b": 99.0, "c": 99.0, "d": 99.0},
+        previous=None,
+        expected=None,
+        reason="need a strict majority (split-brain guard)",
+    ),
+    Case(
+        "majority of healthy issues after the join timeout",
+        pending={"a": 80.0, "b": 80.0, "c": 80.0},
+        heartbeats={"a": 99.0, "b": 99.0, "c": 99.0, "d": 99.0},
+        previous=None,
+        expected=["a", "b", "c"],
+        reason="join timeout passed",
+    ),
+    Case(
+        "quorum changed: a member died, survivors go without waiting",
+        pending={"a": 99.0, "c": 99.0},
+        heartbeats={"a": 99.0, "c": 99.0},
+        previous=["a", "b", "c"],
+        expected=["a", "c"],
+        reason="all 2 eligible healthy replicas asked",
+    ),
+    Case(
+        "shrink only drops a newcomer and issues at once",
+        pending={"a": 99.0, "b": 99.0, "z": 99.0},
+        heartbeats={"a": 99.0, "b": 99.0, "z": 99.0},
+        previous=["a", "b", "c"],
+        expected=["a", "b"],
+        reason="all 2 eligible healthy replicas asked",
+        shrink_only={"a"},
+    ),
+    Case(
+        "join during shrink: newcomer alone is not a quorum",
+        pending={"z": 99.0, "a": 99.0},
+        heartbeats={"a": 99.0, "b": 99.0, "z": 99.0},
+        previous=["a", "b"],
+        expected=None,
+        reason="1 healthy replica(s) asked, min_replicas=2",
+        shrink_only={"a"},
+    ),
+    Case(
+        "shrink only waits for a previous member that has not asked",
+        pending={"a": 99.0, "b": 99.0},
+        heartbeats={"a": 99.0, "b": 99.0, "c": 99.0},
+        previous=["a", "b", "c"],
+        expected=None,
+        reason="1 healthy replica(s) have not asked",
+        shrink_only={"b"},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_decide(case: Case) -> None:
+    pending = {
+        rid: Pending(member(rid, shrink_only=rid in case.shrink_only), joined)
+        for rid, joined in case.pending.items()
+    }
+    previous = tuple(member(r) for r in case.previous) if case.previous is not None else None
+    decision = decide(pending, case.heartbeats, previous, NOW, case.opts)
+    got = [m.replica_id for m in decision.members] if decision.members is not None else None
+    assert got == case.expected
+    assert case.reason in decision.reason
+
+
+def test_members_sorted_by_replica_id() -> None:
+    pending = {rid: Pending(member(rid), 99.0) for rid in ["c", "a", "b"]}
+    decision = decide(pending, dict.fromkeys("abc", 99.0), None, NOW, OPTS)
+    assert [m.replica_id for m in decision.members] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("previous", "members", "expected"),
+    [
+        (None, ["a", "b"], 5_000),  # first quorum: the floor
+        (["a", "b"], ["a", "b"], 41),  # same members: id kept
+        (["a", "b"], ["a", "c"], 5_000),  # changed: bumped to the floor
+        (["a", "b"], ["a"], 5_000),
+        (["a", "b", "c"], ["a", "b"], 5_000),
+    ],
+)
+def test_next_quorum_id_on_membership(previous, members, expected) -> None:
+    prev = tuple(member(r) for r in previous) if previous is not None else None
+    assert next_quorum_id(41, prev, tuple(member(r) for r in members), floor=5_000) == expected
+
+
+def test_next_quorum_id_bumps_on_commit_failures() -> None:
+    prev = (member("a"), member("b"))
+    now = (member("a", commit_failures=1), member("b"))
+    assert next_quorum_id(41, prev, now, floor=0) == 42
+
+
+def test_next_quorum_id_never_goes_back_when_floor_is_behind() -> None:
+    prev = (member("a"),)
+    assert next_quorum_id(9_000, prev, (member("b"),), floor=5_000) == 9_001

@@ -1,0 +1,447 @@
+"""The lighthouse end to end: real gRPC server, real clients, real processes and signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import grpc
+import pytest
+
+from torchtitan_ft.lighthouse import LighthouseClient, LighthouseServer, Quorum
+from torchtitan_ft.proto import torchft_pb2 as pb
+
+T = timedelta(seconds=10)
+
+
+@pytest.fixture
+def servers() -> Iterator[Callable[..., LighthouseServer]]:
+    started: list[LighthouseServer] = []
+
+    def start(**kw) -> LighthouseServer:
+        kw.setdefault("bind", "127.0.0.1:0")
+        server = LighthouseServer(**kw)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.shutdown()
+
+
+def ask_all(addr: str, replica_ids: list[str], **kw) -> dict[str, Quorum]:
+    """Every replica asks concurrently; returns each one's quorum."""
+    results: dict[str, Quorum] = {}
+    errors: list[BaseException] = []
+
+    def ask(rid: str) -> None:
+        client = LighthouseClient(addr)
+        try:
+            results[rid] = client.quorum(rid, T, **kw)
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=ask, args=(r,)) for r in replica_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def ids(quorum: Quorum) -> list[str]:
+    return [m.replica_id for m in quorum.participants]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_several_clients_get_one_consistent_quorum(servers) -> None:
+    server = servers(min_replicas=3)
+    got = ask_all(server.address(), ["c", "a", "b"], step=7, world_size=2)
+    assert {q.quorum_id for q in got.values()} == {got["a"].quorum_id}
+    assert ids(got["a"]) == ["a", "b", "c"]
+    assert all(m.step == 7 and m.world_size == 2 for m in got["b"].participants)
+
+
+def test_member_fields_round_trip(servers) -> None:
+    server = servers(min_replicas=1)
+    client = LighthouseClient(server.address())
+    q = client.quorum(
+        "r0",
+        T,
+        address="http://127.0.0.1:1234",
+        store_address="127.0.0.1:29500",
+        step=12,
+        world_size=4,
+        data={"k": [1, 2]},
+        commit_failures=0,
+    )
+    (m,) = q.participants
+    assert (m.address, m.store_address, m.step, m.world_size, m.data) == (
+        "http://127.0.0.1:1234",
+        "127.0.0.1:29500",
+        12,
+        4,
+        {"k": [1, 2]},
+    )
+
+
+def test_quorum_id_kept_for_same_members_and_bumped_on_change(servers) -> None:
+    server = servers(min_replicas=2)
+    first = ask_all(server.address(), ["a", "b"])["a"]
+    same = ask_all(server.address(), ["a", "b"])["a"]
+    assert same.quorum_id == first.quorum_id
+    # A newcomer joins a fast quorum only if it is already waiting when the members return.
+    newcomer: dict[str, Quorum] = {}
+    t = threading.Thread(target=lambda: newcomer.update(ask_all(server.address(), ["c"])))
+    t.start()
+    wait_until(lambda: "c" in server.run_in_loop(lambda: set(server.state.pending)))
+    bigger = ask_all(server.address(), ["a", "b"])["a"]
+    t.join()
+    assert ids(bigger) == ids(newcomer["c"]) == ["a", "b", "c"]
+    assert bigger.quorum_id > first.quorum_id
+    failures = ask_all(server.address(), ["a", "b", "c"], commit_failures=1)["a"]
+    assert failures.quorum_id > bigger.quorum_id
+
+
+def test_unary_heartbeat_counts_a_replica_as_healthy(servers) -> None:
+    """A replica that only heartbeats counts as healthy: alone, the asker is no majority."""
+    server = servers(min_replicas=1, join_timeout_ms=60_000)
+    client = LighthouseClient(server.address())
+    client.heartbeat("idle")
+    with pytest.raises(TimeoutError):
+        client.quorum("busy", timedelta(milliseconds=500))
+    status = server.run_in_loop(server.state.status)
+    assert "1 of 2 healthy replicas asked" in status["reason"]
+
+
+_DYING_REPLICA = """
+import sys, time
+from datetime import timedelta
+from torchtitan_ft.lighthouse import LighthouseClient
+client = LighthouseClient(sys.argv[1])
+stream = client.heartbeat_stream("doomed", timedelta(milliseconds=100))
+client.quorum("doomed", timedelta(seconds=30))
+print("in quorum", flush=True)
+time.sleep(600)
+"""
+
+
+def survivor_and_doomed(server: LighthouseServer) -> tuple[LighthouseClient, subprocess.Popen]:
+    """An in-test replica "alive" and a replica process "doomed", both known to the
+    lighthouse (heartbeat streams) before either asks, so their first quorum has both."""
+    survivor = LighthouseClient(server.address())
+    survivor.heartbeat_stream("alive", timedelta(milliseconds=100))
+    known = lambda: set(server.run_in_loop(lambda: set(server.state.heartbeats)))  # noqa: E731
+    wait_until(lambda: "alive" in known())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _DYING_REPLICA, server.address()], stdout=subprocess.PIPE, text=True
+    )
+    wait_until(lambda: "doomed" in known(), 30)
+    return survivor, proc
+
+
+@pytest.mark.multiprocess
+def test_sigkilled_replica_is_dropped_from_the_next_quorum(servers) -> None:
+    """With a 60 s heartbeat timeout, only the ended stream can explain a quick drop."""
+    server = servers(min_replicas=1, heartbeat_timeout_ms=60_000, join_timeout_ms=60_000)
+    survivor, proc = survivor_and_doomed(server)
+    try:
+        first = survivor.quorum("alive", T)
+        assert ids(first) == ["alive", "doomed"]
+        assert proc.stdout.readline().strip() == "in quorum"
+
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        start = time.monotonic()
+        second = survivor.quorum("alive", T)
+        elapsed = time.monotonic() - start
+    finally:
+        proc.kill()
+        proc.wait()
+    assert ids(second) == ["alive"]
+    assert second.quorum_id > first.quorum_id
+    assert elapsed < 5.0, f"dropped after {elapsed:.2f}s; the stream end was not noticed"
+    assert server.run_in_loop(lambda: server.state.metrics.stream_deaths) == 1
+
+
+@pytest.mark.multiprocess
+def test_hung_replica_is_evicted_by_the_heartbeat_timeout(servers) -> None:
+    """A SIGSTOPped process keeps its stream open but stops heartbeating."""
+    server = servers(min_replicas=1, heartbeat_timeout_ms=1_000, join_timeout_ms=60_000)
+    survivor, proc = survivor_and_doomed(server)
+    try:
+        assert ids(survivor.quorum("alive", T)) == ["alive", "doomed"]
+        assert proc.stdout.readline().strip() == "in quorum"
+        os.kill(proc.pid, signal.SIGSTOP)
+        second = survivor.quorum("alive", T)
+        status = server.run_in_loop(server.state.status)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert ids(second) == ["alive"]
+    doomed = next(h for h in status["heartbeats"] if h["replica_id"] == "doomed")
+    assert doomed["stream"] and not doomed["healthy"]
+
+
+def test_closed_stream_drops_replica_and_unblocks_the_round(servers) -> None:
+    server = servers(min_replicas=1, heartbeat_timeout_ms=60_000, join_timeout_ms=60_000)
+    client = LighthouseClient(server.address())
+    stream = client.heartbeat_stream("leaver", timedelta(milliseconds=50))
+    wait_until(lambda: "leaver" in server.run_in_loop(lambda: set(server.state.heartbeats)))
+    # "stayer" waits for the healthy "leaver" (join timeout 60 s) until the stream closes.
+    done: list[Quorum] = []
+    t = threading.Thread(target=lambda: done.append(client.quorum("stayer", T)))
+    t.start()
+    time.sleep(0.3)
+    assert not done
+    stream.close()
+    t.join(timeout=10)
+    assert [ids(q) for q in done] == [["stayer"]]
+
+
+def test_requests_without_requester_or_with_garbage_are_rejected(servers) -> None:
+    server = servers(min_replicas=1)
+    channel = grpc.insecure_channel(server.address().removeprefix("http://"))
+    raw = channel.unary_unary("/torchft.LighthouseService/Quorum")
+    for payload, expected in [
+        (pb.LighthouseQuorumRequest().SerializeToString(), "requester is missing"),
+        (
+            pb.LighthouseQuorumRequest(requester=pb.QuorumMember()).SerializeToString(),
+            "replica_id is empty",
+        ),
+        (b"\xff\xff\xff\xff", "malformed LighthouseQuorumRequest"),
+        (
+            pb.LighthouseQuorumRequest(
+                requester=pb.QuorumMember(replica_id="x", data="{not json")
+            ).SerializeToString(),
+            "is not JSON text",
+        ),
+    ]:
+        with pytest.raises(grpc.RpcError) as err:
+            raw(payload, timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert expected in err.value.details()
+    heartbeat = channel.unary_unary("/torchft.LighthouseService/Heartbeat")
+    with pytest.raises(grpc.RpcError) as err:
+        heartbeat(b"", timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    channel.close()
+    # Still serving.
+    assert ids(LighthouseClient(server.address()).quorum("ok", T)) == ["ok"]
+    assert server.run_in_loop(lambda: server.state.metrics.bad_requests) == 5
+
+
+def test_client_reports_rejection_as_value_error(servers) -> None:
+    server = servers(min_replicas=1)
+    with pytest.raises(ValueError, match="replica_id is empty"):
+        LighthouseClient(server.address()).quorum("", T)
+
+
+def test_quorum_timeout_when_lighthouse_is_down() -> None:
+    client = LighthouseClient(f"http://127.0.0.1:{free_port()}")
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="no quorum from the lighthouse"):
+        client.quorum("r", timedelta(milliseconds=700))
+    assert time.monotonic() - start < 5
+
+
+def start_cli(port: int, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchtitan_ft.lighthouse.cli",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--status_bind",
+            "off",
+            "--min_replicas",
+            "2",
+            *extra,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_serving(proc: subprocess.Popen) -> None:
+    for line in proc.stderr:
+        if "lighthouse serving on" in line:
+            return
+    raise AssertionError(f"lighthouse exited with {proc.wait()}")
+
+
+@pytest.mark.multiprocess
+def test_restarted_lighthouse_never_reissues_a_quorum_id_and_replicas_resume() -> None:
+    port = free_port()
+    addr = f"http://127.0.0.1:{port}"
+    first_run = start_cli(port)
+    try:
+        wait_serving(first_run)
+        before = ask_all(addr, ["a", "b"])["a"]
+    finally:
+        first_run.kill()
+        first_run.wait()
+
+    # Replicas keep asking through the outage and get through once it is back.
+    waiting: dict[str, Quorum] = {}
+    asker = threading.Thread(target=lambda: waiting.update(ask_all(addr, ["a", "b"])))
+    asker.start()
+    time.sleep(0.5)
+    second_run = start_cli(port)
+    try:
+        wait_serving(second_run)
+        asker.join(timeout=15)
+        assert "a" in waiting, "the replica did not resume through the restarted lighthouse"
+        after = waiting["a"]
+    finally:
+        second_run.kill()
+        second_run.wait()
+    assert after.quorum_id > before.quorum_id
+
+
+def get(url: str, headers: dict[str, str] | None = None, method: str = "GET"):
+    request = urllib.request.Request(url, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_status_page_json_and_metrics(servers) -> None:
+    server = servers(min_replicas=2, status_bind="127.0.0.1:0")
+    ask_all(server.address(), ["r-0", "r-1"], step=5, address="http://127.0.0.1:9")
+    base = server.status_address()
+
+    code, page = get(base + "/")
+    assert code == 200
+    assert page.count('<tr class="member">') == 2
+    assert "r-0" in page and "r-1" in page and "kill" not in page
+
+    code, body = get(base + "/status.json")
+    status = json.loads(body)
+    assert code == 200
+    assert [m["replica_id"] for m in status["quorum"]["members"]] == ["r-0", "r-1"]
+    assert status["quorum"]["members"][0]["step"] == 5
+    assert "all 2 eligible healthy replicas asked" in status["reason"]
+    assert {h["replica_id"] for h in status["heartbeats"]} == {"r-0", "r-1"}
+
+    code, metrics = get(base + "/metrics")
+    assert code == 200
+    values = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if not line.startswith("#"))
+    assert values["torchft_lighthouse_quorums_issued_total"] == "1"
+    assert values["torchft_lighthouse_quorum_members"] == "2"
+    assert int(values["torchft_lighthouse_decision_seconds_count"]) >= 1
+
+    assert get(base + "/nope")[0] == 404
+    assert get(base + "/", method="DELETE")[0] == 405
+
+
+def test_kill_action_absent_without_token(servers) -> None:
+    server = servers(min_replicas=1, status_bind="127.0.0.1:0")
+    ask_all(server.address(), ["r"])
+    code, body = get(server.status_address() + "/replica/r/kill", method="POST")
+    assert code == 404 and "no kill action" in body
+
+
+def test_kill_action_needs_the_token(servers) -> None:
+    server = servers(min_replicas=1, status_bind="127.0.0.1:0", auth_token="s3cret")
+    ask_all(server.address(), ["r"], address=f"http://127.0.0.1:{free_port()}")
+    url = server.status_address() + "/replica/r/kill"
+    assert get(url, method="POST")[0] == 401
+    assert get(url, {"Authorization": "Bearer wrong"}, method="POST")[0] == 401
+    code, body = get(
+        server.status_address() + "/replica/ghost/kill",
+        {"Authorization": "Bearer s3cret"},
+        method="POST",
+    )
+    assert code == 404 and "not in the current quorum" in body
+    code, page = get(server.status_address() + "/")
+    assert "kill" in page and "s3cret" not in page
+
+
+_KILLABLE_MANAGER = """
+import sys, time
+from datetime import timedelta
+from torchtitan_ft.manager_server import ManagerServer
+server = ManagerServer(
+    "victim", sys.argv[1], hostname="127.0.0.1", bind="127.0.0.1:0",
+    store_addr="127.0.0.1:1", world_size=1, heartbeat_interval=timedelta(milliseconds=100),
+    connect_timeout=timedelta(seconds=5), auth_token="s3cret",
+)
+print(server.address(), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.multiprocess
+def test_kill_action_kills_the_replica_with_the_token(servers) -> None:
+    server = servers(min_replicas=1, status_bind="127.0.0.1:0", auth_token="s3cret")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLABLE_MANAGER, server.address()],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        manager_addr = proc.stdout.readline().strip()
+        ask_all(server.address(), ["victim"], address=manager_addr)
+        code, body = get(
+            server.status_address() + "/replica/victim/kill",
+            {"Authorization": "Bearer s3cret"},
+            method="POST",
+        )
+        assert (code, body.strip()) == (200, "killed victim")
+        assert proc.wait(timeout=10) != 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_bind_in_use_is_a_clear_error(servers) -> None:
+    first = servers(min_replicas=1)
+    with pytest.raises(OSError, match="cannot bind the lighthouse"):
+        LighthouseServer(bind=first.address().removeprefix("http://"), min_replicas=1)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"min_replicas": 0}, "--min_replicas must be >= 1"),
+        ({"min_replicas": 1, "join_timeout_ms": -1}, "--join_timeout_ms must be >= 0"),
+        ({"min_replicas": 1, "quorum_tick_ms": 0}, "--quorum_tick_ms must be > 0"),
+        ({"min_replicas": 1, "heartbeat_timeout_ms": -5}, "--heartbeat_timeout_ms must be > 0"),
+        ({"min_replicas": 1, "bind": "localhost"}, "is not host:port"),
+    ],
+)
+def test_constructor_validation(kw, message) -> None:
+    kw.setdefault("bind", "127.0.0.1:0")
+    with pytest.raises(ValueError, match=message):
+        LighthouseServer(**kw)

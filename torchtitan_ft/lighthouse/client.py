@@ -1,0 +1,196 @@
+"""``LighthouseClient``: quorum requests, heartbeats and the held-open heartbeat stream."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import grpc
+
+from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
+from torchtitan_ft.proto import torchft_pb2 as pb
+from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+CHANNEL_OPTIONS = [
+    # Reach a restarted server within ~100 ms instead of gRPC's default 1 s..120 s backoff.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),
+]
+"""gRPC channel options for every client of the lighthouse and manager servers."""
+
+_RETRY_SLEEP_S = 0.05
+
+
+def grpc_target(addr: str) -> str:
+    """``http://host:port`` (or a bare ``host:port``) as a gRPC target."""
+    for scheme in ("http://", "https://"):
+        if addr.startswith(scheme):
+            return addr[len(scheme) :]
+    return addr
+
+
+class LighthouseClient:
+    """A client of a lighthouse (ours or torchft's).
+
+    Args:
+        addr: the lighthouse URL, ``http://host:port``.
+        connect_timeout: how long ``heartbeat`` waits for the lighthouse to accept a
+            connection before raising ``TimeoutError``.
+    """
+
+    def __init__(self, addr: str, connect_timeout: timedelta = timedelta(seconds=10)) -> None:
+        self.addr = addr
+        self._connect_timeout = connect_timeout.total_seconds()
+        self._channel = grpc.insecure_channel(grpc_target(addr), options=CHANNEL_OPTIONS)
+        self._stub = pb_grpc.LighthouseServiceStub(self._channel)
+
+    def quorum(
+        self,
+        replica_id: str,
+        timeout: timedelta,
+        address: str = "",
+        store_address: str = "",
+        step: int = 0,
+        world_size: int = 0,
+        shrink_only: bool = False,
+        data: dict[str, Any] | None = None,
+        commit_failures: int = 0,
+    ) -> Quorum:
+        """Asks for the next quorum and waits until one containing ``replica_id`` is issued.
+
+        Retries while the lighthouse is unreachable (for example restarting) until ``timeout``;
+        raises ``TimeoutError`` then, ``ValueError`` when the lighthouse rejects the request.
+        """
+        member = QuorumMember(
+            replica_id=replica_id,
+            address=address,
+            store_address=store_address,
+            step=step,
+            world_size=world_size,
+            shrink_only=shrink_only,
+            data=data,
+            commit_failures=commit_failures,
+        )
+        request = pb.LighthouseQuorumRequest(requester=member.to_proto())
+        deadline = time.monotonic() + timeout.total_seconds()
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                response = self._stub.Quorum(request, timeout=remaining, wait_for_ready=True)
+                return Quorum.from_proto(response.quorum)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE:  # lighthouse restarting: retry
+                    time.sleep(min(_RETRY_SLEEP_S, max(0.0, deadline - time.monotonic())))
+                elif e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    _raise_for(e, self.addr, timeout)
+        raise TimeoutError(
+            f"no quorum from the lighthouse at {self.addr} within {timeout}; is it running, "
+            "and are at least min_replicas replica groups asking?"
+        )
+
+    def heartbeat(self, replica_id: str, timeout: timedelta = timedelta(seconds=5)) -> None:
+        """Sends one unary heartbeat (what torchft clients do)."""
+        wait = min(timeout.total_seconds(), self._connect_timeout)
+        try:
+            self._stub.Heartbeat(
+                pb.LighthouseHeartbeatRequest(replica_id=replica_id),
+                timeout=wait,
+                wait_for_ready=True,
+            )
+        except grpc.RpcError as e:
+            _raise_for(e, self.addr, timedelta(seconds=wait))
+
+    def heartbeat_stream(
+        self, replica_id: str, interval: timedelta = timedelta(milliseconds=100)
+    ) -> HeartbeatStream:
+        """Opens a held-open heartbeat stream: the lighthouse drops ``replica_id`` as soon as
+        it ends (process death). Reconnects in the background; ``close()`` ends it."""
+        return HeartbeatStream(self._stub, replica_id, interval.total_seconds())
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class HeartbeatStream:
+    """A background thread keeping one ``HeartbeatStream`` RPC open, reconnecting on failure.
+
+    Against a lighthouse without the stream RPC (torchft's answers UNIMPLEMENTED) it falls
+    back to a unary ``Heartbeat`` every interval, so the replica still counts as healthy there.
+    """
+
+    def __init__(self, stub: pb_grpc.LighthouseServiceStub, replica_id: str, interval: float):
+        if interval <= 0:
+            raise ValueError(f"heartbeat interval must be > 0 seconds, got {interval}")
+        self._stub = stub
+        self._replica_id = replica_id
+        self._interval = interval
+        self._closed = threading.Event()
+        self._call: grpc.Future | None = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(
+            target=self._run, name=f"heartbeat-{replica_id}", daemon=True
+        )
+        self._thread.start()
+
+    def _requests(self):
+        request = pb.LighthouseHeartbeatRequest(replica_id=self._replica_id)
+        while not self._closed.is_set():
+            yield request
+            self._closed.wait(self._interval)
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            with self._lock:
+                if self._closed.is_set():
+                    return
+                self._call = self._stub.HeartbeatStream.future(
+                    self._requests(), wait_for_ready=True
+                )
+            try:
+                self._call.result()
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    self._run_unary()
+                    return
+                logger.debug(
+                    "heartbeat stream of %s broke (%s); reconnecting", self._replica_id, e.code()
+                )
+            except grpc.FutureCancelledError:
+                return
+            self._closed.wait(self._interval)
+
+    def _run_unary(self) -> None:
+        logger.info(
+            "the lighthouse has no HeartbeatStream; %s sends unary heartbeats (a dead process "
+            "is then noticed only after the lighthouse's heartbeat timeout)",
+            self._replica_id,
+        )
+        request = pb.LighthouseHeartbeatRequest(replica_id=self._replica_id)
+        while not self._closed.wait(self._interval):
+            try:
+                self._stub.Heartbeat(request, timeout=max(1.0, 5 * self._interval))
+            except grpc.RpcError as e:
+                logger.debug("heartbeat of %s failed: %s", self._replica_id, e.code())
+
+    def close(self) -> None:
+        """Ends the stream (the lighthouse then drops the replica) and stops the thread."""
+        with self._lock:
+            self._closed.set()
+            if self._call is not None:
+                self._call.cancel()
+        self._thread.join(timeout=max(1.0, 2 * self._interval))
+
+
+def _raise_for(e: grpc.RpcError, addr: str, timeout: timedelta) -> None:
+    code = e.code()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        raise TimeoutError(f"the lighthouse at {addr} did not answer within {timeout}") from e
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        raise ValueError(f"the lighthouse at {addr} rejected the request: {e.details()}") from e
+    raise RuntimeError(f"lighthouse at {addr}: {code.name}: {e.details()}") from e

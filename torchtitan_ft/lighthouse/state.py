@@ -1,0 +1,247 @@
+"""The lighthouse's mutable state and its bookkeeping, without any networking.
+
+``LighthouseState`` is driven by the server's event loop (one thread, no locks): requests,
+heartbeats, stream ends and ticks come in; it calls the pure ``decide`` when a quorum might be
+ready and hands the issued quorum, serialized once, to every waiting member.
+
+Cost per round is linear in the number of replicas: an arrival does O(1) work and only calls
+``decide`` (O(N log N)) when it completes the previous quorum or brings every known replica in;
+other rounds (join timeout, stragglers) are decided by the periodic tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from torchtitan_ft.lighthouse.decision import (
+    Decision,
+    DecisionOptions,
+    Pending,
+    decide,
+    healthy_replicas,
+    next_quorum_id,
+)
+from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
+from torchtitan_ft.proto import torchft_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+DECISION_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5)
+"""Upper bounds (seconds) of the decision-latency histogram."""
+
+
+@dataclass
+class Metrics:
+    quorums_issued: int = 0
+    quorum_id_changes: int = 0
+    heartbeats: int = 0
+    stream_deaths: int = 0
+    bad_requests: int = 0
+    decision_seconds_sum: float = 0.0
+    decision_buckets: list[int] = field(default_factory=lambda: [0] * len(DECISION_BUCKETS))
+    decision_count: int = 0
+
+    def observe_decision(self, seconds: float) -> None:
+        self.decision_count += 1
+        self.decision_seconds_sum += seconds
+        for i, bound in enumerate(DECISION_BUCKETS):
+            if seconds <= bound:
+                self.decision_buckets[i] += 1
+
+
+class LighthouseState:
+    """Pending requests, heartbeats and the last quorum; decides and issues quorums.
+
+    Args:
+        opts: the decision's thresholds.
+        clock: monotonic seconds, used for heartbeats and join times.
+        wall_us: wall-clock microseconds since the epoch; the floor of every new quorum_id, so
+            that a restarted lighthouse never reissues an id (see ``next_quorum_id``).
+    """
+
+    def __init__(
+        self,
+        opts: DecisionOptions,
+        clock: Callable[[], float] = time.monotonic,
+        wall_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+    ) -> None:
+        self.opts = opts
+        self._clock = clock
+        self._wall_us = wall_us
+        self.pending: dict[str, Pending] = {}
+        self._wire: dict[str, pb.QuorumMember] = {}
+        self._waiters: dict[str, list[asyncio.Future[bytes]]] = {}
+        self.heartbeats: dict[str, float] = {}
+        self._streams: dict[str, int] = {}
+        self.previous: tuple[QuorumMember, ...] | None = None
+        self._previous_ids: frozenset[str] = frozenset()
+        self._previous_pending = 0
+        self.quorum_id = 0
+        self.quorum: Quorum | None = None
+        self.quorum_issued_at: float | None = None
+        self.reason = "waiting: no replica has asked yet"
+        """Why the last decision was what it was; logged when it changes."""
+        self.metrics = Metrics()
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def heartbeat(self, replica_id: str) -> None:
+        self.heartbeats[replica_id] = self._clock()
+        self.metrics.heartbeats += 1
+
+    def stream_opened(self, replica_id: str) -> None:
+        self._streams[replica_id] = self._streams.get(replica_id, 0) + 1
+        self.heartbeat(replica_id)
+
+    def stream_closed(self, replica_id: str) -> None:
+        """The replica's heartbeat stream ended: its process is gone (or it shut down)."""
+        left = self._streams.get(replica_id, 0) - 1
+        if left > 0:
+            self._streams[replica_id] = left
+            return
+        self._streams.pop(replica_id, None)
+        self.heartbeats.pop(replica_id, None)
+        self.metrics.stream_deaths += 1
+        if replica_id in self.pending:
+            self._drop_pending(replica_id)
+        logger.info("replica %s is gone (heartbeat stream ended)", replica_id)
+        self.evaluate()
+
+    def request(self, member: QuorumMember, wire: pb.QuorumMember) -> asyncio.Future[bytes]:
+        """Registers a quorum request; the future gets the serialized response."""
+        rid = member.replica_id
+        now = self._clock()
+        self.heartbeats[rid] = now
+        previous = self.pending.get(rid)
+        joined = previous.joined if previous is not None else now
+        if previous is None and rid in self._previous_ids:
+            self._previous_pending += 1
+        self.pending[rid] = Pending(member, joined)
+        self._wire[rid] = wire
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(rid, []).append(fut)
+        if self._might_be_ready():
+            self.evaluate()
+        return fut
+
+    def cancel(self, replica_id: str, fut: asyncio.Future[bytes]) -> None:
+        """The request behind ``fut`` ended before a quorum (deadline or disconnect)."""
+        waiters = self._waiters.get(replica_id)
+        if waiters is None or fut not in waiters:
+            return
+        waiters.remove(fut)
+        if not waiters:
+            self._drop_pending(replica_id)
+
+    def tick(self) -> None:
+        """Periodic: forget long-expired heartbeats, decide rounds that wait on time."""
+        now = self._clock()
+        horizon = 10 * self.opts.heartbeat_timeout
+        for rid in [r for r, seen in self.heartbeats.items() if now - seen > horizon]:
+            if rid not in self._streams:
+                del self.heartbeats[rid]
+        if self.pending:
+            self.evaluate()
+
+    # -- decision -------------------------------------------------------------------------
+
+    def _might_be_ready(self) -> bool:
+        """O(1) test: could this arrival complete a round? ``decide`` has the final word."""
+        if self.previous is not None and self._previous_pending == len(self._previous_ids):
+            return True
+        return len(self.pending) >= len(self.heartbeats)
+
+    def evaluate(self) -> Decision:
+        start = time.perf_counter()
+        decision = decide(self.pending, self.heartbeats, self.previous, self._clock(), self.opts)
+        self.metrics.observe_decision(time.perf_counter() - start)
+        if decision.members is not None:
+            self._issue(decision.members)
+        self._set_reason(decision.reason)
+        return decision
+
+    def _issue(self, members: tuple[QuorumMember, ...]) -> None:
+        new_id = next_quorum_id(self.quorum_id, self.previous, members, self._wall_us())
+        if new_id != self.quorum_id:
+            self.metrics.quorum_id_changes += 1
+        self.quorum_id = new_id
+        created = datetime.now(UTC)
+        self.quorum = Quorum(new_id, members, created)
+        msg = pb.LighthouseQuorumResponse()
+        msg.quorum.quorum_id = new_id
+        msg.quorum.participants.extend(self._wire[m.replica_id] for m in members)
+        msg.quorum.created.FromDatetime(created)
+        payload = msg.SerializeToString()
+        for m in members:
+            rid = m.replica_id
+            del self.pending[rid]
+            del self._wire[rid]
+            for fut in self._waiters.pop(rid, ()):
+                if not fut.done():
+                    fut.set_result(payload)
+        self.previous = members
+        self._previous_ids = frozenset(m.replica_id for m in members)
+        self._previous_pending = sum(1 for rid in self.pending if rid in self._previous_ids)
+        self.quorum_issued_at = self._clock()
+        self.metrics.quorums_issued += 1
+
+    def _drop_pending(self, replica_id: str) -> None:
+        del self.pending[replica_id]
+        self._wire.pop(replica_id, None)
+        for fut in self._waiters.pop(replica_id, ()):
+            fut.cancel()
+        if replica_id in self._previous_ids:
+            self._previous_pending -= 1
+
+    def _set_reason(self, reason: str) -> None:
+        if reason != self.reason:
+            logger.info("lighthouse: %s", reason)
+            self.reason = reason
+
+    # -- views ----------------------------------------------------------------------------
+
+    def healthy(self) -> set[str]:
+        return healthy_replicas(self.heartbeats, self._clock(), self.opts.heartbeat_timeout)
+
+    def status(self) -> dict:
+        """A JSON-able snapshot for the status page."""
+        now = self._clock()
+        healthy = self.healthy()
+        quorum = None
+        if self.quorum is not None:
+            quorum = {
+                "quorum_id": self.quorum.quorum_id,
+                "created": self.quorum.created.isoformat(),
+                "age_s": round(now - (self.quorum_issued_at or now), 3),
+                "members": [
+                    {
+                        "replica_id": m.replica_id,
+                        "address": m.address,
+                        "store_address": m.store_address,
+                        "step": m.step,
+                        "world_size": m.world_size,
+                        "commit_failures": m.commit_failures,
+                    }
+                    for m in self.quorum.participants
+                ],
+            }
+        return {
+            "reason": self.reason,
+            "min_replicas": self.opts.min_replicas,
+            "quorum": quorum,
+            "pending": sorted(self.pending),
+            "heartbeats": [
+                {
+                    "replica_id": rid,
+                    "age_s": round(now - seen, 3),
+                    "healthy": rid in healthy,
+                    "stream": rid in self._streams,
+                }
+                for rid, seen in sorted(self.heartbeats.items())
+            ],
+        }

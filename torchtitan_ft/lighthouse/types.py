@@ -1,0 +1,85 @@
+"""Quorum data types shared by the lighthouse, its clients and the manager.
+
+Plain frozen dataclasses mirroring the ``QuorumMember`` and ``Quorum`` protobuf messages, so
+that decision logic and tests never touch protobuf objects. ``data`` is the member's JSON
+payload decoded (``None`` when the wire field is empty).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from torchtitan_ft.proto import torchft_pb2 as pb
+
+
+@dataclass(frozen=True)
+class QuorumMember:
+    replica_id: str
+    address: str = ""
+    """Manager URL, ``http://host:port``."""
+    store_address: str = ""
+    """TCPStore address, ``host:port``."""
+    step: int = 0
+    world_size: int = 0
+    shrink_only: bool = False
+    data: dict[str, Any] | None = field(default=None, compare=True)
+    commit_failures: int = 0
+
+    def to_proto(self) -> pb.QuorumMember:
+        return pb.QuorumMember(
+            replica_id=self.replica_id,
+            address=self.address,
+            store_address=self.store_address,
+            step=self.step,
+            world_size=self.world_size,
+            shrink_only=self.shrink_only,
+            data=json.dumps(self.data) if self.data is not None else "",
+            commit_failures=self.commit_failures,
+        )
+
+    @classmethod
+    def from_proto(cls, msg: pb.QuorumMember) -> QuorumMember:
+        """Decodes a wire member; raises ValueError when ``data`` is not JSON."""
+        try:
+            data = json.loads(msg.data) if msg.data else None
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"QuorumMember.data of {msg.replica_id!r} is not JSON text: {e}"
+            ) from e
+        return cls(
+            replica_id=msg.replica_id,
+            address=msg.address,
+            store_address=msg.store_address,
+            step=msg.step,
+            world_size=msg.world_size,
+            shrink_only=msg.shrink_only,
+            data=data,
+            commit_failures=msg.commit_failures,
+        )
+
+
+@dataclass(frozen=True)
+class Quorum:
+    quorum_id: int
+    participants: tuple[QuorumMember, ...]
+    """Members sorted by ``replica_id``."""
+    created: datetime
+
+    def to_proto(self) -> pb.Quorum:
+        msg = pb.Quorum(
+            quorum_id=self.quorum_id,
+            participants=[m.to_proto() for m in self.participants],
+        )
+        msg.created.FromDatetime(self.created)
+        return msg
+
+    @classmethod
+    def from_proto(cls, msg: pb.Quorum) -> Quorum:
+        return cls(
+            quorum_id=msg.quorum_id,
+            participants=tuple(QuorumMember.from_proto(m) for m in msg.participants),
+            created=msg.created.ToDatetime(tzinfo=UTC),
+        )
