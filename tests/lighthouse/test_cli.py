@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from tests.lighthouse.test_server import free_port, wait_serving
+from tests.lighthouse._helpers import free_port
+from tests.lighthouse.test_server import wait_serving
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -92,7 +93,7 @@ def test_console_script_serves_and_stops_on_sigterm() -> None:
     )
     try:
         wait_serving(proc)
-        from tests.lighthouse.test_server import get
+        from tests.lighthouse._helpers import get
 
         code, page = get(f"http://127.0.0.1:{status_port}/")
         assert code == 200 and "torchft lighthouse" in page

@@ -5,80 +5,22 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import grpc
 import pytest
 
+from tests.lighthouse._helpers import T, ask_all, free_port, get, wait_serving, wait_until
 from torchtitan_ft.lighthouse import LighthouseClient, LighthouseServer, Quorum
 from torchtitan_ft.proto import torchft_pb2 as pb
-
-T = timedelta(seconds=10)
-
-
-@pytest.fixture
-def servers() -> Iterator[Callable[..., LighthouseServer]]:
-    started: list[LighthouseServer] = []
-
-    def start(**kw) -> LighthouseServer:
-        kw.setdefault("bind", "127.0.0.1:0")
-        server = LighthouseServer(**kw)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.shutdown()
-
-
-def ask_all(addr: str, replica_ids: list[str], **kw) -> dict[str, Quorum]:
-    """Every replica asks concurrently; returns each one's quorum."""
-    results: dict[str, Quorum] = {}
-    errors: list[BaseException] = []
-
-    def ask(rid: str) -> None:
-        client = LighthouseClient(addr)
-        try:
-            results[rid] = client.quorum(rid, T, **kw)
-        except BaseException as e:
-            errors.append(e)
-        finally:
-            client.close()
-
-    threads = [threading.Thread(target=ask, args=(r,)) for r in replica_ids]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
 
 
 def ids(quorum: Quorum) -> list[str]:
     return [m.replica_id for m in quorum.participants]
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_several_clients_get_one_consistent_quorum(servers) -> None:
@@ -291,13 +233,6 @@ def start_cli(port: int, *extra: str) -> subprocess.Popen:
     )
 
 
-def wait_serving(proc: subprocess.Popen) -> None:
-    for line in proc.stderr:
-        if "lighthouse serving on" in line:
-            return
-    raise AssertionError(f"lighthouse exited with {proc.wait()}")
-
-
 @pytest.mark.multiprocess
 def test_restarted_lighthouse_never_reissues_a_quorum_id_and_replicas_resume() -> None:
     port = free_port()
@@ -325,15 +260,6 @@ def test_restarted_lighthouse_never_reissues_a_quorum_id_and_replicas_resume() -
         second_run.kill()
         second_run.wait()
     assert after.quorum_id > before.quorum_id
-
-
-def get(url: str, headers: dict[str, str] | None = None, method: str = "GET"):
-    request = urllib.request.Request(url, headers=headers or {}, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def test_status_page_json_and_metrics(servers) -> None:

@@ -154,7 +154,8 @@ class LighthouseState:
         """O(1) test: could this arrival complete a round? ``decide`` has the final word."""
         if self.previous is not None and self._previous_pending == len(self._previous_ids):
             return True
-        return len(self.pending) >= len(self.heartbeats)
+        # Every known replica asked, and enough of them: otherwise the tick decides.
+        return len(self.pending) >= max(self.opts.min_replicas, len(self.heartbeats))
 
     def evaluate(self) -> Decision:
         start = time.perf_counter()

@@ -172,6 +172,7 @@ body {{ font-family: sans-serif; margin: 1.5em; }}
 table {{ border-collapse: collapse; margin-bottom: 1.5em; }}
 th, td {{ border: 1px solid #bbb; padding: 0.3em 0.7em; text-align: left; }}
 th {{ background: #eee; }}
+tr.member td {{ background: #dff5e1; }}
 .unhealthy {{ color: #b00; }}
 .reason {{ font-family: monospace; background: #f4f4f4; padding: 0.5em; }}
 </style></head><body>

@@ -1,0 +1,70 @@
+"""Helpers shared by the lighthouse tests."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from datetime import timedelta
+
+from torchtitan_ft.lighthouse import LighthouseClient, Quorum
+
+T = timedelta(seconds=10)
+
+
+def ask_all(addr: str, replica_ids: list[str], **kw) -> dict[str, Quorum]:
+    """Every replica asks concurrently; returns each one's quorum."""
+    results: dict[str, Quorum] = {}
+    errors: list[BaseException] = []
+
+    def ask(rid: str) -> None:
+        client = LighthouseClient(addr)
+        try:
+            results[rid] = client.quorum(rid, T, **kw)
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=ask, args=(r,)) for r in replica_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, headers: dict[str, str] | None = None, method: str = "GET"):
+    request = urllib.request.Request(url, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def wait_serving(proc: subprocess.Popen) -> None:
+    for line in proc.stderr:
+        if "lighthouse serving on" in line:
+            return
+    raise AssertionError(f"lighthouse exited with {proc.wait()}")
