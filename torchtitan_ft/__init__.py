@@ -16,6 +16,22 @@ _PUBLIC = {
     "ManagerServer": "torchtitan_ft.manager_server",
     "ManagerClient": "torchtitan_ft.manager_server",
     "QuorumResult": "torchtitan_ft.manager_server",
+    "Manager": "torchtitan_ft.manager",
+    "WorldSizeMode": "torchtitan_ft.manager",
+    "DistributedDataParallel": "torchtitan_ft.ddp",
+    "Optimizer": "torchtitan_ft.optim",
+    "OptimizerWrapper": "torchtitan_ft.optim",
+    "DistributedSampler": "torchtitan_ft.data",
+    "ProcessGroup": "torchtitan_ft.process_group",
+    "ProcessGroupGloo": "torchtitan_ft.process_group",
+    "ProcessGroupNCCL": "torchtitan_ft.process_group",
+    "ManagedProcessGroup": "torchtitan_ft.process_group",
+    "ErrorSwallowingProcessGroupWrapper": "torchtitan_ft.process_group",
+    "CheckpointTransport": "torchtitan_ft.checkpoint",
+    "HTTPTransport": "torchtitan_ft.checkpoint",
+    "PGTransport": "torchtitan_ft.checkpoint",
+    "LocalSGD": "torchtitan_ft.semi_sync",
+    "DiLoCo": "torchtitan_ft.semi_sync",
 }
 
 

@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-from tests.lighthouse._helpers import free_port
-from tests.lighthouse.test_server import wait_serving
+from tests.lighthouse._helpers import free_port, get, wait_serving
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -99,6 +98,23 @@ def test_console_script_serves_and_stops_on_sigterm() -> None:
         assert code == 200 and "torchft lighthouse" in page
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.multiprocess
+def test_status_page_defaults_to_the_next_port_on_the_bind_host() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchtitan_ft.lighthouse.cli", "--min_replicas", "1",
+         "--bind", f"127.0.0.1:{port}"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        wait_serving(proc)
+        assert get(f"http://127.0.0.1:{port + 1}/status.json")[0] == 200
     finally:
         proc.kill()
         proc.wait()

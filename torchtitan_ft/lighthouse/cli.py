@@ -59,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--status_bind",
-        default="[::]:29511",
-        help="host:port of the HTTP status page, JSON and /metrics; 'off' serves "
-        "none (default: %(default)s)",
+        default=None,
+        help="host:port of the HTTP status page, JSON and /metrics; 'off' serves none "
+        "(default: the --bind host, port + 1, e.g. [::]:29511)",
     )
     p.add_argument(
         "--auth_token",
@@ -82,13 +82,17 @@ def main(argv: list[str] | None = None) -> None:
         )
     except ValueError as e:
         parser.error(str(e))
-    for flag, value in (("--bind", args.bind), ("--status_bind", args.status_bind)):
-        if flag == "--status_bind" and value == "off":
-            continue
+    try:
+        host, port = parse_bind(args.bind)
+    except ValueError as e:
+        parser.error(f"--bind: {e}")
+    if args.status_bind is None:
+        args.status_bind = f"{host}:{port + 1 if port else 0}"
+    elif args.status_bind != "off":
         try:
-            parse_bind(value)
+            parse_bind(args.status_bind)
         except ValueError as e:
-            parser.error(f"{flag}: {e}")
+            parser.error(f"--status_bind: {e}")
     token = args.auth_token if args.auth_token is not None else os.environ.get(AUTH_TOKEN_ENV)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

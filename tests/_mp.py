@@ -1,0 +1,258 @@
+"""Multi-process test helpers: a replica-group rank training a tiny MLP, as its own process.
+
+``train_worker`` is the whole FT training loop of a user script (Manager + DDP +
+OptimizerWrapper over a real lighthouse, ``ProcessGroupGloo`` and ``HTTPTransport``) and writes
+its final parameters, optimizer state and step to ``out_path`` for the parent to compare.
+``spawn_rank`` starts it from a preloaded forkserver (the parent runs gRPC threads, so forking
+the parent itself would be unsafe). Everything binds 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+
+@dataclass
+class WorkerConfig:
+    lighthouse_addr: str
+    replica: int
+    """Replica group number (the replica id is ``replica_{replica}``)."""
+    out_path: str
+    group_rank: int = 0
+    group_world_size: int = 1
+    store_port: int = 0
+    """The replica group's TCPStore port (needed when group_world_size > 1)."""
+    min_replica_size: int = 1
+    world_size_mode: str = "DYNAMIC"
+    stop_step: int = 10
+    """Stop once this step is committed and ``stop_participants`` took part in it."""
+    stop_participants: int = 1
+    kill_at_step: int | None = None
+    """SIGKILL this process right after launching the allreduce of this step, provided
+    ``kill_participants`` replica groups take part (i.e. peers are in the collective)."""
+    kill_participants: int = 2
+    fail_first_heal: bool = False
+    """This rank's first checkpoint fetch fails (a donor lost mid-transfer)."""
+    step_sleep_s: float = 0.0
+    max_iterations: int = 400
+    seed: int | None = None
+    """Model init seed; default differs per replica (init_sync makes them equal)."""
+    timeout_s: float = 10.0
+    shared_batches: bool = False
+    """Every replica group and rank trains on the same batch at a given step (the data depends
+    on the step only), so equal progress means equal samples whatever the membership."""
+    commit_log: str | None = None
+    """Append one JSON line per iteration to this file (see ``_log_iteration``): the step,
+    whether it committed, participants, a hash of the parameters and optimizer state, the
+    training loss and the loss on a fixed evaluation batch."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "torchtitan_ft.manager", "tests._mp"]
+_context: Any = None
+
+
+def _mp_context() -> Any:
+    """A forkserver that has imported torch (and torch._dynamo, which every optimizer imports:
+    ~3 s a process) once; workers fork from it cheaply. The server itself starts no threads,
+    unlike the test process (gRPC), so forking from it is safe."""
+    global _context
+    if _context is None:
+        _context = mp.get_context("forkserver")
+        _context.set_forkserver_preload(_PRELOAD)
+    return _context
+
+
+def spawn_rank(cfg: WorkerConfig) -> mp.process.BaseProcess:
+    proc = _mp_context().Process(target=train_worker, args=(cfg,), daemon=True)
+    proc.start()
+    return proc
+
+
+def _batch(replica: int, group_rank: int, step: int) -> tuple[Any, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * replica + 100 * group_rank + step)
+    return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+
+
+def eval_batch() -> tuple[Any, Any]:
+    """A fixed batch no worker trains on, to compare final losses between runs."""
+    return _batch(999, 0, 0)
+
+
+def state_hash(model: Any, optim: Any) -> str:
+    """SHA-1 of the parameters and the optimizer state (bitwise)."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha1()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().contiguous().numpy().tobytes())
+    for index, per_param in sorted(optim.state_dict()["state"].items()):
+        for key, value in sorted(per_param.items()):
+            digest.update(f"{index}.{key}".encode())
+            if isinstance(value, torch.Tensor):
+                digest.update(value.detach().contiguous().numpy().tobytes())
+            else:
+                digest.update(repr(value).encode())
+    return digest.hexdigest()
+
+
+def _log_iteration(
+    path: str, manager: Any, model: Any, optim: Any, committed: bool, loss: float
+) -> None:
+    import json
+
+    import torch
+
+    with torch.no_grad():
+        x, y = eval_batch()
+        eval_loss = torch.nn.functional.mse_loss(model(x), y).item()
+    record = {
+        "pid": os.getpid(),
+        "step": manager.current_step(),
+        "committed": committed,
+        "participants": manager.num_participants(),
+        "participating": manager.is_participating(),
+        "hash": state_hash(model, optim),
+        "loss": loss,
+        "eval_loss": eval_loss,
+        "time": time.time(),
+    }
+    with open(path, "a") as f:  # one write per line: a SIGKILL leaves at most a torn last line
+        f.write(json.dumps(record) + "\n")
+
+
+def train_worker(cfg: WorkerConfig) -> None:
+    marks = {"start": time.time()}
+    import logging
+
+    import torch
+    from torch import nn
+
+    from torchtitan_ft.checkpoint import HTTPTransport
+    from torchtitan_ft.ddp import DistributedDataParallel
+    from torchtitan_ft.manager import Manager, WorldSizeMode
+    from torchtitan_ft.optim import OptimizerWrapper
+    from torchtitan_ft.process_group import ProcessGroupGloo
+
+    marks["imported"] = time.time()
+    logging.basicConfig(
+        level=logging.WARNING,
+        format=f"%(asctime)s r{cfg.replica}/{cfg.group_rank} %(name)s %(message)s",
+    )
+    torch.set_num_threads(1)
+    torch.manual_seed(cfg.seed if cfg.seed is not None else 17 + cfg.replica)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+    inner = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": inner.state_dict()}
+
+    def load_state_dict(sd: dict[str, Any]) -> None:
+        model.load_state_dict(sd["model"])
+        inner.load_state_dict(sd["optim"])
+
+    timeout = timedelta(seconds=cfg.timeout_s)
+    pg = ProcessGroupGloo(timeout=timeout)
+    manager = Manager(
+        pg=pg,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        min_replica_size=cfg.min_replica_size,
+        timeout=timeout,
+        quorum_timeout=timedelta(seconds=30),
+        connect_timeout=timeout,
+        rank=cfg.group_rank,
+        world_size=cfg.group_world_size,
+        world_size_mode=WorldSizeMode[cfg.world_size_mode],
+        store_addr="127.0.0.1",
+        store_port=cfg.store_port or None,
+        lighthouse_addr=cfg.lighthouse_addr,
+        replica_id=f"replica_{cfg.replica}",
+        hostname="127.0.0.1",
+        checkpoint_transport=HTTPTransport(timeout=timeout, num_chunks=0, hostname="127.0.0.1"),
+    )
+    marks["manager"] = time.time()
+    if cfg.fail_first_heal:
+        transport = manager._checkpoint_transport
+        real_recv = transport.recv_checkpoint
+
+        def recv_fails_once(*args: Any, **kwargs: Any) -> Any:
+            transport.recv_checkpoint = real_recv
+            raise ConnectionResetError("injected: donor lost mid-transfer")
+
+        transport.recv_checkpoint = recv_fails_once
+    if cfg.kill_at_step is not None:
+        real_allreduce = pg.allreduce
+
+        def allreduce_then_die(tensors: Any, opts: Any = None) -> Any:
+            work = real_allreduce(tensors, opts)
+            if (
+                manager.current_step() >= cfg.kill_at_step
+                and manager.num_participants() >= cfg.kill_participants
+            ):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return work
+
+        pg.allreduce = allreduce_then_die  # type: ignore[method-assign]
+
+    ddp = DistributedDataParallel(manager, model)
+    optim = OptimizerWrapper(manager, inner)
+    commits: list[tuple[int, bool, int, bool, float]] = []
+    for _ in range(cfg.max_iterations):
+        optim.zero_grad()
+        if cfg.shared_batches:
+            x, y = _batch(0, 0, manager.current_step())
+        else:
+            x, y = _batch(cfg.replica, cfg.group_rank, manager.current_step())
+        loss = nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        committed = optim.step()
+        if cfg.commit_log is not None:
+            _log_iteration(cfg.commit_log, manager, model, inner, committed, loss.item())
+        commits.append(
+            (
+                manager.current_step(),
+                committed,
+                manager.num_participants(),
+                manager.is_participating(),
+                time.time(),
+            )
+        )
+        if (
+            committed
+            and manager.current_step() >= cfg.stop_step
+            and manager.num_participants() == cfg.stop_participants
+        ):
+            break
+        if cfg.step_sleep_s:
+            time.sleep(cfg.step_sleep_s)
+    torch.save(
+        {
+            "step": manager.current_step(),
+            "batches_committed": manager.batches_committed(),
+            "model": model.state_dict(),
+            "optim": inner.state_dict(),
+            "commits": commits,
+            "marks": marks,
+        },
+        cfg.out_path,
+    )
+    manager.shutdown(wait=False)
+    # Not pg.shutdown(): it frees the gloo group on a daemon thread, which aborts the
+    # interpreter at exit ("terminate called without an active exception"); reported.

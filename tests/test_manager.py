@@ -1,0 +1,687 @@
+"""Manager unit tests.
+
+Pure decision functions are tested with hand-built inputs. The Manager itself runs against a
+real in-process lighthouse and ManagerServer (cheap, and the quorum protocol is the point);
+only the cross-group process group and the checkpoint transport are fakes here, since their
+real implementations are tested in their own modules and across processes in
+``test_manager_integration.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+
+from torchtitan_ft.config_env import (
+    DEFAULT_LIGHTHOUSE_ADDR,
+    Source,
+    resolve_manager_settings,
+    store_key_prefix,
+)
+from torchtitan_ft.lighthouse import LighthouseServer
+from torchtitan_ft.manager import (
+    Manager,
+    Participation,
+    WorldSizeMode,
+    check_commit_failures,
+    compute_participation,
+    future_with_timeout,
+    global_ranks,
+    heal_needs_group_agreement,
+    local_commit_vote,
+    quorum_store_address,
+)
+from torchtitan_ft.quorum_results import QuorumResult
+
+# ------------------------------------------------------------------------------ pure logic
+
+
+def _result(**overrides: Any) -> QuorumResult:
+    fields: dict[str, Any] = dict(
+        quorum_id=1,
+        recover_src_manager_address="",
+        recover_src_replica_rank=None,
+        recover_dst_replica_ranks=[],
+        store_address="127.0.0.1:1",
+        max_step=5,
+        max_replica_rank=1,
+        max_world_size=3,
+        replica_rank=2,
+        replica_world_size=4,
+        heal=False,
+        commit_failures=0,
+        replica_ids=["a", "b", "c", "d"],
+    )
+    fields.update(overrides)
+    return QuorumResult(**fields)
+
+
+@pytest.mark.parametrize(
+    ("result", "async_", "heal", "mode", "min_size", "expected"),
+    [
+        # async quorum: only up-to-date members count
+        (_result(), True, True, WorldSizeMode.DYNAMIC, 1, Participation(1, 3)),
+        # sync quorum with healing: everyone (heal completes before the forward)
+        (_result(), False, True, WorldSizeMode.DYNAMIC, 1, Participation(2, 4)),
+        # sync quorum without healing: like async
+        (_result(), False, False, WorldSizeMode.DYNAMIC, 1, Participation(1, 3)),
+        # behind and healing: not a participant
+        (
+            _result(max_replica_rank=None),
+            True,
+            True,
+            WorldSizeMode.DYNAMIC,
+            1,
+            Participation(None, 3),
+        ),
+        # fixed with spares: capped, rank beyond the cap is a spare
+        (_result(), True, True, WorldSizeMode.FIXED_WITH_SPARES, 2, Participation(1, 2)),
+        (_result(), True, True, WorldSizeMode.FIXED_WITH_SPARES, 1, Participation(None, 1)),
+        (_result(), True, True, WorldSizeMode.FIXED_WITH_SPARES, 5, Participation(1, 3)),
+    ],
+)
+def test_compute_participation(
+    result: QuorumResult,
+    async_: bool,
+    heal: bool,
+    mode: WorldSizeMode,
+    min_size: int,
+    expected: Participation,
+) -> None:
+    got = compute_participation(
+        result,
+        use_async_quorum=async_,
+        allow_heal=heal,
+        world_size_mode=mode,
+        min_replica_size=min_size,
+    )
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("error", "participants", "min_size", "vote"),
+    [
+        (None, 2, 2, True),
+        (None, 3, 2, True),
+        (None, 1, 2, False),
+        (RuntimeError("allreduce failed"), 3, 2, False),
+        (RuntimeError("x"), 1, 2, False),
+    ],
+)
+def test_local_commit_vote(
+    error: Exception | None, participants: int, min_size: int, vote: bool
+) -> None:
+    got = local_commit_vote(error, participants, min_size)
+    assert got.should_commit is vote
+    if error is not None:
+        assert "allreduce failed" in got.reason or "x" in got.reason
+    elif not vote:
+        assert "min_replica_size=2" in got.reason
+
+
+def test_check_commit_failures() -> None:
+    check_commit_failures(100, None)
+    check_commit_failures(2, 2)
+    with pytest.raises(RuntimeError, match="max_retries=2"):
+        check_commit_failures(3, 2)
+    with pytest.raises(RuntimeError, match="max_retries=0"):
+        check_commit_failures(1, 0)
+
+
+def test_quorum_store_address_and_global_ranks() -> None:
+    assert quorum_store_address("h:1", 7, 2) == "h:1/torchft/7/2"
+    ids = ["train_0:u1", "train_3:u2", "noid:u3", "7"]
+    assert global_ranks(ids, group_world_size=2, group_rank=1) == [1, 7, 1, 15]
+
+
+def test_future_with_timeout() -> None:
+    ok: torch.futures.Future[int] = torch.futures.Future()
+    wrapped = future_with_timeout(ok, timedelta(seconds=5))
+    ok.set_result(3)
+    assert wrapped.wait() == 3
+
+    failing: torch.futures.Future[int] = torch.futures.Future()
+    wrapped = future_with_timeout(failing, timedelta(seconds=5))
+    failing.set_exception(ValueError("boom"))
+    with pytest.raises(ValueError, match="boom"):
+        wrapped.wait()
+
+    never: torch.futures.Future[int] = torch.futures.Future()
+    start = time.monotonic()
+    wrapped = future_with_timeout(never, timedelta(milliseconds=50))
+    with pytest.raises(TimeoutError):
+        wrapped.wait()
+    assert time.monotonic() - start < 2
+    never.set_result(1)  # late completion is ignored
+
+
+# ------------------------------------------------------------------------------ config_env
+
+_ENV = {
+    "TORCHFT_LIGHTHOUSE": "http://env-lh:1",
+    "TORCHFT_MANAGER_PORT": "1234",
+    "REPLICA_GROUP_ID": "env_group",
+    "MASTER_ADDR": "env-host",
+    "MASTER_PORT": "2345",
+    "RANK": "1",
+    "WORLD_SIZE": "2",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "arg_name", "arg", "env_value", "default"),
+    [
+        ("lighthouse_addr", "lighthouse_addr", "http://arg:9", "http://env-lh:1", None),
+        ("manager_port", "port", 7, 1234, 0),
+        ("replica_id", "replica_id", "arg_group", "env_group", ""),
+        ("store_addr", "store_addr", "arg-host", "env-host", "127.0.0.1"),
+        ("store_port", "store_port", 3456, 2345, 0),
+        ("group_rank", "rank", 0, 1, 0),
+        ("group_world_size", "world_size", 3, 2, 1),
+    ],
+)
+def test_config_precedence(
+    name: str, arg_name: str, arg: Any, env_value: Any, default: Any
+) -> None:
+    # argument beats env
+    got = getattr(resolve_manager_settings(env=_ENV, **{arg_name: arg}), name)
+    assert (got.value, got.source) == (arg, Source.ARGUMENT)
+    # env fills what is not given
+    got = getattr(resolve_manager_settings(env=_ENV), name)
+    assert (got.value, got.source, got.env_var is not None) == (env_value, Source.ENV, True)
+    # default when neither
+    got = getattr(resolve_manager_settings(env={}), name)
+    expected_default = DEFAULT_LIGHTHOUSE_ADDR if default is None else default
+    assert (got.value, got.source) == (expected_default, Source.DEFAULT)
+
+
+def test_config_empty_env_counts_as_unset_and_describe_names_sources() -> None:
+    settings = resolve_manager_settings(env={"MASTER_PORT": "", "RANK": ""}, port=5)
+    assert settings.store_port.source is Source.DEFAULT
+    line = settings.describe()
+    assert "manager_port=5 (argument)" in line
+    assert "group_rank=0 (default)" in line
+    assert "env MASTER_PORT" in resolve_manager_settings(env=_ENV).describe()
+
+
+def test_store_key_prefix_follows_torchrun_restarts() -> None:
+    assert store_key_prefix({}) == "torchft/0/"
+    assert store_key_prefix({"TORCHELASTIC_RESTART_COUNT": "3"}) == "torchft/3/"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "env", "match"),
+    [
+        ({}, {"MASTER_PORT": "abc"}, "MASTER_PORT must be an integer"),
+        ({"rank": 2, "world_size": 2}, {}, r"rank must be in \[0, 2\)"),
+        ({"world_size": 2}, {}, "needs a shared TCPStore"),
+        ({"world_size": 0}, {}, "world_size must be >= 1"),
+        ({"port": 70000}, {}, "port must be in"),
+    ],
+)
+def test_config_errors(kwargs: dict[str, Any], env: dict[str, str], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        resolve_manager_settings(env=env, **kwargs)
+
+
+# ------------------------------------------------------------------------------ fakes
+
+
+class _Work:
+    def __init__(self, fut: torch.futures.Future[Any]) -> None:
+        self._fut = fut
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        return self._fut
+
+
+class FakePG:
+    """Records configure calls; allreduce completes at once with the input (a 1-member sum),
+    or fails / never completes on demand."""
+
+    def __init__(self) -> None:
+        self.configures: list[tuple[Any, ...]] = []
+        self.mode = "ok"  # "ok" | "raise" | "fail_future" | "hang"
+        self.error: Exception | None = None
+        self.seen: list[torch.Tensor] = []
+
+    def configure(self, *args: Any) -> None:
+        if self.mode == "configure_fails":
+            raise RuntimeError("configure failed")
+        self.configures.append(args)
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> _Work:
+        self.seen.append(tensors[0].clone())
+        if self.mode == "raise":
+            raise RuntimeError("pg broken")
+        fut: torch.futures.Future[Any] = torch.futures.Future()
+        if self.mode == "fail_future":
+            fut.set_exception(RuntimeError("peer reset"))
+        elif self.mode == "ok":
+            fut.set_result(tensors)
+        return _Work(fut)
+
+    def errored(self) -> Exception | None:
+        return self.error
+
+
+class MemoryTransport:
+    """Checkpoint transport through a process-wide dict, deep-copying like a wire would."""
+
+    _offers: dict[tuple[str, int], Any] = {}
+
+    def __init__(self) -> None:
+        self._id = str(uuid.uuid4())
+        self.fail_recv = False
+        self.disallowed = 0
+
+    def metadata(self) -> str:
+        return self._id
+
+    def send_checkpoint(
+        self, dst_ranks: list[int], step: int, state_dict: Any, timeout: Any
+    ) -> None:
+        self._offers[(self._id, step)] = copy.deepcopy(state_dict)
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: Any) -> Any:
+        if self.fail_recv:
+            raise RuntimeError("source went away mid-transfer")
+        return copy.deepcopy(self._offers[(metadata, step)])
+
+    def disallow_checkpoint(self) -> None:
+        self.disallowed += 1
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+class UserState:
+    """A stand-in for model + optimizer state; records when it is loaded."""
+
+    def __init__(self, value: float) -> None:
+        self.weights = torch.full((4,), value)
+        self.loads: list[str] = []
+        self.phase = "idle"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"weights": self.weights}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.loads.append(self.phase)
+        self.weights = sd["weights"].clone()
+
+
+@pytest.fixture
+def lighthouse() -> Iterator[LighthouseServer]:
+    server = LighthouseServer(
+        bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=200, heartbeat_timeout_ms=2000
+    )
+    yield server
+    server.shutdown()
+
+
+def _manager(
+    lighthouse: LighthouseServer,
+    replica: str,
+    user: UserState | None = None,
+    pg: FakePG | None = None,
+    transport: MemoryTransport | None = None,
+    **kwargs: Any,
+) -> Manager:
+    user = user or UserState(0.0)
+    return Manager(
+        pg=pg or FakePG(),
+        load_state_dict=user.load_state_dict,
+        state_dict=user.state_dict,
+        min_replica_size=kwargs.pop("min_replica_size", 1),
+        lighthouse_addr=lighthouse.address(),
+        replica_id=replica,
+        rank=0,
+        world_size=1,
+        hostname="127.0.0.1",
+        checkpoint_transport=transport or MemoryTransport(),
+        timeout=kwargs.pop("timeout", timedelta(seconds=10)),
+        quorum_timeout=kwargs.pop("quorum_timeout", timedelta(seconds=10)),
+        connect_timeout=kwargs.pop("connect_timeout", timedelta(seconds=10)),
+        **kwargs,
+    )
+
+
+# ------------------------------------------------------------------------------ one replica
+
+
+def test_commit_advances_step_and_batches(lighthouse: LighthouseServer) -> None:
+    pg = FakePG()
+    manager = _manager(lighthouse, "solo", pg=pg)
+    try:
+        assert manager.participating_rank() is None and manager.num_participants() == 0
+        for step in range(3):
+            manager.start_quorum()
+            tensor = torch.tensor([2.0, 4.0])
+            assert manager.allreduce(tensor).wait() is tensor
+            assert torch.equal(tensor, torch.tensor([2.0, 4.0]))  # sum of 1 / 1 participant
+            assert manager.should_commit()
+            assert manager.current_step() == step + 1
+        assert manager.batches_committed() == 3
+        assert manager.participating_rank() == 0 and manager.is_participating()
+        assert len(pg.configures) == 1  # same quorum id: no reconfiguration
+        store, replica_id, rank, size, quorum_id, group_rank, group_size, ranks = pg.configures[0]
+        assert store.endswith(f"/torchft/{quorum_id}/0") and replica_id.startswith("solo:")
+        assert (rank, size, group_rank, group_size, ranks) == (0, 1, 0, 1, [0])
+        assert manager.state_dict() == {"step": 3, "batches_committed": 3}
+    finally:
+        manager.shutdown()
+
+
+def test_errors_are_data(lighthouse: LighthouseServer) -> None:
+    pg = FakePG()
+    transport = MemoryTransport()
+    manager = _manager(lighthouse, "err", pg=pg, transport=transport)
+    try:
+        # a collective whose future fails: completed future with the input, step discarded
+        manager.start_quorum()
+        pg.mode = "fail_future"
+        tensor = torch.ones(2)
+        assert manager.allreduce(tensor).wait() is tensor
+        assert "peer reset" in str(manager.errored())
+        # later collectives of the step are no-ops
+        calls = len(pg.seen)
+        manager.allreduce(torch.ones(2)).wait()
+        assert len(pg.seen) == calls
+        assert not manager.should_commit()
+        assert manager.current_step() == 0 and transport.disallowed == 1
+
+        # a collective that raises at launch
+        manager.start_quorum()
+        assert manager.errored() is None  # cleared by the new quorum
+        pg.mode = "raise"
+        manager.allreduce(torch.ones(2)).wait()
+        assert not manager.should_commit()
+
+        # a process group reporting an error of its own
+        manager.start_quorum()
+        pg.mode, pg.error = "ok", RuntimeError("gloo aborted")
+        assert not manager.should_commit()
+        pg.error = None
+
+        # a future that never completes times out into an error
+        manager.start_quorum()
+        never: torch.futures.Future[str] = torch.futures.Future()
+        assert (
+            manager.wrap_future(never, "dflt", timeout=timedelta(milliseconds=50)).wait() == "dflt"
+        )
+        assert isinstance(manager.errored().original_exception, TimeoutError)  # type: ignore[union-attr]
+        assert not manager.should_commit()
+
+        # and then the next clean step commits
+        manager.start_quorum()
+        manager.allreduce(torch.ones(2)).wait()
+        assert manager.should_commit() and manager.current_step() == 1
+    finally:
+        manager.shutdown()
+
+
+def test_failed_configure_discards_step(lighthouse: LighthouseServer) -> None:
+    pg = FakePG()
+    pg.mode = "configure_fails"
+    manager = _manager(lighthouse, "cfg", pg=pg)
+    try:
+        manager.start_quorum()
+        tensor = torch.ones(2)
+        manager.allreduce(tensor).wait()
+        assert pg.seen == []  # no collective on an unconfigured group
+        assert not manager.should_commit()
+        pg.mode = "ok"
+        manager.start_quorum()  # commit_failures > 0 -> new quorum id -> configure again
+        manager.allreduce(tensor).wait()
+        assert manager.should_commit()
+    finally:
+        manager.shutdown()
+
+
+def test_max_retries(lighthouse: LighthouseServer) -> None:
+    manager = _manager(lighthouse, "retry", max_retries=1)
+    try:
+        manager.start_quorum()
+        manager.report_error(RuntimeError("bad step"))
+        assert not manager.should_commit()
+        manager.start_quorum()
+        manager.report_error(RuntimeError("bad step"))
+        with pytest.raises(RuntimeError, match="2 times in a row, exceeding max_retries=1"):
+            manager.should_commit()
+    finally:
+        manager.shutdown()
+
+
+def test_not_enough_replicas_votes_no(lighthouse: LighthouseServer) -> None:
+    manager = _manager(lighthouse, "lonely", min_replica_size=2)
+    try:
+        manager.start_quorum()
+        assert manager.num_participants() == 1
+        assert not manager.should_commit()
+        assert manager.current_step() == 0
+    finally:
+        manager.shutdown()
+
+
+def test_api_misuse_raises_clear_errors(lighthouse: LighthouseServer) -> None:
+    with pytest.raises(ValueError, match="min_replica_size must be >= 1"):
+        _manager(lighthouse, "x", min_replica_size=0)
+    manager = _manager(lighthouse, "misuse")
+    try:
+        with pytest.raises(RuntimeError, match="before start_quorum"):
+            manager.wait_quorum()
+        with pytest.raises(RuntimeError, match="before start_quorum"):
+            manager.should_commit()
+        manager.start_quorum()
+        with pytest.raises(TypeError, match="floating point"):
+            manager.allreduce(torch.ones(2, dtype=torch.int64))
+        with pytest.raises(ValueError, match="already registered"):
+            manager.register_state_dict_fn("default", lambda s: None, dict)
+        assert manager.should_commit()
+    finally:
+        manager.shutdown()
+
+
+def test_explicit_args_beat_env(lighthouse: LighthouseServer, monkeypatch: Any) -> None:
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://127.0.0.1:1")  # nothing listens there
+    monkeypatch.setenv("REPLICA_GROUP_ID", "from_env")
+    monkeypatch.setenv("RANK", "5")
+    manager = _manager(lighthouse, "from_arg")
+    try:
+        assert manager.replica_id.startswith("from_arg:")
+        assert manager.settings.lighthouse_addr.value == lighthouse.address()
+        manager.start_quorum()
+        assert manager.should_commit()
+    finally:
+        manager.shutdown()
+
+
+def test_quorum_timeout_when_lighthouse_down() -> None:
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+    address = server.address()
+    server.shutdown()
+    manager = Manager(
+        pg=FakePG(),
+        load_state_dict=None,
+        state_dict=None,
+        min_replica_size=1,
+        lighthouse_addr=address,
+        replica_id="orphan",
+        rank=0,
+        world_size=1,
+        hostname="127.0.0.1",
+        checkpoint_transport=MemoryTransport(),
+        quorum_timeout=timedelta(seconds=1),
+        connect_timeout=timedelta(seconds=1),
+        timeout=timedelta(seconds=1),
+    )
+    try:
+        start = time.monotonic()
+        manager.start_quorum()
+        tensor = torch.ones(2)
+        # the collective does not raise through the caller: it records the failure ...
+        assert manager.allreduce(tensor).wait() is tensor
+        assert manager.errored() is not None
+        # ... and should_commit / wait_quorum surface it, bounded by quorum_timeout
+        with pytest.raises(TimeoutError):
+            manager.should_commit()
+        assert time.monotonic() - start < 5
+    finally:
+        manager.shutdown()
+
+
+# ------------------------------------------------------------------------------ two replicas
+
+
+def _step_both(managers: list[Manager], tensors: list[torch.Tensor] | None = None) -> list[bool]:
+    for m in managers:
+        m.start_quorum()
+    if tensors is not None:
+        for m, t in zip(managers, tensors, strict=True):
+            m.allreduce(t).wait()
+    return [m.should_commit() for m in managers]
+
+
+@pytest.fixture
+def lighthouse2() -> Iterator[LighthouseServer]:
+    server = LighthouseServer(
+        bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=5000, heartbeat_timeout_ms=2000
+    )
+    yield server
+    server.shutdown()
+
+
+def test_behind_replica_heals_at_safe_point(lighthouse2: LighthouseServer) -> None:
+    donor_user, healer_user = UserState(7.0), UserState(-1.0)
+    donor = _manager(lighthouse2, "a_donor", user=donor_user, init_sync=False)
+    healer_pg = FakePG()
+    healer = _manager(lighthouse2, "b_healer", user=healer_user, pg=healer_pg, init_sync=False)
+    try:
+        donor.load_state_dict({"step": 3, "batches_committed": 6})
+        donor.start_quorum()
+        healer.start_quorum()
+        healer_user.phase = "forward"
+        healer.wait_quorum()  # transfer done, but nothing applied yet
+        assert healer_user.loads == [] and torch.equal(healer_user.weights, torch.full((4,), -1.0))
+        assert not healer.is_participating() and healer.num_participants() == 1
+        grad = torch.full((2,), 5.0)
+        healer.allreduce(grad).wait()
+        assert torch.equal(healer_pg.seen[-1], torch.zeros(2))  # non-participant sends zeros
+        donor.allreduce(torch.ones(2)).wait()
+        healer_user.phase = "should_commit"
+        assert healer.should_commit() and donor.should_commit()
+        assert healer_user.loads == ["should_commit"]
+        assert torch.equal(healer_user.weights, donor_user.weights)
+        assert healer.current_step() == donor.current_step() == 4
+        assert healer.batches_committed() == donor.batches_committed() == 7
+        # next step: both up to date, both participate
+        assert _step_both([donor, healer]) == [True, True]
+        assert healer.is_participating() and healer.num_participants() == 2
+    finally:
+        donor.shutdown()
+        healer.shutdown()
+
+
+def test_failed_heal_is_retried_and_nothing_applied(lighthouse2: LighthouseServer) -> None:
+    healer_user = UserState(-1.0)
+    transport = MemoryTransport()
+    transport.fail_recv = True
+    donor = _manager(lighthouse2, "a_donor", user=UserState(3.0), init_sync=False)
+    healer = _manager(
+        lighthouse2, "b_healer", user=healer_user, transport=transport, init_sync=False
+    )
+    try:
+        donor.load_state_dict({"step": 2, "batches_committed": 2})
+        assert _step_both([donor, healer]) == [True, False]
+        assert healer_user.loads == [] and healer.current_step() == 0
+        assert "mid-transfer" in str(healer.errored())
+        transport.fail_recv = False
+        assert _step_both([donor, healer]) == [True, True]
+        assert healer_user.loads == ["idle"]
+        assert healer.current_step() == donor.current_step() == 4
+        assert torch.equal(healer_user.weights, torch.full((4,), 3.0))
+    finally:
+        donor.shutdown()
+        healer.shutdown()
+
+
+def test_sync_quorum_heals_before_forward(lighthouse2: LighthouseServer) -> None:
+    healer_user = UserState(-1.0)
+    donor = _manager(lighthouse2, "a", user=UserState(2.0), use_async_quorum=False)
+    healer = _manager(lighthouse2, "b", user=healer_user, use_async_quorum=False)
+    try:
+        # two sync managers in one thread: start the donor's quorum concurrently
+        thread = threading.Thread(target=donor.start_quorum)
+        thread.start()
+        healer.start_quorum()  # init_sync: step 0, non-primary heals, applied right here
+        thread.join()
+        assert len(healer_user.loads) == 1
+        assert torch.equal(healer_user.weights, torch.full((4,), 2.0))
+        assert healer.is_participating() and healer.num_participants() == 2
+        assert healer.should_commit() and donor.should_commit()
+    finally:
+        donor.shutdown()
+        healer.shutdown()
+
+
+def test_fixed_with_spares(lighthouse2: LighthouseServer) -> None:
+    pgs = [FakePG(), FakePG()]
+    managers = [
+        _manager(
+            lighthouse2,
+            name,
+            pg=pg,
+            init_sync=False,
+            world_size_mode=WorldSizeMode.FIXED_WITH_SPARES,
+        )
+        for name, pg in zip(["a", "b"], pgs, strict=True)
+    ]
+    try:
+        tensors = [torch.full((2,), 4.0), torch.full((2,), 6.0)]
+        assert _step_both(managers, tensors) == [True, True]
+        assert [m.participating_rank() for m in managers] == [0, None]
+        assert [m.num_participants() for m in managers] == [1, 1]
+        assert torch.equal(pgs[0].seen[-1], torch.full((2,), 4.0))
+        assert torch.equal(pgs[1].seen[-1], torch.zeros(2))  # the spare contributes zeros
+        assert [m.batches_committed() for m in managers] == [1, 1]
+    finally:
+        for m in managers:
+            m.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("step", "max_step", "init_sync", "replicas", "expected"),
+    [
+        (3, 7, True, 2, True),  # behind: every rank of the group heals
+        (7, 7, True, 2, False),  # up to date
+        (0, 0, True, 2, True),  # step 0 with init_sync: per-rank primaries differ
+        (0, 0, False, 2, False),  # no init_sync: nobody heals at step 0
+        (0, 0, True, 1, False),  # alone: nothing to sync from
+    ],
+)
+def test_heal_needs_group_agreement(step, max_step, init_sync, replicas, expected) -> None:
+    result = QuorumResult(
+        quorum_id=1,
+        recover_src_manager_address="",
+        recover_src_replica_rank=None,
+        recover_dst_replica_ranks=[],
+        store_address="127.0.0.1:1",
+        max_step=max_step,
+        max_replica_rank=0,
+        max_world_size=replicas,
+        replica_rank=0,
+        replica_world_size=replicas,
+        heal=False,
+        commit_failures=0,
+        replica_ids=[f"r{i}" for i in range(replicas)],
+    )
+    assert heal_needs_group_agreement(step, result, init_sync) is expected

@@ -1,0 +1,276 @@
+"""The receiver's side of ``HTTPTransport``: a minimal HTTP/1.1 client that reads tensor bytes
+straight into preallocated tensors (one response, or parallel range requests).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import torch
+
+from torchtitan_ft.checkpoint._serialization import Header
+from torchtitan_ft.checkpoint._staging import Prefaulter, set_io_timeout, writable_view
+
+_READ_PIECE = 32 << 20
+"""Receivers check their deadline (and cancellation) between reads of at most this size."""
+_CHUNK_ALIGN = 1 << 16
+_MAX_ERROR_BODY = 4096
+_RETRY_FIRST_S = 0.005
+_RETRY_MAX_S = 0.1
+R = TypeVar("R")
+
+
+class NotOfferedYet(ValueError):
+    """The donor answered 503: it has not staged the requested step yet."""
+
+
+_MAX_HEAD = 64 << 10
+
+
+class Response:
+    """One HTTP/1.1 response read from a blocking socket, body straight into caller buffers.
+
+    A minimal client (we speak to our own server): the request always says
+    ``Connection: close`` and the body is ``Content-Length`` bytes. Body reads use
+    ``recv_into(..., MSG_WAITALL)``, so a whole piece arrives in one system call with the GIL
+    released, the socket's kernel timeout bounding each call.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        head = bytearray()
+        while (end := head.find(b"\r\n\r\n")) < 0:
+            if len(head) > _MAX_HEAD:
+                raise ValueError("response head too long")
+            chunk = self._recv(65536)
+            if not chunk:
+                raise ConnectionResetError("donor closed the connection before answering")
+            head += chunk
+        self._left = memoryview(bytes(head[end + 4 :]))
+        lines = head[:end].decode("latin-1").split("\r\n")
+        version, _, rest = lines[0].partition(" ")
+        code, _, self.reason = rest.partition(" ")
+        if not version.startswith("HTTP/1.") or not code.isdigit():
+            raise ValueError(f"not an HTTP response: {lines[0]!r}")
+        self.status = int(code)
+        self.headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            self.headers[name.strip().lower()] = value.strip()
+        self.length = int(self.headers.get("content-length", "0"))
+
+    def readinto(self, view: memoryview, deadline: float) -> None:
+        """Fills ``view`` with the next body bytes; raises on EOF, timeout or overrun."""
+        if len(view) > self.length:
+            raise ValueError(f"reading {len(view)} bytes, only {self.length} left in the body")
+        got = min(len(self._left), len(view))
+        view[:got] = self._left[:got]
+        self._left = self._left[got:]
+        while got < len(view):
+            if time.monotonic() > deadline:
+                raise TimeoutError("transfer deadline passed")
+            piece = view[got : min(len(view), got + _READ_PIECE)]
+            try:
+                n = self.sock.recv_into(piece, len(piece), socket.MSG_WAITALL)
+            except BlockingIOError:
+                raise TimeoutError("timed out waiting for the donor") from None
+            if n == 0:
+                raise ConnectionResetError(
+                    f"donor closed the connection with {self.length - got} body bytes missing"
+                )
+            got += n
+        self.length -= len(view)
+
+    def read(self, n: int, deadline: float) -> bytes:
+        buf = bytearray(n)
+        self.readinto(memoryview(buf), deadline)
+        return bytes(buf)
+
+    def _recv(self, n: int) -> bytes:
+        try:
+            return self.sock.recv(n)
+        except BlockingIOError:
+            raise TimeoutError("timed out waiting for the donor") from None
+
+
+class Source:
+    """The receiving end of one transfer: a donor's host, port and base path."""
+
+    def __init__(self, host: str, port: int, base: str, auth_token: str | None) -> None:
+        self._host = host
+        self._port = port
+        self._base = base
+        self._auth = f"Authorization: Bearer {auth_token}\r\n" if auth_token else ""
+        self._cancel = threading.Event()
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def full(self, step: int, deadline: float) -> tuple[Header, list[torch.Tensor]]:
+        """Header and all bytes in one response (one round trip)."""
+        with self._get(f"{self._base}/{step}/full", "", 200, deadline) as resp:
+            size = int.from_bytes(resp.read(8, deadline), "big")
+            if not 0 < size <= resp.length:
+                raise ValueError(f"bad header length {size}")
+            header = Header.from_bytes(resp.read(size, deadline))
+            if resp.length != header.total_bytes:
+                raise ValueError(
+                    f"header describes {header.total_bytes} bytes, response has {resp.length}"
+                )
+            tensors = allocate(header, step)
+            prefault = Prefaulter.submit(tensors)
+            try:
+                views = [writable_view(t) for t in tensors]
+                offsets = [s.offset for s in header.tensors]
+                self._read_range(resp, 0, header.total_bytes, views, offsets, deadline)
+            finally:
+                prefault.cancel()
+            return header, tensors
+
+    def header(self, step: int, deadline: float) -> tuple[Header, str]:
+        with self._get(f"{self._base}/{step}/header", "", 200, deadline) as resp:
+            lease = resp.headers.get("x-checkpoint-lease", "")
+            return Header.from_bytes(resp.read(resp.length, deadline)), lease
+
+    def data(
+        self,
+        header: Header,
+        lease: str,
+        tensors: list[torch.Tensor],
+        num_chunks: int,
+        deadline: float,
+    ) -> None:
+        total = header.total_bytes
+        if total == 0:
+            return
+        views = [writable_view(t) for t in tensors]
+        offsets = [s.offset for s in header.tensors]
+        path = f"{self._base}/{header.step}/data?snapshot={header.snapshot_id}&lease={lease}"
+        bounds = _split(total, num_chunks)
+        errors: list[BaseException] = []
+
+        def worker(start: int, end: int) -> None:
+            try:
+                self._fetch(path, start, end, views, offsets, deadline)
+            except BaseException as e:
+                errors.append(e)
+                self._abort()
+
+        threads = [
+            threading.Thread(target=worker, args=b, name="heal-recv", daemon=True) for b in bounds
+        ]
+        prefault = Prefaulter.submit(tensors)
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            prefault.cancel()
+        if errors:
+            # The first error is the cause; the others are mostly our own aborts.
+            raise errors[0]
+
+    def _fetch(
+        self,
+        path: str,
+        start: int,
+        end: int,
+        views: list[memoryview],
+        offsets: list[int],
+        deadline: float,
+    ) -> None:
+        with self._get(path, f"Range: bytes={start}-{end - 1}\r\n", 206, deadline) as resp:
+            if resp.length != end - start:
+                raise ValueError(f"asked for {end - start} bytes, response has {resp.length}")
+            self._read_range(resp, start, end, views, offsets, deadline)
+
+    def _read_range(
+        self,
+        resp: Response,
+        start: int,
+        end: int,
+        views: list[memoryview],
+        offsets: list[int],
+        deadline: float,
+    ) -> None:
+        """Reads stream bytes ``[start, end)`` into the tensors' views they belong to."""
+        i = bisect.bisect_right(offsets, start) - 1
+        pos = start
+        while pos < end:
+            while offsets[i] + len(views[i]) <= pos:
+                i += 1
+            lo = pos - offsets[i]
+            hi = min(len(views[i]), end - offsets[i])
+            if self._cancel.is_set():
+                raise ConnectionAbortedError("transfer aborted after another chunk failed")
+            resp.readinto(views[i][lo:hi], deadline)
+            pos = offsets[i] + hi
+
+    def retrying(self, fetch: Callable[[], R], deadline: float) -> R:
+        """Calls ``fetch`` until the donor offers the step (503 until then) or the deadline."""
+        pause = _RETRY_FIRST_S
+        while True:
+            try:
+                return fetch()
+            except NotOfferedYet:
+                if time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(2 * pause, _RETRY_MAX_S)
+
+    @contextlib.contextmanager
+    def _get(self, path: str, headers: str, expect: int, deadline: float) -> Iterator[Response]:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("transfer deadline passed")
+        sock = socket.create_connection((self._host, self._port), timeout=remaining)
+        try:
+            with self._lock:
+                self._socks.append(sock)
+            if self._cancel.is_set():
+                raise ConnectionAbortedError("transfer aborted after another chunk failed")
+            set_io_timeout(sock, deadline - time.monotonic())
+            host = url_host(self._host)
+            request = (
+                f"GET {path} HTTP/1.1\r\nHost: {host}:{self._port}\r\n{self._auth}{headers}"
+                "Connection: close\r\n\r\n"
+            )
+            sock.sendall(request.encode("latin-1"))
+            resp = Response(sock)
+            if resp.status != expect:
+                body = resp.read(min(resp.length, _MAX_ERROR_BODY), deadline)
+                text = body.decode(errors="replace").strip()
+                error = NotOfferedYet if resp.status == 503 else ValueError
+                raise error(f"donor answered {resp.status} {resp.reason}: {text}")
+            yield resp
+        finally:
+            sock.close()
+
+    def _abort(self) -> None:
+        self._cancel.set()
+        with self._lock:
+            for sock in self._socks:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+def allocate(header: Header, step: int) -> list[torch.Tensor]:
+    if header.step != step:
+        raise ValueError(f"donor sent step {header.step}, requested step {step}")
+    return [torch.empty(s.shape, dtype=s.dtype) for s in header.tensors]
+
+
+def _split(total: int, n: int) -> list[tuple[int, int]]:
+    n = max(1, min(n, -(-total // _CHUNK_ALIGN)))
+    size = -(-total // n // _CHUNK_ALIGN) * _CHUNK_ALIGN
+    return [(a, min(a + size, total)) for a in range(0, total, size)]
+
+
+def url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

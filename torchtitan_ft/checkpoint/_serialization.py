@@ -1,0 +1,211 @@
+"""Splitting a state dict into a small JSON header and a list of raw tensors.
+
+Both transports send the same two things: a header that describes the tree (nested dicts, lists,
+tuples, plain values) with every tensor replaced by an index into a tensor table (dtype, shape,
+byte size), and then the tensors' raw bytes in table order. The header is JSON, never pickle: a
+receiver does not execute anything a peer sends it.
+
+Supported leaves: ``torch.Tensor`` (dense, any device; sent as its contiguous bytes), ``None``,
+``bool``, ``int``, ``float`` (including nan/inf), ``str``, ``bytes``, ``torch.Size``. Containers:
+``dict`` (any supported, hashable key; ``OrderedDict`` comes back as ``dict`` in the same order),
+``list``, ``tuple``. Anything else raises ``TypeError`` naming its path. Not supported yet:
+``DTensor`` (send the local shard), tensor aliasing (two entries sharing storage arrive as two
+tensors), ``requires_grad`` (tensors arrive detached).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+HEADER_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Where one tensor lives in the flat byte stream that follows the header."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+    """Byte offset of the tensor's first byte in the stream."""
+    nbytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "shape": list(self.shape),
+            "offset": self.offset,
+            "nbytes": self.nbytes,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> TensorSpec:
+        dtype = getattr(torch, str(obj["dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"checkpoint header names unknown dtype {obj['dtype']!r}")
+        shape = tuple(int(d) for d in obj["shape"])
+        nbytes = int(obj["nbytes"])
+        numel = 1
+        for d in shape:
+            numel *= d
+        if any(d < 0 for d in shape) or numel * dtype.itemsize != nbytes:
+            raise ValueError(
+                f"checkpoint header tensor {obj!r}: shape {shape} of {dtype} is not {nbytes} bytes"
+            )
+        return cls(dtype=dtype, shape=shape, offset=int(obj["offset"]), nbytes=nbytes)
+
+
+@dataclass(frozen=True)
+class Header:
+    """Everything a receiver needs before the tensor bytes: step, tree and tensor table."""
+
+    step: int
+    tree: Any
+    """The state dict with containers and tensors encoded as JSON nodes (see ``_encode``)."""
+    tensors: tuple[TensorSpec, ...]
+    snapshot_id: str = ""
+    """Identifies one snapshot on the sender, so chunks of two snapshots never mix."""
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {
+                "version": HEADER_VERSION,
+                "step": self.step,
+                "snapshot_id": self.snapshot_id,
+                "tensors": [t.to_json() for t in self.tensors],
+                "tree": self.tree,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Header:
+        """Parses a header; raises ValueError when it is not one this version understands."""
+        try:
+            obj = json.loads(data)
+            version = obj["version"]
+            if version != HEADER_VERSION:
+                raise ValueError(f"header version {version}, expected {HEADER_VERSION}")
+            tensors = tuple(TensorSpec.from_json(t) for t in obj["tensors"])
+            if tensors != layout_specs(tensors):
+                raise ValueError("tensor offsets are not packed back to back")
+            return cls(
+                step=int(obj["step"]),
+                tree=obj["tree"],
+                tensors=tensors,
+                snapshot_id=str(obj["snapshot_id"]),
+            )
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"malformed checkpoint header: {e}") from e
+
+
+def flatten(state_dict: Any) -> tuple[Any, list[torch.Tensor]]:
+    """Returns ``(tree, tensors)``: the JSON-able tree and the tensors it indexes, in order."""
+    tensors: list[torch.Tensor] = []
+    tree = _encode(state_dict, tensors, "state_dict")
+    return tree, tensors
+
+
+def layout(tensors: list[torch.Tensor]) -> tuple[TensorSpec, ...]:
+    """Packs the tensors back to back, in order, into one byte stream."""
+    specs = []
+    offset = 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        specs.append(TensorSpec(t.dtype, tuple(t.shape), offset, nbytes))
+        offset += nbytes
+    return tuple(specs)
+
+
+def layout_specs(specs: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
+    """The same specs with offsets recomputed by ``layout``'s packing rule."""
+    out, offset = [], 0
+    for s in specs:
+        out.append(TensorSpec(s.dtype, s.shape, offset, s.nbytes))
+        offset += s.nbytes
+    return tuple(out)
+
+
+def unflatten(tree: Any, tensors: list[torch.Tensor]) -> Any:
+    """Rebuilds the state dict from a header tree and its received tensors.
+
+    Raises ValueError when the tree is malformed (e.g. indexes a tensor that does not exist).
+    """
+    try:
+        return _decode(tree, tensors)
+    except (IndexError, TypeError, KeyError, ValueError) as e:
+        raise ValueError(f"malformed checkpoint header tree: {e}") from e
+
+
+def _encode(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:
+    # Order matters: bool before int, Size before tuple, str/bytes before containers.
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        if _is_dtensor(obj):
+            raise TypeError(
+                f"{path} is a DTensor; checkpoint transports do not send DTensors yet "
+                "(send obj.to_local() and rebuild the DTensor on the receiver)"
+            )
+        if obj.is_sparse or obj.layout != torch.strided:
+            raise TypeError(f"{path} is a {obj.layout} tensor; only dense tensors are supported")
+        tensors.append(obj)
+        return {"T": len(tensors) - 1}
+    if isinstance(obj, bytes):
+        return {"B": base64.b64encode(obj).decode("ascii")}
+    if isinstance(obj, torch.Size):
+        return {"S": list(obj)}
+    if isinstance(obj, dict):
+        return {
+            "D": [
+                [_encode(k, tensors, f"{path} key {k!r}"), _encode(v, tensors, f"{path}[{k!r}]")]
+                for k, v in obj.items()
+            ]
+        }
+    if isinstance(obj, list):
+        return {"L": [_encode(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj)]}
+    if isinstance(obj, tuple):
+        return {"U": [_encode(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj)]}
+    raise TypeError(
+        f"{path} has type {type(obj).__qualname__}, which a checkpoint transport cannot send; "
+        "supported: tensors, dict, list, tuple, None, bool, int, float, str, bytes, torch.Size"
+    )
+
+
+def _decode(node: Any, tensors: list[torch.Tensor]) -> Any:
+    if node is None or isinstance(node, bool | int | float | str):
+        return node
+    if not isinstance(node, dict) or len(node) != 1:
+        raise ValueError(f"malformed checkpoint header node {node!r}")
+    ((tag, value),) = node.items()
+    match tag:
+        case "T":
+            return tensors[value]
+        case "B":
+            return base64.b64decode(value)
+        case "S":
+            return torch.Size(value)
+        case "D":
+            return {_decode(k, tensors): _decode(v, tensors) for k, v in value}
+        case "L":
+            return [_decode(v, tensors) for v in value]
+        case "U":
+            return tuple(_decode(v, tensors) for v in value)
+    raise ValueError(f"malformed checkpoint header node tag {tag!r}")
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # builds without distributed
+        return False
+    return isinstance(t, DTensor)

@@ -1,0 +1,180 @@
+"""Byte buffers a donor snapshots its state into, and byte views of tensors.
+
+A ``Staging`` buffer is one flat block of host memory holding the snapshot's tensors back to
+back. On Linux it is a memfd, so a server can hand its pages to a socket with ``sendfile``
+(no copy through user space on the donor); elsewhere it is anonymous memory sent with
+``sendall``. Buffers are reused from snapshot to snapshot: copying into memory that is already
+mapped is several times faster than faulting in fresh pages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import mmap
+import os
+import queue
+import socket
+import struct
+import sys
+import threading
+
+import torch
+
+_PAGE = mmap.PAGESIZE
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14
+_PREFAULT_PIECE = 8 << 20
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+if _libc is not None:
+    _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+class Staging:
+    """A flat host buffer of ``capacity`` bytes; ``tensor`` is a uint8 view of all of it."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(_PAGE, -(-capacity // _PAGE) * _PAGE)
+        self._fd: int | None = None
+        if hasattr(os, "memfd_create"):
+            self._fd = os.memfd_create("torchtitan_ft-heal-staging", os.MFD_CLOEXEC)
+            os.ftruncate(self._fd, self.capacity)
+            self._mm = mmap.mmap(self._fd, self.capacity)
+        else:
+            self._mm = mmap.mmap(-1, self.capacity)
+        self.tensor: torch.Tensor | None = torch.frombuffer(self._mm, dtype=torch.uint8)
+
+    def fill(self, tensors: list[torch.Tensor], offsets: list[int]) -> None:
+        """Copies each tensor's bytes to its offset (a device-to-host copy for accelerators)."""
+        if self.tensor is None:
+            raise RuntimeError("staging buffer used after close()")
+        for t, offset in zip(tensors, offsets, strict=True):
+            n = t.numel() * t.element_size()
+            if n:
+                self.tensor[offset : offset + n].copy_(as_bytes(t))
+
+    def send(self, sock: socket.socket, offset: int, count: int) -> None:
+        """Writes ``count`` bytes from ``offset`` to a *blocking* socket.
+
+        One ``sendfile`` call moves everything without the GIL (a Python loop per socket-buffer
+        refill would need the GIL back each time, and a donor's training thread holds it
+        often). Bound it with ``SO_SNDTIMEO`` (see ``set_io_timeout``); a timeout raises
+        TimeoutError. With sendfile the socket may still reference the pages after this
+        returns, until the peer has read them: do not overwrite the range before the peer
+        closed the connection.
+        """
+        end = offset + count
+        with memoryview(self._mm) as mv:
+            while offset < end:
+                try:
+                    if self._fd is not None:
+                        n = os.sendfile(sock.fileno(), self._fd, offset, end - offset)
+                    else:
+                        n = sock.send(mv[offset:end])
+                except BlockingIOError:
+                    raise TimeoutError("the receiver stopped reading") from None
+                if n == 0:
+                    raise ConnectionResetError("the receiver closed the connection")
+                offset += n
+
+    def close(self) -> None:
+        """Unmaps the buffer; pages a socket still references stay alive until it drops them."""
+        self.tensor = None
+        # BufferError: a view of it is still alive; the mapping then goes with the last one.
+        with contextlib.suppress(BufferError):
+            self._mm.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def set_io_timeout(sock: socket.socket, seconds: float) -> None:
+    """Makes ``sock`` blocking, with kernel-side send and receive timeouts.
+
+    Blocking calls then run entirely in the kernel with the GIL released; a timed-out call
+    raises BlockingIOError (or returns a partial count).
+    """
+    sock.settimeout(None)
+    sec = max(0.0, seconds)
+    timeval = struct.pack("ll", int(sec), int((sec % 1) * 1e6) or (0 if sec >= 1 else 1000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements as a flat uint8 tensor (a view when it is contiguous)."""
+    return t.detach().resolve_conj().resolve_neg().reshape(-1).view(torch.uint8)
+
+
+def writable_view(t: torch.Tensor) -> memoryview:
+    """A writable memoryview of a contiguous CPU tensor's bytes; keep ``t`` alive while used."""
+    n = t.numel() * t.element_size()
+    if n == 0:
+        return memoryview(bytearray())
+    return memoryview((ctypes.c_ubyte * n).from_address(t.data_ptr())).cast("B")
+
+
+class Prefaulter:
+    """Faults in the pages of freshly allocated tensors on a helper thread.
+
+    A receiver's time is dominated by first-touch page faults of its new tensors as much as by
+    copying bytes out of the socket. One long-lived helper thread (no thread start per
+    transfer) populates the pages, in stream order, while the receiving thread copies, so the
+    two overlap. ``MADV_POPULATE_WRITE`` never changes a page's contents, so it is safe to race
+    with the receiver, and even to run on after the tensors were freed (it then faults in or
+    fails on whatever is mapped there, harmlessly): ``cancel`` need not wait for it. A no-op
+    where unsupported.
+    """
+
+    _lock = threading.Lock()
+    _jobs: queue.SimpleQueue[_PrefaultJob] | None = None
+
+    @classmethod
+    def submit(cls, tensors: list[torch.Tensor]) -> _PrefaultJob:
+        """Queues the tensors' pages for population; returns a handle to cancel or wait on."""
+        pieces = []
+        for t in tensors:
+            start = t.data_ptr()
+            lo = -(-start // _PAGE) * _PAGE
+            hi = (start + t.numel() * t.element_size()) // _PAGE * _PAGE
+            pieces += [(a, min(_PREFAULT_PIECE, hi - a)) for a in range(lo, hi, _PREFAULT_PIECE)]
+        job = _PrefaultJob(pieces)
+        if _libc is None or not pieces:
+            job.done.set()
+            return job
+        with cls._lock:
+            if cls._jobs is None:
+                cls._jobs = queue.SimpleQueue()
+                threading.Thread(
+                    target=cls._run, args=(cls._jobs,), name="heal-prefault", daemon=True
+                ).start()
+            cls._jobs.put(job)
+        return job
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue[_PrefaultJob]) -> None:
+        supported = True
+        while True:
+            job = jobs.get()
+            for a, n in job.pieces:
+                if job.cancelled.is_set() or not supported:
+                    break
+                failed = _libc.madvise(a, n, _MADV_POPULATE_WRITE)
+                if failed and ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+                    supported = False  # old kernel: receivers fault pages in as usual
+            job.done.set()
+
+
+class _PrefaultJob:
+    def __init__(self, pieces: list[tuple[int, int]]) -> None:
+        self.pieces = pieces
+        self.cancelled = threading.Event()
+        self.done = threading.Event()
+
+    def cancel(self) -> None:
+        """Stops at the next piece; does not wait (see ``Prefaulter``)."""
+        self.cancelled.set()
+
+    def wait(self) -> None:
+        """Blocks until every page was populated (or the job was cancelled)."""
+        self.done.wait()

@@ -1,0 +1,217 @@
+"""Live healing over HTTP: the donor serves a snapshot of its committed state, receivers pull.
+
+Donor side. ``send_checkpoint`` copies the state's tensors into a reused flat staging buffer (a
+memcpy; a device-to-host copy for accelerator tensors) and returns: the donor keeps training
+and mutating its live tensors while a background HTTP server serves the snapshot. Serving is
+one blocking ``sendfile`` from the staging buffer (a memfd), so the donor's CPU does not copy
+the bytes again and its training thread does not hand the GIL to a send loop.
+``disallow_checkpoint`` stops offering the step to new receivers; receivers that already got
+the header (they hold a *lease*) may finish fetching the bytes of that snapshot. A staging
+buffer is reused for the next snapshot only once every receiver of the old one is done.
+
+Receiver side. ``recv_checkpoint`` fetches a small JSON header (tree, dtypes, shapes, byte
+offsets; no pickle), allocates the tensors, and reads the raw bytes straight into them
+(``recv_into`` with ``MSG_WAITALL``), either in one response (``num_chunks`` 0 or 1) or in
+``num_chunks`` parallel range requests. A helper thread faults in the new tensors' pages
+meanwhile (first-touch page faults cost as much as the copy). Any failure raises
+``CheckpointTransferError`` and returns nothing.
+
+Routes (``metadata()`` is ``http://<hostname>:<port>/checkpoint``):
+
+- ``GET /checkpoint/<step>/full`` -> 200; body: header length (8 bytes, big-endian), JSON
+  header, then all tensor bytes.
+- ``GET /checkpoint/<step>/header`` -> 200 JSON header; ``X-Checkpoint-Lease`` names the lease.
+- ``GET /checkpoint/<step>/data?snapshot=<id>&lease=<lease>`` with ``Range: bytes=a-b`` -> 206
+  raw bytes. 410 when the snapshot is gone or the lease unknown or expired; 416 for a bad range.
+- ``full`` and ``header``: 503 while the requested step is not offered yet (nothing offered, or
+  an older step: the donor's quorum thread may stage it a moment after the receiver asks; the
+  receiver retries until its timeout); 400 naming both steps when the donor offers a newer one.
+- anything else -> 404; with ``auth_token`` set, any request without
+  ``Authorization: Bearer <token>`` -> 401.
+
+Not supported yet: DTensor leaves (send local shards), TLS (use ``auth_token`` and a private
+network; the token travels in clear text).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import secrets
+import socket
+import time
+from datetime import timedelta
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+from torchtitan_ft.checkpoint._http_client import Source, allocate, url_host
+from torchtitan_ft.checkpoint._http_server import CheckpointServer, Snapshot
+from torchtitan_ft.checkpoint._serialization import Header, flatten, layout, unflatten
+from torchtitan_ft.checkpoint.transport import CheckpointTransferError, CheckpointTransport
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class HTTPTransport(CheckpointTransport[T]):
+    """Serves this rank's committed state over HTTP and fetches a peer's.
+
+    Args:
+        timeout: default time limit of one transfer; also how long a receiver's lease keeps a
+            no-longer-offered snapshot alive, and how long the server waits on a stuck peer.
+        num_chunks: parallel HTTP range requests per receive (0 or 1: a single stream).
+        hostname: the host peers should dial, advertised in ``metadata()``. Default
+            ``socket.gethostname()``. Set it when the machine's name resolves to the wrong
+            (e.g. slow) network.
+        bind: the address the server listens on. Default ``None``: the address ``hostname``
+            resolves to, so the server listens only on the interface it advertises (not on
+            all interfaces). Pass ``"0.0.0.0"`` or ``"::"`` to listen everywhere.
+        port: the port to listen on; 0 (default) picks a free one.
+        auth_token: when set, the server answers only requests with
+            ``Authorization: Bearer <auth_token>`` (401 otherwise), and this transport sends it
+            when receiving. Use the same job-wide secret on every replica.
+    """
+
+    def __init__(
+        self,
+        timeout: timedelta,
+        num_chunks: int,
+        hostname: str | None = None,
+        bind: str | None = None,
+        port: int = 0,
+        auth_token: str | None = None,
+    ) -> None:
+        if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
+            raise ValueError(f"timeout must be a positive timedelta, got {timeout!r}")
+        if not isinstance(num_chunks, int) or num_chunks < 0:
+            raise ValueError(f"num_chunks must be an int >= 0, got {num_chunks!r}")
+        if auth_token is not None and not auth_token:
+            raise ValueError("auth_token must be a non-empty string or None")
+        self._timeout = timeout
+        self._num_chunks = num_chunks
+        self._auth_token = auth_token
+        self._hostname = hostname or socket.gethostname()
+        bind_host = bind if bind is not None else _resolve(self._hostname)
+        self._server = CheckpointServer(bind_host, port, timeout.total_seconds(), auth_token)
+        self._store = self._server.store
+        self._port = self._server.address[1]
+        logger.info(
+            "checkpoint server listening on %s:%d, advertised as %s (auth %s)",
+            bind_host,
+            self._port,
+            self.metadata(),
+            "on" if auth_token else "off",
+        )
+
+    def metadata(self) -> str:
+        """The URL receivers use: ``http://<hostname>:<port>/checkpoint``."""
+        return f"http://{url_host(self._hostname)}:{self._port}/checkpoint"
+
+    def send_checkpoint(
+        self, dst_ranks: list[int], step: int, state_dict: T, timeout: timedelta
+    ) -> None:
+        """Snapshots ``state_dict`` and offers it as ``step``; returns once the copy is taken.
+
+        The live tensors may be mutated as soon as this returns. ``dst_ranks`` and ``timeout``
+        are accepted for interface compatibility: whoever holds the URL (and token) may fetch.
+        Raises TypeError for state dicts with unsupported leaves (see ``_serialization``).
+        """
+        tree, tensors = flatten(state_dict)
+        specs = layout(tensors)
+        total = sum(s.nbytes for s in specs)
+        started = time.perf_counter()
+        staging = self._store.take_staging(total)
+        try:
+            staging.fill(tensors, [s.offset for s in specs])
+        except BaseException:
+            self._store.give_back(staging)
+            raise
+        header = Header(step=step, tree=tree, tensors=specs, snapshot_id=secrets.token_hex(8))
+        self._store.offer(Snapshot(header, header.to_bytes(), staging))
+        logger.info(
+            "offering step %d to ranks %s: %d tensors, %.1f MB snapshotted in %.1f ms",
+            step,
+            dst_ranks,
+            len(specs),
+            total / 1e6,
+            (time.perf_counter() - started) * 1e3,
+        )
+
+    def disallow_checkpoint(self) -> None:
+        """Stops offering the step to new receivers; leased receivers may finish."""
+        self._store.disallow()
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> T:
+        """Fetches step ``step`` from the donor at ``metadata`` (its URL).
+
+        Raises CheckpointTransferError (naming the donor, step and cause) on any failure:
+        donor unreachable or killed, connection reset, timeout, refused (wrong step, 401),
+        malformed header. Nothing is returned in that case.
+        """
+        deadline = time.monotonic() + timeout.total_seconds()
+        started = time.perf_counter()
+        try:
+            url = urlsplit(metadata)
+            if url.scheme != "http" or url.hostname is None or url.port is None:
+                raise ValueError(f"metadata {metadata!r} is not an http://host:port/... URL")
+            source = Source(url.hostname, url.port, url.path.rstrip("/"), self._auth_token)
+            if self._num_chunks <= 1:
+                header, tensors = source.retrying(lambda: source.full(step, deadline), deadline)
+            else:
+                header, lease = source.retrying(lambda: source.header(step, deadline), deadline)
+                tensors = allocate(header, step)
+                source.data(header, lease, tensors, self._num_chunks, deadline)
+            state_dict = unflatten(header.tree, tensors)
+        except (OSError, ValueError) as e:
+            raise CheckpointTransferError(
+                f"receiving step {step} from replica rank {src_rank} at {metadata} failed: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        elapsed = time.perf_counter() - started
+        logger.info(
+            "received step %d from rank %d: %.1f MB in %.3f s (%.0f MB/s)",
+            step,
+            src_rank,
+            header.total_bytes / 1e6,
+            elapsed,
+            header.total_bytes / 1e6 / max(elapsed, 1e-9),
+        )
+        return state_dict
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stops accepting requests and frees the staging buffers.
+
+        Args:
+            wait: block until in-flight responses finished (at most ``timeout``). Without it
+                they still finish in the background; each snapshot's buffer is freed by its
+                last reader.
+        """
+        self._server.shutdown(wait)
+
+    # Server side, called from _Handler threads.
+
+
+def _resolve(hostname: str) -> str:
+    """The address ``hostname`` resolves to here, to bind the server to."""
+    try:
+        infos = socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise ValueError(
+            f"cannot resolve the advertised hostname {hostname!r} to bind the checkpoint "
+            f"server to it ({e}); pass hostname= or bind="
+        ) from e
+    address = str(infos[0][4][0])
+    if ipaddress.ip_address(address).is_loopback and hostname != "localhost":
+        with contextlib.suppress(ValueError):
+            if ipaddress.ip_address(hostname).is_loopback:
+                return address
+        logger.warning(
+            "hostname %r resolves to loopback address %s here: replicas on other machines "
+            "cannot reach this checkpoint server; pass hostname= (the address peers dial) "
+            "or bind='0.0.0.0'",
+            hostname,
+            address,
+        )
+    return address

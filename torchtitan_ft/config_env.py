@@ -1,0 +1,172 @@
+"""Where the Manager's connection settings come from: arguments, then env vars, then defaults.
+
+torchft 0.2.0 let some env vars silently override explicit constructor arguments
+(torchtitan #2899). Here the order is the same for every setting and lives in one place:
+
+1. an explicit argument (anything not ``None``) wins;
+2. otherwise the env var fills it in;
+3. otherwise the documented default applies (or a ``ValueError`` says what is missing).
+
+``resolve_manager_settings`` is a pure function of the arguments and an env mapping, so the
+precedence table is unit-tested without touching ``os.environ``; ``ManagerSettings.describe``
+is the single log line the Manager writes once at start-up, naming the source of every value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+MANAGER_PORT_ENV = "TORCHFT_MANAGER_PORT"
+REPLICA_GROUP_ID_ENV = "REPLICA_GROUP_ID"
+MASTER_ADDR_ENV = "MASTER_ADDR"
+MASTER_PORT_ENV = "MASTER_PORT"
+RANK_ENV = "RANK"
+WORLD_SIZE_ENV = "WORLD_SIZE"
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+
+DEFAULT_LIGHTHOUSE_ADDR = "http://localhost:29510"
+
+
+class Source(Enum):
+    """Where a resolved setting came from."""
+
+    ARGUMENT = "argument"
+    ENV = "env"
+    DEFAULT = "default"
+
+
+@dataclass(frozen=True)
+class Resolved(Generic[T]):
+    """One setting's value and its origin (``env_var`` names the variable when from env)."""
+
+    value: T
+    source: Source
+    env_var: str | None = None
+
+    def describe(self) -> str:
+        origin = f"env {self.env_var}" if self.source is Source.ENV else self.source.value
+        return f"{self.value!r} ({origin})"
+
+
+@dataclass(frozen=True)
+class ManagerSettings:
+    """The Manager's resolved connection settings."""
+
+    lighthouse_addr: Resolved[str]
+    """Lighthouse URL; only group rank 0 uses it."""
+    manager_port: Resolved[int]
+    """Port of the ManagerServer on group rank 0; 0 picks a free port."""
+    replica_id: Resolved[str]
+    """Replica group id before the per-process uuid suffix; "" means uuid only."""
+    store_addr: Resolved[str]
+    """Host of this replica group's TCPStore."""
+    store_port: Resolved[int]
+    """Port of this replica group's TCPStore; 0 lets group rank 0 pick one (1-rank groups)."""
+    group_rank: Resolved[int]
+    """Rank inside the replica group."""
+    group_world_size: Resolved[int]
+    """Number of ranks in the replica group."""
+
+    def describe(self) -> str:
+        """One line naming every value and its source, e.g. for the start-up log."""
+        names = (
+            "lighthouse_addr",
+            "manager_port",
+            "replica_id",
+            "store_addr",
+            "store_port",
+            "group_rank",
+            "group_world_size",
+        )
+        return ", ".join(f"{n}={getattr(self, n).describe()}" for n in names)
+
+
+def _pick(arg: T | None, env: Mapping[str, str], var: str, default: T | None) -> Resolved[T]:
+    if arg is not None:
+        return Resolved(arg, Source.ARGUMENT)
+    raw = env.get(var)
+    if raw is not None and raw != "":
+        return Resolved(raw, Source.ENV, var)  # type: ignore[arg-type]
+    if default is None:
+        raise ValueError(f"no value given and env var {var} is not set")
+    return Resolved(default, Source.DEFAULT)
+
+
+def _as_int(r: Resolved[object], what: str) -> Resolved[int]:
+    if isinstance(r.value, bool) or not isinstance(r.value, (int, str)):
+        raise TypeError(f"{what} must be an int, got {r.value!r}")
+    try:
+        value = int(r.value)
+    except ValueError:
+        origin = f"env var {r.env_var}" if r.env_var else what
+        raise ValueError(f"{origin} must be an integer, got {r.value!r}") from None
+    return Resolved(value, r.source, r.env_var)
+
+
+def resolve_manager_settings(
+    *,
+    env: Mapping[str, str],
+    lighthouse_addr: str | None = None,
+    port: int | None = None,
+    replica_id: str | None = None,
+    store_addr: str | None = None,
+    store_port: int | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    default_store_host: str = "127.0.0.1",
+) -> ManagerSettings:
+    """Resolves the Manager's settings: argument, else env var, else default.
+
+    | setting | env var | default |
+    |---|---|---|
+    | lighthouse_addr | TORCHFT_LIGHTHOUSE | ``http://localhost:29510`` |
+    | port | TORCHFT_MANAGER_PORT | 0 (free port) |
+    | replica_id | REPLICA_GROUP_ID | "" (uuid only) |
+    | store_addr | MASTER_ADDR | ``default_store_host`` |
+    | store_port | MASTER_PORT | 0, only for 1-rank groups (else ValueError) |
+    | rank | RANK | 0 |
+    | world_size | WORLD_SIZE | 1 |
+
+    An empty env var counts as unset. Raises ValueError for non-integer ports/ranks, for a
+    rank outside ``[0, world_size)`` and for a multi-rank group without a store port (its
+    ranks could not find each other).
+    """
+    if store_port is not None and store_port < 0:
+        raise ValueError(f"store_port must be >= 0, got {store_port}")
+    settings = ManagerSettings(
+        lighthouse_addr=_pick(lighthouse_addr, env, LIGHTHOUSE_ENV, DEFAULT_LIGHTHOUSE_ADDR),
+        manager_port=_as_int(_pick(port, env, MANAGER_PORT_ENV, 0), "port"),
+        replica_id=_pick(replica_id, env, REPLICA_GROUP_ID_ENV, ""),
+        store_addr=_pick(store_addr, env, MASTER_ADDR_ENV, default_store_host),
+        store_port=_as_int(_pick(store_port, env, MASTER_PORT_ENV, 0), "store_port"),
+        group_rank=_as_int(_pick(rank, env, RANK_ENV, 0), "rank"),
+        group_world_size=_as_int(_pick(world_size, env, WORLD_SIZE_ENV, 1), "world_size"),
+    )
+    size, rank_ = settings.group_world_size.value, settings.group_rank.value
+    if size < 1:
+        raise ValueError(f"world_size must be >= 1, got {size}")
+    if not 0 <= rank_ < size:
+        raise ValueError(f"rank must be in [0, {size}), got {rank_}")
+    if size > 1 and settings.store_port.value == 0:
+        raise ValueError(
+            f"a replica group of {size} ranks needs a shared TCPStore: pass store_port "
+            f"or set {MASTER_PORT_ENV}"
+        )
+    if not 0 <= settings.manager_port.value < 65536:
+        raise ValueError(f"port must be in [0, 65536), got {settings.manager_port.value}")
+    return settings
+
+
+def store_key_prefix(env: Mapping[str, str]) -> str:
+    """Prefix of the Manager's keys in the replica group's TCPStore.
+
+    torchrun's agent store outlives the workers it restarts; keying by its restart count keeps
+    ranks of a new incarnation from reading the previous incarnation's manager address.
+    """
+    return f"torchft/{env.get(RESTART_COUNT_ENV) or '0'}/"

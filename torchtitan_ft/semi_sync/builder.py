@@ -1,0 +1,64 @@
+"""Building the configured sync strategy for a model (what the trainer calls)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn, optim
+
+from torchtitan_ft.semi_sync.config import QuorumMode, SyncConfig, SyncMethod
+from torchtitan_ft.semi_sync.fragments import fragments_from_fqns, split_model
+from torchtitan_ft.semi_sync.local_sgd import DiLoCo, LocalSGD
+from torchtitan_ft.semi_sync.per_step import PerStepSync
+from torchtitan_ft.semi_sync.strategy import ManagerLike, SyncStrategy, manager_quorum_mode
+
+
+def build_strategy(
+    config: SyncConfig,
+    manager: ManagerLike,
+    model: nn.Module,
+    inner_optimizer: optim.Optimizer,
+) -> SyncStrategy:
+    """The strategy ``config`` asks for, wired to ``manager``, ``model`` and ``inner_optimizer``.
+
+    Raises:
+        ValueError: an invalid config, or a Manager whose quorum mode differs from
+            ``config.quorum_mode``.
+    """
+    config.validate()
+    declared = manager_quorum_mode(manager)
+    if declared is not None and declared is not QuorumMode(config.quorum_mode):
+        raise ValueError(
+            f"config.quorum_mode is {QuorumMode(config.quorum_mode).value!r} but the Manager "
+            f"uses {declared.value!r} quorums (use_async_quorum must be "
+            f"{QuorumMode(config.quorum_mode) is QuorumMode.ASYNC})"
+        )
+    backup_device = torch.device(config.backup_device) if config.backup_device else None
+    method = SyncMethod(config.method)
+    if method is SyncMethod.PER_STEP:
+        return PerStepSync(manager, model.parameters(), config.allreduce_gradients)
+    if method is SyncMethod.LOCAL_SGD:
+        return LocalSGD(
+            manager,
+            model,
+            inner_optimizer,
+            config.sync_every,
+            backup_device,
+            quorum_mode=QuorumMode(config.quorum_mode),
+        )
+    fragments = (
+        fragments_from_fqns(model, config.fragment_fqns)
+        if config.fragment_fqns
+        else split_model(model, config.num_fragments)
+    )
+    return DiLoCo(
+        manager,
+        fragments,
+        inner_optimizer,
+        config.outer_optimizer,
+        config.sync_every,
+        backup_device,
+        should_quantize=config.should_quantize,
+        fragment_sync_delay=config.fragment_sync_delay,
+        fragment_update_alpha=config.fragment_update_alpha,
+        quorum_mode=QuorumMode(config.quorum_mode),
+    )

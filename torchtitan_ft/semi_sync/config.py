@@ -1,0 +1,190 @@
+"""Configuration of the sync strategies: which one, how often, and the outer optimizer.
+
+Everything a user may choose is a field here with its meaning, unit and default, so that the
+TorchTitan config (``fault_tolerance`` section) can map onto it one to one. ``SyncConfig.validate``
+rejects combinations that cannot work (e.g. DiLoCo with an asynchronous quorum) with an error
+that names the bad value and what is expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import torch
+from torch import optim
+
+
+class SyncMethod(StrEnum):
+    """How replica groups keep their weights in agreement."""
+
+    PER_STEP = "per_step"
+    """FT-HSDP: gradients averaged across replica groups every step, commit per step."""
+    LOCAL_SGD = "local_sgd"
+    """Each group steps alone; parameters are averaged every ``sync_every`` steps."""
+    DILOCO = "diloco"
+    """Inner optimizer for ``sync_every`` steps, then an outer optimizer step on the averaged
+    pseudo-gradient; with fragments (``num_fragments > 1``) this is Streaming DiLoCo."""
+
+
+class QuorumMode(StrEnum):
+    """When the Manager's quorum (and healing) completes relative to the step.
+
+    Explicit instead of inferred: the Manager is built with ``use_async_quorum`` =
+    ``quorum_mode is ASYNC`` and the strategies check that they agree with it.
+    """
+
+    SYNC = "sync"
+    """``start_quorum`` blocks until the quorum is known and any healing is done. Required by
+    LocalSGD and DiLoCo: their state must be in place before a replica joins a sync."""
+    ASYNC = "async"
+    """``start_quorum`` returns at once; the quorum (and healing) overlaps the forward pass.
+    Lower per-step overhead for per-step sync; a healing replica sits out that step."""
+
+
+class OuterOptimizerType(StrEnum):
+    """The outer optimizer DiLoCo applies to the averaged pseudo-gradient."""
+
+    SGD = "sgd"
+    ADAMW = "adamw"
+
+
+@dataclass(frozen=True)
+class OuterOptimizerConfig:
+    """The DiLoCo outer optimizer (not hard-coded: torchft fixed it to SGD 0.7/0.9/Nesterov).
+
+    The defaults are the DiLoCo paper's (SGD, lr 0.7, momentum 0.9, Nesterov).
+    """
+
+    type: OuterOptimizerType = OuterOptimizerType.SGD
+    """``sgd`` or ``adamw``."""
+    lr: float = 0.7
+    """Outer learning rate (unitless; 1.0 with SGD and no momentum = plain averaging)."""
+    momentum: float = 0.9
+    """SGD momentum; ignored by AdamW."""
+    nesterov: bool = True
+    """SGD Nesterov momentum (needs ``momentum > 0``); ignored by AdamW."""
+    weight_decay: float = 0.0
+    """Weight decay (decoupled for AdamW)."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas; ignored by SGD."""
+    eps: float = 1e-8
+    """AdamW epsilon; ignored by SGD."""
+
+    def validate(self) -> None:
+        """Raises ``ValueError`` for values no optimizer accepts."""
+        kind = OuterOptimizerType(self.type)
+        if self.lr <= 0:
+            raise ValueError(f"outer optimizer lr must be > 0, got {self.lr}")
+        if kind is OuterOptimizerType.SGD:
+            if self.momentum < 0:
+                raise ValueError(f"outer SGD momentum must be >= 0, got {self.momentum}")
+            if self.nesterov and self.momentum <= 0:
+                raise ValueError("outer SGD nesterov=True needs momentum > 0")
+        if self.weight_decay < 0:
+            raise ValueError(f"outer weight_decay must be >= 0, got {self.weight_decay}")
+
+    def build(self, params: Iterable[torch.nn.Parameter]) -> optim.Optimizer:
+        """Returns a fresh outer optimizer over ``params``."""
+        self.validate()
+        if OuterOptimizerType(self.type) is OuterOptimizerType.SGD:
+            return optim.SGD(
+                params,
+                lr=self.lr,
+                momentum=self.momentum,
+                nesterov=self.nesterov,
+                weight_decay=self.weight_decay,
+            )
+        return optim.AdamW(
+            params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay
+        )
+
+
+@dataclass
+class SyncConfig:
+    """Which sync strategy the trainer uses, and its knobs."""
+
+    method: SyncMethod = SyncMethod.PER_STEP
+    """``per_step`` (default), ``local_sgd`` or ``diloco``."""
+    quorum_mode: QuorumMode = QuorumMode.ASYNC
+    """``async`` (default, as torchft) or ``sync``. LocalSGD and DiLoCo require ``sync``."""
+    sync_every: int = 20
+    """LocalSGD/DiLoCo: inner steps between two syncs of the same parameters (H). With
+    ``num_fragments = F`` one fragment is synced every ``sync_every / F`` steps. Ignored by
+    per-step."""
+    num_fragments: int = 1
+    """DiLoCo: split the model into this many fragments (Streaming DiLoCo), by contiguous
+    ranges of ``model.layers``. Ignored when ``fragment_fqns`` is set."""
+    fragment_fqns: list[list[str]] | None = None
+    """DiLoCo: explicit fragments, each a list of module names (e.g. ``["tok_embeddings",
+    "layers.0"]``). Every parameter must fall in exactly one fragment."""
+    fragment_sync_delay: int = 0
+    """DiLoCo: tau, inner steps between starting a fragment's (asynchronous) allreduce and
+    applying it; overlaps communication with compute. Must be < ``sync_every / F``."""
+    fragment_update_alpha: float = 0.0
+    """DiLoCo: alpha in [0, 1]; after a sync the fragment is ``(1 - alpha) * global +
+    alpha * local``. 0 (default) takes the global parameters."""
+    should_quantize: bool = False
+    """DiLoCo: send pseudo-gradients as int8 with per-block scales (~4x fewer bytes)."""
+    outer_optimizer: OuterOptimizerConfig = field(default_factory=OuterOptimizerConfig)
+    """DiLoCo: the outer optimizer."""
+    backup_device: str | None = None
+    """LocalSGD/DiLoCo: device of the global-parameter backup (default ``cpu``)."""
+    allreduce_gradients: bool = True
+    """Per-step: average gradients in the strategy. Set False when the model is wrapped in
+    ``torchtitan_ft.ddp.DistributedDataParallel`` (which already averages them)."""
+
+    def validate(self) -> None:
+        """Raises ``ValueError`` naming the first invalid field or combination."""
+        method = SyncMethod(self.method)
+        quorum_mode = QuorumMode(self.quorum_mode)
+        if method is SyncMethod.PER_STEP:
+            return
+        if self.sync_every < 1:
+            raise ValueError(f"sync_every must be >= 1, got {self.sync_every}")
+        if quorum_mode is not QuorumMode.SYNC:
+            raise ValueError(
+                f"{method.value} requires quorum_mode='sync' (Manager(use_async_quorum=False)): "
+                "a replica must heal (global parameters, outer-optimizer state, step counter) "
+                "and join its peers' sync before it trains; got "
+                f"quorum_mode={quorum_mode.value!r}"
+            )
+        if method is SyncMethod.LOCAL_SGD:
+            return
+        num_fragments = len(self.fragment_fqns) if self.fragment_fqns else self.num_fragments
+        validate_diloco_schedule(
+            self.sync_every, num_fragments, self.fragment_sync_delay, self.fragment_update_alpha
+        )
+        self.outer_optimizer.validate()
+
+
+def validate_diloco_schedule(
+    sync_every: int, num_fragments: int, fragment_sync_delay: int, fragment_update_alpha: float
+) -> int:
+    """Checks a (Streaming) DiLoCo schedule; returns the steps between two fragment syncs.
+
+    Raises:
+        ValueError: naming the bad value and the constraint it breaks.
+    """
+    if num_fragments < 1:
+        raise ValueError(f"DiLoCo needs at least one fragment, got {num_fragments}")
+    if sync_every < num_fragments:
+        raise ValueError(
+            f"sync_every ({sync_every}) must be >= the number of fragments ({num_fragments}): "
+            "at most one fragment is synced per step"
+        )
+    if sync_every % num_fragments != 0:
+        raise ValueError(
+            f"sync_every ({sync_every}) must be a multiple of the number of fragments "
+            f"({num_fragments})"
+        )
+    cycle = sync_every // num_fragments
+    if not 0 <= fragment_sync_delay < cycle:
+        raise ValueError(
+            f"fragment_sync_delay must be in [0, sync_every / num_fragments = {cycle}), got "
+            f"{fragment_sync_delay}: a fragment's sync must finish before the next one starts"
+        )
+    if not 0.0 <= fragment_update_alpha <= 1.0:
+        raise ValueError(f"fragment_update_alpha must be in [0, 1], got {fragment_update_alpha}")
+    return cycle

@@ -1,0 +1,605 @@
+"""LocalSGD and (Streaming) DiLoCo: replica groups step alone and sync every few steps.
+
+Names and arguments follow torchft 0.2.0 (``torchft.local_sgd``), so
+``from torchtitan_ft.semi_sync import LocalSGD, DiLoCo`` is a drop-in import.
+
+**LocalSGD** (https://arxiv.org/abs/1805.09767): every ``sync_every`` inner steps the
+parameters are averaged across replica groups.
+
+**DiLoCo** (https://arxiv.org/abs/2311.08105): every ``sync_every`` inner steps each group
+computes the pseudo-gradient ``global - local`` (``global`` = the parameters agreed at the last
+sync, kept in a backup), the pseudo-gradients are averaged, and the outer optimizer steps the
+global parameters with it; every group continues from the new global parameters.
+
+**Streaming DiLoCo** (https://arxiv.org/abs/2501.18512): the model is split into F fragments,
+synced in turn, one every ``sync_every / F`` steps (so each fragment still every
+``sync_every`` steps). Schedule, with ``cycle = sync_every / F`` and tau =
+``fragment_sync_delay``: in each cycle, after inner step ``cycle - tau`` the quorum is formed and
+fragment ``(committed fragment syncs) % F`` starts its (asynchronous) allreduce; after inner
+step ``cycle`` the result is applied. The fragment index advances only when a sync commits, so
+a failed fragment is retried next cycle. After applying, the fragment's parameters are
+``(1 - alpha) * global + alpha * local`` with alpha = ``fragment_update_alpha`` (``local`` =
+the parameters just before the sync, including the tau inner steps taken while the allreduce
+was in flight).
+
+**Failures.** A sync commits only if the allreduce succeeded and ``Manager.should_commit()``
+agrees. Otherwise the sync is discarded: the fragment is restored from its backup (the last
+global parameters), the outer optimizer does not step, and every replica group, having voted
+the same, stays at the same global parameters.
+
+**Healing.** The strategy state (global parameters, outer-optimizer state, position in the
+schedule) is registered with the Manager (``register_state_dict_fn``, key ``"diloco"`` or
+``"local_sgd"``), so a replica that heals receives it from a healthy peer, and checkpoints that
+save ``state_dict()`` carry it; loading it also resets the model's parameters to the global
+ones. Quorums are formed only at sync points, plus once before the first inner step (the first
+``start_step``, or the first optimizer step in context-manager mode), so a new replica heals
+before it trains:
+
+- at the very start, that first quorum is committed (after a one-float allreduce, so a peer
+  that serves a heal does not stop serving before the transfer is done); the Manager's step
+  thus leaves 0 and ``init_sync`` does not heal everyone again at the first sync;
+- a replica that joins later waits in that first quorum until its peers reach their next sync
+  point, heals there, and takes part in that sync at once. It brings no progress of its own
+  (DiLoCo: a zero pseudo-gradient; LocalSGD: the last average), and the average is over all
+  participants, so that one sync's update is scaled by (N-1)/N.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn, optim
+
+from torchtitan_ft.quantization import DEFAULT_BLOCK_SIZE, quantized_nbytes
+from torchtitan_ft.semi_sync.config import (
+    OuterOptimizerConfig,
+    QuorumMode,
+    validate_diloco_schedule,
+)
+from torchtitan_ft.semi_sync.strategy import (
+    CommStats,
+    ManagerLike,
+    SyncStrategy,
+    _OptimizerHooks,
+    manager_quorum_mode,
+    param_data,
+    wait_future,
+)
+
+logger: logging.Logger = logging.getLogger(__name__)
+
+
+def _flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for t in like:
+        out.append(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
+    return out
+
+
+def _dtype_groups(params: Sequence[nn.Parameter]) -> list[list[int]]:
+    """Indices of ``params`` grouped by dtype and device (one flat buffer per group)."""
+    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    for i, p in enumerate(params):
+        data = param_data(p)
+        groups.setdefault((data.dtype, data.device), []).append(i)
+    return list(groups.values())
+
+
+class _Backup:
+    """A copy of some parameters on ``device`` (the last agreed, global, values)."""
+
+    def __init__(
+        self, named_params: Sequence[tuple[str, nn.Parameter]], device: torch.device | None
+    ) -> None:
+        self.names = [name for name, _ in named_params]
+        self.params = [p for _, p in named_params]
+        self.device = device or torch.device("cpu")
+        pin = self.device.type == "cpu" and torch.cuda.is_available()
+        self.tensors: list[torch.Tensor] = []
+        for p in self.params:
+            data = param_data(p)
+            t = torch.empty(data.shape, dtype=data.dtype, device=self.device)
+            self.tensors.append(t.pin_memory() if pin else t)
+        self.save()
+
+    @torch.no_grad()
+    def save(self) -> None:
+        """Copies the parameters into the backup."""
+        for t, p in zip(self.tensors, self.params, strict=True):
+            t.copy_(param_data(p))
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """Copies the backup into the parameters."""
+        for t, p in zip(self.tensors, self.params, strict=True):
+            param_data(p).copy_(t)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The backup tensors by parameter name (clones)."""
+        return {name: t.clone() for name, t in zip(self.names, self.tensors, strict=True)}
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Loads backup tensors by parameter name; every name must be present."""
+        missing = [name for name in self.names if name not in state_dict]
+        if missing:
+            raise ValueError(f"state_dict lacks global parameters {missing[:5]}")
+        for name, t in zip(self.names, self.tensors, strict=True):
+            t.copy_(state_dict[name])
+
+
+class _SemiSync(SyncStrategy, _OptimizerHooks):
+    """What LocalSGD and DiLoCo share: the step counter, quorum points and healing.
+
+    Subclasses set ``_quorum_at`` (the local step after which the quorum is formed) and
+    implement ``_after_quorum`` (the rest of the sync) and ``_state``/``_load_state``.
+    """
+
+    _state_key = "semi_sync"
+
+    def __init__(
+        self,
+        manager: ManagerLike,
+        optimizer: optim.Optimizer,
+        params: Iterable[nn.Parameter],
+        quorum_mode: QuorumMode | None,
+    ) -> None:
+        _check_sync_quorum(type(self).__name__, manager, quorum_mode)
+        _OptimizerHooks.__init__(self, optimizer, params)
+        self._manager = manager
+        self._local_step = 0
+        self._quorum_at = 1
+        self._started = False
+        self._healed = False
+        self.stats = CommStats()
+
+    def _register(self) -> None:
+        self._manager.register_state_dict_fn(self._state_key, self.load_state_dict, self.state_dict)
+
+    @property
+    def local_step(self) -> int:
+        """Inner steps since the last sync point (the position in the sync schedule)."""
+        return self._local_step
+
+    def start_step(self) -> None:
+        """On the first call, forms a quorum (healing this replica if it is behind)."""
+        if not self._started:
+            self._initial_quorum()
+
+    def before_step(self) -> bool:
+        """Returns False only on a first step whose gradients predate healing."""
+        if self._started:
+            return True
+        return not self._initial_quorum()
+
+    def after_step(self) -> None:
+        """Counts the inner step and runs the sync schedule."""
+        self._local_step += 1
+        if self._local_step == self._quorum_at:
+            self._quorum()
+            self._after_quorum()
+
+    def _quorum(self) -> None:
+        self._healed = False
+        self._manager.start_quorum()
+        self._manager.wait_quorum()
+
+    def _initial_quorum(self) -> bool:
+        """Forms the first quorum; returns whether this replica healed in it.
+
+        Retried until it commits. A replica that heals while its peers are at a sync point
+        takes part in the rest of that sync (which commits). Otherwise the quorum itself is
+        committed (an empty step): the Manager's step then leaves 0, so that ``init_sync`` does
+        not heal every replica again at the first sync, wiping its local progress.
+        """
+        self._started = True
+        healed = False
+        while True:
+            self._quorum()
+            healed, self._healed = healed or self._healed, False
+            if healed and self._local_step == self._quorum_at:
+                # The peers are at a sync point: take part in the rest of that sync.
+                self._after_quorum()
+                return healed
+            # A collective before the vote: a peer serving our heal (or healing from us) must
+            # not commit, and stop serving its checkpoint, before the transfer is done.
+            wait_future(self._manager, self._manager.allreduce(torch.zeros(1)))
+            if self._manager.should_commit():
+                return healed
+            logger.warning("initial quorum did not commit (%s); retrying", self._manager.errored())
+
+    def _after_quorum(self) -> None:
+        raise NotImplementedError
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads the strategy state and resets the model's parameters to the global ones."""
+        self._load_state(state_dict)
+        self._local_step = int(state_dict["local_step"])
+        self._healed = True
+
+    def _load_state(self, state_dict: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class LocalSGD(_SemiSync):
+    """Averages the parameters across replica groups every ``sync_every`` inner steps.
+
+    Requires a synchronous quorum (``QuorumMode.SYNC``): a replica that joins must heal and
+    join the sync its peers are in before it trains, which an asynchronous quorum (healing
+    applied later, at ``should_commit``) cannot guarantee. Keeps a backup of the last averaged
+    parameters (on ``backup_device``) so that a failed sync can be undone.
+
+    Args:
+        manager: the replica group's Manager.
+        model: the model whose parameters are averaged.
+        optimizer: the inner (local) optimizer; its hooks drive the strategy in
+            context-manager mode.
+        sync_every: inner steps between two averages (>= 1).
+        backup_device: where the backup lives (default cpu).
+        quorum_mode: the Manager's quorum mode, when the Manager does not expose it; must be
+            ``QuorumMode.SYNC``.
+    """
+
+    _state_key = "local_sgd"
+
+    def __init__(
+        self,
+        manager: ManagerLike,
+        model: nn.Module,
+        optimizer: optim.Optimizer,
+        sync_every: int,
+        backup_device: torch.device | None = None,
+        *,
+        quorum_mode: QuorumMode | None = None,
+    ) -> None:
+        if sync_every < 1:
+            raise ValueError(f"sync_every must be >= 1, got {sync_every}")
+        super().__init__(manager, optimizer, model.parameters(), quorum_mode)
+        self._model = model
+        self._sync_every = sync_every
+        self._quorum_at = sync_every
+        self._backup = _Backup(list(model.named_parameters()), backup_device)
+        self._register()
+
+    def _after_quorum(self) -> None:
+        params = self._backup.params
+        futures = []
+        buffers = []
+        for group in _dtype_groups(params):
+            flat = _flatten([param_data(params[i]) for i in group]).clone()
+            futures.append(self._manager.allreduce(flat))
+            buffers.append((group, flat))
+            self.stats.allreduce_calls += 1
+            self.stats.payload_bytes += flat.numel() * flat.element_size()
+        ok = all([wait_future(self._manager, fut) for fut in futures])
+        committed = self._manager.should_commit() and ok
+        with torch.no_grad():
+            if committed:
+                for group, flat in buffers:
+                    datas = [param_data(params[i]) for i in group]
+                    for data, avg in zip(datas, _unflatten(flat, datas), strict=True):
+                        data.copy_(avg)
+                self._backup.save()
+                self.stats.syncs_committed += 1
+            else:
+                self._backup.restore()
+                self.stats.syncs_failed += 1
+                logger.warning("LocalSGD sync failed; parameters restored to the last average")
+        self._local_step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"local_step", "global"}``: the step counter and the last averaged parameters."""
+        return {"local_step": self._local_step, "global": self._backup.state_dict()}
+
+    def _load_state(self, state_dict: dict[str, Any]) -> None:
+        self._backup.load_state_dict(state_dict["global"])
+        self._backup.restore()
+
+
+@dataclass
+class _PendingSync:
+    """A fragment sync whose allreduce has been started."""
+
+    fragment: int
+    buffers: list[tuple[list[int], torch.Tensor]]
+    futures: list[torch.futures.Future[torch.Tensor]] = field(default_factory=list)
+
+
+class _Fragment:
+    """One DiLoCo fragment: its parameters, their global backup, and its outer optimizer."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        outer_optimizer: optim.Optimizer,
+        backup_device: torch.device | None,
+    ) -> None:
+        self.module = module
+        self.backup = _Backup(list(module.named_parameters()), backup_device)
+        self.params = self.backup.params
+        self.groups = _dtype_groups(self.params)
+        self.outer_optimizer = outer_optimizer
+
+    def pseudo_gradients(self) -> list[tuple[list[int], torch.Tensor]]:
+        """Flat ``global - local`` per dtype group."""
+        out = []
+        with torch.no_grad():
+            for group in self.groups:
+                deltas = [
+                    self.backup.tensors[i].to(param_data(self.params[i]).device)
+                    - param_data(self.params[i])
+                    for i in group
+                ]
+                out.append((group, _flatten(deltas)))
+        return out
+
+    def outer_step(self, buffers: list[tuple[list[int], torch.Tensor]]) -> None:
+        """Sets the averaged pseudo-gradients as grads and steps the outer optimizer.
+
+        Only this fragment's parameters have a gradient during the step (others' are stashed),
+        so an outer optimizer shared by several fragments moves just this one.
+        """
+        own = {id(p) for p in self.params}
+        stashed = {}
+        for group in self.outer_optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) not in own and p.grad is not None:
+                    stashed[p] = p.grad
+                    p.grad = None
+        for group_idx, flat in buffers:
+            datas = [param_data(self.params[i]) for i in group_idx]
+            for i, grad in zip(group_idx, _unflatten(flat, datas), strict=True):
+                p = self.params[i]
+                p.grad = _as_param_grad(p, grad.to(param_data(p).dtype))
+        self.outer_optimizer.step()
+        for p in self.params:
+            p.grad = None
+        for p, grad in stashed.items():
+            p.grad = grad
+
+
+def _as_param_grad(p: nn.Parameter, local_grad: torch.Tensor) -> torch.Tensor:
+    """``local_grad`` shaped as ``p``'s gradient (a DTensor for a DTensor parameter)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(p, DTensor):
+        return DTensor.from_local(
+            local_grad, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
+        )
+    return local_grad
+
+
+OuterOptimizerArg = optim.Optimizer | Sequence[optim.Optimizer] | OuterOptimizerConfig
+
+
+class DiLoCo(_SemiSync):
+    """DiLoCo and Streaming DiLoCo (see the module docstring for the algorithm and schedule).
+
+    Requires a synchronous quorum (``QuorumMode.SYNC``, i.e. ``Manager(use_async_quorum=False)``).
+
+    Args:
+        manager: the replica group's Manager.
+        model_fragments: the fragments (``nn.Module`` s sharing the model's parameters, e.g. from
+            ``split_model``); a single module means plain DiLoCo.
+        inner_optimizer: the local optimizer stepped every inner step.
+        outer_optimizer: an optimizer over all fragments' parameters, one per fragment, or an
+            ``OuterOptimizerConfig`` (one optimizer per fragment is built from it). Its state is
+            part of ``state_dict`` and is healed.
+        sync_every: inner steps between two syncs of the same fragment (H); a multiple of the
+            number of fragments F.
+        backup_device: where the global parameters are kept (default cpu).
+        should_quantize: allreduce pseudo-gradients as int8 with per-block scales.
+        fragment_sync_delay: tau, inner steps between starting a fragment's allreduce and
+            applying it; ``0 <= tau < sync_every / F``.
+        fragment_update_alpha: alpha in [0, 1]; weight of the local parameters when mixing
+            them with the new global ones after a sync.
+        quorum_mode: the Manager's quorum mode, when the Manager does not expose it; must be
+            ``QuorumMode.SYNC``.
+        pin_memory, use_bucketization, bucket_cap_mb: accepted for torchft compatibility;
+            pinning is automatic when CUDA is present and each fragment is always sent as one
+            buffer per dtype.
+    """
+
+    _state_key = "diloco"
+
+    def __init__(
+        self,
+        manager: ManagerLike,
+        model_fragments: Sequence[nn.Module] | nn.Module,
+        inner_optimizer: optim.Optimizer,
+        outer_optimizer: OuterOptimizerArg,
+        sync_every: int,
+        backup_device: torch.device | None = None,
+        *,
+        should_quantize: bool = False,
+        fragment_sync_delay: int = 0,
+        fragment_update_alpha: float = 0.0,
+        quorum_mode: QuorumMode | None = None,
+        pin_memory: bool = True,
+        use_bucketization: bool = False,
+        bucket_cap_mb: int | None = None,
+    ) -> None:
+        del pin_memory, use_bucketization, bucket_cap_mb  # see the docstring
+        fragments = (
+            [model_fragments] if isinstance(model_fragments, nn.Module) else list(model_fragments)
+        )
+        self._cycle = validate_diloco_schedule(
+            sync_every, len(fragments), fragment_sync_delay, fragment_update_alpha
+        )
+        all_params = [p for f in fragments for p in f.parameters()]
+        super().__init__(manager, inner_optimizer, all_params, quorum_mode)
+        self._sync_every = sync_every
+        self._sync_delay = fragment_sync_delay
+        self._alpha = fragment_update_alpha
+        self._should_quantize = should_quantize
+        self._quorum_at = self._cycle - fragment_sync_delay
+        optimizers = _outer_optimizers(outer_optimizer, fragments)
+        self._fragments = [
+            _Fragment(module, opt, backup_device)
+            for module, opt in zip(fragments, optimizers, strict=True)
+        ]
+        self._pending: _PendingSync | None = None
+        # Committed fragment syncs; picks the next fragment (healed with the state, so every
+        # replica picks the same one).
+        self._syncs_committed = 0
+        self._register()
+
+    @property
+    def num_fragments(self) -> int:
+        """F, the number of fragments."""
+        return len(self._fragments)
+
+    def outer_optimizers(self) -> list[optim.Optimizer]:
+        """The outer optimizer of each fragment (the same object when shared)."""
+        return [f.outer_optimizer for f in self._fragments]
+
+    def after_step(self) -> None:
+        """Counts the inner step; starts a fragment's sync at ``cycle - tau``, applies it at
+        ``cycle``."""
+        self._local_step += 1
+        if self._local_step == self._quorum_at:
+            self._quorum()
+            self._after_quorum()
+        elif self._local_step == self._cycle:
+            self._finish_sync()
+
+    def _after_quorum(self) -> None:
+        self._prepare(self._syncs_committed % len(self._fragments))
+        if self._local_step == self._cycle:  # tau == 0
+            self._finish_sync()
+
+    def _prepare(self, index: int) -> None:
+        """Computes fragment ``index``'s pseudo-gradients and starts their allreduce."""
+        if self._pending is not None:
+            raise RuntimeError("a fragment sync is already in flight")
+        pending = _PendingSync(index, self._fragments[index].pseudo_gradients())
+        for _, flat in pending.buffers:
+            pending.futures.append(
+                self._manager.allreduce(flat, should_quantize=self._should_quantize)
+            )
+            self.stats.allreduce_calls += 1
+            self.stats.payload_bytes += (
+                quantized_nbytes(flat.numel(), DEFAULT_BLOCK_SIZE)
+                if self._should_quantize
+                else flat.numel() * flat.element_size()
+            )
+        self._pending = pending
+
+    def _finish_sync(self) -> None:
+        """Waits for the pending allreduce and applies it (or discards it), then restarts the
+        cycle."""
+        pending, self._pending = self._pending, None
+        self._local_step = 0
+        if pending is None:
+            # Only after loading a checkpoint taken while a sync was in flight: every replica
+            # resumed from it is in the same position, so all skip this sync alike.
+            logger.warning("no fragment sync in flight at the end of a cycle; skipping it")
+            return
+        fragment = self._fragments[pending.fragment]
+        ok = all([wait_future(self._manager, fut) for fut in pending.futures])
+        local = [param_data(p).clone() for p in fragment.params] if self._alpha > 0 else None
+        fragment.backup.restore()
+        committed = self._manager.should_commit() and ok
+        if not committed:
+            self.stats.syncs_failed += 1
+            logger.warning(
+                "DiLoCo sync of fragment %d failed; fragment restored to its global parameters",
+                pending.fragment,
+            )
+            return
+        fragment.outer_step(pending.buffers)
+        fragment.backup.save()
+        if local is not None:
+            with torch.no_grad():
+                for p, loc in zip(fragment.params, local, strict=True):
+                    param_data(p).lerp_(loc, self._alpha)
+        self.stats.syncs_committed += 1
+        self._syncs_committed += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"local_step", "syncs_committed", "global", "outer_optimizers"}``.
+
+        ``global`` holds each fragment's global parameters by name; ``outer_optimizers`` the
+        state dict of each distinct outer optimizer.
+        """
+        return {
+            "local_step": self._local_step,
+            "syncs_committed": self._syncs_committed,
+            "global": [f.backup.state_dict() for f in self._fragments],
+            # Deep copies: a transport may serialize after later outer steps mutate the state.
+            "outer_optimizers": [
+                copy.deepcopy(opt.state_dict()) for opt in self._distinct_optimizers()
+            ],
+        }
+
+    def _distinct_optimizers(self) -> list[optim.Optimizer]:
+        seen: dict[int, optim.Optimizer] = {}
+        for f in self._fragments:
+            seen.setdefault(id(f.outer_optimizer), f.outer_optimizer)
+        return list(seen.values())
+
+    def _load_state(self, state_dict: dict[str, Any]) -> None:
+        globals_ = state_dict["global"]
+        optimizers = self._distinct_optimizers()
+        if len(globals_) != len(self._fragments):
+            raise ValueError(
+                f"state_dict has {len(globals_)} fragments, this DiLoCo has {len(self._fragments)}"
+            )
+        if len(state_dict["outer_optimizers"]) != len(optimizers):
+            raise ValueError(
+                f"state_dict has {len(state_dict['outer_optimizers'])} outer optimizers, "
+                f"expected {len(optimizers)}"
+            )
+        for fragment, sd in zip(self._fragments, globals_, strict=True):
+            fragment.backup.load_state_dict(sd)
+            fragment.backup.restore()
+        for opt, sd in zip(optimizers, state_dict["outer_optimizers"], strict=True):
+            opt.load_state_dict(sd)
+        self._syncs_committed = int(state_dict["syncs_committed"])
+        self._pending = None
+
+
+def _check_sync_quorum(strategy: str, manager: ManagerLike, quorum_mode: QuorumMode | None) -> None:
+    declared = manager_quorum_mode(manager)
+    if quorum_mode is not None and declared is not None and QuorumMode(quorum_mode) != declared:
+        raise ValueError(
+            f"quorum_mode={QuorumMode(quorum_mode).value!r} but the Manager uses "
+            f"{declared.value!r} quorums"
+        )
+    mode = declared if quorum_mode is None else QuorumMode(quorum_mode)
+    if mode is None:
+        raise ValueError(
+            f"{strategy} requires a synchronous quorum and cannot tell the Manager's quorum "
+            "mode; pass quorum_mode=QuorumMode.SYNC"
+        )
+    if mode is not QuorumMode.SYNC:
+        raise ValueError(
+            f"{strategy} requires a synchronous quorum: build the Manager with "
+            "use_async_quorum=False (quorum_mode='sync'); got an asynchronous one"
+        )
+
+
+def _outer_optimizers(
+    outer_optimizer: OuterOptimizerArg, fragments: Sequence[nn.Module]
+) -> list[optim.Optimizer]:
+    if isinstance(outer_optimizer, OuterOptimizerConfig):
+        return [outer_optimizer.build(f.parameters()) for f in fragments]
+    if isinstance(outer_optimizer, optim.Optimizer):
+        return [outer_optimizer] * len(fragments)
+    optimizers = list(outer_optimizer)
+    if len(optimizers) != len(fragments):
+        raise ValueError(
+            f"got {len(optimizers)} outer optimizers for {len(fragments)} fragments; pass one, "
+            "one per fragment, or an OuterOptimizerConfig"
+        )
+    return optimizers

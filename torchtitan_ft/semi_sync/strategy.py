@@ -1,0 +1,196 @@
+"""The interface the trainer drives, and what every sync strategy shares.
+
+A training step with any strategy::
+
+    strategy.start_step()            # before the forward: per-step starts the quorum here
+    loss = model(batch); loss.backward()
+    if strategy.before_step():       # after backward: per-step averages grads and votes
+        optimizer.step()
+    strategy.after_step()            # always: LocalSGD/DiLoCo count steps and sync here
+    optimizer.zero_grad()
+
+``state_dict``/``load_state_dict`` carry what the strategy owns (for DiLoCo: the global
+parameters, outer-optimizer state and step counter); the semi-sync strategies also register
+them with the Manager so that a healing replica receives them.
+
+For torchft users, the strategies are also context managers: ``with LocalSGD(...)`` /
+``with DiLoCo(...)`` registers optimizer step hooks that call ``before_step``/``after_step``
+(do not also call them by hand then).
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+import torch
+from torch import nn, optim
+from torch.distributed import ReduceOp
+from torch.distributed.tensor import DTensor
+from torch.utils.hooks import RemovableHandle
+
+from torchtitan_ft.semi_sync.config import QuorumMode
+
+logger: logging.Logger = logging.getLogger(__name__)
+
+
+class ManagerLike(Protocol):
+    """The part of ``torchtitan_ft.manager.Manager`` (torchft 0.2.0 names) the strategies use."""
+
+    def start_quorum(
+        self, allow_heal: bool = True, shrink_only: bool = False, timeout: Any = None
+    ) -> None: ...
+
+    def wait_quorum(self) -> None: ...
+
+    def allreduce(
+        self,
+        tensor: torch.Tensor,
+        should_quantize: bool = False,
+        reduce_op: ReduceOp.RedOpType = ReduceOp.AVG,
+    ) -> torch.futures.Future[torch.Tensor]: ...
+
+    def should_commit(self, timeout: Any = None) -> bool: ...
+
+    def report_error(self, e: Exception) -> None: ...
+
+    def errored(self) -> Exception | None: ...
+
+    def current_step(self) -> int: ...
+
+    def num_participants(self) -> int: ...
+
+    def is_participating(self) -> bool: ...
+
+    def register_state_dict_fn(
+        self,
+        key: str,
+        load_state_dict: Callable[[Any], None],
+        state_dict: Callable[[], Any],
+    ) -> None: ...
+
+
+def manager_quorum_mode(manager: object) -> QuorumMode | None:
+    """The quorum mode ``manager`` was built with, or ``None`` if it does not say.
+
+    Reads, in order, a ``quorum_mode`` attribute, ``use_async_quorum``, then torchft's private
+    ``_use_async_quorum``.
+    """
+    mode = getattr(manager, "quorum_mode", None)
+    if mode is not None:
+        return QuorumMode(mode.value if hasattr(mode, "value") else mode)
+    for attr in ("use_async_quorum", "_use_async_quorum"):
+        value = getattr(manager, attr, None)
+        if isinstance(value, bool):
+            return QuorumMode.ASYNC if value else QuorumMode.SYNC
+    return None
+
+
+@dataclass
+class CommStats:
+    """What a strategy sent across replica groups, as seen from this replica.
+
+    ``payload_bytes`` is the size of the tensors handed to ``Manager.allreduce`` (the quantized
+    size when ``should_quantize``); the bytes a ring allreduce puts on the wire per rank are
+    ``2 (N-1)/N`` times that.
+    """
+
+    allreduce_calls: int = 0
+    payload_bytes: int = 0
+    syncs_committed: int = 0
+    syncs_failed: int = 0
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of ``t`` (a view sharing storage for DTensors, ``t`` itself otherwise)."""
+    if isinstance(t, DTensor):
+        return t._local_tensor
+    return t
+
+
+def param_data(p: nn.Parameter) -> torch.Tensor:
+    """The local storage of parameter ``p`` (no autograd), for in-place copies."""
+    return local_tensor(p.data)
+
+
+def wait_future(manager: ManagerLike, fut: torch.futures.Future[torch.Tensor]) -> bool:
+    """Waits for an allreduce future; a failure is reported to the manager, not raised.
+
+    Returns True when the future completed without error.
+    """
+    try:
+        fut.wait()
+    except RuntimeError as e:  # c10d and future errors surface as RuntimeError
+        manager.report_error(e)
+        return False
+    return True
+
+
+class SyncStrategy(ABC):
+    """A way of keeping replica groups in agreement, driven by four calls per step.
+
+    Subclasses: ``PerStepSync``, ``LocalSGD``, ``DiLoCo``. See the module docstring for the
+    training-loop contract.
+    """
+
+    stats: CommStats
+
+    def start_step(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Called at the top of each iteration, before the forward pass."""
+
+    @abstractmethod
+    def before_step(self) -> bool:
+        """Called after backward, before the inner optimizer step.
+
+        Returns:
+            whether the inner optimizer step may be applied (False: skip it; the step's
+            gradients are discarded).
+        """
+
+    def after_step(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Called after the inner optimizer step (also when ``before_step`` said skip)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this strategy owns, for checkpoints and healing (tensors are copies)."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # noqa: B027
+        """Restores ``state_dict`` from ``state_dict()`` (of this or another replica)."""
+
+
+class _OptimizerHooks:
+    """Context-manager support (torchft style): optimizer hooks drive a strategy's steps."""
+
+    def __init__(self, optimizer: optim.Optimizer, params: Iterable[nn.Parameter]) -> None:
+        self._hook_optimizer = optimizer
+        self._hook_params = list(params)
+        self._handles: list[RemovableHandle] = []
+
+    def __enter__(self) -> Any:
+        self._handles.append(self._hook_optimizer.register_step_pre_hook(self._pre_hook))
+        self._handles.append(self._hook_optimizer.register_step_post_hook(self._post_hook))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        return False
+
+    def _pre_hook(self, *_args: Any) -> None:
+        # An optimizer pre-hook cannot cancel the step; dropping the grads makes it a no-op.
+        if not self.before_step():  # type: ignore[attr-defined]
+            for p in self._hook_params:
+                p.grad = None
+
+    def _post_hook(self, *_args: Any) -> None:
+        self.after_step()  # type: ignore[attr-defined]
