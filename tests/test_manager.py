@@ -685,3 +685,51 @@ def test_heal_needs_group_agreement(step, max_step, init_sync, replicas, expecte
         replica_ids=[f"r{i}" for i in range(replicas)],
     )
     assert heal_needs_group_agreement(step, result, init_sync) is expected
+
+
+def test_quantized_allreduce_through_real_process_groups(lighthouse2: LighthouseServer) -> None:
+    """should_quantize: int8 blocks over real gloo groups; replicas agree bit for bit, the
+    average is within the quantization bound and a quarter of the fp32 bytes is sent."""
+    from torchtitan_ft import quantization
+    from torchtitan_ft.process_group import ProcessGroupGloo
+
+    managers = [
+        _manager(lighthouse2, f"q{i}", pg=ProcessGroupGloo(timedelta(seconds=10)), init_sync=False)
+        for i in range(2)
+    ]
+    torch.manual_seed(0)
+    inputs = [torch.randn(4096) for _ in managers]
+    tensors = [t.clone() for t in inputs]
+    sent_before = quantization.bytes_sent()
+    try:
+        for m in managers:
+            m.start_quorum()
+        threads = [
+            threading.Thread(target=lambda m=m, t=t: m.allreduce(t, should_quantize=True).wait())
+            for m, t in zip(managers, tensors, strict=True)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert [m.errored() for m in managers] == [None, None]
+        votes: list[bool] = []
+        voters = [threading.Thread(target=lambda m=m: votes.append(m.should_commit()))
+                  for m in managers]  # fmt: skip
+        for t in voters:
+            t.start()
+        for t in voters:
+            t.join(timeout=30)
+        assert votes == [True, True]
+    finally:
+        for m in managers:
+            m.shutdown()
+    assert torch.equal(tensors[0], tensors[1])
+    expected = (inputs[0] + inputs[1]) / 2
+    # Two int8 roundings (before and after the reduction), each within half a step of a block
+    # whose scale is at most max|x| / 127.
+    bound = 2 * max(float(inputs[0].abs().max()), float(inputs[1].abs().max())) / 127
+    assert float((tensors[0] - expected).abs().max()) <= bound
+    fp32_ring_bytes = 2 * 4096 * 4 * (2 - 1) / 2  # per replica, ring allreduce of fp32
+    sent = (quantization.bytes_sent() - sent_before) / 2
+    assert 0.2 < sent / fp32_ring_bytes < 0.35

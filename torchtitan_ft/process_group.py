@@ -60,6 +60,7 @@ from torch.distributed.distributed_c10d import (
     AllgatherOptions,
     AllreduceCoalescedOptions,
     AllreduceOptions,
+    AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
     ReduceOp,
@@ -554,6 +555,26 @@ class ProcessGroup(dist.ProcessGroup):
             opts: reduce op (default SUM) and timeout.
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement reduce_scatter")
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: AllToAllOptions | None = None,
+    ) -> Work:
+        """Rank ``r`` receives every rank's ``r``-th slice of ``input`` into ``output``
+        (``dist.all_to_all_single``); empty split sizes mean equal slices.
+
+        Args:
+            output: receives one slice from each rank, in rank order.
+            input: split along dim 0 into one slice per rank.
+            output_split_sizes: rows received from each rank; [] for equal slices.
+            input_split_sizes: rows sent to each rank; [] for equal slices.
+            opts: timeout.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement alltoall_base")
 
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
         """Send ``tensors`` to ``dst_rank`` (``dist.send``).
@@ -1066,6 +1087,24 @@ class ProcessGroupGloo(ProcessGroup):
             output_tensors,
         )
 
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: AllToAllOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.alltoall_base`."""
+        options = opts if opts is not None else AllToAllOptions()
+        return self._run(
+            "alltoall_base",
+            lambda pg: pg.alltoall_base(
+                output, input, output_split_sizes, input_split_sizes, options
+            ),
+            [output],
+        )
+
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
         """See :meth:`ProcessGroup.send`."""
         return self._run("send", lambda pg: pg.send(tensors, dst_rank, tag), tensors)
@@ -1262,6 +1301,22 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
         """See :meth:`ProcessGroup.reduce_scatter`."""
         return self._forward(
             lambda: self._pg.reduce_scatter(output_tensors, input_tensors, opts), output_tensors
+        )
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: AllToAllOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.alltoall_base`."""
+        return self._forward(
+            lambda: self._pg.alltoall_base(
+                output, input, output_split_sizes, input_split_sizes, opts
+            ),
+            [output],
         )
 
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
