@@ -340,7 +340,7 @@ def main(argv: list[str]) -> None:
     print(
         json.dumps(
             {
-                "command": " ".join([sys.executable, *sys.argv]),
+                "command": " ".join(["python -m benchmarks.heal_transfer", *sys.argv[1:]]),
                 "cpus": os.cpu_count(),
                 "load_avg_1m_at_start": load_at_start,
                 "load_avg_1m_at_end": os.getloadavg()[0],

@@ -225,6 +225,9 @@ def test_store_key_prefix_follows_torchrun_restarts() -> None:
         ({"world_size": 2}, {}, "needs a shared TCPStore"),
         ({"world_size": 0}, {}, "world_size must be >= 1"),
         ({"port": 70000}, {}, "port must be in"),
+        ({"lighthouse_addr": "htp://x:1"}, {}, r"'htp://x:1' \(argument\) is not http://host:port"),
+        ({}, {"TORCHFT_LIGHTHOUSE": "127.0.0.1:29510"}, r"\(env TORCHFT_LIGHTHOUSE\) is not"),
+        ({"lighthouse_addr": "http://127.0.0.1"}, {}, "is not http://host:port"),
     ],
 )
 def test_config_errors(kwargs: dict[str, Any], env: dict[str, str], match: str) -> None:
@@ -252,6 +255,10 @@ class FakePG:
         self.mode = "ok"  # "ok" | "raise" | "fail_future" | "hang"
         self.error: Exception | None = None
         self.seen: list[torch.Tensor] = []
+        self.aborts = 0
+
+    def abort(self) -> None:
+        self.aborts += 1
 
     def configure(self, *args: Any) -> None:
         if self.mode == "configure_fails":
@@ -392,10 +399,12 @@ def test_errors_are_data(lighthouse: LighthouseServer) -> None:
         tensor = torch.ones(2)
         assert manager.allreduce(tensor).wait() is tensor
         assert "peer reset" in str(manager.errored())
-        # later collectives of the step are no-ops
+        # later collectives of the step are no-ops; a participant aborts the group instead of
+        # joining, so its peers fail at once rather than wait for it until the timeout
         calls = len(pg.seen)
         manager.allreduce(torch.ones(2)).wait()
         assert len(pg.seen) == calls
+        assert pg.aborts == 1
         assert not manager.should_commit()
         assert manager.current_step() == 0 and transport.disallowed == 1
 
@@ -653,6 +662,36 @@ def test_fixed_with_spares(lighthouse2: LighthouseServer) -> None:
         assert torch.equal(pgs[0].seen[-1], torch.full((2,), 4.0))
         assert torch.equal(pgs[1].seen[-1], torch.zeros(2))  # the spare contributes zeros
         assert [m.batches_committed() for m in managers] == [1, 1]
+    finally:
+        for m in managers:
+            m.shutdown()
+
+
+def test_errored_spare_still_joins_with_zeros(lighthouse2: LighthouseServer) -> None:
+    """A non-participant's zeros do not change the average: it joins even after an error, so
+    the participants' collective completes, and only its own group discards the step."""
+    pgs = [FakePG(), FakePG()]
+    managers = [
+        _manager(lighthouse2, name, pg=pg, init_sync=False,
+                 world_size_mode=WorldSizeMode.FIXED_WITH_SPARES)
+        for name, pg in zip(["a", "b"], pgs, strict=True)
+    ]  # fmt: skip
+    try:
+        for m in managers:
+            m.start_quorum()
+        managers[1].report_error(RuntimeError("bad batch on the spare"))
+        for m, value in zip(managers, [4.0, 6.0], strict=True):
+            m.allreduce(torch.full((2,), value)).wait()
+        assert torch.equal(pgs[1].seen[-1], torch.zeros(2))
+        assert [pg.aborts for pg in pgs] == [0, 0]
+        votes: list[bool] = []
+        voters = [threading.Thread(target=lambda m=m: votes.append(m.should_commit()))
+                  for m in managers]  # fmt: skip
+        for t in voters:
+            t.start()
+        for t in voters:
+            t.join(timeout=30)
+        assert sorted(votes) == [False, True]
     finally:
         for m in managers:
             m.shutdown()

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, TypeVar
+from urllib.parse import urlsplit
 
 T = TypeVar("T")
 
@@ -160,7 +161,23 @@ def resolve_manager_settings(
         )
     if not 0 <= settings.manager_port.value < 65536:
         raise ValueError(f"port must be in [0, 65536), got {settings.manager_port.value}")
+    check_lighthouse_url(settings.lighthouse_addr)
     return settings
+
+
+def check_lighthouse_url(addr: Resolved[str]) -> None:
+    """Raises ValueError unless the lighthouse address is ``http://host:port``."""
+    url = addr.value
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise ValueError(
+            f"lighthouse address {addr.describe()} is not http://host:port, "
+            "e.g. http://localhost:29510"
+        )
 
 
 def store_key_prefix(env: Mapping[str, str]) -> str:

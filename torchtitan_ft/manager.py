@@ -29,11 +29,14 @@ The decisions are small pure functions (``compute_participation``, ``local_commi
 from __future__ import annotations
 
 import concurrent.futures
+import heapq
+import itertools
 import logging
 import os
 import re
 import socket
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable
@@ -206,6 +209,54 @@ def _completed_future(value: T) -> torch.futures.Future[T]:
     return fut
 
 
+class _Deadlines:
+    """One daemon thread firing callbacks at deadlines (a heap), instead of a
+    ``threading.Timer`` thread per collective, which cost ~1-2 ms of CPU per step."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._cancelled: set[int] = set()
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, delay_s: float, fn: Callable[[], None]) -> Callable[[], None]:
+        """Calls ``fn`` after ``delay_s`` seconds unless the returned cancel is called first."""
+        with self._cond:
+            key = next(self._seq)
+            heapq.heappush(self._heap, (time.monotonic() + delay_s, key, fn))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="ft-deadlines", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+        def cancel() -> None:
+            with self._cond:
+                self._cancelled.add(key)
+
+        return cancel
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    wait = self._heap[0][0] - time.monotonic() if self._heap else None
+                    self._cond.wait(wait)
+                    self._drop_cancelled()
+                _, key, fn = heapq.heappop(self._heap)
+                if key in self._cancelled:
+                    self._cancelled.discard(key)
+                    continue
+            fn()
+
+    def _drop_cancelled(self) -> None:
+        while self._heap and self._heap[0][1] in self._cancelled:
+            self._cancelled.discard(heapq.heappop(self._heap)[1])
+
+
+_DEADLINES = _Deadlines()
+
+
 def future_with_timeout(
     fut: torch.futures.Future[T], timeout: timedelta
 ) -> torch.futures.Future[T]:
@@ -224,11 +275,10 @@ def future_with_timeout(
         if claim():
             out.set_exception(TimeoutError(f"future timed out after {timeout}"))
 
-    timer = threading.Timer(timeout.total_seconds(), on_timeout)
-    timer.daemon = True
+    cancel_timeout = _DEADLINES.schedule(timeout.total_seconds(), on_timeout)
 
     def on_done(f: torch.futures.Future[T]) -> None:
-        timer.cancel()
+        cancel_timeout()
         try:
             value = f.value()
         except Exception as e:  # the future's error, handed on as data
@@ -238,7 +288,6 @@ def future_with_timeout(
         if claim():
             out.set_result(value)
 
-    timer.start()
     fut.add_done_callback(on_done)
     return out
 
@@ -390,6 +439,7 @@ class Manager:
         self._quorum_result: QuorumResult | None = None
         self._collectives_ready: concurrent.futures.Future[None] | None = None
         self._served_this_step = False
+        self._pg_usable = False
         self._quorum_future: concurrent.futures.Future[None] | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="torchft_quorum"
@@ -488,6 +538,7 @@ class Manager:
         self._pending_state_dict = None
         self._pending_work = []
         self._served_this_step = False
+        self._pg_usable = False
         self._collectives_ready = concurrent.futures.Future()
         self._quorum_future = self._executor.submit(
             self._run_quorum, allow_heal, shrink_only, timeout or self._quorum_timeout
@@ -496,9 +547,7 @@ class Manager:
             self.wait_quorum()
             # Safe point: the forward of this step has not started.
             if heal_needs_group_agreement(self._step, self._quorum_result, self._init_sync):
-                healed_everywhere = self._client.should_commit(
-                    self._group_rank, self._step, self._errored is None, timeout=self._timeout
-                )
+                healed_everywhere = self._group_and(self._errored is None, self._timeout)
                 if healed_everywhere:
                     self._apply_pending_state_dict()
                 elif self._errored is None:
@@ -542,7 +591,9 @@ class Manager:
                 min_replica_size=self._min_replica_size,
             )
             self._healing = allow_heal and result.heal
+            self._pg_usable = True
             if result.quorum_id != self._quorum_id and not self._reconfigure(result):
+                self._pg_usable = False
                 return
         except BaseException as e:
             ready.set_exception(e)
@@ -677,15 +728,13 @@ class Manager:
                 by half a quantization step per block); ``SUM`` and ``AVG`` only.
             reduce_op: ``ReduceOp.AVG`` (floating point only), ``SUM``, ``MAX`` or ``MIN``.
         """
-        if self.errored() is not None:
-            return _completed_future(tensor)
         if reduce_op == ReduceOp.AVG and not torch.is_floating_point(tensor):
             raise TypeError(f"ReduceOp.AVG needs a floating point tensor, got {tensor.dtype}")
         if should_quantize and reduce_op not in (ReduceOp.SUM, ReduceOp.AVG):
             raise ValueError(f"should_quantize supports ReduceOp.SUM and AVG, got {reduce_op}")
         try:
             self._wait_collectives_ready()
-            if self.errored() is not None:  # reconfiguration or heal failed this step
+            if self.errored() is not None and not self._join_despite_error():
                 return _completed_future(tensor)
             num_participants = self._participation.world_size
             if num_participants < 1:
@@ -709,6 +758,22 @@ class Manager:
             return tensor
 
         return self.wrap_future(fut.then(normalize), tensor)
+
+    def _join_despite_error(self) -> bool:
+        """This step already failed here; decides whether to still run a collective.
+
+        Peers would otherwise wait for this replica until the timeout. A non-participant
+        (healing, spare) contributes zeros anyway, so it joins while the group works. A
+        participant cannot join (its zeros would skew the peers' average): it aborts the
+        group so peers fail at once and discard the step too. A broken group is left alone.
+        """
+        if not self._pg_usable or self._pg.errored() is not None:
+            return False
+        if not self.is_participating():
+            return True
+        self._pg_usable = False
+        self._pg.abort()
+        return False
 
     def report_error(self, e: BaseException) -> None:
         """Records an error for this step: the step will not commit and the process group is
@@ -775,9 +840,7 @@ class Manager:
         vote = local_commit_vote(
             self._errored, self._participation.world_size, self._min_replica_size
         )
-        decision = self._client.should_commit(
-            self._group_rank, self._step, vote.should_commit, timeout=timeout or self._timeout
-        )
+        decision = self._group_and(vote.should_commit, timeout or self._timeout)
         if not self._served_this_step:
             # An offer is withdrawn one step late: healers of the quorum that made it may
             # still be fetching after the donor commits (the donor does not wait for them),
@@ -805,6 +868,13 @@ class Manager:
             self._commit_failures += 1
             check_commit_failures(self._commit_failures, self._max_retries)
         return decision
+
+    def _group_and(self, vote: bool, timeout: timedelta) -> bool:
+        """The logical AND of this vote over the replica group's ranks (a barrier); a group
+        of one rank needs no round trip to its ManagerServer."""
+        if self._group_world_size == 1:
+            return vote
+        return self._client.should_commit(self._group_rank, self._step, vote, timeout=timeout)
 
     # ---------------------------------------------------------------- state and queries
 

@@ -69,7 +69,9 @@ def test_port_in_use_is_one_line_exit_2() -> None:
         first.kill()
         first.wait()
     assert result.returncode == 2
-    assert f"cannot bind the lighthouse to 127.0.0.1:{port}" in result.stderr.strip()
+    lines = result.stderr.strip().splitlines()
+    assert f"cannot bind the lighthouse to 127.0.0.1:{port} (port in use?" in lines[-1]
+    assert "pick a free port with --bind" in lines[-1]
 
 
 @pytest.mark.multiprocess

@@ -69,7 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"enables the status page's kill action, which then requires this "
         f"token (default: ${AUTH_TOKEN_ENV}, else no kill action)",
     )
-    p.add_argument("--log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--log_level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="INFO logs each change of the decision's reason (default: %(default)s)",
+    )
     return p
 
 
@@ -108,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
             auth_token=token or None,
         )
     except OSError as e:
-        parser.error(f"{e}; pick a free port with --bind/--status_bind")
+        parser.error(str(e))
     signal.signal(signal.SIGTERM, lambda *_: server.shutdown())
     try:
         server.wait()

@@ -252,13 +252,24 @@ class LighthouseServer:
         try:
             try:
                 self._port = server.add_insecure_port(self._bind)
-            except RuntimeError as e:
-                raise OSError(f"cannot bind the lighthouse to {self._bind}: {e}") from e
+            except RuntimeError:
+                self._port = 0
             if self._port == 0:
-                raise OSError(f"cannot bind the lighthouse to {self._bind} (port in use?)")
+                raise OSError(
+                    f"cannot bind the lighthouse to {self._bind} (port in use? another "
+                    "lighthouse?); pick a free port with --bind"
+                )
             await server.start()
             if self._status_bind is not None:
-                status_server = await status.serve(self._status_bind, self.state, self._auth_token)
+                try:
+                    status_server = await status.serve(
+                        self._status_bind, self.state, self._auth_token
+                    )
+                except OSError as e:
+                    raise OSError(
+                        f"cannot serve the status page on {self._status_bind} ({e.strerror}); "
+                        "pick a free port with --status_bind, or --status_bind off"
+                    ) from e
                 self._status_port = status_server.sockets[0].getsockname()[1]
         except BaseException as e:
             self._startup_error = e
