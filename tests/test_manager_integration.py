@@ -105,12 +105,19 @@ def test_sigkill_mid_allreduce_survivors_commit_and_replacement_heals(
     assert replacement["step"] >= 12
     for result in survivors:
         commits = result["commits"]
-        failed = [i for i, (_, ok, _, _, _) in enumerate(commits) if not ok]
-        assert failed, "the step of the kill must be discarded"
-        # after the failure the two survivors go on committing without the victim
-        after = commits[failed[-1] + 1 :]
-        assert any(ok and n == 2 for _, ok, n, _, _ in after), commits
-        assert len(failed) <= 3, commits
+        # The step of the kill is discarded, unless the victim's bytes were already sent when
+        # it died: then the survivors' collective completed with every contribution and the
+        # step is rightly committed. Either way at most a few steps are lost, and the two
+        # survivors go on committing without the victim.
+        # (One survivor's collective may complete while the other's fails; that one then
+        # discards and heals from the first.)
+        joined = next(i for i, (_, _, n, _, _) in enumerate(commits) if n == 3)
+        dropped = next(
+            i for i, (_, ok, n, _, _) in enumerate(commits) if i > joined and (n < 3 or not ok)
+        )
+        window = commits[dropped:]
+        alone = next(i for i, (_, ok, n, p, _) in enumerate(window) if ok and n == 2 and p)
+        assert sum(not ok for _, ok, _, _, _ in window[:alone]) <= 3, commits
     # the replacement healed (first step not participating) and then participated
     first_step, first_ok, _, first_participating, _ = replacement["commits"][0]
     assert first_ok and not first_participating and first_step > 1
