@@ -15,6 +15,6 @@ fi
 echo "install: installing torchtitan_ft and its dependencies into $("$py" -c 'import sys; print(sys.prefix)')" >&2
 # torch first, pinned: an unpinned torch would pull a multi-GB CUDA build from the registry.
 "$py" -m pip install --quiet "torch==2.13.0"
-"$py" -m pip install --quiet -e "$root[dev]"
+"$py" -m pip install --quiet -e "$root[dev,demo]"
 mkdir -p "$stamp_dir"
 touch "$stamp"

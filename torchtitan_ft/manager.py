@@ -545,15 +545,7 @@ class Manager:
         )
         if not self._use_async_quorum:
             self.wait_quorum()
-            # Safe point: the forward of this step has not started.
-            if heal_needs_group_agreement(self._step, self._quorum_result, self._init_sync):
-                healed_everywhere = self._group_and(self._errored is None, self._timeout)
-                if healed_everywhere:
-                    self._apply_pending_state_dict()
-                elif self._errored is None:
-                    self.report_error(
-                        RuntimeError("another rank of this replica group failed to heal")
-                    )
+            self._heal_all_or_nothing()  # safe point: the forward has not started
 
     def wait_quorum(self) -> None:
         """Blocks until this step's quorum, reconfiguration and heal transfer are done.
@@ -678,19 +670,35 @@ class Manager:
         _check_healed_state(state, self._load_state_dict_fns.keys(), result.max_step)
         return cast(dict[str, Any], state)
 
-    def _apply_pending_state_dict(self) -> None:
-        """Loads the received state (training thread only). On failure the error is recorded
-        and the step counter is left behind, so the next quorum heals this replica again."""
+    def _heal_all_or_nothing(self) -> None:
+        """Applies received state if every rank of the replica group received its own
+        (training thread only; a group-wide AND when the group may heal).
+
+        All or nothing, so a group's ranks never end up at different steps; and independent
+        of the step's commit vote, so replicas behind can catch up even while too few
+        replicas are at the max step for any step to commit (otherwise a livelock).
+        """
+        result = self._quorum_result
+        if result is None or not heal_needs_group_agreement(self._step, result, self._init_sync):
+            return
+        received = not self._healing or self._pending_state_dict is not None
+        if not self._group_and(received, self._timeout):
+            if received:
+                self.report_error(RuntimeError("another rank of this replica group failed to heal"))
+            return
         pending, self._pending_state_dict = self._pending_state_dict, None
         if pending is None:
-            return  # the transfer failed; its error is already recorded
+            return
         try:
             for key, load in self._load_state_dict_fns.items():
                 load(pending["user"][key])
             self.load_state_dict(pending["torchft"])
-        except Exception as e:  # recorded: step discarded, heal retried next quorum
-            self.report_error(e)
-            return
+        except Exception as e:
+            # The other ranks applied theirs: this group can no longer be made consistent.
+            raise RuntimeError(
+                f"every rank of the replica group received its healed state but this rank "
+                f"could not load it: {e}; is the model the same in every group?"
+            ) from e
         self._log(logging.INFO, f"applied healed state of step {self._step}")
 
     def _manager_state_dict(self) -> dict[str, Any]:
@@ -752,7 +760,14 @@ class Manager:
             return _completed_future(tensor)
 
         def normalize(fut: torch.futures.Future[Any]) -> torch.Tensor:
-            fut.value()  # raises the collective's error, swallowed by wrap_future
+            try:
+                fut.value()  # raises the collective's error, swallowed by wrap_future
+            except Exception:
+                # Peers blocked on this replica (a ring passes through it) fail now instead
+                # of at their timeout.
+                self._pg_usable = False
+                self._pg.abort()
+                raise
             if reduce_op == ReduceOp.AVG:
                 tensor.div_(num_participants)
             return tensor
@@ -837,6 +852,10 @@ class Manager:
         pg_error = self._pg.errored()
         if pg_error is not None:
             self.report_error(pg_error)
+        if self._use_async_quorum:
+            # Safe point: after the backward, before the optimizer step; on commit the
+            # averaged gradient applies to the healed weights.
+            self._heal_all_or_nothing()
         vote = local_commit_vote(
             self._errored, self._participation.world_size, self._min_replica_size
         )
@@ -846,16 +865,6 @@ class Manager:
             # still be fetching after the donor commits (the donor does not wait for them),
             # and none can join the next quorum (which this commit needed) before finishing.
             self._checkpoint_transport.disallow_checkpoint()
-        if decision and self._pending_state_dict is not None:
-            # Every rank of the group received its state (a failed transfer votes no), so
-            # the group heals all or nothing. Safe point: after the backward, before the
-            # optimizer step; the averaged gradient then applies to the healed weights.
-            self._apply_pending_state_dict()
-            if self._errored is not None:
-                raise RuntimeError(
-                    f"the replica group agreed to commit but this rank could not load the "
-                    f"healed state: {self._errored}; is the model the same in every group?"
-                )
         self._log(
             logging.INFO,
             f"should_commit={decision} (local vote {vote.should_commit}: {vote.reason})",

@@ -1,0 +1,738 @@
+"""Failure demo: a lighthouse and three replica groups train through kills and a hang.
+
+    python scripts/failure_demo.py                 # TorchTitan llama3 debugmodel, CPU, FT
+    python scripts/failure_demo.py --model mlp     # the tiny-MLP test harness (fast)
+
+What happens: a lighthouse (``torchft_lighthouse``) and three replica groups start on
+127.0.0.1. With ``--model titan`` each group is a torchrun job of ``run_train.sh`` with
+``configs/debug_ft_cpu.toml`` and NGPU=1; with ``--model mlp`` each is one process of
+``tests/_mp.py``'s training loop (Manager + DDP + OptimizerWrapper). As the job progresses a
+seeded schedule hits it: a replica group is SIGKILLed (the torchrun agent and its workers,
+which torchrun starts in their own sessions) and restarted, one group is hung with SIGSTOP
+for ``--hang_s`` seconds and then resumed with SIGCONT, and another group is killed and
+restarted. Each failure waits until the job is whole again (all groups taking part) or
+``--recovery_timeout_s`` passes. A progress line is printed every few seconds.
+
+At the end, from the groups' logs, it writes to ``--out``:
+
+* ``failure_demo.png``: loss per replica group against step, each group's committed step
+  against time (stalls and catch-up are visible), and participants over time, with failure
+  (red) and heal (green) markers;
+* ``summary.txt`` (also printed): steps committed, failures survived, stall after each failure,
+  heal time (restart to healed) and heal transfer size and time;
+* the logs: ``lighthouse.log`` and one log per replica-group process.
+
+Needs matplotlib. Everything is local: no network, 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests._chaos import (  # noqa: E402
+    LighthouseProcess,
+    commit_log_path,
+    free_port,
+    longest_gap,
+    read_commit_log,
+)
+
+GROUPS = 3
+
+
+# ------------------------------------------------------------------------------ what we observe
+
+
+@dataclass
+class Point:
+    """One observation of one replica-group process."""
+
+    time: float
+    step: int
+    loss: float | None = None
+    participants: int | None = None
+
+
+@dataclass
+class Heal:
+    time: float
+    step: int
+    megabytes: float | None = None
+    seconds: float | None = None
+
+
+@dataclass
+class Incarnation:
+    """One process (or torchrun job) of a replica group."""
+
+    replica: int
+    number: int
+    started: float
+    log: Path
+    losses: list[Point] = field(default_factory=list)
+    commits: list[Point] = field(default_factory=list)
+    heals: list[Heal] = field(default_factory=list)
+    ended: float | None = None
+    end_reason: str = ""
+
+
+@dataclass
+class Event:
+    time: float
+    kind: str
+    replica: int | None
+    step: int
+    """The job's highest committed step when it happened."""
+
+
+# ------------------------------------------------------------------------------ replica groups
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (torchrun's workers run in their own sessions, so a
+    process-group kill would miss them; walk the parent links instead)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def signal_pids(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
+_LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.eE+-]+)")
+_COMMIT = re.compile(r"step (\d+)\] should_commit=True \(local vote True: (\d+) participants")
+_RECEIVED = re.compile(r"received step (\d+) from rank \d+: ([0-9.]+) MB in ([0-9.]+) s")
+_APPLIED = re.compile(r"step (\d+)\] applied healed state")
+
+
+def _stamp(line: str) -> float | None:
+    match = _STAMP.search(line)
+    if match is None:
+        return None
+    return datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def parse_titan_log(inc: Incarnation) -> None:
+    """Losses, commits (with participants) and heals from one torchrun job's output."""
+    inc.losses, inc.commits, inc.heals = [], [], []
+    received: tuple[float, float] | None = None
+    if not inc.log.exists():
+        return
+    for line in inc.log.read_text(errors="replace").splitlines():
+        at = _stamp(line)
+        if at is None:
+            continue
+        if m := _LOSS.search(line):
+            inc.losses.append(Point(at, int(m.group(1)), loss=float(m.group(2))))
+        elif m := _COMMIT.search(line):
+            # the manager's step before the commit; after it the group has m+1 committed
+            inc.commits.append(Point(at, int(m.group(1)) + 1, participants=int(m.group(2))))
+        elif m := _RECEIVED.search(line):
+            received = (float(m.group(2)), float(m.group(3)))
+        elif m := _APPLIED.search(line):
+            mb, seconds = received if received else (None, None)
+            inc.heals.append(Heal(at, int(m.group(1)), mb, seconds))
+    # TorchTitan logs the loss of every iteration, including the one in which a group heals:
+    # that forward ran on the weights it had before (a restarted group's random init) and
+    # contributed nothing, so those points are dropped (and any before a restart's first heal).
+    if inc.heals:
+        first = inc.heals[0].step + 1 if inc.number > 0 else 0
+        healing = {h.step + 1 for h in inc.heals}
+        inc.losses = [p for p in inc.losses if p.step > first and p.step not in healing]
+
+
+class TitanGroup:
+    """One replica group as ``run_train.sh`` (a torchrun job, NGPU=1)."""
+
+    def __init__(self, replica: int, args: argparse.Namespace, lighthouse: str) -> None:
+        self.replica = replica
+        self.args = args
+        self.lighthouse = lighthouse
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.incarnations: list[Incarnation] = []
+        self.stopped: list[int] = []
+
+    def start(self) -> None:
+        number = len(self.incarnations)
+        log = self.args.out / f"group{self.replica}_{number}.log"
+        env = {
+            **os.environ,
+            "NGPU": "1",
+            "PYTHON": sys.executable,
+            "OMP_NUM_THREADS": "1",
+            "CONFIG_FILE": str(ROOT / "configs" / "debug_ft_cpu.toml"),
+            "TORCHFT_LIGHTHOUSE": self.lighthouse,
+            "MASTER_ADDR": "127.0.0.1",
+        }
+        cmd = [
+            str(ROOT / "run_train.sh"),
+            f"--fault_tolerance.replica_id={self.replica}",
+            f"--fault_tolerance.group_size={GROUPS}",
+            f"--fault_tolerance.min_replica_size={self.args.min_replicas}",
+            f"--training.steps={self.args.steps}",
+            f"--job.dump_folder={self.args.out / f'dump_group{self.replica}_{number}'}",
+        ]
+        with open(log, "wb") as f:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        self.incarnations.append(Incarnation(self.replica, number, time.time(), log))
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        pids = [self.proc.pid, *descendants(self.proc.pid)]
+        signal_pids(pids, signal.SIGKILL)
+        self.proc.wait(30)
+        self._ended("SIGKILL")
+
+    def hang(self) -> None:
+        if self.proc is not None:
+            self.stopped = descendants(self.proc.pid)  # the workers; the agent keeps watching
+            signal_pids(self.stopped, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        signal_pids(self.stopped, signal.SIGCONT)
+        self.stopped = []
+
+    def _ended(self, reason: str) -> None:
+        inc = self.incarnations[-1]
+        if inc.ended is None:
+            inc.ended, inc.end_reason = time.time(), reason
+
+    def refresh(self) -> None:
+        for inc in self.incarnations:
+            parse_titan_log(inc)
+        if self.proc is not None and self.proc.poll() is not None:
+            self._ended(f"exit {self.proc.returncode}")
+
+
+class MlpGroup:
+    """One replica group as one process of the tiny-MLP harness (``tests/_mp.py``)."""
+
+    def __init__(self, replica: int, args: argparse.Namespace, lighthouse: str) -> None:
+        self.replica = replica
+        self.args = args
+        self.lighthouse = lighthouse
+        self.proc: Any = None
+        self.incarnations: list[Incarnation] = []
+
+    def start(self) -> None:
+        from tests._mp import WorkerConfig, spawn_rank
+
+        number = len(self.incarnations)
+        log = commit_log_path(self.args.out, self.replica, number)
+        cfg = WorkerConfig(
+            lighthouse_addr=self.lighthouse,
+            replica=self.replica,
+            out_path=str(self.args.out / f"group{self.replica}_{number}.pt"),
+            min_replica_size=self.args.min_replicas,
+            stop_step=self.args.steps,
+            stop_participants=GROUPS,
+            max_iterations=1_000_000,
+            step_sleep_s=0.05,
+            timeout_s=5.0,
+            shared_batches=True,
+            commit_log=str(log),
+        )
+        self.proc = spawn_rank(cfg)
+        self.incarnations.append(Incarnation(self.replica, number, time.time(), log))
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.join(10)
+        self._ended("SIGKILL")
+
+    def hang(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def _ended(self, reason: str) -> None:
+        inc = self.incarnations[-1]
+        if inc.ended is None:
+            inc.ended, inc.end_reason = time.time(), reason
+
+    def refresh(self) -> None:
+        for inc in self.incarnations:
+            records = read_commit_log(inc.log, inc.replica, inc.number)
+            # the loss on a fixed evaluation batch: the training batches are random per step
+            inc.losses = [Point(r.time, r.step, loss=r.eval_loss) for r in records if r.committed]
+            inc.commits = [
+                Point(r.time, r.step, participants=r.participants) for r in records if r.committed
+            ]
+            # a commit this group did not take part in is a heal (the first step of the run
+            # is init_sync's)
+            inc.heals = [
+                Heal(r.time, r.step, state_megabytes(), None)
+                for r in records
+                if r.committed and not r.participating and r.step > 1
+            ]
+        if self.proc is not None and not self.proc.is_alive():
+            self._ended(f"exit {self.proc.exitcode}")
+
+
+def state_megabytes() -> float:
+    """Size of the MLP harness's healed state (parameters + Adam moments), in MB."""
+    params = 16 * 32 + 32 + 32 * 4 + 4
+    return params * 3 * 4 / 1e6
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+class Demo:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.lighthouse_log = open(args.out / "lighthouse.log", "w")  # noqa: SIM115
+        self.lighthouse = LighthouseProcess(
+            args.min_replicas,
+            port=args.port or free_port(),
+            join_timeout_ms=args.join_timeout_ms,
+            heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+            log=self.lighthouse_log,
+        )
+        cls = TitanGroup if args.model == "titan" else MlpGroup
+        self.groups = [cls(r, args, self.lighthouse.address) for r in range(GROUPS)]
+        self.events: list[Event] = []
+        self.started = time.time()
+        self.last_print = 0.0
+
+    # observations
+    def refresh(self) -> None:
+        for group in self.groups:
+            group.refresh()
+
+    def commits(self) -> list[Point]:
+        return sorted(
+            (p for g in self.groups for inc in g.incarnations for p in inc.commits),
+            key=lambda p: p.time,
+        )
+
+    def job_step(self) -> int:
+        commits = self.commits()
+        return max((p.step for p in commits), default=0)
+
+    def whole(self) -> bool:
+        """Every group is up and the latest commit of each took all groups."""
+        for group in self.groups:
+            if not group.alive():
+                return False
+            inc = group.incarnations[-1]
+            if not inc.commits or inc.commits[-1].participants != GROUPS:
+                return False
+        return True
+
+    def done(self) -> bool:
+        return all(not g.alive() for g in self.groups)
+
+    def show(self, note: str = "") -> None:
+        now = time.time()
+        if not note and now - self.last_print < self.args.print_every_s:
+            return
+        self.last_print = now
+        parts = []
+        for g in self.groups:
+            inc = g.incarnations[-1]
+            step = inc.commits[-1].step if inc.commits else 0
+            n = inc.commits[-1].participants if inc.commits else "-"
+            state = "up" if g.alive() else "down"
+            parts.append(f"g{g.replica}#{inc.number} {state} step {step:>4} ({n}p)")
+        line = f"[{now - self.started:6.1f}s] job step {self.job_step():>4} | " + " | ".join(parts)
+        print(line + (f"  <- {note}" if note else ""), flush=True)
+
+    def wait(self, until: Any, timeout_s: float, what: str) -> bool:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            self.refresh()
+            self.show()
+            if until():
+                return True
+            if self.done():
+                return False
+            time.sleep(0.5)
+        print(f"  ... gave up waiting for {what} after {timeout_s:.0f}s", flush=True)
+        return False
+
+    def event(self, kind: str, replica: int | None) -> None:
+        self.refresh()
+        self.events.append(Event(time.time(), kind, replica, self.job_step()))
+        self.show(f"{kind}" + (f" group {replica}" if replica is not None else ""))
+
+    # the schedule
+    def run(self) -> None:
+        args = self.args
+        rng = random.Random(args.seed)
+        self.lighthouse.start()
+        for group in self.groups:
+            group.start()
+        print(
+            f"lighthouse {self.lighthouse.address}; {GROUPS} replica groups ({args.model}), "
+            f"{args.steps} steps; logs in {args.out}",
+            flush=True,
+        )
+        self.wait(self.whole, args.startup_timeout_s, "all groups to train together")
+        plan = [("sigkill", 0.15), ("sigstop", 0.4), ("sigkill", 0.65)]
+        last_victim: int | None = None
+        for kind, fraction in plan:
+            target = int(fraction * args.steps)
+            if not self.wait(lambda t=target: self.job_step() >= t, 1e9, f"step {target}"):
+                break
+            if self.job_step() > 0.9 * args.steps:
+                print(f"  skipping {kind}: the job is nearly done", flush=True)
+                continue
+            victim = rng.choice([r for r in range(GROUPS) if r != last_victim])
+            last_victim = victim
+            group = self.groups[victim]
+            if kind == "sigkill":
+                self.event("SIGKILL", victim)
+                group.kill()
+                time.sleep(args.restart_delay_s)
+                group.start()
+                self.event("restart", victim)
+            else:
+                self.event("SIGSTOP", victim)
+                group.hang()
+                self.wait(lambda: time.time() > self.events[-1].time + args.hang_s, 1e9, "")
+                group.resume()
+                self.event("SIGCONT", victim)
+            self.wait(self.whole, args.recovery_timeout_s, f"recovery from {kind}")
+        if not self.wait(self.done, args.finish_timeout_s, "the groups to finish"):
+            for group in self.groups:
+                if group.alive():
+                    print(f"  stopping group {group.replica}", flush=True)
+                    group.kill()
+        self.refresh()
+
+    def close(self) -> None:
+        for group in self.groups:
+            if group.alive():
+                group.kill()
+        self.lighthouse.stop()
+        self.lighthouse_log.close()
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def summarize(demo: Demo) -> str:
+    commits = demo.commits()
+    progress: list[tuple[float, int]] = []
+    best = -1
+    for p in commits:
+        if p.step > best:
+            best = p.step
+            progress.append((p.time, p.step))
+    end = max((p.time for p in commits), default=time.time())
+    failures = [e for e in demo.events if e.kind in ("SIGKILL", "SIGSTOP")]
+    lines = [
+        f"model: {demo.args.model}; replica groups: {GROUPS}; "
+        f"min_replicas: {demo.args.min_replicas}; wall time {end - demo.started:.0f}s",
+        f"steps committed: {best} (target {demo.args.steps})",
+    ]
+    for g in demo.groups:
+        for inc in g.incarnations:
+            last = inc.commits[-1].step if inc.commits else 0
+            ended = f", ended: {inc.end_reason}" if inc.end_reason else ""
+            lines.append(
+                f"  group {g.replica} process #{inc.number}: {len(inc.commits)} commits, "
+                f"last step {last}{ended}"
+            )
+    survived = 0
+    lines.append("failures:")
+    for i, e in enumerate(failures):
+        following = [f for f in failures[i + 1 :]]
+        until = following[0].time if following else end
+        after = [t for t, s in progress if t > e.time]
+        ok = bool(after)
+        survived += ok
+        stall = longest_gap(progress, e.time, until) if ok else float("nan")
+        lines.append(
+            f"  {e.kind} group {e.replica} at step {e.step} "
+            f"(t={e.time - demo.started:.1f}s): job stalled {stall:.2f}s at most, "
+            f"{'kept committing' if ok else 'NO COMMIT AFTERWARDS'}"
+        )
+        if e.kind == "SIGKILL":
+            group = demo.groups[e.replica]
+            inc = next((x for x in group.incarnations if x.started >= e.time), None)
+            if inc is None:
+                continue
+            if inc.heals:
+                h = inc.heals[0]
+                transfer = (
+                    f"; transfer {_size(h.megabytes)}" if h.megabytes is not None else ""
+                ) + (f" in {h.seconds:.3f}s" if h.seconds is not None else "")
+                lines.append(
+                    f"    restarted group {e.replica}: healed to step {h.step} "
+                    f"{h.time - inc.started:.1f}s after its restart{transfer}"
+                )
+            else:
+                lines.append(f"    restarted group {e.replica}: NO HEAL SEEN in its log")
+        if e.kind == "SIGSTOP":
+            group = demo.groups[e.replica]
+            inc = next(x for x in reversed(group.incarnations) if x.started <= e.time)
+            heals = [h for h in inc.heals if h.time > e.time]
+            if heals:
+                h = heals[0]
+                lines.append(
+                    f"    hung group {e.replica}: healed to step {h.step} "
+                    f"{h.time - e.time:.1f}s after the hang began"
+                )
+    lines.insert(2, f"failures survived: {survived} of {len(failures)}")
+    return "\n".join(lines)
+
+
+def _size(megabytes: float) -> str:
+    return f"{megabytes:.1f} MB" if megabytes >= 1 else f"{megabytes * 1e3:.1f} kB"
+
+
+def _loss_at(inc: Incarnation, step: int) -> float:
+    return next((p.loss for p in inc.losses if p.step > step + 1), float("nan"))
+
+
+def plot(demo: Demo, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = demo.started
+    colors = ["tab:blue", "tab:orange", "tab:purple"]
+    fig, (ax_loss, ax_step, ax_part) = plt.subplots(
+        3, 1, figsize=(11, 10), gridspec_kw={"height_ratios": [3, 2, 1.3]}
+    )
+    for g in demo.groups:
+        for inc in g.incarnations:
+            label = f"group {g.replica}" + (f" (restart {inc.number})" if inc.number else "")
+            style = "-" if inc.number == 0 else "--"
+            if inc.losses:
+                ax_loss.plot(
+                    *_gapped(inc.losses, lambda p: p.step, lambda p: p.loss),
+                    style,
+                    color=colors[g.replica],
+                    label=label,
+                    lw=1.2,
+                    alpha=0.85,
+                )
+            if inc.commits:
+                ax_step.plot(
+                    *_gapped(inc.commits, lambda p: p.time - t0, lambda p: p.step),
+                    style,
+                    color=colors[g.replica],
+                    label=label,
+                    lw=1.5,
+                )
+            for h in inc.heals:
+                for ax, x in ((ax_step, h.time - t0), (ax_part, h.time - t0)):
+                    ax.axvline(x, color="tab:green", ls=":", lw=1.2)
+                ax_step.plot([h.time - t0], [h.step], "o", color="tab:green", ms=7, zorder=5)
+                ax_loss.plot([h.step], [_loss_at(inc, h.step)], "o", color="tab:green", ms=6)
+    commits = demo.commits()
+    ax_part.step(
+        [p.time - t0 for p in commits], [p.participants for p in commits], where="post", lw=1.5
+    )
+    markers = {"SIGKILL": "tab:red", "SIGSTOP": "darkred", "SIGCONT": "gray", "restart": "gray"}
+    for e in demo.events:
+        color = markers.get(e.kind, "gray")
+        ls = "-" if e.kind in ("SIGKILL", "SIGSTOP") else "--"
+        for ax in (ax_step, ax_part):
+            ax.axvline(e.time - t0, color=color, ls=ls, lw=1.2)
+        if e.kind in ("SIGKILL", "SIGSTOP"):
+            ax_loss.axvline(e.step, color=color, ls=ls, lw=1.2)
+            ax_step.annotate(
+                f"{e.kind} g{e.replica}",
+                (e.time - t0, 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, -12),
+                textcoords="offset points",
+                color=color,
+                fontsize=8,
+            )
+    from matplotlib.lines import Line2D
+
+    legend_extra = [
+        Line2D([], [], color="tab:red", lw=1.2, label="SIGKILL"),
+        Line2D([], [], color="darkred", lw=1.2, label="SIGSTOP (hang)"),
+        Line2D([], [], color="gray", ls="--", lw=1.2, label="restart / SIGCONT"),
+        Line2D([], [], color="tab:green", ls=":", marker="o", lw=1.2, label="healed"),
+    ]
+    ylabel = "training loss" if demo.args.model == "titan" else "loss on a fixed eval batch"
+    ax_loss.set(xlabel="step", ylabel=ylabel, title=_title(demo))
+    ax_loss.legend(
+        fontsize=8,
+        ncol=2,
+        loc="upper right",
+        title=(
+            "each group's loss on its own data slice"
+            if demo.args.model == "titan"
+            else "curves coincide: the groups hold the same weights"
+        ),
+        title_fontsize=8,
+    )
+    ax_step.set(xlabel="time since start (s)", ylabel="committed step")
+    ax_step.legend(handles=legend_extra, fontsize=8, loc="lower right")
+    ax_part.set(xlabel="time since start (s)", ylabel="participants", ylim=(0, GROUPS + 0.5))
+    ax_part.set_yticks(range(GROUPS + 1))
+    xmax = max((p.time - t0 for p in commits), default=1.0)
+    for ax in (ax_step, ax_part):
+        ax.set_xlim(0, xmax * 1.02)
+    for ax in (ax_loss, ax_step, ax_part):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _gapped(points: list[Point], x: Any, y: Any) -> tuple[list[float], list[float]]:
+    """x and y values, with a break (NaN) where the process skipped steps (it healed)."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for i, p in enumerate(points):
+        if i and p.step > points[i - 1].step + 1:
+            xs.append(float("nan"))
+            ys.append(float("nan"))
+        xs.append(x(p))
+        ys.append(y(p))
+    return xs, ys
+
+
+def _title(demo: Demo) -> str:
+    model = "llama3 debugmodel (TorchTitan, CPU)" if demo.args.model == "titan" else "tiny MLP"
+    kills = sum(1 for e in demo.events if e.kind == "SIGKILL")
+    hangs = sum(1 for e in demo.events if e.kind == "SIGSTOP")
+    return f"{GROUPS} replica groups of {model}: {kills} SIGKILL + restart, {hangs} SIGSTOP hang"
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="failure_demo.py",
+        description=(
+            "Start a lighthouse and 3 fault-tolerant replica groups, SIGKILL/restart and "
+            "SIGSTOP them on a schedule, then plot and summarize what happened."
+        ),
+    )
+    p.add_argument(
+        "--model",
+        choices=["titan", "mlp"],
+        default="titan",
+        help="titan: TorchTitan llama3 debugmodel via run_train.sh (configs/debug_ft_cpu.toml); "
+        "mlp: the tiny-MLP harness of tests/_mp.py (fast). Default: %(default)s",
+    )
+    p.add_argument(
+        "--steps", type=int, default=None, help="training steps (default: titan 120, mlp 400)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default: outputs/failure_demo_<model>)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="schedule seed (default: %(default)s)")
+    p.add_argument("--port", type=int, default=0, help="lighthouse port (default: a free one)")
+    p.add_argument("--min_replicas", type=int, default=2, help="(default: %(default)s)")
+    p.add_argument("--hang_s", type=float, default=None, help="SIGSTOP duration, s")
+    p.add_argument(
+        "--heartbeat_timeout_ms",
+        type=int,
+        default=1000,
+        help="lighthouse heartbeat timeout: evicts the hung group (default: %(default)s)",
+    )
+    p.add_argument("--join_timeout_ms", type=int, default=2000, help="(default: %(default)s)")
+    p.add_argument("--restart_delay_s", type=float, default=1.0, help="(default: %(default)s)")
+    p.add_argument(
+        "--recovery_timeout_s",
+        type=float,
+        default=None,
+        help="how long to wait for all groups to train together again before the next "
+        "failure (default: titan 180, mlp 30)",
+    )
+    p.add_argument("--startup_timeout_s", type=float, default=None)
+    p.add_argument("--finish_timeout_s", type=float, default=None)
+    p.add_argument("--print_every_s", type=float, default=3.0)
+    args = p.parse_args(argv)
+    titan = args.model == "titan"
+    defaults = {
+        "steps": 120 if titan else 400,
+        "hang_s": 15.0 if titan else 7.0,
+        "recovery_timeout_s": 180.0 if titan else 30.0,
+        "startup_timeout_s": 240.0 if titan else 60.0,
+        "finish_timeout_s": 300.0 if titan else 60.0,
+        "out": ROOT / "outputs" / f"failure_demo_{args.model}",
+    }
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for old in [*args.out.glob("*.log"), *args.out.glob("*.jsonl"), *args.out.glob("*.pt")]:
+        old.unlink()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    demo = Demo(args)
+    try:
+        demo.run()
+    except KeyboardInterrupt:
+        print("interrupted; writing what was seen so far", flush=True)
+    finally:
+        demo.close()
+    demo.refresh()
+    summary = summarize(demo)
+    (args.out / "summary.txt").write_text(summary + "\n")
+    (args.out / "events.json").write_text(
+        json.dumps([e.__dict__ for e in demo.events], indent=1) + "\n"
+    )
+    png = args.out / "failure_demo.png"
+    plot(demo, png)
+    print("\n" + summary)
+    print(f"\nwrote {png} and {args.out / 'summary.txt'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
