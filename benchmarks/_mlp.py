@@ -1,0 +1,206 @@
+"""Shared pieces of ``benchmarks.manager_step`` and ``benchmarks.recovery``.
+
+Only the standard library is imported at module level: ``benchmarks.recovery`` times the
+replacement's imports from its first line, so torch is imported inside the functions.
+
+- ``mlp``: a 2-layer MLP (two square ``Linear`` layers) of about ``size_mb`` MB of float32
+  parameters, the same on every replica (fixed seed);
+- ``batch``: a fixed-size random batch, different per replica and step;
+- ``Worker``: the parent's handle on a benchmark worker, a fresh ``python -m benchmarks.X``
+  process (not a fork) that talks JSON lines over stdin/stdout;
+- ``ft_setup``: Manager + ProcessGroupGloo + HTTPTransport + DistributedDataParallel +
+  OptimizerWrapper for one replica group of one process, everything on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+HOST = "127.0.0.1"
+BATCH = 32
+LR = 1e-3
+
+
+def mlp_dim(size_mb: float) -> int:
+    """Width ``d`` of the two ``d x d`` layers holding ``size_mb`` MB (1e6 bytes) of fp32."""
+    return int(math.sqrt(size_mb * 1e6 / 4 / 2))
+
+
+def mlp(size_mb: float) -> Any:
+    import torch
+
+    d = mlp_dim(size_mb)
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, d))
+
+
+def param_bytes(model: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def batch(dim: int, replica: int, step: int) -> tuple[Any, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * replica + step % 16)
+    return torch.randn(BATCH, dim, generator=g), torch.randn(BATCH, dim, generator=g)
+
+
+def optimizer(params: Any) -> Any:
+    """Plain SGD: no optimizer state, so a heal transfers exactly the parameters."""
+    import torch
+
+    return torch.optim.SGD(params, lr=LR)
+
+
+def retrying_transport(timeout: timedelta) -> Any:
+    """``HTTPTransport`` whose receiver retries while the donor has not offered the step yet.
+
+    Workaround for a race in ``HTTPTransport`` (reported): the donor offers its snapshot only
+    after copying it (``send_checkpoint`` on its quorum thread), but a receiver that asks
+    before that is refused at once (400 "not offering any checkpoint") instead of waiting, so
+    a heal of 200 MB usually fails -- and the failed healer then skips the allreduce, which
+    stalls the donor for the whole collective timeout. Retries are counted in ``retries``.
+    """
+    from torchtitan_ft.checkpoint import CheckpointTransferError, HTTPTransport
+
+    class RetryingHTTPTransport(HTTPTransport):
+        retries = 0
+
+        def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: Any) -> Any:
+            deadline = time.monotonic() + timeout.total_seconds()
+            while True:
+                try:
+                    return super().recv_checkpoint(src_rank, metadata, step, timeout)
+                except CheckpointTransferError as e:
+                    if "not offering any checkpoint" not in str(e) or (time.monotonic() > deadline):
+                        raise
+                    RetryingHTTPTransport.retries += 1
+                    time.sleep(0.002)
+
+    return RetryingHTTPTransport(timeout=timeout, num_chunks=0, hostname=HOST)
+
+
+def ft_setup(
+    replica: int,
+    lighthouse_addr: str,
+    model: Any,
+    timeout_s: float = 30.0,
+    marks: dict[str, float] | None = None,
+    bucket_cap_mb: float = 25.0,
+) -> tuple[Any, Any, Any, Any]:
+    """(manager, pg, ddp, optim) for replica group ``replica`` (1 process, async quorum).
+
+    ``marks`` (if given) gets the wall-clock times at which the optimizer and the Manager
+    were constructed."""
+    from torchtitan_ft.ddp import DistributedDataParallel
+    from torchtitan_ft.manager import Manager
+    from torchtitan_ft.optim import OptimizerWrapper
+    from torchtitan_ft.process_group import ProcessGroupGloo
+
+    marks = {} if marks is None else marks
+    inner = optimizer(model.parameters())
+    marks["optimizer"] = time.time()
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": inner.state_dict()}
+
+    def load_state_dict(sd: dict[str, Any]) -> None:
+        model.load_state_dict(sd["model"])
+        inner.load_state_dict(sd["optim"])
+
+    timeout = timedelta(seconds=timeout_s)
+    pg = ProcessGroupGloo(timeout=timeout)
+    manager = Manager(
+        pg=pg,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        min_replica_size=1,
+        use_async_quorum=True,
+        timeout=timeout,
+        quorum_timeout=timedelta(seconds=120),
+        connect_timeout=timeout,
+        rank=0,
+        world_size=1,
+        store_addr=HOST,
+        lighthouse_addr=lighthouse_addr,
+        replica_id=f"replica_{replica}",
+        hostname=HOST,
+        checkpoint_transport=retrying_transport(timeout),
+    )
+    marks["manager"] = time.time()
+    ddp = DistributedDataParallel(manager, model, bucket_cap_mb=bucket_cap_mb)
+    optim = OptimizerWrapper(manager, inner)
+    return manager, pg, ddp, optim
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """Median, quartiles, min and max of ``values`` (seconds in, milliseconds out)."""
+    ms = sorted(v * 1e3 for v in values)
+    q = statistics.quantiles(ms, n=4) if len(ms) >= 2 else [ms[0]] * 3
+    return {
+        "median_ms": round(statistics.median(ms), 2),
+        "p25_ms": round(q[0], 2),
+        "p75_ms": round(q[2], 2),
+        "min_ms": round(ms[0], 2),
+        "max_ms": round(ms[-1], 2),
+        "n": len(ms),
+    }
+
+
+# ------------------------------------------------------------------ worker processes
+
+
+def send(msg: Any) -> None:
+    """Worker side: one JSON line to the parent."""
+    sys.stdout.write(json.dumps(msg) + "\n")
+    sys.stdout.flush()
+
+
+def recv() -> Any:
+    """Worker side: one JSON line from the parent (None at EOF)."""
+    line = sys.stdin.readline()
+    return json.loads(line) if line else None
+
+
+class Worker:
+    """A fresh ``python -m <module> <args>`` process driven by JSON lines."""
+
+    def __init__(self, module: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.spawned = time.time()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        )
+
+    def send(self, msg: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def recv(self) -> Any:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker pid {self.proc.pid} exited ({self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.send({"cmd": "quit"})
+                self.proc.wait(30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()

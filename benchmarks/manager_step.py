@@ -1,0 +1,373 @@
+"""FT step time ÷ plain torch DDP step time, same model, batch and optimizer, one run; prints JSON.
+
+For each size (a 2-layer MLP of ~10 MB and ~200 MB of fp32 parameters) fresh worker processes
+(``python -m benchmarks.manager_step --worker ...``, one torch thread each, all on 127.0.0.1)
+run in pairs:
+
+- baselines: two processes with ``torch.nn.parallel.DistributedDataParallel`` over a gloo
+  process group, with torch's defaults (``torch_ddp``) and with
+  ``gradient_as_bucket_view=True`` (``torch_ddp_bucket_view``: no gradient copies);
+- ``ft``: two replica groups of one process each: ``Manager`` (async quorum, a real
+  ``LighthouseServer`` running in this process, ``ProcessGroupGloo``, ``HTTPTransport``) +
+  ``torchtitan_ft.ddp.DistributedDataParallel`` + ``OptimizerWrapper``, all with defaults;
+- optionally (``--ft-bucket-caps-mb``, diagnostic) more FT pairs with another
+  ``bucket_cap_mb``, each with its own lighthouse.
+
+All use SGD and the same batch per step. The pairs take turns (one pair runs at a time; the
+order rotates every round), so they see the same machine load. A step is ``zero_grad``,
+forward, backward, ``step``; its time is the slower of the pair's two processes for that
+step. The first ``--warmup`` steps of each pair are dropped (the FT pair's first step includes
+the first quorum, building the gloo group and the init_sync heal of replica 1).
+
+The headline ``ratio_ft_over_faster_baseline`` is the FT median step over the median step of
+the faster baseline in this run; every baseline's ratio and the per-round ratios are there
+too. For attribution, the JSON has per-phase medians for every pair (time in ``zero_grad``,
+forward, backward -- which includes waiting for the allreduces -- and ``step``), CPU time per
+step of the whole process and of the training thread, and for FT: time blocked waiting for
+the async quorum, in the ShouldCommit RPC, in the quorum RPC (on the quorum thread), in DDP's
+bucket launch (flatten + ``Manager.allreduce``), in ``Manager.allreduce`` alone and in DDP's
+end-of-backward callback (wait + copy back).
+
+    python -m benchmarks.manager_step [--sizes-mb 10 200] [--rounds 6] [--steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+from benchmarks import _mlp
+
+MODULE = "benchmarks.manager_step"
+PHASES = ("zero_grad", "forward", "backward", "step")
+
+
+# ------------------------------------------------------------------ workers
+
+
+def _loop(
+    ddp: Any, optim: Any, dim: int, replica: int, start: int, steps: int, probes: dict[str, float]
+) -> dict[str, Any]:
+    import torch
+
+    step_s: list[float] = []
+    phases: dict[str, list[float]] = {name: [] for name in PHASES}
+    probe_s: dict[str, list[float]] = {name: [] for name in probes}
+    probe_s["cpu_process"] = []  # CPU time of the whole process (all threads) in the step
+    probe_s["cpu_main_thread"] = []
+    not_committed = 0
+    for i in range(start, start + steps):
+        x, y = _mlp.batch(dim, replica, i)
+        for name in probes:
+            probes[name] = 0.0
+        c0, m0 = time.process_time(), time.thread_time()
+        t0 = time.perf_counter()
+        optim.zero_grad()
+        t1 = time.perf_counter()
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        t2 = time.perf_counter()
+        loss.backward()
+        t3 = time.perf_counter()
+        committed = optim.step()
+        t4 = time.perf_counter()
+        probe_s["cpu_process"].append(time.process_time() - c0)
+        probe_s["cpu_main_thread"].append(time.thread_time() - m0)
+        if committed is False:
+            not_committed += 1
+        step_s.append(t4 - t0)
+        for name, value in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            phases[name].append(value)
+        for name, value in probes.items():
+            probe_s[name].append(value)
+    return {"step_s": step_s, "phases": phases, "probes": probe_s, "not_committed": not_committed}
+
+
+def _timed(fn: Any, probes: dict[str, float], name: str) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            probes[name] += time.perf_counter() - t
+
+    return wrapper
+
+
+def worker_ddp(rank: int, size_mb: float, port: int, bucket_view: bool) -> None:
+    import os
+    import socket
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    if rank == 0:  # host the store on loopback only (TCPStore alone listens on every interface)
+        sock = socket.socket()
+        sock.bind((_mlp.HOST, 0))
+        sock.listen(16)
+        port = sock.getsockname()[1]
+        _mlp.send({"port": port})
+        store = dist.TCPStore(
+            _mlp.HOST,
+            port,
+            is_master=True,
+            wait_for_workers=False,
+            master_listen_fd=sock.detach(),
+            timeout=timedelta(seconds=60),
+        )
+    else:
+        store = dist.TCPStore(_mlp.HOST, port, is_master=False, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    model = _mlp.mlp(size_mb)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=bucket_view)
+    optim = _mlp.optimizer(ddp.parameters())
+    _serve(ddp, optim, _mlp.mlp_dim(size_mb), rank, {})
+    dist.destroy_process_group()
+
+
+def worker_ft(replica: int, size_mb: float, lighthouse: str, bucket_cap_mb: float) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    model = _mlp.mlp(size_mb)
+    manager, _pg, ddp, optim = _mlp.ft_setup(
+        replica, lighthouse, model, bucket_cap_mb=bucket_cap_mb
+    )
+    probes = {
+        "wait_quorum": 0.0,
+        "should_commit_rpc": 0.0,
+        "quorum_rpc_on_worker": 0.0,
+        "ddp_launch": 0.0,
+        "manager_allreduce_call": 0.0,
+        "ddp_finish_backward": 0.0,
+    }
+    manager.wait_quorum = _timed(manager.wait_quorum, probes, "wait_quorum")
+    # DDP internals looked up on the instance at call time (not the grad hooks themselves):
+    # launching a bucket (flatten + Manager.allreduce), Manager.allreduce alone, and the
+    # end-of-backward callback (wait for the allreduces + copy the averages back).
+    ddp._launch = _timed(ddp._launch, probes, "ddp_launch")
+    manager.allreduce = _timed(manager.allreduce, probes, "manager_allreduce_call")
+    ddp._finish_backward = _timed(ddp._finish_backward, probes, "ddp_finish_backward")
+    manager._client.should_commit = _timed(
+        manager._client.should_commit, probes, "should_commit_rpc"
+    )
+    manager._client._quorum = _timed(manager._client._quorum, probes, "quorum_rpc_on_worker")
+    _serve(ddp, optim, _mlp.mlp_dim(size_mb), replica, probes)
+    manager.shutdown(wait=False)
+
+
+def _serve(ddp: Any, optim: Any, dim: int, replica: int, probes: dict[str, float]) -> None:
+    _mlp.send({"ready": True})
+    done = 0
+    while (msg := _mlp.recv()) is not None and msg["cmd"] == "run":
+        result = _loop(ddp, optim, dim, replica, done, msg["steps"], probes)
+        done += msg["steps"]
+        _mlp.send(result)
+
+
+# ------------------------------------------------------------------ parent
+
+
+def _run_pair(pair: list[_mlp.Worker], steps: int) -> list[dict[str, Any]]:
+    for w in pair:
+        w.send({"cmd": "run", "steps": steps})
+    return [w.recv() for w in pair]
+
+
+def _merge(results: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per step, the slower process's step time; phases and probes of that process."""
+    step_s: list[float] = []
+    phases: dict[str, list[float]] = {name: [] for name in PHASES}
+    probes: dict[str, list[float]] = {}
+    not_committed = 0
+    for pair in results:
+        not_committed += max(r["not_committed"] for r in pair)
+        for i in range(len(pair[0]["step_s"])):
+            slow = max(pair, key=lambda r: r["step_s"][i])
+            step_s.append(slow["step_s"][i])
+            for name in PHASES:
+                phases[name].append(slow["phases"][name][i])
+            for name, values in slow["probes"].items():
+                probes.setdefault(name, []).append(values[i])
+    return {
+        "step": _mlp.summary(step_s),
+        "phase_median_ms": {k: round(statistics.median(v) * 1e3, 2) for k, v in phases.items()},
+        "probe_median_ms": {k: round(statistics.median(v) * 1e3, 2) for k, v in probes.items()},
+        "probe_mean_ms": {k: round(statistics.mean(v) * 1e3, 2) for k, v in probes.items()},
+        "not_committed": not_committed,
+        "_median_s": statistics.median(step_s),
+        "_round_medians_s": [statistics.median(r[0]["step_s"]) for r in results],
+    }
+
+
+BASELINES = {"torch_ddp": False, "torch_ddp_bucket_view": True}
+"""Baseline pairs: torch DDP with its defaults, and with ``gradient_as_bucket_view=True``
+(gradients are views into the allreduce buckets: no copy in or out)."""
+
+
+def _start_ddp_pair(size: str, bucket_view: bool) -> list[_mlp.Worker]:
+    extra = ["--bucket-view"] if bucket_view else []
+    rank0 = _mlp.Worker(MODULE, ["--worker", "ddp", "--rank", "0", "--size-mb", size, *extra])
+    try:
+        port = rank0.recv()["port"]
+        args = ["--worker", "ddp", "--rank", "1", "--size-mb", size, "--port", str(port)]
+        return [rank0, _mlp.Worker(MODULE, args + extra)]
+    except BaseException:
+        rank0.close()
+        raise
+
+
+def bench_size(
+    size_mb: float,
+    rounds: int,
+    steps: int,
+    warmup: int,
+    baselines: list[str],
+    ft_caps: list[float],
+) -> dict[str, Any]:
+    from torchtitan_ft.lighthouse import LighthouseServer
+
+    lighthouses: list[LighthouseServer] = []
+    workers: list[_mlp.Worker] = []
+    pairs: dict[str, list[_mlp.Worker]] = {}
+    try:
+        size = str(size_mb)
+        for name in baselines:
+            pairs[name] = _start_ddp_pair(size, BASELINES[name])
+            workers.extend(pairs[name])
+        for cap in [None, *ft_caps]:  # one lighthouse per FT pair (a job each)
+            name = "ft" if cap is None else f"ft_bucket_cap_{cap:g}mb"
+            lighthouses.append(LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=2))
+            args = ["--size-mb", size, "--lighthouse", lighthouses[-1].address()]
+            args += [] if cap is None else ["--bucket-cap-mb", str(cap)]
+            pairs[name] = [
+                _mlp.Worker(MODULE, ["--worker", "ft", "--rank", str(r), *args]) for r in range(2)
+            ]
+            workers.extend(pairs[name])
+        for w in workers:
+            w.recv()  # ready
+        for pair in pairs.values():
+            _run_pair(pair, warmup)
+        modes = list(pairs)
+        results: dict[str, list[list[dict[str, Any]]]] = {mode: [] for mode in modes}
+        for r in range(rounds):
+            # rotate the order every round, so no pair always runs first or last
+            for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
+                results[mode].append(_run_pair(pairs[mode], steps))
+    finally:
+        for w in workers:
+            w.close()
+        for lighthouse in lighthouses:
+            lighthouse.shutdown()
+    merged = {mode: _merge(results[mode]) for mode in modes}
+    ft = merged["ft"]
+    out: dict[str, Any] = {"size_mb": size_mb, "param_mb": round(_param_mb(size_mb), 2)}
+    for name in baselines:
+        base = merged[name]
+        out[f"ratio_ft_over_{name}"] = round(ft["_median_s"] / base["_median_s"], 3)
+        out[f"ratio_per_round_{name}"] = [
+            round(f / d, 3)
+            for f, d in zip(ft["_round_medians_s"], base["_round_medians_s"], strict=True)
+        ]
+    best = min(baselines, key=lambda name: merged[name]["_median_s"])
+    out["faster_baseline"] = best
+    out["ratio_ft_over_faster_baseline"] = out[f"ratio_ft_over_{best}"]
+    out["ft_overhead_ms_vs_faster_baseline"] = round(
+        ft["step"]["median_ms"] - merged[best]["step"]["median_ms"], 2
+    )
+    for mode in modes:
+        if mode.startswith("ft_bucket_cap_"):
+            base = merged[best]["_median_s"]
+            out[f"ratio_{mode}_over_faster_baseline"] = round(merged[mode]["_median_s"] / base, 3)
+    for mode in modes:
+        merged[mode].pop("_median_s")
+        merged[mode].pop("_round_medians_s")
+        out[mode] = merged[mode]
+    return out
+
+
+def _param_mb(size_mb: float) -> float:
+    d = _mlp.mlp_dim(size_mb)
+    return 2 * (d * d + d) * 4 / 1e6
+
+
+TARGETS = {10.0: 1.10, 200.0: 1.03}
+REFERENCE = {10.0: 1.43, 200.0: 1.15}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[10.0, 200.0])
+    parser.add_argument("--rounds", type=int, default=6, help="turns per pair (alternating)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per turn")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps per pair")
+    parser.add_argument("--baselines", nargs="+", choices=list(BASELINES), default=list(BASELINES))
+    parser.add_argument(
+        "--ft-bucket-caps-mb",
+        type=float,
+        nargs="*",
+        default=[],
+        help="extra FT pairs (diagnostic) with DistributedDataParallel(bucket_cap_mb=...)",
+    )
+    parser.add_argument("--bucket-view", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["ddp", "ft"], help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--size-mb", type=float, default=10.0, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--lighthouse", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker == "ddp":
+        worker_ddp(args.rank, args.size_mb, args.port, args.bucket_view)
+        return
+    if args.worker == "ft":
+        worker_ft(args.rank, args.size_mb, args.lighthouse, args.bucket_cap_mb)
+        return
+
+    started = time.time()
+    sizes = []
+    for size_mb in args.sizes_mb:
+        result = bench_size(
+            size_mb, args.rounds, args.steps, args.warmup, args.baselines, args.ft_bucket_caps_mb
+        )
+        ratio = result["ratio_ft_over_faster_baseline"]
+        target = TARGETS.get(size_mb)
+        result["target"] = target
+        result["target_met"] = None if target is None else ratio <= target
+        result["reference_torchft_0_2_0"] = REFERENCE.get(size_mb)
+        sizes.append(result)
+        print(f"size {size_mb} MB done: {ratio}", file=sys.stderr)
+    command = "python -m " + MODULE + " " + " ".join(sys.argv[1:])
+    print(
+        json.dumps(
+            {
+                "command": command.strip(),
+                "setup": {
+                    "model": "Linear(d,d)-ReLU-Linear(d,d), fp32",
+                    "batch": _mlp.BATCH,
+                    "optimizer": f"SGD(lr={_mlp.LR})",
+                    "replica_groups": 2,
+                    "processes_per_group": 1,
+                    "torch_threads_per_process": 1,
+                    "backend": "gloo, 127.0.0.1",
+                    "bucket_cap_mb": 25,
+                    "rounds": args.rounds,
+                    "steps_per_round": args.steps,
+                    "warmup": args.warmup,
+                },
+                "sizes": sizes,
+                "wall_s": round(time.time() - started, 1),
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,458 @@
+"""Survivor stall after a SIGKILL, and replacement time, for 2 replica groups; prints JSON.
+
+Time must be recorded before the first import, so only the standard library is imported here
+at module level (torch is imported inside the worker, and timed).
+
+For each size (a 2-layer MLP of ~10 MB and ~200 MB of fp32 parameters) two replica groups of
+one process each (``Manager`` with async quorum + ``DistributedDataParallel`` +
+``OptimizerWrapper`` + SGD, ``ProcessGroupGloo``, ``HTTPTransport``, a real
+``LighthouseServer`` with its default timeouts in this process, min_replicas=1) train as
+fast as they can. Every worker is a fresh ``python -m benchmarks.recovery --worker ...``
+process (not a fork), so a replacement pays its imports honestly. Replica 0 survives
+throughout; replica 1 is the victim, then its replacements, one per kill:
+
+1. once both have committed ``--steady`` steps together, replica 1 is SIGKILLed at a random
+   moment of a step (uniform over one steady step);
+   **stall** = SIGKILL -> the survivor's next committed step (``stall_s``), against the
+   survivor's median steady step (commit to commit) before the kill. Also reported: SIGKILL ->
+   the survivor's first commit of a step whose quorum excluded the victim (the same unless the
+   kill fell after the victim's last allreduce), and the survivor's steps in between (start,
+   end, time blocked waiting for the quorum);
+2. a replacement is spawned for replica 1 and heals from the survivor. Reported: spawn ->
+   first committed step as a participant, and Manager constructed -> that step; plus
+   Manager constructed -> the start of that step (the time before it contributes, without
+   the participating step's own compute), its import and setup times (wall, and CPU time of
+   the imports: the machine is shared, wall times grow with its load), and its first steps.
+   With an async quorum the replacement's first step heals and does not participate (its
+   gradients would be stale), so it participates in its second step at the earliest.
+   Replacement kinds (they alternate):
+
+   - ``cold``: a fresh process that imports everything at startup (torch, torchtitan_ft,
+     torch._dynamo -- which any torch optimizer imports, in its constructor or first step;
+     imported explicitly here so it is timed on its own);
+   - ``warm``: a pre-started spare that already imported torch, torchtitan_ft and
+     torch._dynamo and built its model, then waits; timed from the moment it is told to go;
+   - ``bg_dynamo``: like ``cold``, but torch._dynamo is imported on a background thread while
+     the main thread imports torchtitan_ft and builds the model (the optimizer, built next,
+     needs the import done).
+
+3. the replacement trains ``--steady`` steps, and is itself the victim of the next kill.
+
+    python -m benchmarks.recovery [--sizes-mb 10 200] [--kinds cold warm bg_dynamo]
+        [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import time
+
+T_MAIN = time.time()  # the interpreter is up and running this module
+CPU_MAIN = time.process_time()
+
+import argparse  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import queue  # noqa: E402
+import random  # noqa: E402
+import signal  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+from typing import Any  # noqa: E402
+
+from benchmarks import _mlp  # noqa: E402  (standard library only)
+
+MODULE = "benchmarks.recovery"
+TARGETS = {"stall_s": 0.5, "spawn_to_participating_s": 3.0, "manager_to_participating_s": 0.5}
+REFERENCE = {"stall_s": 5.05, "spawn_to_participating_s": 6.0, "manager_to_participating_s": 2.2}
+
+
+# ------------------------------------------------------------------ worker
+
+
+def worker(replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
+    marks: dict[str, float] = {"main": T_MAIN}
+    cpu: dict[str, float] = {"main": CPU_MAIN}
+    import torch
+
+    marks["torch"] = time.time()
+    cpu["torch"] = time.process_time()
+    dynamo_thread = None
+    if kind == "bg_dynamo":
+        dynamo_thread = threading.Thread(target=_import_dynamo, name="import-dynamo")
+        dynamo_thread.start()
+    import torchtitan_ft.checkpoint
+    import torchtitan_ft.ddp
+    import torchtitan_ft.manager
+    import torchtitan_ft.optim
+    import torchtitan_ft.process_group  # noqa: F401
+
+    marks["torchtitan_ft"] = time.time()
+    cpu["torchtitan_ft"] = time.process_time()
+    if dynamo_thread is None:
+        import torch._dynamo
+
+        marks["dynamo"] = time.time()
+        cpu["dynamo"] = time.process_time()
+    torch.set_num_threads(1)
+    model = _mlp.mlp(size_mb)
+    marks["model"] = time.time()
+    if kind == "warm":
+        _mlp.send({"warm": True})
+        if _mlp.recv() is None:
+            return
+        marks["go"] = time.time()
+    if dynamo_thread is not None:
+        # The optimizer is built inside ft_setup: it would wait for the import anyway.
+        dynamo_thread.join()
+        marks["dynamo"] = time.time()
+    manager, _pg, ddp, optim = _mlp.ft_setup(replica, lighthouse, model, marks=marks)
+    _mlp.send({"marks": marks, "cpu": cpu})
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+    dim = _mlp.mlp_dim(size_mb)
+    probe = {"wait_quorum": 0.0}
+    real_wait = manager.wait_quorum
+
+    def timed_wait() -> None:
+        t = time.perf_counter()
+        try:
+            real_wait()
+        finally:
+            probe["wait_quorum"] += time.perf_counter() - t
+
+    manager.wait_quorum = timed_wait
+    i = 0
+    while not stop.is_set():
+        probe["wait_quorum"] = 0.0
+        t0 = time.time()
+        optim.zero_grad()
+        x, y = _mlp.batch(dim, replica, i)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        committed = optim.step()
+        _mlp.send(
+            {
+                "t0": t0,
+                "t": time.time(),
+                "step": manager.current_step(),
+                "committed": committed,
+                "participants": manager.num_participants(),
+                "participating": manager.is_participating(),
+                "wait_quorum_s": probe["wait_quorum"],
+                "recv_retries": type(manager._checkpoint_transport).__dict__.get("retries", 0),
+            }
+        )
+        i += 1
+    manager.shutdown(wait=False)
+
+
+def _import_dynamo() -> None:
+    import torch._dynamo  # noqa: F401
+
+
+# ------------------------------------------------------------------ parent
+
+
+class Proc:
+    """A worker process whose JSON lines are read on a thread into a queue."""
+
+    def __init__(self, replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
+        args = ["--worker", "--replica", str(replica), "--size-mb", str(size_mb)]
+        args += ["--lighthouse", lighthouse, "--kind", kind]
+        self.kind = kind
+        self.w = _mlp.Worker(MODULE, args)
+        self.events: list[dict[str, Any]] = []
+        self.marks: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.q: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.w.proc.stdout is not None
+        for line in self.w.proc.stdout:
+            self.q.put(json.loads(line))
+        self.q.put(None)
+
+    def next(self, timeout: float = 180.0) -> dict[str, Any]:
+        msg = self.q.get(timeout=timeout)
+        if msg is None:
+            raise RuntimeError(f"worker pid {self.w.proc.pid} exited ({self.w.proc.wait()})")
+        if "marks" in msg:
+            self.marks = msg["marks"]
+            self.cpu = msg["cpu"]
+        elif "t" in msg:
+            self.events.append(msg)
+        return msg
+
+    def wait_for(self, pred: Any, timeout: float = 180.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.next(max(0.1, deadline - time.monotonic()))
+            if pred(msg):
+                return msg
+
+    def drain(self) -> None:
+        while True:
+            try:
+                msg = self.q.get_nowait()
+            except queue.Empty:
+                return
+            if msg is not None and "t" in msg:
+                self.events.append(msg)
+
+    def kill(self) -> float:
+        t = time.time()
+        os.kill(self.w.proc.pid, signal.SIGKILL)
+        self.w.proc.wait()
+        return t
+
+    def stop(self) -> None:
+        if self.w.proc.poll() is None:
+            try:
+                assert self.w.proc.stdin is not None
+                self.w.proc.stdin.write("quit\n")
+                self.w.proc.stdin.flush()
+                self.w.proc.wait(30)
+            except (OSError, Exception):
+                self.w.proc.kill()
+                self.w.proc.wait()
+
+
+def _together(msg: dict[str, Any]) -> bool:
+    return "t" in msg and msg["committed"] and msg["participants"] == 2
+
+
+def _steady_steps(events: list[dict[str, Any]], n: int) -> list[float]:
+    """Commit-to-commit intervals of the last ``n`` committed 2-participant steps."""
+    times = [e["t"] for e in events if e["committed"] and e["participants"] == 2][-(n + 1) :]
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def run_size(size_mb: float, kinds: list[str], steady: int, rng: random.Random) -> dict[str, Any]:
+    from torchtitan_ft.lighthouse import LighthouseServer
+
+    lighthouse = LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=1)
+    addr = lighthouse.address()
+    survivor = Proc(0, size_mb, addr, "cold")
+    victim = Proc(1, size_mb, addr, "cold")
+    procs = [survivor, victim]
+    stalls: list[dict[str, Any]] = []
+    replacements: list[dict[str, Any]] = []
+    try:
+        for p in (survivor, victim):
+            p.wait_for(lambda m: "marks" in m)
+        for kind in kinds:
+            # steady state: both commit together for `steady` steps
+            count = 0
+            while count < steady:
+                if _together(survivor.next()):
+                    count += 1
+            victim.drain()
+            intervals = _steady_steps(survivor.events, steady - 1)
+            steady_s = statistics.median(intervals)
+            time.sleep(rng.uniform(0.0, steady_s))
+            killed = victim.kill()
+            victim.drain()
+            after = survivor.wait_for(
+                lambda m, killed=killed: "t" in m and m["committed"] and m["t"] > killed
+            )
+            alone = (
+                after
+                if after["participants"] == 1
+                else survivor.wait_for(
+                    lambda m: "t" in m and m["committed"] and m["participants"] == 1
+                )
+            )
+            lost = [e for e in survivor.events if killed < e["t"] <= alone["t"]]
+            stalls.append(
+                {
+                    "victim_kind": victim.kind,
+                    "stall_s": round(after["t"] - killed, 3),
+                    "steady_step_s": round(steady_s, 3),
+                    "stall_over_steady": round((after["t"] - killed) / steady_s, 2),
+                    "next_commit_included_victim": after["participants"] == 2,
+                    "to_first_commit_without_victim_s": round(alone["t"] - killed, 3),
+                    "discarded_steps": sum(not e["committed"] for e in lost),
+                    "first_failed_step_s_after_kill": next(
+                        (round(e["t"] - killed, 3) for e in lost if not e["committed"]), None
+                    ),
+                    "participants_after": after["participants"],
+                    "survivor_steps_after_kill": [
+                        {
+                            "start_s": round(e["t0"] - killed, 3),
+                            "end_s": round(e["t"] - killed, 3),
+                            "committed": e["committed"],
+                            "participants": e["participants"],
+                            "wait_quorum_s": round(e["wait_quorum_s"], 3),
+                        }
+                        for e in survivor.events
+                        if e["t"] > killed and e["t0"] <= alone["t"]
+                    ],
+                }
+            )
+            print(f"[{size_mb} MB] stall {stalls[-1]}", file=sys.stderr)
+            # replacement
+            replacement = Proc(1, size_mb, addr, kind)
+            procs.append(replacement)
+            if kind == "warm":
+                replacement.wait_for(lambda m: "warm" in m)
+                go = time.time()
+                replacement.w.send({"go": True})
+            replacement.wait_for(lambda m: "marks" in m)
+            first = replacement.wait_for(lambda m: "t" in m and m["committed"])
+            part = (
+                first
+                if first["participating"]
+                else replacement.wait_for(
+                    lambda m: "t" in m and m["committed"] and m["participating"]
+                )
+            )
+            replacements.append(
+                _replacement_report(replacement, go if kind == "warm" else None, first, part)
+            )
+            print(f"[{size_mb} MB] replacement {replacements[-1]}", file=sys.stderr)
+            victim = replacement
+    finally:
+        for p in procs:
+            p.stop()
+        lighthouse.shutdown()
+    return {"size_mb": size_mb, "stalls": stalls, "replacements": replacements}
+
+
+def _replacement_report(
+    p: Proc, go: float | None, first: dict[str, Any], part: dict[str, Any]
+) -> dict[str, Any]:
+    m = p.marks
+    start = go if go is not None else p.w.spawned
+    out: dict[str, Any] = {"kind": p.kind}
+    out["spawn_to_participating_s"] = round(part["t"] - start, 3)
+    out["manager_to_participating_s"] = round(part["t"] - m["manager"], 3)
+    out["spawn_to_first_commit_s"] = round(first["t"] - start, 3)
+    # The participating step's own compute is in both figures above; this one excludes it:
+    # Manager ready -> the replacement starts the step in which it contributes gradients.
+    out["manager_to_participating_step_start_s"] = round(part["t0"] - m["manager"], 3)
+    out["participating_step_s"] = round(part["t"] - part["t0"], 3)
+    if go is None:
+        out["phases_s"] = {
+            "spawn_to_python_main": round(m["main"] - p.w.spawned, 3),
+            "import_torch": round(m["torch"] - m["main"], 3),
+            "import_torchtitan_ft": round(m["torchtitan_ft"] - m["torch"], 3),
+            "import_torch_dynamo": round(m["dynamo"] - m["torchtitan_ft"], 3)
+            if p.kind == "cold"
+            else None,
+            "build_model": round(m["model"] - m.get("dynamo", m["torchtitan_ft"]), 3)
+            if p.kind == "cold"
+            else round(m["model"] - m["torchtitan_ft"], 3),
+            "wait_bg_dynamo_after_model": round(m["dynamo"] - m["model"], 3)
+            if p.kind == "bg_dynamo"
+            else None,
+        }
+        c = p.cpu
+        out["import_cpu_s"] = {
+            "python_startup_and_this_module": round(c["main"], 3),
+            "import_torch": round(c["torch"] - c["main"], 3),
+            "import_torchtitan_ft": round(c["torchtitan_ft"] - c["torch"], 3),
+            "import_torch_dynamo": round(c["dynamo"] - c["torchtitan_ft"], 3)
+            if "dynamo" in c
+            else None,
+        }
+        before_optimizer = m["dynamo"] if p.kind == "bg_dynamo" else m["model"]
+    else:
+        out["phases_s"] = {"prestarted_spare": "imports and model done before go"}
+        before_optimizer = go
+    out["phases_s"]["build_optimizer"] = round(m["optimizer"] - before_optimizer, 3)
+    out["phases_s"]["construct_manager"] = round(m["manager"] - m["optimizer"], 3)
+    first_event = p.events[0]
+    out["phases_s"]["manager_to_first_step_start"] = round(first_event["t0"] - m["manager"], 3)
+    out["first_steps"] = [
+        {
+            "dur_s": round(e["t"] - e["t0"], 3),
+            "committed": e["committed"],
+            "participating": e["participating"],
+            "participants": e["participants"],
+            "wait_quorum_s": round(e["wait_quorum_s"], 3),
+        }
+        for e in p.events
+        if e["t"] <= part["t"]
+    ]
+    out["recv_retries"] = part["recv_retries"]
+    return out
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[10.0, 200.0])
+    parser.add_argument(
+        "--kinds", nargs="+", choices=["cold", "warm", "bg_dynamo"], default=["cold", "warm"]
+    )
+    parser.add_argument("--repeats", type=int, default=2, help="kills per replacement kind")
+    parser.add_argument("--steady", type=int, default=8, help="steady steps before each kill")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--replica", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--size-mb", type=float, default=10.0, help=argparse.SUPPRESS)
+    parser.add_argument("--lighthouse", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--kind", default="cold", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.replica, args.size_mb, args.lighthouse, args.kind)
+        return
+
+    started = time.time()
+    rng = random.Random(args.seed)
+    kinds = [k for _ in range(args.repeats) for k in args.kinds]
+    sizes = []
+    for size_mb in args.sizes_mb:
+        result = run_size(size_mb, kinds, args.steady, rng)
+        stall = _median([s["stall_s"] for s in result["stalls"]])
+        summary: dict[str, Any] = {
+            "stall_s_median": stall,
+            "stall_met": stall is not None and stall <= TARGETS["stall_s"],
+            "to_first_commit_without_victim_s_median": _median(
+                [s["to_first_commit_without_victim_s"] for s in result["stalls"]]
+            ),
+            "steady_step_s_median": _median([s["steady_step_s"] for s in result["stalls"]]),
+        }
+        for kind in args.kinds:
+            reps = [r for r in result["replacements"] if r["kind"] == kind]
+            keys = ("spawn_to_participating_s", "manager_to_participating_s")
+            for key in (*keys, "manager_to_participating_step_start_s"):
+                value = _median([r[key] for r in reps])
+                summary[f"{kind}_{key}_median"] = value
+                if key in TARGETS:
+                    summary[f"{kind}_{key}_met"] = value is not None and value <= TARGETS[key]
+        result["summary"] = summary
+        sizes.append(result)
+    command = "python -m " + MODULE + " " + " ".join(sys.argv[1:])
+    print(
+        json.dumps(
+            {
+                "command": command.strip(),
+                "setup": {
+                    "model": "Linear(d,d)-ReLU-Linear(d,d), fp32",
+                    "batch": _mlp.BATCH,
+                    "optimizer": f"SGD(lr={_mlp.LR})",
+                    "replica_groups": 2,
+                    "processes_per_group": 1,
+                    "lighthouse": "in-process LighthouseServer, min_replicas=1, defaults",
+                    "manager": "async quorum, timeout 30 s, HTTPTransport",
+                    "kill": "SIGKILL at a random moment of a step after steady training",
+                },
+                "targets": TARGETS,
+                "reference_torchft_0_2_0": REFERENCE,
+                "sizes": sizes,
+                "wall_s": round(time.time() - started, 1),
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

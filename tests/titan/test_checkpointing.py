@@ -1,0 +1,285 @@
+"""Disk checkpoints of an FT job: one full-checkpoint writer, per-group reader files, resume."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torchtitan_ft.titan.checkpointing import (
+    DATALOADER_KEY,
+    REPLICA_AXIS_KEY,
+    ReplicaCheckpointer,
+    best_reader_state,
+    reader_dir,
+    reader_files,
+    stale_reader_files,
+)
+from torchtitan_ft.titan.data import CommittedBatches
+
+ROOT = Path(__file__).resolve().parents[2]
+STEP_LINE = re.compile(r"\[rank0\]:.*step:\s*(\d+)\s+loss:\s*([\d.]+)\s+grad_norm:\s*([\d.]+)")
+
+# --- pure pieces ---------------------------------------------------------------------------------
+
+
+def test_retention_keeps_the_newest_reader_files(tmp_path: Path) -> None:
+    for step in (2, 4, 6, 8):
+        (tmp_path / f"step-{step}.pt").write_bytes(b"")
+    (tmp_path / "step-9.tmp").write_bytes(b"")  # an interrupted write is not a checkpoint
+    files = reader_files(tmp_path)
+    assert sorted(files) == [2, 4, 6, 8]
+    assert stale_reader_files(files, 2) == [files[2], files[4]]
+    assert stale_reader_files(files, 0) == []
+    assert reader_files(tmp_path / "missing") == {}
+
+
+def test_resume_uses_the_newest_reader_file_not_beyond_the_ledger() -> None:
+    states = [{"position": 4}, {"position": 9}, {"position": 6}]
+    assert best_reader_state(states, 7) == {"position": 6}
+    assert best_reader_state(states, 3) is None  # start the slice over, read forward
+    assert best_reader_state([], 5) is None
+
+
+# --- ReplicaCheckpointer with stand-ins ----------------------------------------------------------
+
+
+class _Loader:
+    def __init__(self) -> None:
+        self.next_index = 0
+
+    def __iter__(self) -> _Loader:
+        return self
+
+    def __next__(self) -> int:
+        self.next_index += 1
+        return self.next_index - 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"next_index": self.next_index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.next_index = state["next_index"]
+
+
+class _Inner:
+    """Stands in for TorchTitan's CheckpointManager (interval 2)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.enable = True
+        self.folder = str(folder)
+        self.states: dict[str, Any] = {DATALOADER_KEY: object(), "model": object()}
+        self.saved: list[int] = []
+        self.purged = 0
+        self.closed = False
+
+    def _should_save(self, step: int, last_step: bool = False) -> bool:
+        return last_step or step % 2 == 0
+
+    def save(self, step: int, last_step: bool = False) -> None:
+        self.saved.append(step)
+
+    def _purge_stale_checkpoints(self) -> None:
+        self.purged += 1
+
+    def load(self, step: int = -1) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Manager:
+    def __init__(self, participating_rank: int | None) -> None:
+        self.rank = participating_rank
+
+    def participating_rank(self) -> int | None:
+        return self.rank
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": 0, "batches_committed": 0}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        pass
+
+    def current_step(self) -> int:
+        return 0
+
+
+class _Axis:
+    def __init__(self, replica_id: int, participating_rank: int | None) -> None:
+        self.replica_id = replica_id
+        self.manager = _Manager(participating_rank)
+        self.committed = True
+
+    def step_committed(self) -> bool:
+        return self.committed
+
+
+def _group(folder: Path, replica_id: int, participating_rank: int | None):
+    inner, axis = _Inner(folder), _Axis(replica_id, participating_rank)
+    batches = CommittedBatches(_Loader(), replica_id, 2)
+    return inner, axis, batches, ReplicaCheckpointer(inner, axis, batches, 0, keep_latest_k=2)
+
+
+def _train(batches: CommittedBatches, steps: int, participants: list[int]) -> None:
+    for _ in range(steps):
+        next(batches)
+        batches.end_step(True, participants)
+
+
+def test_only_the_lowest_participating_group_writes_the_full_checkpoint(tmp_path: Path) -> None:
+    groups = [_group(tmp_path, r, rank) for r, rank in ((0, 0), (1, 1))]
+    for inner, _, _, _ in groups:
+        assert DATALOADER_KEY not in inner.states  # the full checkpoint has no reader
+        assert REPLICA_AXIS_KEY in inner.states
+    for step in range(1, 7):
+        for _, _, batches, checkpointer in groups:
+            _train(batches, 1, [0, 1])
+            checkpointer.save(step, last_step=step == 6)
+    assert groups[0][0].saved == [2, 4, 6]
+    assert groups[1][0].saved == []
+    assert (groups[0][0].purged, groups[1][0].purged) == (1, 0)  # retention after the last
+    for replica in (0, 1):  # every group keeps its reader files, the newest 2
+        files = reader_files(reader_dir(tmp_path, replica, 0))
+        assert sorted(files) == [4, 6]
+        assert torch.load(files[6], weights_only=False)["position"] == 6
+
+
+def test_a_discarded_step_is_not_saved_and_a_retried_number_only_once(tmp_path: Path) -> None:
+    inner, axis, batches, checkpointer = _group(tmp_path, 0, 0)
+    _train(batches, 2, [0])
+    axis.committed = False
+    checkpointer.save(2)
+    axis.committed = True
+    checkpointer.save(2)
+    checkpointer.save(2)
+    assert inner.saved == [2]
+
+
+def test_load_restarts_the_reader_at_the_ledger_position(tmp_path: Path) -> None:
+    _, _, batches, checkpointer = _group(tmp_path, 1, 1)
+    _train(batches, 4, [0, 1])
+    checkpointer.save(4)
+    _train(batches, 2, [0, 1])
+    checkpointer.save(6)  # newer than the full checkpoint we resume from
+
+    _, _, resumed, resumed_checkpointer = _group(tmp_path, 1, 1)
+    resumed.load_state_dict({"consumed": [5, 5]})  # what the full checkpoint's ledger says
+    assert resumed_checkpointer.load()
+    assert next(resumed) == 5  # from the step-4 reader file, read forward one batch
+
+
+# --- whole jobs -----------------------------------------------------------------------------------
+
+CHECKPOINT_ARGS = (
+    "--checkpoint.enable",
+    "--checkpoint.interval=2",
+    "--checkpoint.keep_latest_k=2",
+    # The last checkpoint is a full one (TorchTitan's default exports the model only there).
+    "--checkpoint.no-last_save_model_only",
+)
+
+
+def _run_groups(dump: Path, lighthouse: str, steps: int) -> list[str]:
+    """Two replica groups (1 rank each) sharing ``dump``; returns their outputs."""
+    procs = []
+    for replica in range(2):
+        env = {
+            **os.environ,
+            "NGPU": "1",
+            "PYTHON": sys.executable,
+            "OMP_NUM_THREADS": "1",
+            "CONFIG_FILE": str(ROOT / "configs" / "debug_ft_cpu.toml"),
+            "TORCHFT_LIGHTHOUSE": lighthouse,
+        }
+        command = [
+            str(ROOT / "run_train.sh"),
+            "--training.steps",
+            str(steps),
+            "--job.dump_folder",
+            str(dump),
+            f"--fault_tolerance.replica_id={replica}",
+            *CHECKPOINT_ARGS,
+        ]
+        procs.append(
+            subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outputs = []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=240)[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+    for proc, output in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, output[-6000:]
+    return outputs
+
+
+def _losses(output: str) -> dict[int, str]:
+    return {int(m.group(1)): m.group(2) for m in STEP_LINE.finditer(output)}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_single_writer_and_full_job_resume(tmp_path: Path) -> None:
+    """Two groups share a dump folder: only group 0 writes the full checkpoint, both keep
+    their reader files (retention 2). A job whose every process (lighthouse, agents, workers)
+    is SIGKILLed mid-run and started again continues after its latest full checkpoint with
+    the losses of the uninterrupted run, in both groups."""
+    from tests.titan.test_ft_e2e import _Group
+    from torchtitan_ft.lighthouse import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
+    try:
+        whole = _run_groups(tmp_path / "whole", lighthouse.address(), 6)
+    finally:
+        lighthouse.shutdown()
+    folder = tmp_path / "whole" / "checkpoint"
+    assert sorted(p.name for p in folder.glob("step-*")) == ["step-4", "step-6"]
+    for replica in (0, 1):
+        assert sorted(reader_files(reader_dir(folder, replica, 0))) == [4, 6]
+    assert whole[0].count("Saving the checkpoint") == 3  # steps 2, 4, 6
+    assert "Saving" not in whole[1]
+    assert whole[1].count("leaves step") == 3
+
+    dump = tmp_path / "stopped"
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
+    groups = [
+        _Group(r, tmp_path, lighthouse.address(), 6, *CHECKPOINT_ARGS, dump_folder=dump)
+        for r in range(2)
+    ]
+    try:
+        groups[0].wait_for(r"step:\s*3\s+loss", timeout=240)
+    finally:
+        for group in groups:
+            group.sigkill()
+        lighthouse.shutdown()
+    saved = sorted(int(p.name.split("-")[1]) for p in (dump / "checkpoint").glob("step-*"))
+    assert saved and saved[-1] < 6, saved
+    last = saved[-1]
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
+    try:
+        resumed = _run_groups(dump, lighthouse.address(), 6)
+    finally:
+        lighthouse.shutdown()
+    for replica in (0, 1):
+        assert f"Training starts at step {last + 1}" in resumed[replica], resumed[replica][-4000:]
+        expected = _losses(whole[replica])
+        assert _losses(resumed[replica]) == {s: expected[s] for s in range(last + 1, 7)}

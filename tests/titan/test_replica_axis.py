@@ -1,0 +1,118 @@
+"""The FT seams: data slice per replica group, FSDP gradient hook, null object when FT is off."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from torchtitan_ft.titan import cpu_compat
+from torchtitan_ft.titan.replica_axis import (
+    NoReplicaAxis,
+    ReplicaAxis,
+    build_replica_axis,
+    has_fsdp,
+    install_replica_allreduce_hook,
+    replica_dataloader_shard,
+    shard_on_single_rank,
+)
+
+
+def test_dataloader_slices_tile_the_dataset_without_overlap() -> None:
+    dp_degree, group_size = 2, 3
+    slices = [
+        replica_dataloader_shard(dp_degree, dp_rank, replica_id, group_size)
+        for replica_id in range(group_size)
+        for dp_rank in range(dp_degree)
+    ]
+    assert {world for world, _ in slices} == {6}
+    assert [rank for _, rank in slices] == list(range(6))  # same order as native HSDP ranks
+
+
+@pytest.mark.parametrize(("dp_rank", "replica_id"), [(2, 0), (-1, 0), (0, 3), (0, -1)])
+def test_dataloader_slice_rejects_out_of_range(dp_rank: int, replica_id: int) -> None:
+    with pytest.raises(ValueError, match="must be in"):
+        replica_dataloader_shard(2, dp_rank, replica_id, 3)
+
+
+def test_disabled_axis_is_identity() -> None:
+    from torchtitan_ft.titan.config import JobConfig
+
+    axis = build_replica_axis(JobConfig())
+    assert isinstance(axis, NoReplicaAxis) and not axis.enabled
+    assert axis.dataloader_shard(4, 3) == (4, 3)
+    spec = object()
+    assert axis.train_spec(spec) is spec
+    assert axis.install_gradient_sync([torch.nn.Linear(2, 2)]) == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("semi_sync_method", "diloco"), ("checkpoint_transport", "pg")]
+)
+def test_unwired_ft_options_are_refused_not_faked(field: str, value: str) -> None:
+    from torchtitan_ft.titan.config import JobConfig
+
+    config = JobConfig()
+    config.fault_tolerance.enable = True
+    setattr(config.fault_tolerance, field, value)
+    with pytest.raises(NotImplementedError, match=f"{field}.*not wired"):
+        build_replica_axis(config)
+
+
+def test_train_spec_wraps_dataloader_with_replica_offset() -> None:
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    calls = []
+
+    def build_dataloader(*, dp_world_size, dp_rank, tokenizer, job_config):
+        calls.append((dp_world_size, dp_rank))
+
+    base = dataclasses.replace(get_train_spec("llama3"), build_dataloader_fn=build_dataloader)
+    spec = ReplicaAxis(replica_id=1, group_size=2, reduce=lambda g: None).train_spec(base)
+    spec.build_dataloader_fn(dp_world_size=2, dp_rank=1, tokenizer=None, job_config=None)
+    assert calls == [(4, 3)]
+    assert spec.model_cls is base.model_cls
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    model(torch.ones(4, 8)).sum().backward()
+    return [
+        p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        for p in model.parameters()
+    ]
+
+
+@pytest.mark.usefixtures("single_rank_group")
+def test_hook_reaches_single_rank_fsdp_gradients_in_place() -> None:
+    expected = _grads(_model())
+    model = shard_on_single_rank(_model(), "cpu")
+    assert has_fsdp(model)
+    assert cpu_compat.force_sum_reduction([model]) == 1
+    seen = []
+
+    def halve(grad: torch.Tensor) -> None:
+        seen.append(grad.numel())
+        grad.mul_(0.5)
+
+    assert install_replica_allreduce_hook([model], halve) == 1
+    for got, want in zip(_grads(model), expected, strict=True):
+        torch.testing.assert_close(got, want * 0.5)
+    assert seen  # called on the flat gradient of the FSDP unit
+
+
+def test_enabled_axis_refuses_a_model_without_fsdp() -> None:
+    axis = ReplicaAxis(replica_id=0, group_size=2, reduce=lambda g: None)
+    with pytest.raises(RuntimeError, match="no FSDP module"):
+        axis.install_gradient_sync([_model()])
+
+
+def test_shutdown_runs_once() -> None:
+    calls = []
+    axis = ReplicaAxis(0, 1, reduce=lambda g: None, on_shutdown=lambda: calls.append(1))
+    axis.shutdown()
+    axis.shutdown()
+    assert calls == [1]

@@ -1,0 +1,225 @@
+"""LocalSGD and Streaming DiLoCo in TorchTitan through run_train.sh, and the shipped configs.
+
+The multi-process tests run 2 replica groups x 1 rank of the llama3 debugmodel (small shape)
+with a real lighthouse. Each group's trainer is this module run as ``TRAIN_FILE``: the plugin's
+own entry point with a trainer that, at exit, saves its parameters and the strategy's global
+parameters, so the test can compare the groups.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.titan.test_train_run import ROOT, run_train, step_metrics
+
+CONFIGS = ROOT / "configs"
+TRAIN_MODULE = "tests.titan.test_semi_sync_run"
+
+
+def _parse(config: str, *args: str):
+    from torchtitan_ft.titan.config import parse_job_config
+
+    return parse_job_config(["--job.config_file", str(CONFIGS / config), *args])
+
+
+# --- the shipped configs parse (no training) ---------------------------------------------------
+
+
+def test_debug_localsgd_config_parses() -> None:
+    ft = _parse("debug_ft_localsgd_cpu.toml").fault_tolerance
+    assert (ft.enable, ft.semi_sync_method, ft.quorum_mode) == (True, "local_sgd", "sync")
+    assert ft.process_group == "gloo" and ft.hostname == "127.0.0.1"
+
+
+def test_debug_diloco_config_is_streaming() -> None:
+    ft = _parse("debug_ft_diloco_cpu.toml").fault_tolerance
+    assert (ft.semi_sync_method, ft.quorum_mode) == ("diloco", "sync")
+    assert (ft.num_fragments, ft.fragment_sync_delay) == (2, 1)
+    assert ft.fragment_sync_delay < ft.sync_steps // ft.num_fragments
+
+
+@pytest.mark.parametrize("config", ["llama3_8b_ft.toml", "llama3_8b_ft_diloco.toml"])
+def test_llama3_8b_configs_parse(config: str) -> None:
+    job = _parse(config)
+    ft = job.fault_tolerance
+    assert (job.model.name, job.model.flavor) == ("llama3", "8B")
+    assert ft.enable and ft.process_group == "nccl" and ft.group_size >= 2
+    assert job.parallelism.data_parallel_replicate_degree == 1
+    assert ft.process_group_timeout_ms <= ft.step_timeout_ms
+    assert ft.connect_timeout_ms <= ft.quorum_timeout_ms
+
+
+def test_llama3_8b_diloco_config_fragments_fit_the_model() -> None:
+    from torchtitan.models.llama3 import llama3_args
+
+    ft = _parse("llama3_8b_ft_diloco.toml").fault_tolerance
+    assert (ft.semi_sync_method, ft.quorum_mode) == ("diloco", "sync")
+    assert ft.num_fragments <= llama3_args["8B"].n_layers
+
+
+def test_streaming_schedule_is_checked_like_the_strategies() -> None:
+    """fragment_sync_delay must be < sync_steps / num_fragments (not just < sync_steps)."""
+    from torchtitan_ft.titan.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"fragment_sync_delay must be in \[0, .* = 2\)"):
+        _parse("debug_ft_diloco_cpu.toml", "--fault_tolerance.fragment_sync_delay=3")
+    with pytest.raises(ConfigError, match="multiple of the number of fragments"):
+        _parse("debug_ft_diloco_cpu.toml", "--fault_tolerance.sync_steps=5")
+
+
+def test_semi_sync_needs_a_sync_quorum() -> None:
+    from torchtitan_ft.titan.config import ConfigError
+
+    with pytest.raises(ConfigError, match="quorum_mode='sync'"):
+        _parse("debug_ft_localsgd_cpu.toml", "--fault_tolerance.quorum_mode=async")
+
+
+# --- training runs ----------------------------------------------------------------------------
+
+
+def _run_groups(tmp_path: Path, config: str, steps: int) -> list[str]:
+    from torchtitan_ft.lighthouse import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
+    procs: list[subprocess.Popen] = []
+    try:
+        for r in range(2):
+            procs.append(
+                run_train(
+                    tmp_path / f"replica{r}",
+                    1,
+                    steps,
+                    f"--fault_tolerance.replica_id={r}",
+                    env={
+                        "CONFIG_FILE": str(CONFIGS / config),
+                        "TORCHFT_LIGHTHOUSE": lighthouse.address(),
+                        "TRAIN_FILE": TRAIN_MODULE,
+                    },
+                    wait=False,
+                )
+            )
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        lighthouse.shutdown()
+    for p, output in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, output[-4000:]
+        assert "cross-replica gradient all-reduce hooked" not in output
+    return outputs
+
+
+def _losses(output: str, steps: int) -> list[float]:
+    metrics = step_metrics(output)
+    assert sorted(metrics) == list(range(1, steps + 1)), output[-4000:]
+    return [metrics[s][0] for s in range(1, steps + 1)]
+
+
+def _dump(tmp_path: Path, replica: int) -> dict:
+    import torch
+
+    return torch.load(tmp_path / f"replica{replica}" / "outputs" / "params_rank0.pt")
+
+
+def _commits(output: str) -> int:
+    return output.count("should_commit=True (local vote")
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    import torch
+
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.multiprocess
+def test_local_sgd_run_trains_and_ends_identical(tmp_path: Path) -> None:
+    """LocalSGD (sync_steps 3), 6 steps: groups train apart (different grad norms: no per-step
+    gradient average), quorums only at the start and at the 2 syncs, identical at the end."""
+    steps = 6
+    outputs = _run_groups(tmp_path, "debug_ft_localsgd_cpu.toml", steps)
+    for output in outputs:
+        losses = _losses(output, steps)
+        assert losses[-1] < losses[0] - 0.5, losses
+        assert _commits(output) == 1 + steps // 3, output[-4000:]
+    grad_norms = [step_metrics(o)[1][1] for o in outputs]
+    assert grad_norms[0] != grad_norms[1]
+    dumps = [_dump(tmp_path, r) for r in range(2)]
+    _assert_same(dumps[0]["model"], dumps[1]["model"])
+    _assert_same(dumps[0]["global"][0], dumps[1]["global"][0])
+
+
+@pytest.mark.multiprocess
+def test_streaming_diloco_run_trains_and_agrees_on_global_parameters(tmp_path: Path) -> None:
+    """Streaming DiLoCo (sync_steps 4, 2 fragments, tau 1), 8 steps: 4 fragment syncs (steps
+    2, 4, 6, 8), identical global parameters and outer-optimizer state at the end; the
+    fragment synced at the last step is identical in the models too (alpha = 0)."""
+    steps = 8
+    outputs = _run_groups(tmp_path, "debug_ft_diloco_cpu.toml", steps)
+    for output in outputs:
+        losses = _losses(output, steps)
+        assert losses[-1] < losses[0] - 0.5, losses
+        assert _commits(output) == 1 + steps // 2, output[-4000:]
+    dumps = [_dump(tmp_path, r) for r in range(2)]
+    for fragment in range(2):
+        _assert_same(dumps[0]["global"][fragment], dumps[1]["global"][fragment])
+    outer = [d["outer"] for d in dumps]
+    for a, b in zip(outer[0], outer[1], strict=True):
+        _assert_same(
+            {f"{k}.{n}": v for k, s in a["state"].items() for n, v in s.items()},
+            {f"{k}.{n}": v for k, s in b["state"].items() for n, v in s.items()},
+        )
+    # Fragment 1 holds the last layers, norm and output; synced at step 8.
+    last = {n: t for n, t in dumps[0]["model"].items() if n.startswith(("norm", "output"))}
+    assert last
+    _assert_same(last, {n: dumps[1]["model"][n] for n in last})
+    first = [n for n in dumps[0]["model"] if n.startswith("tok_embeddings")]
+    import torch
+
+    assert not all(torch.equal(dumps[0]["model"][n], dumps[1]["model"][n]) for n in first)
+
+
+# --- TRAIN_FILE entry point of the runs above -------------------------------------------------
+
+
+def _main() -> None:
+    import torch
+    import torch.distributed as dist
+
+    from torchtitan_ft.titan.trainer import FaultTolerantTrainer  # CPU fixes first (titan/)
+    from torchtitan_ft.train import main
+
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local().detach().clone() if hasattr(t, "to_local") else t.detach().clone()
+
+    class DumpingTrainer(FaultTolerantTrainer):
+        """Saves the model, the strategy's global parameters and outer-optimizer state."""
+
+        def close(self) -> None:
+            strategy = getattr(self.replica_axis, "strategy", None)
+            state = strategy.state_dict() if strategy is not None else {}
+            global_ = state.get("global", [])
+            outer = [
+                {"state": {k: {n: local(v) for n, v in s.items()} for k, s in o["state"].items()}}
+                for o in state.get("outer_optimizers", [])
+            ]
+            dump = {
+                "model": {n: local(p) for n, p in self.model_parts[0].named_parameters()},
+                "global": global_ if isinstance(global_, list) else [global_],
+                "outer": outer,
+            }
+            path = Path(self.job_config.job.dump_folder) / f"params_rank{dist.get_rank()}.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(dump, path)
+            super().close()
+
+    main(trainer_class=DumpingTrainer)
+
+
+if __name__ == "__main__":
+    _main()

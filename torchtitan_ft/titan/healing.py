@@ -1,0 +1,171 @@
+"""What a healing replica group receives from a healthy one, in a form the transports can send.
+
+A replica-group rank heals from the rank with the *same group rank* in a healthy group, so
+both hold the same FSDP shard layout: each DTensor is sent as its local shard
+(``to_local()``) and rebuilt on the receiver with the receiver's own mesh and placements.
+
+Two TorchTitan paths are avoided on purpose:
+
+* ``OptimizersContainer.state_dict()`` goes through ``get_optimizer_state_dict``, which
+  initialises an empty optimizer with a zero-lr step (Adam's step counter then starts at 1 and
+  numerics differ from a run without FT), and would do so on the quorum thread, during the
+  forward. The optimizers' own ``state_dict()`` (keyed by parameter index) is used instead;
+  identical model construction gives identical indices.
+* The dataloader itself is not part of the healed state (every replica group reads its own
+  slice); the *ledger* of consumed batches per replica group is
+  (:class:`~torchtitan_ft.titan.data.CommittedBatches`): the healed group moves its own reader
+  to the position that matches the weights it received.
+
+The donor side runs on the Manager's quorum thread, concurrently with the forward: it reads
+tensors captured at construction and never calls ``module.state_dict()`` (see
+``HealedState.__init__``). The receiver side runs on the training thread at the Manager's safe
+point (after backward, before the optimizer step) and copies into the local shards in place.
+
+``HealedState`` is the Stateful pair (``state_dict``/``load_state_dict``) registered with
+``Manager.register_state_dict_fn``.
+"""
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def to_local_tree(value: Any) -> Any:
+    """``value`` with every DTensor replaced by its local shard (containers copied)."""
+    if isinstance(value, DTensor):
+        return value.to_local()
+    if isinstance(value, Mapping):
+        return {k: to_local_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(to_local_tree(v) for v in value)
+    return value
+
+
+def like_param(value: Any, param: torch.Tensor) -> Any:
+    """Rebuild ``value`` (a received local shard) as a DTensor laid out like ``param``.
+
+    Non-tensors, scalars (e.g. Adam's ``step``) and tensors whose shape is not the local shard
+    shape are returned unchanged. Raises ``ValueError`` for a tensor of the parameter's full
+    rank but the wrong shard shape (the sender was sharded differently).
+    """
+    if not isinstance(param, DTensor) or not isinstance(value, torch.Tensor):
+        return value
+    local_shape = param.to_local().shape
+    if value.dim() == 0 or value.dim() != len(local_shape):
+        return value
+    if value.shape != local_shape:
+        raise ValueError(
+            f"received shard of shape {tuple(value.shape)} for a parameter whose local shard "
+            f"is {tuple(local_shape)}: donor and receiver are sharded differently"
+        )
+    return DTensor.from_local(
+        value.to(param.dtype),
+        param.device_mesh,
+        param.placements,
+        shape=param.shape,
+        stride=param.stride(),
+        run_check=False,
+    )
+
+
+def optimizer_state_dict(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()`` with local shards (no state initialisation)."""
+    return to_local_tree(optimizer.state_dict())
+
+
+def load_optimizer_state_dict(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a state made by :func:`optimizer_state_dict`, rebuilding DTensor states."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    rebuilt = {
+        index: {name: like_param(v, params[index]) for name, v in per_param.items()}
+        for index, per_param in state["state"].items()
+    }
+    optimizer.load_state_dict({"state": rebuilt, "param_groups": state["param_groups"]})
+
+
+class HealedState:
+    """Model, optimizers, lr schedulers and train state of one TorchTitan trainer rank.
+
+    Args:
+        model_parts: the trainer's (parallelized) model parts.
+        optimizers: TorchTitan's OptimizersContainer (its ``.optimizers`` list is used).
+        lr_schedulers: TorchTitan's LRSchedulersContainer (Stateful, plain values).
+        train_state: the Trainer itself (Stateful: step and tokens seen).
+        data: the group's data ledger (Stateful, e.g. ``CommittedBatches``) or None.
+    """
+
+    def __init__(
+        self,
+        model_parts: Iterable[torch.nn.Module],
+        optimizers: Any,
+        lr_schedulers: Any,
+        train_state: Any,
+        data: Any = None,
+    ) -> None:
+        # The sharded tensors are captured now, on the training thread: calling
+        # ``module.state_dict()`` later, on the quorum thread while FSDP's forward has swapped
+        # in unsharded parameters, breaks that forward (mixed Tensor/DTensor, torchtitan PR
+        # #4754). FSDP updates these sharded parameters in place, so the references stay valid.
+        self._model_tensors = [_persistent_tensors(part) for part in model_parts]
+        self._optimizers: list[torch.optim.Optimizer] = list(optimizers.optimizers)
+        self._lr_schedulers = lr_schedulers
+        self._train_state = train_state
+        self._data = data
+
+    def state_dict(self) -> dict[str, Any]:
+        """Local shards of everything a healing peer needs (called on the quorum thread)."""
+        state = {
+            "model": [to_local_tree(tensors) for tensors in self._model_tensors],
+            "optimizers": [optimizer_state_dict(o) for o in self._optimizers],
+            "lr_schedulers": self._lr_schedulers.state_dict(),
+            "train_state": self._train_state.state_dict(),
+        }
+        if self._data is not None:
+            state["data"] = self._data.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Apply a peer's :meth:`state_dict` (called by the Manager at a safe point)."""
+        _check_lengths("model parts", state["model"], self._model_tensors)
+        _check_lengths("optimizers", state["optimizers"], self._optimizers)
+        with torch.no_grad():
+            for tensors, received in zip(self._model_tensors, state["model"], strict=True):
+                _copy_model_state(tensors, received)
+        for optimizer, received in zip(self._optimizers, state["optimizers"], strict=True):
+            load_optimizer_state_dict(optimizer, received)
+        self._lr_schedulers.load_state_dict(state["lr_schedulers"])
+        self._train_state.load_state_dict(state["train_state"])
+        if self._data is not None:
+            if "data" not in state:
+                raise ValueError("healed state lacks the data ledger (donor without one?)")
+            self._data.load_state_dict(state["data"])
+
+
+def _check_lengths(what: str, received: list[Any], local: list[Any]) -> None:
+    if len(received) != len(local):
+        raise ValueError(f"received {len(received)} {what}, this replica has {len(local)}")
+
+
+def _persistent_tensors(part: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters and persistent buffers of ``part`` (what its state_dict holds), by name,
+    as the module objects themselves (sharded DTensors under FSDP, outside forward/backward)."""
+    names = set(part.state_dict().keys())
+    named = [*part.named_parameters(), *part.named_buffers()]
+    return {name: tensor for name, tensor in named if name in names}
+
+
+def _copy_model_state(current: Mapping[str, torch.Tensor], received: Mapping[str, Any]) -> None:
+    missing = current.keys() - received.keys()
+    if missing:
+        raise ValueError(f"healed model state lacks {sorted(missing)[:5]}")
+    for name, tensor in current.items():
+        local: torch.Tensor = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        _copy(local, received[name], name)
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    if dst.shape != src.shape:
+        raise ValueError(f"{name}: received shape {tuple(src.shape)}, local {tuple(dst.shape)}")
+    dst.copy_(src)

@@ -1,0 +1,226 @@
+"""LocalSGD and (Streaming) DiLoCo in TorchTitan: the replica axis of a semi-sync FT job.
+
+With a semi-sync method each replica group trains alone between syncs, so the FT replica axis
+differs from the per-step one (:class:`~torchtitan_ft.titan.replica_axis.ManagedReplicaAxis`)
+in three ways, and in nothing else (data split, 1-rank FSDP, healed trainer state and the
+Manager itself are the per-step axis's, reused by composition):
+
+1. **No per-step gradient average.** :meth:`SemiSyncReplicaAxis.install_gradient_sync`
+   installs no FSDP all-reduce hook: gradients stay inside the replica group (FSDP's own
+   reduce-scatter); only the strategy moves parameters across groups, at sync points.
+2. **Synchronous quorum.** The Manager is built with ``use_async_quorum=False``
+   (``fault_tolerance.quorum_mode = "sync"``, enforced by config validation and again by
+   ``semi_sync.build_strategy``), so a replica heals before it trains and joins its peers' sync.
+3. **The strategy drives the step** (:class:`StrategyDrivenOptimizers`), mapped onto the calls
+   TorchTitan's ``train_step`` already makes::
+
+       optimizers.zero_grad()  -> strategy.start_step(), then zero_grad  (before the forward)
+       optimizers.step()       -> if strategy.before_step(): inner step;  strategy.after_step()
+       lr_schedulers.step()    -> advances when the inner step was applied
+
+The model (one model part; pipeline parallelism is not supported) is split into
+``fault_tolerance.num_fragments`` fragments for Streaming DiLoCo by ``semi_sync.split_model``
+(contiguous ranges of llama3's ``layers``; embeddings join the first fragment, norm and output
+the last). The strategy registers its state (global parameters, outer-optimizer state,
+position in the schedule) with the Manager, so a healing replica receives it together with the
+trainer state; :meth:`SemiSyncReplicaAxis.strategy_state` exposes it as a Stateful.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from torchtitan_ft.semi_sync import (
+    OuterOptimizerConfig,
+    QuorumMode,
+    SyncConfig,
+    SyncMethod,
+    SyncStrategy,
+    build_strategy,
+)
+from torchtitan_ft.titan.replica_axis import (
+    CommitGate,
+    CommitGatedLRSchedulers,
+    ManagedReplicaAxis,
+    NoReplicaAxis,
+    build_replica_axis,
+)
+
+
+def sync_config(ft: Any) -> SyncConfig:
+    """The ``SyncConfig`` of a ``fault_tolerance`` section (one field each, see config.py)."""
+    method = (
+        SyncMethod.PER_STEP if ft.semi_sync_method == "none" else SyncMethod(ft.semi_sync_method)
+    )
+    return SyncConfig(
+        method=method,
+        quorum_mode=QuorumMode(ft.quorum_mode),
+        sync_every=ft.sync_steps,
+        num_fragments=ft.num_fragments,
+        fragment_sync_delay=ft.fragment_sync_delay,
+        fragment_update_alpha=ft.fragment_update_alpha,
+        should_quantize=ft.should_quantize,
+        outer_optimizer=OuterOptimizerConfig(
+            type=ft.outer_optimizer,
+            lr=ft.outer_lr,
+            momentum=ft.outer_momentum,
+            nesterov=ft.outer_nesterov,
+        ),
+    )
+
+
+def uses_semi_sync(job_config: Any) -> bool:
+    """Whether ``job_config`` asks for FT with LocalSGD or DiLoCo."""
+    ft = job_config.fault_tolerance
+    return bool(ft.enable) and ft.semi_sync_method != "none"
+
+
+class StrategyDrivenOptimizers:
+    """TorchTitan's OptimizersContainer driven by a :class:`~torchtitan_ft.semi_sync.SyncStrategy`.
+
+    ``zero_grad`` (first call of ``train_step``, before the forward) calls ``start_step``;
+    ``step`` applies the inner update only if ``before_step`` allows it and always calls
+    ``after_step`` (where LocalSGD/DiLoCo count inner steps and sync). Everything else is
+    delegated.
+    """
+
+    def __init__(self, optimizers: Any, strategy: SyncStrategy, gate: CommitGate) -> None:
+        self._optimizers = optimizers
+        self._strategy = strategy
+        self._gate = gate
+
+    def zero_grad(self, *args: Any, **kwargs: Any) -> None:
+        """``strategy.start_step()`` (the first one forms the initial quorum), then clear grads."""
+        self._strategy.start_step()
+        self._optimizers.zero_grad(*args, **kwargs)
+
+    def step(self, *args: Any, **kwargs: Any) -> bool:
+        """Inner step if the strategy allows it, then ``after_step``; returns whether stepped."""
+        stepped = self._strategy.before_step()
+        if stepped:
+            self._optimizers.step(*args, **kwargs)
+        self._gate.committed = stepped
+        self._strategy.after_step()
+        return stepped
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizers, name)
+
+
+class StrategyState:
+    """The strategy's state as a Stateful (``state_dict``/``load_state_dict``) for checkpoints."""
+
+    def __init__(self, strategy: SyncStrategy) -> None:
+        self._strategy = strategy
+
+    def state_dict(self) -> dict[str, Any]:
+        """``strategy.state_dict()`` (copies)."""
+        return self._strategy.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """``strategy.load_state_dict``; also resets the model to the global parameters."""
+        self._strategy.load_state_dict(state_dict)
+
+
+class SemiSyncReplicaAxis(NoReplicaAxis):
+    """The FT replica axis for LocalSGD / DiLoCo (see the module docstring).
+
+    Args:
+        managed: the per-step axis built for the same job with a synchronous-quorum Manager;
+            its data split, TrainSpec wrapping, healed state and shutdown are reused.
+        config: the strategy to build (``sync_config(job_config.fault_tolerance)``).
+    """
+
+    enabled = True
+
+    def __init__(self, managed: ManagedReplicaAxis, config: SyncConfig) -> None:
+        config.validate()
+        self._managed = managed
+        self.config = config
+        self.manager = managed.manager
+        self.replica_id = managed.replica_id
+        self.group_size = managed.group_size
+        self.strategy: SyncStrategy | None = None
+        self._gate = CommitGate()
+        self._model_parts: list[torch.nn.Module] | None = None
+
+    def dataloader_shard(self, dp_degree: int, dp_rank: int) -> tuple[int, int]:
+        """This replica group's data slice (as per-step FT)."""
+        return self._managed.dataloader_shard(dp_degree, dp_rank)
+
+    def train_spec(self, spec: Any) -> Any:
+        """The TrainSpec with this group's data slice and FSDP on 1-rank groups (as per-step)."""
+        return self._managed.train_spec(spec)
+
+    def install_gradient_sync(self, model_parts: Iterable[torch.nn.Module]) -> int:
+        """Installs *no* cross-group gradient hook (gradients stay in the replica group) and
+        records the model the strategy will sync; returns 0 (FSDP units hooked)."""
+        self._model_parts = list(model_parts)
+        if len(self._model_parts) != 1:
+            raise NotImplementedError(
+                f"semi_sync_method={self.config.method.value!r} supports one model part, got "
+                f"{len(self._model_parts)} (pipeline parallelism is not supported)"
+            )
+        return 0
+
+    def register_state(self, state: Any) -> None:
+        """The trainer state a healing peer receives (as per-step FT); the strategy adds its
+        own (global parameters, outer optimizer, schedule position) when it is built."""
+        self._managed.register_state(state)
+
+    def gate_step(self, optimizers: Any, lr_schedulers: Any) -> tuple[Any, Any]:
+        """Builds the strategy over the model and the inner optimizer; returns optimizers
+        driven by it and lr schedulers that advance after an applied inner step."""
+        if self._model_parts is None:
+            raise RuntimeError("install_gradient_sync(model_parts) must be called before gate_step")
+        self.strategy = build_strategy(self.config, self.manager, self._model_parts[0], optimizers)
+        driven = StrategyDrivenOptimizers(optimizers, self.strategy, self._gate)
+        return driven, CommitGatedLRSchedulers(lr_schedulers, self._gate)
+
+    def track_data(self, dataloader: Any) -> Any:
+        """The dataloader unchanged: every batch a group reads is consumed by its inner step.
+        (A discarded sync rolls the parameters back, so the data of those inner steps is
+        lost to the model, not replayed; per-step FT's ledger would need a quorum per step.)"""
+        return dataloader
+
+    def step_committed(self) -> bool:
+        """Whether the last inner step was applied (False only for a step whose gradients
+        predate a heal)."""
+        return self._gate.committed
+
+    def strategy_state(self) -> StrategyState:
+        """The strategy's state as a Stateful (after :meth:`gate_step`)."""
+        if self.strategy is None:
+            raise RuntimeError("the strategy is built by gate_step; call it first")
+        return StrategyState(self.strategy)
+
+    def shutdown(self) -> None:
+        """Shuts the Manager and the cross-group process group down (once)."""
+        self._managed.shutdown()
+
+
+def build_semi_sync_axis(job_config: Any) -> SemiSyncReplicaAxis:
+    """The replica axis of a LocalSGD / DiLoCo job: the per-step axis's Manager (built by
+    ``build_replica_axis`` from the same settings, hence the same timeouts, transport and
+    process group) with ``use_async_quorum=False``, wrapped in :class:`SemiSyncReplicaAxis`.
+
+    Raises:
+        ValueError: FT is off, the method is "none", or the quorum mode is not "sync".
+    """
+    ft = job_config.fault_tolerance
+    if not uses_semi_sync(job_config):
+        raise ValueError(
+            "build_semi_sync_axis needs fault_tolerance.enable and a semi_sync_method other "
+            f"than 'none' (got enable={ft.enable}, semi_sync_method={ft.semi_sync_method!r})"
+        )
+    config = sync_config(ft)
+    config.validate()  # before any Manager exists: quorum mode, schedule, outer optimizer
+    per_step_ft = dataclasses.replace(ft, semi_sync_method="none", quorum_mode="sync")
+    managed = build_replica_axis(dataclasses.replace(job_config, fault_tolerance=per_step_ft))
+    if not isinstance(managed, ManagedReplicaAxis):
+        raise RuntimeError(f"expected a ManagedReplicaAxis, got {type(managed).__name__}")
+    return SemiSyncReplicaAxis(managed, config)

@@ -1,0 +1,138 @@
+"""TorchTitan's own ``Trainer``, with the FT replica axis plugged in at three points.
+
+:class:`FaultTolerantTrainer` overrides as little as possible and copies none of
+TorchTitan's training loop:
+
+* ``init_distributed``: after TorchTitan builds the inner mesh, the replica axis is built
+  (:func:`~torchtitan_ft.titan.replica_axis.build_replica_axis`) and the model's TrainSpec is
+  re-registered with a dataloader that reads this replica group's slice. It runs before
+  TorchTitan looks the TrainSpec up and builds the dataloader.
+* ``__init__``: after TorchTitan's own ``__init__`` (the model is parallelized, nothing has
+  run yet), FSDP reductions are made gloo-compatible on CPU, the cross-replica gradient
+  hook is installed, the healed state is registered and the optimizer step is gated by the
+  commit vote (identities when FT is off).
+* ``batch_generator`` / ``train_step``: with FT the dataloader is read through
+  :class:`~torchtitan_ft.titan.data.CommittedBatches` (a discarded step's batches are retried,
+  a healed group moves to the batch its received weights expect) and a discarded step is
+  retried under the same step number.
+* ``checkpointer``: with FT, TorchTitan's ``CheckpointManager`` is wrapped by
+  :class:`~torchtitan_ft.titan.checkpointing.ReplicaCheckpointer` (one writer for the full
+  checkpoint, a reader file per group).
+* ``close``: the replica axis is shut down after TorchTitan's own cleanup.
+"""
+
+from typing import Any
+
+import torch
+from torchtitan.config import JobConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.protocols import train_spec as train_spec_module
+from torchtitan.tools.logging import logger
+from torchtitan.train import Trainer
+
+from torchtitan_ft.titan import cpu_compat
+from torchtitan_ft.titan.checkpointing import ReplicaCheckpointer
+from torchtitan_ft.titan.healing import HealedState
+from torchtitan_ft.titan.replica_axis import NoReplicaAxis, build_replica_axis
+
+_original_specs: dict[str, Any] = {}
+
+
+def original_train_spec(name: str) -> Any:
+    """The TrainSpec ``name`` had before any override by this module."""
+    if name not in _original_specs:
+        _original_specs[name] = train_spec_module.get_train_spec(name)
+    return _original_specs[name]
+
+
+def register_train_spec_override(name: str, spec: Any) -> None:
+    """Make TorchTitan's ``get_train_spec(name)`` return ``spec``.
+
+    User-registered specs take priority over built-in models in TorchTitan 0.2.2; the public
+    ``register_train_spec`` refuses to replace an entry, so the registry dict is set directly.
+    """
+    original_train_spec(name)
+    train_spec_module._extra_train_specs[name] = spec
+
+
+class FaultTolerantTrainer(Trainer):
+    """TorchTitan's Trainer on CPU or GPU, one replica group of an FT job when FT is enabled."""
+
+    replica_axis: NoReplicaAxis
+
+    def __init__(self, job_config: JobConfig) -> None:
+        super().__init__(job_config)
+        changed = cpu_compat.force_sum_reduction(self.model_parts)
+        if changed:
+            logger.info(f"CPU: {changed} FSDP modules reduce with SUM (gloo has no PREMUL_SUM)")
+        hooked = self.replica_axis.install_gradient_sync(self.model_parts)
+        if hooked:
+            logger.info(f"FT: cross-replica gradient all-reduce hooked into {hooked} FSDP units")
+        self.batches = self.replica_axis.track_data(self.dataloader)
+        ledger = self.batches if self.batches is not self.dataloader else None
+        self.healed_state = HealedState(
+            self.model_parts, self.optimizers, self.lr_schedulers, self, ledger
+        )
+        self.replica_axis.register_state(self.healed_state)
+        self.optimizers, self.lr_schedulers = self.replica_axis.gate_step(
+            self.optimizers, self.lr_schedulers
+        )
+        # --- FT metrics hook: ft/* TensorBoard scalars, log prefix (torchtitan_ft.titan.metrics)
+        from torchtitan_ft.titan.metrics import attach_ft_metrics
+
+        self.ft_metrics = attach_ft_metrics(self)
+        # --- end FT metrics hook
+        if ledger is not None:
+            self.checkpointer = ReplicaCheckpointer(
+                self.checkpointer,
+                self.replica_axis,
+                ledger,
+                rank=torch.distributed.get_rank(),
+                keep_latest_k=job_config.checkpoint.keep_latest_k,
+            )
+
+    def batch_generator(self, data_iterable: Any) -> Any:
+        """TorchTitan's, reading the trainer's dataloader through ``self.batches`` (with FT,
+        batches of a discarded step are retried; see ``CommittedBatches``)."""
+        if data_iterable is self.dataloader:
+            data_iterable = self.batches
+        return super().batch_generator(data_iterable)
+
+    def train_step(self, data_iterator: Any) -> None:
+        """TorchTitan's step; a discarded step is retried under the same number, so
+        ``self.step`` counts committed steps (as the Manager, lr schedule and checkpoints do)."""
+        super().train_step(data_iterator)
+        if not self.replica_axis.step_committed():
+            self.step -= 1
+
+    def init_distributed(self) -> ParallelDims:
+        """TorchTitan's init, then the replica axis and its dataloader split."""
+        parallel_dims = super().init_distributed()
+        self.replica_axis = self.build_replica_axis()
+        if self.replica_axis.enabled:
+            name = self.job_config.model.name
+            spec = self.replica_axis.train_spec(original_train_spec(name))
+            register_train_spec_override(name, spec)
+        return parallel_dims
+
+    def build_replica_axis(self) -> NoReplicaAxis:
+        """The replica axis of this process; called once the default process group exists.
+
+        Override point (e.g. a static cross-group gloo group to debug numerics without the
+        Manager); the default comes from
+        :func:`~torchtitan_ft.titan.replica_axis.build_replica_axis`.
+        """
+        # --- semi-sync hook: LocalSGD / DiLoCo drive the step (torchtitan_ft.titan.semi_sync)
+        from torchtitan_ft.titan.semi_sync import build_semi_sync_axis, uses_semi_sync
+
+        if uses_semi_sync(self.job_config):
+            return build_semi_sync_axis(self.job_config)
+        # --- end semi-sync hook
+        return build_replica_axis(self.job_config)
+
+    def close(self) -> None:
+        """TorchTitan's cleanup, then the replica axis."""
+        super().close()
+        axis = getattr(self, "replica_axis", None)
+        if axis is not None:
+            axis.shutdown()

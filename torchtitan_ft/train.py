@@ -1,0 +1,78 @@
+"""Entry point: ``python -m torchtitan_ft.train [TorchTitan args]`` (run_train.sh's TRAIN_FILE).
+
+Order matters, which is why this is a separate module and not ``-m torchtitan.train``:
+
+1. the CPU compatibility fixes (``torchtitan_ft.titan.cpu_compat``) run *at import*, before
+   anything imports TorchTitan (a no-op when CUDA is available);
+2. the project's corpora are registered in TorchTitan's ``DATASETS``;
+3. TOML + CLI are parsed into the extended ``JobConfig`` and validated, before any process
+   group exists (a bad key or value stops every rank with one message);
+4. TorchTitan's own ``Trainer`` (subclassed as ``FaultTolerantTrainer``) trains.
+
+Without ``--job.config_file`` the checkout's ``configs/debug_cpu.toml`` (llama3 debugmodel,
+batch 2 x seq 256, a few steps) is used when it exists.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from torchtitan_ft.titan import cpu_compat
+
+cpu_compat.apply_before_torchtitan_import()
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "debug_cpu.toml"
+"""The embedded default config (present in a source checkout / editable install)."""
+
+
+def with_default_config(args: list[str]) -> list[str]:
+    """``args`` plus ``--job.config_file DEFAULT_CONFIG`` if no config file was given."""
+    from torchtitan_ft.titan.config import config_file_from_args
+
+    if config_file_from_args(args) is None and DEFAULT_CONFIG.exists():
+        return ["--job.config_file", str(DEFAULT_CONFIG), *args]
+    return args
+
+
+def main(argv: list[str] | None = None, trainer_class: type | None = None) -> None:
+    """Parse, validate, train; mirrors ``torchtitan.train.main`` with the plugin's config.
+
+    ``trainer_class`` defaults to ``FaultTolerantTrainer`` (tests pass a subclass).
+    """
+    import torch
+    from torchtitan.tools.logging import init_logger, logger
+
+    from torchtitan_ft.titan.config import ConfigError, parse_job_config
+    from torchtitan_ft.titan.data import register_datasets
+    from torchtitan_ft.titan.trainer import FaultTolerantTrainer
+
+    init_logger()
+    register_datasets()
+    args = with_default_config(list(sys.argv[1:] if argv is None else argv))
+    try:
+        config = parse_job_config(args)
+    except ConfigError as e:
+        raise SystemExit(f"torchtitan_ft: config error: {e}") from None
+
+    trainer: FaultTolerantTrainer | None = None
+    try:
+        trainer = (trainer_class or FaultTolerantTrainer)(config)
+        if config.checkpoint.create_seed_checkpoint:
+            if int(os.environ.get("WORLD_SIZE", "1")) != 1:
+                raise SystemExit("create_seed_checkpoint needs a single process (NGPU=1)")
+            if not config.checkpoint.enable:
+                raise SystemExit("create_seed_checkpoint needs --checkpoint.enable")
+            trainer.checkpointer.save(curr_step=0, last_step=True)
+            logger.info("Created seed checkpoint")
+        else:
+            trainer.train()
+    finally:
+        if trainer is not None:
+            trainer.close()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+        logger.info("Process group destroyed")
+
+
+if __name__ == "__main__":
+    main()
