@@ -204,3 +204,14 @@ class Worker:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
+
+
+def setup() -> dict[str, object]:
+    """The setup both Manager benchmarks share, for their JSON output."""
+    return {
+        "model": "Linear(d,d)-ReLU-Linear(d,d), fp32",
+        "batch": BATCH,
+        "optimizer": f"SGD(lr={LR})",
+        "replica_groups": 2,
+        "processes_per_group": 1,
+    }

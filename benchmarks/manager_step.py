@@ -349,11 +349,7 @@ def main() -> None:
             {
                 "command": command.strip(),
                 "setup": {
-                    "model": "Linear(d,d)-ReLU-Linear(d,d), fp32",
-                    "batch": _mlp.BATCH,
-                    "optimizer": f"SGD(lr={_mlp.LR})",
-                    "replica_groups": 2,
-                    "processes_per_group": 1,
+                    **_mlp.setup(),
                     "torch_threads_per_process": 1,
                     "backend": "gloo, 127.0.0.1",
                     "bucket_cap_mb": 25,

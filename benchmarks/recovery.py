@@ -435,11 +435,7 @@ def main() -> None:
             {
                 "command": command.strip(),
                 "setup": {
-                    "model": "Linear(d,d)-ReLU-Linear(d,d), fp32",
-                    "batch": _mlp.BATCH,
-                    "optimizer": f"SGD(lr={_mlp.LR})",
-                    "replica_groups": 2,
-                    "processes_per_group": 1,
+                    **_mlp.setup(),
                     "lighthouse": "in-process LighthouseServer, min_replicas=1, defaults",
                     "manager": "async quorum, timeout 30 s, HTTPTransport",
                     "kill": "SIGKILL at a random moment of a step after steady training",

@@ -551,6 +551,19 @@ def test_quorum_timeout_when_lighthouse_down() -> None:
 # ------------------------------------------------------------------------------ two replicas
 
 
+def _vote_in_parallel(managers: list[Manager]) -> list[bool]:
+    """Every manager's ``should_commit`` at once (a barrier within each replica group)."""
+    votes: list[bool] = []
+    voters = [
+        threading.Thread(target=lambda m=m: votes.append(m.should_commit())) for m in managers
+    ]
+    for t in voters:
+        t.start()
+    for t in voters:
+        t.join(timeout=30)
+    return votes
+
+
 def _step_both(managers: list[Manager], tensors: list[torch.Tensor] | None = None) -> list[bool]:
     for m in managers:
         m.start_quorum()
@@ -684,13 +697,7 @@ def test_errored_spare_still_joins_with_zeros(lighthouse2: LighthouseServer) -> 
             m.allreduce(torch.full((2,), value)).wait()
         assert torch.equal(pgs[1].seen[-1], torch.zeros(2))
         assert [pg.aborts for pg in pgs] == [0, 0]
-        votes: list[bool] = []
-        voters = [threading.Thread(target=lambda m=m: votes.append(m.should_commit()))
-                  for m in managers]  # fmt: skip
-        for t in voters:
-            t.start()
-        for t in voters:
-            t.join(timeout=30)
+        votes = _vote_in_parallel(managers)
         assert sorted(votes) == [False, True]
     finally:
         for m in managers:
@@ -752,13 +759,7 @@ def test_quantized_allreduce_through_real_process_groups(lighthouse2: Lighthouse
         for t in threads:
             t.join(timeout=30)
         assert [m.errored() for m in managers] == [None, None]
-        votes: list[bool] = []
-        voters = [threading.Thread(target=lambda m=m: votes.append(m.should_commit()))
-                  for m in managers]  # fmt: skip
-        for t in voters:
-            t.start()
-        for t in voters:
-            t.join(timeout=30)
+        votes = _vote_in_parallel(managers)
         assert votes == [True, True]
     finally:
         for m in managers:

@@ -149,37 +149,14 @@ def test_ft_job_writes_ft_scalars_per_replica_group(tmp_path: Path) -> None:
     (init_sync) reports one heal and the bytes it received."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tests.titan.test_train_run import ROOT, run_train
-    from torchtitan_ft.lighthouse import LighthouseServer
+    from tests.titan.test_train_run import ROOT, run_ft_groups
 
     steps = 3
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
-    procs = []
-    try:
-        for r in range(2):
-            procs.append(
-                run_train(
-                    tmp_path / f"replica{r}",
-                    1,
-                    steps,
-                    f"--fault_tolerance.replica_id={r}",
-                    "--metrics.enable_tensorboard",
-                    env={
-                        "CONFIG_FILE": str(ROOT / "configs" / "debug_ft_cpu.toml"),
-                        "TORCHFT_LIGHTHOUSE": lighthouse.address(),
-                    },
-                    wait=False,
-                )
-            )
-        outputs = [p.communicate(timeout=240)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        lighthouse.shutdown()
+    outputs = run_ft_groups(
+        tmp_path, 1, steps, ROOT / "configs" / "debug_ft_cpu.toml", "--metrics.enable_tensorboard"
+    )
     scalars = []
-    for r, (p, output) in enumerate(zip(procs, outputs, strict=True)):
-        assert p.returncode == 0, output[-4000:]
+    for r, output in enumerate(outputs):
         assert f"[replica {r} rank 0 step {steps}]" in output, output[-4000:]
         (run_dir,) = (tmp_path / f"replica{r}" / "outputs" / "tb").glob(f"*/replica_{r}")
         events = EventAccumulator(str(run_dir))

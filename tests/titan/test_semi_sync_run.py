@@ -8,12 +8,11 @@ parameters, so the test can compare the groups.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.titan.test_train_run import ROOT, run_train, step_metrics
+from tests.titan.test_train_run import ROOT, run_ft_groups, step_metrics
 
 CONFIGS = ROOT / "configs"
 TRAIN_MODULE = "tests.titan.test_semi_sync_run"
@@ -81,34 +80,8 @@ def test_semi_sync_needs_a_sync_quorum() -> None:
 
 
 def _run_groups(tmp_path: Path, config: str, steps: int) -> list[str]:
-    from torchtitan_ft.lighthouse import LighthouseServer
-
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
-    procs: list[subprocess.Popen] = []
-    try:
-        for r in range(2):
-            procs.append(
-                run_train(
-                    tmp_path / f"replica{r}",
-                    1,
-                    steps,
-                    f"--fault_tolerance.replica_id={r}",
-                    env={
-                        "CONFIG_FILE": str(CONFIGS / config),
-                        "TORCHFT_LIGHTHOUSE": lighthouse.address(),
-                        "TRAIN_FILE": TRAIN_MODULE,
-                    },
-                    wait=False,
-                )
-            )
-        outputs = [p.communicate(timeout=240)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        lighthouse.shutdown()
-    for p, output in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, output[-4000:]
+    outputs = run_ft_groups(tmp_path, 1, steps, CONFIGS / config, env={"TRAIN_FILE": TRAIN_MODULE})
+    for output in outputs:
         assert "cross-replica gradient all-reduce hooked" not in output
     return outputs
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from torchtitan_ft.lighthouse import LighthouseServer
+
 ROOT = Path(__file__).resolve().parents[2]
 STEP_LINE = re.compile(r"\[rank(\d+)\]:.*step:\s*(\d+)\s+loss:\s*([\d.]+)\s+grad_norm:\s*([\d.]+)")
 
@@ -55,6 +57,45 @@ def run_train(
     return subprocess.run(command, timeout=timeout, check=False, **kwargs)
 
 
+def run_ft_groups(
+    tmp_path: Path,
+    ngpu: int,
+    steps: int,
+    config: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+) -> list[str]:
+    """Runs 2 replica groups of ``run_train.sh`` with FT against a fresh lighthouse
+    (min_replicas 2); asserts each exited 0 and returns their outputs (group ``r`` runs in
+    ``tmp_path / f"replica{r}"`` with ``--fault_tolerance.replica_id=r``)."""
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
+    group_env = {"CONFIG_FILE": str(config), "TORCHFT_LIGHTHOUSE": lighthouse.address()}
+    procs: list[subprocess.Popen] = []
+    try:
+        for r in range(2):
+            procs.append(
+                run_train(
+                    tmp_path / f"replica{r}",
+                    ngpu,
+                    steps,
+                    f"--fault_tolerance.replica_id={r}",
+                    *args,
+                    env={**group_env, **(env or {})},
+                    wait=False,
+                )
+            )
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        lighthouse.shutdown()
+    for p, output in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, output[-4000:]
+    return outputs
+
+
 def step_metrics(output: str, rank: int = 0) -> dict[int, tuple[float, float]]:
     """{step: (loss, grad_norm)} logged by ``rank``."""
     return {
@@ -90,8 +131,6 @@ def test_ft_replica_groups_reproduce_native_hsdp(tmp_path: Path) -> None:
 
     ``init_sync`` is off: both groups initialise from the same seed, and with an async quorum a
     group healing at step 0 would sit out that step's gradient average."""
-    from torchtitan_ft.lighthouse import LighthouseServer
-
     steps = 3
     native = run_train(
         tmp_path / "native",
@@ -102,28 +141,10 @@ def test_ft_replica_groups_reproduce_native_hsdp(tmp_path: Path) -> None:
     )
     native_metrics = _assert_trained_quietly(native, steps)
 
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
-    try:
-        groups = [
-            run_train(
-                tmp_path / f"replica{r}",
-                2,
-                steps,
-                f"--fault_tolerance.replica_id={r}",
-                "--fault_tolerance.no-init_sync",
-                env={
-                    "CONFIG_FILE": str(ROOT / "configs" / "debug_ft_cpu.toml"),
-                    "TORCHFT_LIGHTHOUSE": lighthouse.address(),
-                },
-                wait=False,
-            )
-            for r in range(2)
-        ]
-        outputs = [g.communicate(timeout=150)[0] for g in groups]
-    finally:
-        lighthouse.shutdown()
-    for group, output in zip(groups, outputs, strict=True):
-        assert group.returncode == 0, output[-4000:]
+    outputs = run_ft_groups(
+        tmp_path, 2, steps, ROOT / "configs" / "debug_ft_cpu.toml", "--fault_tolerance.no-init_sync"
+    )
+    for output in outputs:
         assert output.count("should_commit=True") >= steps, output[-4000:]
     per_group = [step_metrics(o) for o in outputs]
     for step in range(1, steps + 1):
