@@ -16,15 +16,21 @@ with ``--outer-lr/--outer-momentum/--no-nesterov``): at H = 10 over a few hundre
 paper's momentum 0.9 (tuned for H = 500) overshoots; a 600-step sweep on this setup gave
 +3.3% (m 0.9), +0.4% (m 0.5), +0.1% (lr 1.0, no momentum) validation loss vs per-step.
 
-Reported per run: bytes one replica group sent to the other per inner step (``wire``: what a
-ring allreduce sends, ``2 (N-1)/N`` of the fp32 payload; the exact int8 buffers for the
-quantized path), the ratio to per-step, and the held-out loss of the final (global) model.
+The parts are the real ones: each replica group is its own process
+(``benchmarks._semi_sync_worker``, started from a forkserver that preloaded torch) with a
+``torchtitan_ft.manager.Manager`` (sync quorum, ``init_sync``, HTTP checkpoint transport) over
+a gloo ``ProcessGroupGloo``, and each run has its own ``LighthouseServer`` in this process; all
+on 127.0.0.1. Both groups seed the model alike, as before.
 
-The replica groups are **simulated in one process** (``torchtitan_ft.semi_sync.simulated``:
-threads, an in-process allreduce and quorum, no sockets) — the JSON says so under ``setup``.
-The strategy code is the production code; the Manager is the simulator's.
+Bytes are measured: the process group handed to the Manager counts the bytes of the tensors
+passed to each collective (``payload``: the Manager's ``allreduce``, or for int8 the quantized
+allreduce's ``alltoall_base`` + ``allgather``). ``sent_..._estimate`` applies each
+collective's algorithm to those counts (ring allreduce ``2 (N-1)/N`` of the payload, alltoall
+``(N-1)/N``, allgather ``N-1`` times): the bytes one group sends to the other. Both per inner
+step, with their ratio to per-step. The loss is the held-out loss of each group's final model
+(the global model: ``--steps`` must be a multiple of every H).
 
-    python -m benchmarks.semi_sync [--steps 300] [--quick]
+    python -m benchmarks.semi_sync [--steps 600] [--streaming] [--quick]
 """
 
 from __future__ import annotations
@@ -32,74 +38,33 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing as mp
+import os
+import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from torchtitan_ft.semi_sync import (
-    DiLoCo,
-    OuterOptimizerConfig,
-    PerStepSync,
-    QuorumMode,
-    SyncStrategy,
-    split_model,
-)
-from torchtitan_ft.semi_sync.simulated import SimulatedReplicaGroups
+from benchmarks._semi_sync_worker import HOST, ReplicaJob, Setup, StrategySpec, replica_group
+from torchtitan_ft.semi_sync import OuterOptimizerConfig
 
 NUM_REPLICAS = 2
+QUICK_STEPS = 100
+PAPER_OUTER = OuterOptimizerConfig(lr=0.7, momentum=0.9, nesterov=True)
+_PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "torch.optim",
+    "torchtitan_ft.manager",
+    "benchmarks._semi_sync_worker",
+]
+"""Imported once by the forkserver (~3 s a process otherwise)."""
 
 
-# ------------------------------------------------------------------ model and data
-
-
-class Block(nn.Module):
-    """Pre-norm causal self-attention + MLP."""
-
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.attention_norm = nn.LayerNorm(dim)
-        self.attention = nn.MultiheadAttention(dim, heads, batch_first=True, bias=False)
-        self.ffn_norm = nn.LayerNorm(dim)
-        self.feed_forward = nn.Sequential(
-            nn.Linear(dim, 4 * dim, bias=False), nn.GELU(), nn.Linear(4 * dim, dim, bias=False)
-        )
-
-    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = self.attention_norm(h)
-        h = h + self.attention(x, x, x, attn_mask=mask, need_weights=False)[0]
-        return h + self.feed_forward(self.ffn_norm(h))
-
-
-class TinyLM(nn.Module):
-    """A small llama-shaped LM (``tok_embeddings``, ``layers``, ``norm``, ``output``)."""
-
-    def __init__(self, vocab: int, dim: int, layers: int, heads: int, seq_len: int) -> None:
-        super().__init__()
-        self.tok_embeddings = nn.Embedding(vocab, dim)
-        self.pos_embeddings = nn.Embedding(seq_len, dim)
-        self.layers = nn.ModuleDict({str(i): Block(dim, heads) for i in range(layers)})
-        self.norm = nn.LayerNorm(dim)
-        self.output = nn.Linear(dim, vocab, bias=False)
-        mask = torch.triu(torch.full((seq_len, seq_len), float("-inf")), diagonal=1)
-        self.register_buffer("mask", mask, persistent=False)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        t = tokens.shape[1]
-        h = self.tok_embeddings(tokens) + self.pos_embeddings.weight[:t]
-        for layer in self.layers.values():
-            h = layer(h, self.mask[:t, :t])
-        return self.output(self.norm(h))
-
-
-def lm_loss(model: nn.Module, seqs: torch.Tensor) -> torch.Tensor:
-    """Next-token cross entropy over ``seqs`` [batch, seq_len + 1]."""
-    logits = model(seqs[:, :-1])
-    return nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), seqs[:, 1:].reshape(-1)
-    )
+# ------------------------------------------------------------------ data
 
 
 def token_stream(seed: int, documents: int) -> torch.Tensor:
@@ -113,21 +78,6 @@ def token_stream(seed: int, documents: int) -> torch.Tensor:
     for text in generate_corpus(seed, documents):
         ids.extend(tok.encode(text).ids)
     return torch.tensor(ids, dtype=torch.long)
-
-
-@dataclass
-class Setup:
-    """Model and training sizes (the same for every strategy)."""
-
-    dim: int = 96
-    layers: int = 2
-    heads: int = 4
-    seq_len: int = 64
-    batch: int = 8
-    """Sequences per replica group per inner step."""
-    inner_lr: float = 3e-3
-    steps: int = 300
-    seed: int = 0
 
 
 def batches(stream: torch.Tensor, setup: Setup) -> torch.Tensor:
@@ -146,155 +96,187 @@ def batches(stream: torch.Tensor, setup: Setup) -> torch.Tensor:
 
 def run(
     name: str,
+    strategy: StrategySpec,
     setup: Setup,
-    data: torch.Tensor,
-    validation: torch.Tensor,
-    make_strategy: Any,
+    data_path: Path,
+    threads: int,
+    timeout_s: float,
 ) -> dict[str, Any]:
-    """Trains NUM_REPLICAS simulated replica groups with the strategy ``make_strategy`` builds."""
-    import threading
+    """Trains NUM_REPLICAS replica-group processes against a fresh lighthouse."""
+    from torchtitan_ft.lighthouse import LighthouseServer
 
-    groups = SimulatedReplicaGroups(NUM_REPLICAS)
-    models, opts, strategies = [], [], []
-    vocab = int(max(data.max(), validation.max())) + 1
-    for r in range(NUM_REPLICAS):
-        torch.manual_seed(setup.seed)
-        model = TinyLM(max(vocab, 2000), setup.dim, setup.layers, setup.heads, setup.seq_len)
-        opt = torch.optim.AdamW(model.parameters(), lr=setup.inner_lr, weight_decay=0.0)
-        models.append(model)
-        opts.append(opt)
-        strategies.append(make_strategy(groups.manager(str(r)), model, opt))
-    losses = [[0.0] * setup.steps for _ in range(NUM_REPLICAS)]
-    errors: list[BaseException] = []
-
-    def replica(r: int) -> None:
-        strategy: SyncStrategy = strategies[r]
-        try:
-            for step in range(setup.steps):
-                strategy.start_step()
-                loss = lm_loss(models[r], data[step, r])
-                loss.backward()
-                if strategy.before_step():
-                    opts[r].step()
-                strategy.after_step()
-                opts[r].zero_grad()
-                losses[r][step] = loss.item()
-        except BaseException as e:  # re-raised in the main thread
-            errors.append(e)
-
+    ctx = mp.get_context("forkserver")
+    out = [data_path.parent / f"{name}_{r}.json" for r in range(NUM_REPLICAS)]
     start = time.perf_counter()
-    threads = [threading.Thread(target=replica, args=(r,)) for r in range(NUM_REPLICAS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
-    if errors:
-        raise errors[0]
-    with torch.no_grad():
-        val = [lm_loss(m, validation).item() for m in models]
-    params = sum(p.numel() for p in models[0].parameters())
-    wire = groups.wire_bytes("0")
-    tail = max(1, setup.steps // 10)
+    lighthouse = LighthouseServer(bind=f"{HOST}:0", min_replicas=NUM_REPLICAS)
+    try:
+        procs = []
+        for r in range(NUM_REPLICAS):
+            job = ReplicaJob(
+                replica=r,
+                replica_groups=NUM_REPLICAS,
+                lighthouse=lighthouse.address(),
+                setup=setup,
+                strategy=strategy,
+                data_path=str(data_path),
+                out_path=str(out[r]),
+                threads=threads,
+                timeout_s=timeout_s,
+            )
+            procs.append(ctx.Process(target=replica_group, args=(job,), daemon=True))
+            procs[-1].start()
+        # ~1 s a step: several times a per-step step on a loaded 2-core machine (~0.12 s).
+        _join(procs, deadline=time.monotonic() + 60 + setup.steps)
+    finally:
+        lighthouse.shutdown()
+    wall = time.perf_counter() - start
+    if any(p.exitcode != 0 for p in procs):
+        raise RuntimeError(f"{name}: replica exit codes {[p.exitcode for p in procs]}")
+    groups = [json.loads(path.read_text()) for path in out]
+    return _summarize(name, setup, groups, wall)
+
+
+def _join(procs: list[Any], deadline: float) -> None:
+    for p in procs:
+        p.join(max(1.0, deadline - time.monotonic()))
+    stuck = [p for p in procs if p.is_alive()]
+    for p in stuck:
+        p.kill()
+        p.join()
+    if stuck:
+        raise TimeoutError(f"replica processes {[p.pid for p in stuck]} did not finish in time")
+
+
+def _summarize(
+    name: str, setup: Setup, groups: list[dict[str, Any]], wall: float
+) -> dict[str, Any]:
+    """One run's figures: group 0's bytes (each group's totals are listed too), mean losses."""
+
+    def total(group: dict[str, Any], field: str) -> int:
+        return sum(op[field] for op in group["collectives"].values())
+
+    first = groups[0]
+    val = [g["validation_loss"] for g in groups]
     return {
         "name": name,
-        "parameters": params,
-        "wire_bytes_total": wire,
-        "wire_bytes_per_inner_step": wire / setup.steps,
-        "payload_bytes_per_inner_step": strategies[0].stats.payload_bytes / setup.steps,
-        "syncs_committed": strategies[0].stats.syncs_committed,
+        "parameters": first["parameters"],
+        "payload_bytes_per_inner_step": total(first, "payload_bytes") / setup.steps,
+        "sent_bytes_per_inner_step_estimate": total(first, "sent_bytes_estimate") / setup.steps,
+        "payload_bytes_total_per_group": [total(g, "payload_bytes") for g in groups],
+        "collectives": first["collectives"],
+        "syncs_committed": first["syncs_committed"],
+        "syncs_failed": [g["syncs_failed"] for g in groups],
+        "manager_step": [g["manager_step"] for g in groups],
         "validation_loss": sum(val) / len(val),
         "validation_loss_per_replica": val,
-        "train_loss_last_10pct": sum(sum(ls[-tail:]) / tail for ls in losses) / NUM_REPLICAS,
-        "replicas_identical": all(
-            torch.equal(a, b)
-            for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True)
-        ),
-        "seconds": round(elapsed, 2),
+        "train_loss_last_10pct": sum(g["train_loss_last_10pct"] for g in groups) / len(groups),
+        "replicas_identical": len({g["params_sha1"] for g in groups}) == 1,
+        "train_seconds": round(max(g["train_seconds"] for g in groups), 2),
+        "wall_seconds": round(wall, 2),
     }
+
+
+# ------------------------------------------------------------------ main
+
+
+def _runs(args: argparse.Namespace, outer: OuterOptimizerConfig) -> list[tuple[str, StrategySpec]]:
+    def diloco(h: int, **kwargs: Any) -> StrategySpec:
+        kwargs.setdefault("outer", outer)
+        return StrategySpec("diloco", sync_every=h, **kwargs)
+
+    runs = [
+        ("per_step", StrategySpec("per_step")),
+        ("diloco_h10", diloco(10)),
+        ("diloco_h50", diloco(50)),
+        ("diloco_h10_int8", diloco(10, quantize=True)),
+        ("diloco_h10_paper_outer", diloco(10, outer=PAPER_OUTER)),
+    ]
+    if args.streaming:
+        runs.append(("streaming_h10_f2_tau1", diloco(10, fragments=2, fragment_sync_delay=1)))
+    if args.only is not None:
+        runs = [r for r in runs if r[0] == "per_step" or r[0] in args.only]
+    return runs
 
 
 def main(argv: list[str] | None = None) -> None:
     """Runs every strategy and prints one JSON document."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=300, help="inner steps per run")
+    parser.add_argument("--steps", type=int, default=Setup.steps, help="inner steps per run")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{QUICK_STEPS} steps (a smoke run, ~1-2 min)"
+    )
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--outer-momentum", type=float, default=0.5)
     parser.add_argument("--no-nesterov", action="store_true")
     parser.add_argument("--streaming", action="store_true", help="also run Streaming DiLoCo")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument(
+        "--timeout-s", type=float, default=60.0, help="the Managers' collective timeout"
+    )
+    parser.add_argument(
         "--only", nargs="*", default=None, help="run only these (per_step always runs)"
     )
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    setup = Setup(steps=args.steps)
-    from torchtitan_ft.titan.data import TRAIN_SEED, VALIDATION_SEED
-
-    stream = token_stream(TRAIN_SEED, 3000)
-    data = batches(stream, setup)
-    val_stream = token_stream(VALIDATION_SEED, 100)
-    width = setup.seq_len + 1
-    validation = val_stream[: 64 * width].view(64, width)
+    steps = QUICK_STEPS if args.quick else args.steps
     outer = OuterOptimizerConfig(
         lr=args.outer_lr, momentum=args.outer_momentum, nesterov=not args.no_nesterov
     )
+    runs = _runs(args, outer)
+    horizons = {spec.sync_every for _, spec in runs}
+    if any(steps % h for h in horizons):
+        parser.error(f"--steps {steps} must be a multiple of every H ({sorted(horizons)})")
+    started = time.time()
+    load_before = os.getloadavg()
+    from torchtitan_ft.titan.data import TRAIN_SEED, VALIDATION_SEED
 
-    def per_step(mgr: Any, model: nn.Module, opt: Any) -> SyncStrategy:
-        return PerStepSync(mgr, model.parameters())
-
-    paper_outer = OuterOptimizerConfig(lr=0.7, momentum=0.9, nesterov=True)
-
-    def diloco(
-        h: int,
-        quantize: bool = False,
-        fragments: int = 1,
-        tau: int = 0,
-        outer_cfg: OuterOptimizerConfig = outer,
-    ) -> Any:
-        def make(mgr: Any, model: nn.Module, opt: Any) -> SyncStrategy:
-            return DiLoCo(
-                mgr,
-                split_model(model, fragments),
-                opt,
-                outer_cfg,
-                h,
-                should_quantize=quantize,
-                fragment_sync_delay=tau,
-                quorum_mode=QuorumMode.SYNC,
-            )
-
-        return make
-
-    runs = [
-        ("per_step", per_step),
-        ("diloco_h10", diloco(10)),
-        ("diloco_h50", diloco(50)),
-        ("diloco_h10_int8", diloco(10, quantize=True)),
-        ("diloco_h10_paper_outer", diloco(10, outer_cfg=paper_outer)),
-    ]
-    if args.streaming:
-        runs.append(("streaming_h10_f2_tau1", diloco(10, fragments=2, tau=1)))
-    if args.only is not None:
-        runs = [r for r in runs if r[0] == "per_step" or r[0] in args.only]
-    results = [run(name, setup, data, validation, make) for name, make in runs]
+    stream = token_stream(TRAIN_SEED, 3000)
+    val_stream = token_stream(VALIDATION_SEED, 100)
+    setup = Setup(
+        vocab=max(int(max(stream.max(), val_stream.max())) + 1, 2000),
+        steps=steps,
+    )
+    width = setup.seq_len + 1
+    validation = val_stream[: 64 * width].view(64, width)
+    mp.get_context("forkserver").set_forkserver_preload(_PRELOAD)
+    with tempfile.TemporaryDirectory(prefix="semi_sync_") as tmp:
+        data_path = Path(tmp) / "data.pt"
+        torch.save({"train": batches(stream, setup), "validation": validation}, data_path)
+        results = []
+        for name, spec in runs:
+            results.append(run(name, spec, setup, data_path, args.threads, args.timeout_s))
+            print(f"{name} done: {results[-1]['wall_seconds']} s", file=sys.stderr)
     base = results[0]
     for r in results:
-        r["wire_ratio_to_per_step"] = (
-            r["wire_bytes_per_inner_step"] / base["wire_bytes_per_inner_step"]
+        r["payload_ratio_to_per_step"] = (
+            r["payload_bytes_per_inner_step"] / base["payload_bytes_per_inner_step"]
+        )
+        r["sent_ratio_to_per_step_estimate"] = (
+            r["sent_bytes_per_inner_step_estimate"] / base["sent_bytes_per_inner_step_estimate"]
         )
         r["validation_loss_vs_per_step"] = r["validation_loss"] / base["validation_loss"] - 1
     print(
         json.dumps(
             {
                 "benchmark": "semi_sync",
+                "command": " ".join(["python -m benchmarks.semi_sync", *sys.argv[1:]]).strip(),
                 "setup": {
                     "replica_groups": NUM_REPLICAS,
-                    "simulated": True,
-                    "transport": "in-process simulation (threads; SimulatedReplicaGroups), "
-                    "ring-allreduce byte model for fp32, exact buffers for int8",
+                    "simulated": False,
+                    "processes": f"{NUM_REPLICAS} processes per run, one per replica group "
+                    "(1 rank each), started from a forkserver that preloaded torch",
+                    "manager": "torchtitan_ft.manager.Manager, sync quorum, init_sync, "
+                    f"min_replica_size {NUM_REPLICAS}, HTTPTransport",
+                    "lighthouse": "torchtitan_ft.lighthouse.LighthouseServer in the benchmark "
+                    f"process, {HOST}, min_replicas {NUM_REPLICAS}, a fresh one per run",
+                    "process_group": f"torchtitan_ft.process_group.ProcessGroupGloo on {HOST}, "
+                    "subclassed to count the bytes of the tensors handed to allreduce, "
+                    "alltoall_base and allgather",
+                    "bytes": "payload: measured (tensor bytes handed to the cross-group "
+                    "process group, group 0); sent_..._estimate: payload x the collective's "
+                    "bytes per rank (ring allreduce 2(N-1)/N, alltoall (N-1)/N, "
+                    "allgather N-1); framing not counted",
                     "model": f"causal LM dim {setup.dim}, {setup.layers} layers, "
-                    f"seq {setup.seq_len}, {base['parameters']} parameters",
+                    f"seq {setup.seq_len}, vocab {setup.vocab}, {base['parameters']} parameters",
                     "tokens_per_run": setup.steps * NUM_REPLICAS * setup.batch * setup.seq_len,
                     "inner_optimizer": f"AdamW lr {setup.inner_lr}",
                     "outer_optimizer": {
@@ -307,9 +289,12 @@ def main(argv: list[str] | None = None) -> None:
                     "steps": setup.steps,
                     "corpus": "torchtitan_ft.titan.data.generate_corpus (train seed), "
                     "validation: 64 sequences of the validation seed",
-                    "torch_threads": args.threads,
+                    "torch_threads_per_process": args.threads,
+                    "load_average_1_5_15_at_start": [round(x, 2) for x in load_before],
+                    "load_average_1_5_15_at_end": [round(x, 2) for x in os.getloadavg()],
                 },
                 "results": results,
+                "wall_s": round(time.time() - started, 1),
             },
             indent=2,
         )

@@ -1,0 +1,309 @@
+"""One replica group of ``benchmarks.semi_sync``: its own process, the real Manager, gloo.
+
+``replica_group(job)`` is the target of a process started from a forkserver (the benchmark's
+main process runs the lighthouse's gRPC threads, so it must not fork itself). The process builds
+the model from the run's seed (the same in every group), a ``torchtitan_ft.manager.Manager``
+(sync quorum, talking to the lighthouse at ``job.lighthouse``) over a
+``CountingProcessGroupGloo``, and the run's sync strategy; trains ``job.setup.steps`` inner
+steps on its shard of the batches; and writes a JSON result (bytes handed to the cross-group
+process group, losses, a hash of the final parameters) to ``job.out_path``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from torchtitan_ft.process_group import ProcessGroupGloo
+from torchtitan_ft.semi_sync import OuterOptimizerConfig
+
+HOST = "127.0.0.1"
+
+
+# ------------------------------------------------------------------ model
+
+
+class Block(nn.Module):
+    """Pre-norm causal self-attention + MLP."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(dim)
+        self.attention = nn.MultiheadAttention(dim, heads, batch_first=True, bias=False)
+        self.ffn_norm = nn.LayerNorm(dim)
+        self.feed_forward = nn.Sequential(
+            nn.Linear(dim, 4 * dim, bias=False), nn.GELU(), nn.Linear(4 * dim, dim, bias=False)
+        )
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.attention_norm(h)
+        h = h + self.attention(x, x, x, attn_mask=mask, need_weights=False)[0]
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class TinyLM(nn.Module):
+    """A small llama-shaped LM (``tok_embeddings``, ``layers``, ``norm``, ``output``)."""
+
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, seq_len: int) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.pos_embeddings = nn.Embedding(seq_len, dim)
+        self.layers = nn.ModuleDict({str(i): Block(dim, heads) for i in range(layers)})
+        self.norm = nn.LayerNorm(dim)
+        self.output = nn.Linear(dim, vocab, bias=False)
+        mask = torch.triu(torch.full((seq_len, seq_len), float("-inf")), diagonal=1)
+        self.register_buffer("mask", mask, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.shape[1]
+        h = self.tok_embeddings(tokens) + self.pos_embeddings.weight[:t]
+        for layer in self.layers.values():
+            h = layer(h, self.mask[:t, :t])
+        return self.output(self.norm(h))
+
+
+def lm_loss(model: nn.Module, seqs: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy over ``seqs`` [batch, seq_len + 1]."""
+    logits = model(seqs[:, :-1])
+    return nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), seqs[:, 1:].reshape(-1)
+    )
+
+
+# ------------------------------------------------------------------ run description
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Model and training sizes (the same for every strategy)."""
+
+    vocab: int = 2000
+    """Embedding rows: at least the corpus's largest token id + 1."""
+    dim: int = 96
+    """Model width."""
+    layers: int = 2
+    """Transformer blocks."""
+    heads: int = 4
+    """Attention heads per block."""
+    seq_len: int = 64
+    """Tokens per training sequence (each window holds ``seq_len + 1`` for the targets)."""
+    batch: int = 8
+    """Sequences per replica group per inner step."""
+    inner_lr: float = 3e-3
+    """AdamW learning rate of the inner (local) optimizer."""
+    steps: int = 600
+    """Inner steps per run."""
+    seed: int = 0
+    """Model init seed, the same in every replica group."""
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """Which sync strategy a run uses (built inside the replica group's process)."""
+
+    kind: Literal["per_step", "diloco"]
+    """``per_step``: ``PerStepSync`` (gradients averaged every step); ``diloco``: ``DiLoCo``."""
+    sync_every: int = 1
+    """DiLoCo's H: inner steps between syncs of each fragment."""
+    quantize: bool = False
+    """DiLoCo: int8 pseudo-gradients (``should_quantize``)."""
+    fragments: int = 1
+    """DiLoCo: model fragments (> 1: Streaming DiLoCo)."""
+    fragment_sync_delay: int = 0
+    """Streaming DiLoCo's tau."""
+    outer: OuterOptimizerConfig = field(default_factory=OuterOptimizerConfig)
+    """DiLoCo's outer optimizer."""
+
+
+@dataclass(frozen=True)
+class ReplicaJob:
+    """Everything one replica-group process needs."""
+
+    replica: int
+    """Replica group number (the replica id is ``replica_{replica}``)."""
+    replica_groups: int
+    """Replica groups in the run: the lighthouse's and the Manager's ``min_replica_size``."""
+    lighthouse: str
+    setup: Setup
+    strategy: StrategySpec
+    data_path: str
+    """``torch.save``d ``{"train": [steps, replicas, batch, seq_len + 1], "validation": ...}``."""
+    out_path: str
+    threads: int
+    """torch intra-op threads."""
+    timeout_s: float
+    """The Manager's collective timeout; its quorum timeout is twice that."""
+
+
+# ------------------------------------------------------------------ byte counting
+
+
+@dataclass
+class OpBytes:
+    """What one kind of collective was handed on this rank."""
+
+    calls: int = 0
+    payload_bytes: int = 0
+    """Bytes of the input tensors."""
+    sent_bytes_estimate: int = 0
+    """Bytes this rank sends to the others under the collective's usual algorithm."""
+
+
+class CountingProcessGroupGloo(ProcessGroupGloo):
+    """``ProcessGroupGloo`` that adds up the bytes of the tensors handed to its collectives.
+
+    The Manager's cross-group collectives are ``allreduce`` (full precision) and, with
+    ``should_quantize``, ``alltoall_base`` + ``allgather`` (``torchtitan_ft.quantization``).
+    ``sent_bytes_estimate`` applies each algorithm's bytes per rank to the measured payload,
+    for N ranks: ring allreduce ``2 (N-1)/N`` of it; alltoall with equal splits ``(N-1)/N``
+    of its input (the rest stays here); allgather ``N-1`` times its input. Framing and
+    transport headers are not counted.
+    """
+
+    def __init__(self, timeout: timedelta) -> None:
+        super().__init__(timeout=timeout)
+        self.ops = {op: OpBytes() for op in ("allreduce", "alltoall_base", "allgather")}
+
+    def _count(self, op: str, tensors: list[torch.Tensor], sent_num: int, sent_den: int) -> None:
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        counts = self.ops[op]
+        counts.calls += 1
+        counts.payload_bytes += nbytes
+        counts.sent_bytes_estimate += nbytes * sent_num // sent_den
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        n = self.size()
+        self._count("allreduce", tensors, 2 * (n - 1), n)
+        return super().allreduce(tensors, opts)
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> Any:
+        if input_split_sizes:  # the quantized allreduce always splits evenly
+            raise NotImplementedError("counting supports equal alltoall splits only")
+        n = self.size()
+        self._count("alltoall_base", [input], n - 1, n)
+        return super().alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def allgather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> Any:
+        self._count("allgather", input_tensors, self.size() - 1, 1)
+        return super().allgather(output_tensors, input_tensors, opts)
+
+
+# ------------------------------------------------------------------ the replica group
+
+
+def _build_strategy(spec: StrategySpec, manager: Any, model: nn.Module, opt: Any) -> Any:
+    from torchtitan_ft.semi_sync import DiLoCo, PerStepSync, QuorumMode, split_model
+
+    if spec.kind == "per_step":
+        return PerStepSync(manager, model.parameters())
+    return DiLoCo(
+        manager,
+        split_model(model, spec.fragments),
+        opt,
+        spec.outer,
+        spec.sync_every,
+        should_quantize=spec.quantize,
+        fragment_sync_delay=spec.fragment_sync_delay,
+        quorum_mode=QuorumMode.SYNC,
+    )
+
+
+def _params_sha1(model: nn.Module) -> str:
+    digest = hashlib.sha1()
+    for p in model.parameters():
+        digest.update(p.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def replica_group(job: ReplicaJob) -> None:
+    """Trains one replica group for the run and writes its result to ``job.out_path``."""
+    from torchtitan_ft.manager import Manager
+
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s r{job.replica} %(message)s")
+    torch.set_num_threads(job.threads)
+    setup = job.setup
+    data = torch.load(job.data_path)
+    train, validation = data["train"][:, job.replica], data["validation"]
+
+    torch.manual_seed(setup.seed)
+    model = TinyLM(setup.vocab, setup.dim, setup.layers, setup.heads, setup.seq_len)
+    opt = torch.optim.AdamW(model.parameters(), lr=setup.inner_lr, weight_decay=0.0)
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": opt.state_dict()}
+
+    def load_state_dict(sd: dict[str, Any]) -> None:
+        model.load_state_dict(sd["model"])
+        opt.load_state_dict(sd["optim"])
+
+    timeout = timedelta(seconds=job.timeout_s)
+    pg = CountingProcessGroupGloo(timeout)
+    manager = Manager(
+        pg=pg,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        min_replica_size=job.replica_groups,
+        use_async_quorum=False,
+        timeout=timeout,
+        quorum_timeout=2 * timeout,
+        connect_timeout=timeout,
+        rank=0,
+        world_size=1,
+        store_addr=HOST,
+        store_port=0,
+        lighthouse_addr=job.lighthouse,
+        replica_id=f"replica_{job.replica}",
+        hostname=HOST,
+    )
+    strategy = _build_strategy(job.strategy, manager, model, opt)
+
+    losses = []
+    start = time.perf_counter()
+    for step in range(setup.steps):
+        strategy.start_step()
+        loss = lm_loss(model, train[step])
+        loss.backward()
+        if strategy.before_step():
+            opt.step()
+        strategy.after_step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    train_s = time.perf_counter() - start
+
+    with torch.no_grad():
+        validation_loss = lm_loss(model, validation).item()
+    tail = max(1, setup.steps // 10)
+    result = {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "collectives": {op: asdict(counts) for op, counts in pg.ops.items()},
+        "syncs_committed": strategy.stats.syncs_committed,
+        "syncs_failed": strategy.stats.syncs_failed,
+        "manager_step": manager.current_step(),
+        "validation_loss": validation_loss,
+        "train_loss_last_10pct": sum(losses[-tail:]) / tail,
+        "params_sha1": _params_sha1(model),
+        "train_seconds": train_s,
+    }
+    with open(job.out_path, "w") as f:
+        json.dump(result, f)
+    manager.shutdown()
