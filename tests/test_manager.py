@@ -10,6 +10,7 @@ real implementations are tested in their own modules and across processes in
 from __future__ import annotations
 
 import copy
+import socket
 import threading
 import time
 import uuid
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.distributed import ReduceOp
 
 from torchtitan_ft.config_env import (
     DEFAULT_LIGHTHOUSE_ADDR,
@@ -29,6 +31,7 @@ from torchtitan_ft.config_env import (
 from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.manager import (
     Manager,
+    ManagerStats,
     Participation,
     WorldSizeMode,
     check_commit_failures,
@@ -37,8 +40,12 @@ from torchtitan_ft.manager import (
     global_ranks,
     heal_needs_group_agreement,
     local_commit_vote,
+    model_fingerprint,
+    port_in_use_message,
     quorum_store_address,
+    tensor_bytes,
 )
+from torchtitan_ft.manager_server import AddressInUseError, ReplicaGroupMismatchError
 from torchtitan_ft.quorum_results import QuorumResult
 
 # ------------------------------------------------------------------------------ pure logic
@@ -64,34 +71,45 @@ def _result(**overrides: Any) -> QuorumResult:
     return QuorumResult(**fields)
 
 
+DYN, SPARES = WorldSizeMode.DYNAMIC, WorldSizeMode.FIXED_WITH_SPARES
+# step 0 with init_sync: 3 members at step 0; the primary does not heal, the others do
+STEP0_PRIMARY = _result(max_step=0, max_replica_rank=0, replica_rank=0, replica_world_size=3)
+STEP0_HEALER = _result(
+    max_step=0, max_replica_rank=2, replica_rank=2, replica_world_size=3, heal=True
+)
+
+
 @pytest.mark.parametrize(
-    ("result", "async_", "heal", "mode", "min_size", "expected"),
+    ("result", "async_", "heal", "init_sync", "mode", "min_size", "expected"),
     [
         # async quorum: only up-to-date members count
-        (_result(), True, True, WorldSizeMode.DYNAMIC, 1, Participation(1, 3)),
+        (_result(), True, True, True, DYN, 1, Participation(1, 3, 3)),
         # sync quorum with healing: everyone (heal completes before the forward)
-        (_result(), False, True, WorldSizeMode.DYNAMIC, 1, Participation(2, 4)),
+        (_result(), False, True, True, DYN, 1, Participation(2, 4, 4)),
         # sync quorum without healing: like async
-        (_result(), False, False, WorldSizeMode.DYNAMIC, 1, Participation(1, 3)),
+        (_result(), False, False, True, DYN, 1, Participation(1, 3, 3)),
         # behind and healing: not a participant
-        (
-            _result(max_replica_rank=None),
-            True,
-            True,
-            WorldSizeMode.DYNAMIC,
-            1,
-            Participation(None, 3),
-        ),
+        (_result(max_replica_rank=None), True, True, True, DYN, 1, Participation(None, 3, 3)),
         # fixed with spares: capped, rank beyond the cap is a spare
-        (_result(), True, True, WorldSizeMode.FIXED_WITH_SPARES, 2, Participation(1, 2)),
-        (_result(), True, True, WorldSizeMode.FIXED_WITH_SPARES, 1, Participation(None, 1)),
-        (_result(), True, True, WorldSizeMode.FIXED_WITH_SPARES, 5, Participation(1, 3)),
+        (_result(), True, True, True, SPARES, 2, Participation(1, 2, 2)),
+        (_result(), True, True, True, SPARES, 1, Participation(None, 1, 1)),
+        (_result(), True, True, True, SPARES, 5, Participation(1, 3, 3)),
+        # step 0 with init_sync, async: only the primary's gradient is averaged, but every
+        # member counts for min_replica_size (all finish the step with the primary's state)
+        (STEP0_PRIMARY, True, True, True, DYN, 1, Participation(0, 1, 3)),
+        (STEP0_HEALER, True, True, True, DYN, 1, Participation(None, 1, 3)),
+        (STEP0_HEALER, True, True, True, SPARES, 2, Participation(None, 1, 2)),
+        # ... not without init_sync, without healing, or with a sync quorum (healed first)
+        (STEP0_PRIMARY, True, True, False, DYN, 1, Participation(0, 3, 3)),
+        (STEP0_HEALER, True, False, True, DYN, 1, Participation(2, 3, 3)),
+        (STEP0_HEALER, False, True, True, DYN, 1, Participation(2, 3, 3)),
     ],
 )
 def test_compute_participation(
     result: QuorumResult,
     async_: bool,
     heal: bool,
+    init_sync: bool,
     mode: WorldSizeMode,
     min_size: int,
     expected: Participation,
@@ -100,6 +118,7 @@ def test_compute_participation(
         result,
         use_async_quorum=async_,
         allow_heal=heal,
+        init_sync=init_sync,
         world_size_mode=mode,
         min_replica_size=min_size,
     )
@@ -605,6 +624,13 @@ def test_behind_replica_heals_at_safe_point(lighthouse2: LighthouseServer) -> No
         assert torch.equal(healer_user.weights, donor_user.weights)
         assert healer.current_step() == donor.current_step() == 4
         assert healer.batches_committed() == donor.batches_committed() == 7
+        # the heal in the stats: the state moved is the donor's 4 fp32 weights
+        healed, served = healer.stats(), donor.stats()
+        assert (healed.heal_count, healed.heal_bytes_received, healed.heal_bytes_sent) == (1, 16, 0)
+        assert healed.last_heal_seconds == healed.heal_seconds > 0
+        assert (served.heal_count, served.heal_bytes_received, served.heal_bytes_sent) == (0, 0, 16)
+        assert not healed.participating and healed.num_participants == 1
+        assert healed.replica_world_size == served.replica_world_size == 2
         # next step: both up to date, both participate
         assert _step_both([donor, healer]) == [True, True]
         assert healer.is_participating() and healer.num_participants() == 2
@@ -709,7 +735,7 @@ def test_errored_spare_still_joins_with_zeros(lighthouse2: LighthouseServer) -> 
     [
         (3, 7, True, 2, True),  # behind: every rank of the group heals
         (7, 7, True, 2, False),  # up to date
-        (0, 0, True, 2, True),  # step 0 with init_sync: per-rank primaries differ
+        (0, 0, True, 2, True),  # step 0 with init_sync: all but one group heal
         (0, 0, False, 2, False),  # no init_sync: nobody heals at step 0
         (0, 0, True, 1, False),  # alone: nothing to sync from
     ],
@@ -765,6 +791,7 @@ def test_quantized_allreduce_through_real_process_groups(lighthouse2: Lighthouse
         for m in managers:
             m.shutdown()
     assert torch.equal(tensors[0], tensors[1])
+    assert [m.stats().allreduce_bytes for m in managers] == [4096 * 4] * 2  # payload, not wire
     expected = (inputs[0] + inputs[1]) / 2
     # Two int8 roundings (before and after the reduction), each within half a step of a block
     # whose scale is at most max|x| / 127.
@@ -773,3 +800,218 @@ def test_quantized_allreduce_through_real_process_groups(lighthouse2: Lighthouse
     fp32_ring_bytes = 2 * 4096 * 4 * (2 - 1) / 2  # per replica, ring allreduce of fp32
     sent = (quantization.bytes_sent() - sent_before) / 2
     assert 0.2 < sent / fp32_ring_bytes < 0.35
+
+
+# ------------------------------------------------------------------------------ stats
+
+
+def test_tensor_bytes_and_model_fingerprint() -> None:
+    tree = {"a": torch.zeros(4), "b": [torch.zeros(2, dtype=torch.float64), 3], "c": "x"}
+    assert tensor_bytes(tree) == 4 * 4 + 2 * 8
+    torch.manual_seed(0)
+    first = model_fingerprint(torch.nn.Linear(1000, 2000))
+    torch.manual_seed(1)  # other values, same architecture
+    assert model_fingerprint(torch.nn.Linear(1000, 2000)) == first
+    assert first.endswith(": 2 params / 2.0M elements") and len(first.split(":")[0]) == 8
+    with torch.device("meta"):  # no memory needed
+        assert model_fingerprint([torch.nn.Linear(1000, 2000)]) == first
+        assert model_fingerprint(torch.nn.Linear(1000, 2001)) != first
+        assert model_fingerprint(torch.nn.Linear(1000, 2000, dtype=torch.float64)) != first
+
+
+def test_stats_count_allreduce_bytes_and_discarded_steps(lighthouse: LighthouseServer) -> None:
+    pg = FakePG()
+    manager = _manager(lighthouse, "stats", pg=pg)
+    try:
+        before = manager.stats()
+        assert before == ManagerStats(
+            step=0, quorum_id=-1, replica_world_size=0, num_participants=0,
+            participating=False, commit_failures=0, steps_discarded=0, heal_count=0,
+            last_heal_seconds=0.0, heal_seconds=0.0, heal_bytes_received=0,
+            heal_bytes_sent=0, allreduce_bytes=0,
+        )  # fmt: skip
+        manager.start_quorum()
+        manager.allreduce(torch.ones(10)).wait()
+        manager.allreduce(torch.ones(3, dtype=torch.float64), reduce_op=ReduceOp.SUM).wait()
+        assert manager.should_commit()
+        manager.start_quorum()
+        manager.report_error(RuntimeError("bad batch"))
+        manager.allreduce(torch.ones(10)).wait()  # not sent: the step already failed
+        assert not manager.should_commit()
+        stats = manager.stats()
+        assert stats.allreduce_bytes == 10 * 4 + 3 * 8
+        assert (stats.step, stats.commit_failures, stats.steps_discarded) == (1, 1, 1)
+        assert stats.quorum_id == pg.configures[-1][4]
+        assert (stats.replica_world_size, stats.num_participants) == (1, 1)
+        assert stats.participating and stats.heal_count == 0
+    finally:
+        manager.shutdown()
+
+
+def test_stats_never_waits_for_the_quorum(lighthouse2: LighthouseServer) -> None:
+    manager = _manager(lighthouse2, "waiting")  # min_replicas=2: the quorum cannot form
+    try:
+        manager.start_quorum()
+        started = time.monotonic()
+        assert manager.stats().quorum_id == -1
+        assert time.monotonic() - started < 0.1
+    finally:
+        manager.shutdown(wait=False)
+
+
+# ------------------------------------------------------------------------------ init_sync
+
+
+def _allreduce_in_parallel(managers: list[Manager], tensors: list[torch.Tensor]) -> None:
+    threads = [
+        threading.Thread(target=lambda m=m, t=t: m.allreduce(t).wait())
+        for m, t in zip(managers, tensors, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+
+
+@pytest.mark.parametrize("min_replica_size", [1, 2])
+def test_step_zero_init_sync_averages_only_the_primary_gradient(
+    lighthouse2: LighthouseServer, min_replica_size: int
+) -> None:
+    """At step 0 with init_sync the non-primary group heals from the primary and sends zeros:
+    the average is the primary's own gradient (not half of it), and the step commits even
+    with min_replica_size=2, since both groups end it with the primary's state."""
+    from torchtitan_ft.process_group import ProcessGroupGloo
+
+    users = [UserState(1.0), UserState(-1.0)]
+    managers = [
+        _manager(
+            lighthouse2,
+            name,
+            user=user,
+            pg=ProcessGroupGloo(timedelta(seconds=10)),
+            min_replica_size=min_replica_size,
+        )
+        for name, user in zip(["a_primary", "b_healer"], users, strict=True)
+    ]
+    try:
+        for m in managers:
+            m.start_quorum()
+        grads = [torch.full((3,), 6.0), torch.full((3,), 2.0)]
+        _allreduce_in_parallel(managers, grads)
+        assert [m.num_participants() for m in managers] == [1, 1]
+        assert [m.is_participating() for m in managers] == [True, False]
+        assert torch.equal(grads[0], torch.full((3,), 6.0))  # the primary's own gradient
+        assert torch.equal(grads[1], torch.full((3,), 6.0))
+        assert _vote_in_parallel(managers) == [True, True]
+        assert torch.equal(users[1].weights, users[0].weights)  # healed from the primary
+        assert [m.batches_committed() for m in managers] == [1, 1]
+        # the next step: both contribute, the average of both
+        for m in managers:
+            m.start_quorum()
+        grads = [torch.full((3,), 6.0), torch.full((3,), 2.0)]
+        _allreduce_in_parallel(managers, grads)
+        assert [m.num_participants() for m in managers] == [2, 2]
+        assert torch.equal(grads[0], torch.full((3,), 4.0))
+        assert _vote_in_parallel(managers) == [True, True]
+    finally:
+        for m in managers:
+            m.shutdown()
+
+
+def test_mid_run_heal_averages_only_the_up_to_date_gradient(
+    lighthouse2: LighthouseServer,
+) -> None:
+    from torchtitan_ft.process_group import ProcessGroupGloo
+
+    managers = [
+        _manager(lighthouse2, name, user=UserState(v), pg=ProcessGroupGloo(timedelta(seconds=10)))
+        for name, v in [("a_donor", 1.0), ("b_joiner", -1.0)]
+    ]
+    try:
+        managers[0].load_state_dict({"step": 5, "batches_committed": 5})
+        for m in managers:
+            m.start_quorum()
+        grads = [torch.full((3,), 6.0), torch.full((3,), 2.0)]
+        _allreduce_in_parallel(managers, grads)
+        assert [m.num_participants() for m in managers] == [1, 1]
+        assert torch.equal(grads[0], torch.full((3,), 6.0))
+        assert torch.equal(grads[1], torch.full((3,), 6.0))
+        assert _vote_in_parallel(managers) == [True, True]
+        assert [m.current_step() for m in managers] == [6, 6]
+    finally:
+        for m in managers:
+            m.shutdown()
+
+
+# ------------------------------------------------------------------------------ identity
+
+
+def test_fingerprint_function_runs_once_and_mismatch_fails_newcomer(
+    lighthouse: LighthouseServer,
+) -> None:
+    calls: list[str] = []
+
+    def fingerprint(width: int) -> Any:
+        def compute() -> str:
+            calls.append(f"w{width}")
+            with torch.device("meta"):
+                return model_fingerprint(torch.nn.Linear(8, width))
+
+        return compute
+
+    running = _manager(lighthouse, "ft_0", model_fingerprint=fingerprint(4), num_replica_groups=2)
+    newcomer = None
+    try:
+        for _ in range(2):
+            running.start_quorum()
+            assert running.should_commit()
+        assert calls == ["w4"]
+        newcomer = _manager(
+            lighthouse, "ft_1", model_fingerprint=fingerprint(5), num_replica_groups=2
+        )
+        newcomer.start_quorum()
+        time.sleep(0.3)  # the newcomer waits for the running group, a previous member
+        running.start_quorum()
+        with pytest.raises(ReplicaGroupMismatchError, match="'ft_1' runs a different model"):
+            newcomer.should_commit()
+        running.wait_quorum()  # the running group got its quorum
+        assert calls == ["w4", "w5"]
+    finally:
+        running.shutdown(wait=False)
+        if newcomer is not None:
+            newcomer.shutdown(wait=False)
+
+
+# ------------------------------------------------------------------------------ port in use
+
+
+@pytest.mark.parametrize("from_env", [False, True])
+def test_manager_port_in_use_is_one_clear_line(
+    lighthouse: LighthouseServer, monkeypatch: Any, from_env: bool
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        if from_env:
+            monkeypatch.setenv("TORCHFT_MANAGER_PORT", str(port))
+        with pytest.raises(AddressInUseError) as excinfo:
+            _manager(lighthouse, "busy", **({} if from_env else {"port": port}))
+    message = str(excinfo.value)
+    origin = f"TORCHFT_MANAGER_PORT={port}" if from_env else f"port={port} argument"
+    assert f"manager server port {port} (from " in message and origin in message
+    assert "already in use" in message and "choose a free port" in message
+    assert "\n" not in message and excinfo.value.__suppress_context__
+
+
+def test_port_in_use_message() -> None:
+    from torchtitan_ft.config_env import Resolved, Source
+
+    env = port_in_use_message(Resolved(29512, Source.ENV, "TORCHFT_MANAGER_PORT"), "[::]:29512")
+    assert env == (
+        "manager server port 29512 (from TORCHFT_MANAGER_PORT=29512) is already in use "
+        "([::]:29512); stop the process listening there or choose a free port (leave "
+        "TORCHFT_MANAGER_PORT unset and port=None to pick one automatically)"
+    )
+    arg = port_in_use_message(Resolved(7, Source.ARGUMENT), "127.0.0.1:7")
+    assert "(from the Manager's port=7 argument)" in arg

@@ -12,6 +12,8 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +257,152 @@ def test_fixed_with_spares_spare_stays_in_sync(tmp_path: Path, procs: list[Any])
     for a, b in zip(participating[0][1:], participating[1][1:], strict=True):
         assert a != b
     assert results[0]["batches_committed"] == results[0]["step"]
+
+
+# ------------------------------------------------------------------------- group identity
+
+
+@dataclass
+class IdentityWorker:
+    """A replica group of one rank training a ``Linear(16, width)`` until ``stop_path`` exists."""
+
+    lighthouse_addr: str
+    replica_id: str
+    width: int
+    out_path: str
+    """JSON lines: one per iteration (commit, time), then the outcome (error, logged errors)."""
+    stop_path: str
+
+
+def identity_worker(cfg: IdentityWorker) -> None:
+    import json
+    import logging
+
+    from torchtitan_ft.checkpoint import HTTPTransport
+    from torchtitan_ft.manager import Manager, model_fingerprint
+    from torchtitan_ft.manager_server import ReplicaGroupMismatchError
+    from torchtitan_ft.process_group import ProcessGroupGloo
+
+    logged: list[str] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("torchtitan_ft").addHandler(handler)
+    model = torch.nn.Linear(16, cfg.width)
+    timeout = timedelta(seconds=3)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timeout),
+        load_state_dict=model.load_state_dict,
+        state_dict=model.state_dict,
+        min_replica_size=1,
+        timeout=timeout,
+        quorum_timeout=timedelta(seconds=30),
+        connect_timeout=timedelta(seconds=10),
+        rank=0,
+        world_size=1,
+        store_addr="127.0.0.1",
+        lighthouse_addr=cfg.lighthouse_addr,
+        replica_id=cfg.replica_id,
+        hostname="127.0.0.1",
+        checkpoint_transport=HTTPTransport(timeout=timeout, num_chunks=0, hostname="127.0.0.1"),
+        model_fingerprint=lambda: model_fingerprint(model),
+        num_replica_groups=2,
+    )
+    error = None
+    with open(cfg.out_path, "a") as out:
+        try:
+            while not os.path.exists(cfg.stop_path):
+                manager.start_quorum()
+                manager.allreduce(torch.ones(4)).wait()
+                committed = manager.should_commit()
+                out.write(json.dumps({"committed": committed, "time": time.time()}) + "\n")
+                out.flush()
+                time.sleep(0.05)
+        except ReplicaGroupMismatchError as e:
+            error = str(e)
+        out.write(json.dumps({"error": error, "logged": logged}) + "\n")
+    manager.shutdown(wait=False)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    import json
+
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def _wait_for(condition: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _newcomer_scenario(
+    tmp_path: Path, procs: list[Any], newcomer_id: str, newcomer_width: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """ft_0 (Linear(16, 4)) trains; then a newcomer joins; returns both outputs once ft_0
+    committed steps without it again."""
+    from tests._mp import _mp_context
+
+    lighthouse = _lighthouse(min_replicas=1)
+    stop = tmp_path / "stop"
+    running_out, newcomer_out = tmp_path / "running.jsonl", tmp_path / "newcomer.jsonl"
+
+    def spawn(replica_id: str, width: int, out: Path) -> Any:
+        cfg = IdentityWorker(lighthouse.address(), replica_id, width, str(out), str(stop))
+        proc = _mp_context().Process(target=identity_worker, args=(cfg,), daemon=True)
+        proc.start()
+        procs.append(proc)
+        return proc
+
+    try:
+        running = spawn("ft_0", 4, running_out)
+        _wait_for(lambda: len(_lines(running_out)) >= 3, 60, "ft_0 to train")
+        newcomer = spawn(newcomer_id, newcomer_width, newcomer_out)
+        assert _wait_exit(newcomer, 60) == 0
+        left = time.time()
+        _wait_for(
+            lambda: (
+                sum(r.get("committed", False) and r["time"] > left for r in _lines(running_out))
+                >= 3
+            ),
+            60,
+            "ft_0 to commit without the newcomer",
+        )
+        stop.touch()
+        assert _wait_exit(running, 30) == 0
+    finally:
+        lighthouse.shutdown()
+    return _lines(running_out), _lines(newcomer_out)
+
+
+def test_newcomer_with_another_model_fails_in_one_line(tmp_path: Path, procs: list[Any]) -> None:
+    running, newcomer = _newcomer_scenario(tmp_path, procs, "ft_1", newcomer_width=5)
+    (outcome,) = newcomer  # failed at its first quorum, before any step
+    assert outcome["error"] == (
+        "replica group 'ft_1' runs a different model than 'ft_0' (fingerprint "
+        f"{_fingerprint(5)} vs {_fingerprint(4)}); start every group with the same model config"
+    )
+    # the running group logged it once and went on (at most the shared step discarded)
+    assert running[-1]["error"] is None
+    lines = [line for line in running[-1]["logged"] if "different model" in line]
+    assert len(lines) == 1 and "carries on" in lines[0]
+    assert sum(not r["committed"] for r in running[:-1]) <= 2
+
+
+def test_second_group_with_the_same_replica_id_fails(tmp_path: Path, procs: list[Any]) -> None:
+    running, newcomer = _newcomer_scenario(tmp_path, procs, "ft_0", newcomer_width=4)
+    assert newcomer[-1]["error"] == (
+        "replica_id 'ft_0' is already used by a live replica group; give each group a "
+        "distinct --fault_tolerance.replica_id (Manager replica_id / REPLICA_GROUP_ID)"
+    )
+    assert running[-1]["error"] is None
+    assert len([line for line in running[-1]["logged"] if "already used" in line]) == 1
+
+
+def _fingerprint(width: int) -> str:
+    from torchtitan_ft.manager import model_fingerprint
+
+    return model_fingerprint(torch.nn.Linear(16, width))

@@ -6,6 +6,8 @@ manager server sends and makes it fail on purpose.
 
 from __future__ import annotations
 
+import json
+import logging
 import socket
 import subprocess
 import sys
@@ -19,10 +21,15 @@ import grpc
 import pytest
 
 from torchtitan_ft.lighthouse import LighthouseServer
-from torchtitan_ft.manager_server import ManagerClient, ManagerServer
+from torchtitan_ft.manager_server import (
+    AddressInUseError,
+    ManagerClient,
+    ManagerServer,
+    ReplicaGroupMismatchError,
+)
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
-from torchtitan_ft.quorum_results import QuorumResult
+from torchtitan_ft.quorum_results import GroupIdentity, QuorumResult
 
 SHORT = timedelta(seconds=5)
 TOKEN = "s3cret-job-token"
@@ -33,7 +40,7 @@ def _server(lighthouse_addr: str, replica_id: str = "rep", world_size: int = 1, 
         replica_id,
         lighthouse_addr,
         hostname="127.0.0.1",
-        bind="127.0.0.1:0",
+        bind=kw.pop("bind", "127.0.0.1:0"),
         store_addr=kw.pop("store_addr", f"127.0.0.1:{hash(replica_id) % 1000 + 20000}"),
         world_size=world_size,
         heartbeat_interval=timedelta(milliseconds=100),
@@ -435,3 +442,76 @@ def test_quorum_survives_a_lighthouse_restart(cleanup) -> None:
         cleanup.append(second.shutdown)
         assert pending.result(timeout=10).max_step == 2
     assert _quorum(client, 0, step=3).max_step == 3
+
+
+# ------------------------------------------------------------------------- group identity
+
+
+def test_identity_goes_to_the_lighthouse_in_member_data(recording, cleanup) -> None:
+    server, client = _start(cleanup, recording.address(), replica_id="grp:uuid")
+    server.set_identity(GroupIdentity(replica="grp", model="ab12: 1 params / 4 elements"))
+    _quorum(client, 0)
+    assert json.loads(recording.requests[0].data) == {
+        "replica": "grp",
+        "model": "ab12: 1 params / 4 elements",
+        "group_size": None,
+    }
+
+
+def _two_groups(cleanup, a: GroupIdentity, b: GroupIdentity):
+    """Group a trains alone first; then group b (a newcomer) joins a's next quorum."""
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=10000)
+    cleanup.append(lighthouse.shutdown)
+    server_a, client_a = _start(cleanup, lighthouse.address(), replica_id=f"{a.replica}:u1")
+    server_a.set_identity(a)
+    assert _quorum(client_a, 0, step=3).replica_world_size == 1
+    server_b, client_b = _start(cleanup, lighthouse.address(), replica_id=f"{b.replica}:u2")
+    server_b.set_identity(b)
+
+    def newcomer() -> BaseException | QuorumResult:
+        try:
+            return _quorum(client_b, 0)
+        except ReplicaGroupMismatchError as e:
+            return e
+
+    def running() -> QuorumResult:
+        time.sleep(0.3)  # b asks first; the lighthouse waits for a, the previous member
+        return _quorum(client_a, 0, step=3)
+
+    return _in_parallel(newcomer, running)
+
+
+def test_newcomer_with_another_model_fails_and_running_group_carries_on(
+    cleanup, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="torchtitan_ft.manager_server")
+    b_error, a_result = _two_groups(
+        cleanup, GroupIdentity("ft_0", model="aaaa: 2 params / 10 elements"),
+        GroupIdentity("ft_1", model="bbbb: 2 params / 12 elements"),
+    )  # fmt: skip
+    assert isinstance(b_error, ReplicaGroupMismatchError)
+    assert str(b_error) == (
+        "replica group 'ft_1' runs a different model than 'ft_0' (fingerprint bbbb: 2 params "
+        "/ 12 elements vs aaaa: 2 params / 10 elements); start every group with the same model "
+        "config"
+    )
+    assert isinstance(a_result, QuorumResult) and a_result.replica_world_size == 2
+    a_lines = [r.getMessage() for r in caplog.records if "ft_0:u1" in r.getMessage()]
+    assert len(a_lines) == 1 and "different model" in a_lines[0] and "carries on" in a_lines[0]
+
+
+def test_second_group_with_a_used_replica_id_fails(cleanup) -> None:
+    b_error, a_result = _two_groups(cleanup, GroupIdentity("ft_0"), GroupIdentity("ft_0"))
+    assert isinstance(b_error, ReplicaGroupMismatchError)
+    assert "replica_id 'ft_0' is already used by a live replica group" in str(b_error)
+    assert isinstance(a_result, QuorumResult)
+
+
+def test_port_in_use_is_named(lighthouse) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(AddressInUseError, match=f"127.0.0.1:{port}.*in use") as excinfo:
+            _server(lighthouse.address(), bind=f"127.0.0.1:{port}")
+    assert excinfo.value.bind == f"127.0.0.1:{port}"

@@ -8,7 +8,12 @@ import pytest
 
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
-from torchtitan_ft.quorum_results import QuorumResult, compute_quorum_results
+from torchtitan_ft.quorum_results import (
+    GroupIdentity,
+    QuorumResult,
+    compute_quorum_results,
+    identity_conflict,
+)
 
 
 def _quorum(*steps: tuple[str, int], commit_failures: dict[str, int] | None = None) -> Quorum:
@@ -107,7 +112,8 @@ CASES = [
     ("mixed_c_g1", MIXED, "c", 1, True, dict(recover_dst_replica_ranks=[1])),
     # Group rank 2 wraps around to a as primary.
     ("mixed_b_g2", MIXED, "b", 2, True, dict(recover_src_replica_rank=0, store_address="a:2")),
-    # init_sync at step 0: every member except the primary of this group rank heals from it.
+    # init_sync at step 0: every member except the first (a) heals from it, for every group
+    # rank (a group heals as a whole); the store host still rotates with the group rank.
     (
         "fresh_a_g0",
         FRESH,
@@ -124,10 +130,10 @@ CASES = [
         "a",
         1,
         True,
-        dict(heal=True, recover_src_replica_rank=1, store_address="b:2"),
+        dict(heal=False, recover_dst_replica_ranks=[1, 2], store_address="b:2"),
     ),
-    ("fresh_b_g1", FRESH, "b", 1, True, dict(heal=False, recover_dst_replica_ranks=[0, 2])),
-    ("fresh_c_g2", FRESH, "c", 2, True, dict(heal=False, store_address="c:2")),
+    ("fresh_b_g1", FRESH, "b", 1, True, dict(heal=True, recover_src_replica_rank=0)),
+    ("fresh_c_g2", FRESH, "c", 2, True, dict(heal=True, store_address="c:2")),
     # Skip init_sync: nobody heals at step 0; the primary still rotates with the group rank.
     (
         "fresh_b_g0_skip",
@@ -218,3 +224,82 @@ def test_proto_round_trip_keeps_optional_zero() -> None:
     a = compute_quorum_results("a", 0, MIXED, True).to_proto()
     assert a.HasField("max_replica_rank") and a.max_replica_rank == 0
     assert not a.HasField("recover_src_replica_rank")
+
+
+# ------------------------------------------------------------------------------ group identity
+
+
+def _members(*identities: tuple[str, dict | None]) -> Quorum:
+    return Quorum(
+        quorum_id=3,
+        participants=tuple(QuorumMember(replica_id=rid, data=data) for rid, data in identities),
+        created=datetime.now(UTC),
+    )
+
+
+FP_A = "ab12cd34: 10 params / 6.1M elements"
+FP_B = "9f3e0a11: 10 params / 7.2M elements"
+
+
+def test_identity_round_trips_through_member_data() -> None:
+    identity = GroupIdentity(replica="ft_0", model=FP_A, group_size=2)
+    data = identity.to_data()
+    assert data == {"replica": "ft_0", "model": FP_A, "group_size": 2}
+    assert GroupIdentity.from_data(data) == identity
+    # torchft members send no data or data of their own: not an identity
+    for foreign in (None, {}, {"from": "a"}, [1, 2], "text", {"replica": 3}):
+        assert GroupIdentity.from_data(foreign) is None
+    # unknown fields ignored, wrongly typed optional fields read as unknown
+    partial = {"replica": "x", "model": 5, "group_size": "2", "extra": True}
+    assert GroupIdentity.from_data(partial) == GroupIdentity("x", None, None)
+
+
+def _ident(replica: str, model: str | None = FP_A, group_size: int | None = 2) -> dict:
+    return GroupIdentity(replica, model, group_size).to_data()
+
+
+@pytest.mark.parametrize(
+    ("quorum", "me", "expected"),
+    [
+        # consistent
+        (_members(("ft_0:u1", _ident("ft_0")), ("ft_1:u2", _ident("ft_1"))), "ft_1:u2", None),
+        # a model mismatch, from either side (names are the configured ids)
+        (
+            _members(("ft_0:u1", _ident("ft_0")), ("ft_1:u2", _ident("ft_1", FP_B))),
+            "ft_1:u2",
+            f"replica group 'ft_1' runs a different model than 'ft_0' (fingerprint {FP_B} vs "
+            f"{FP_A}); start every group with the same model config",
+        ),
+        # the same configured id twice
+        (
+            _members(("ft_0:u1", _ident("ft_0")), ("ft_0:u2", _ident("ft_0"))),
+            "ft_0:u2",
+            "replica_id 'ft_0' is already used by a live replica group; give each group a "
+            "distinct --fault_tolerance.replica_id (Manager replica_id / REPLICA_GROUP_ID)",
+        ),
+        # a different planned number of groups
+        (
+            _members(("ft_0:u1", _ident("ft_0")), ("ft_1:u2", _ident("ft_1", group_size=3))),
+            "ft_1:u2",
+            "replica group 'ft_1' expects group_size=3 but 'ft_0' expects 2; give every group "
+            "the same --fault_tolerance.group_size",
+        ),
+        # unknown values are not compared
+        (
+            _members(("a:u1", _ident("a", None, None)), ("b:u2", _ident("b", FP_B, 3))),
+            "b:u2",
+            None,
+        ),
+        # no configured id (uuid only): never a duplicate
+        (_members(("u1", _ident("")), ("u2", _ident(""))), "u2", None),
+        # a torchft member (no identity) is not checked, nor is a member without one
+        (_members(("ft_0:u1", None), ("ft_1:u2", _ident("ft_1", FP_B))), "ft_1:u2", None),
+        (_members(("ft_0:u1", _ident("ft_0")), ("ft_1:u2", None)), "ft_1:u2", None),
+        # alone
+        (_members(("ft_0:u1", _ident("ft_0"))), "ft_0:u1", None),
+    ],
+)
+def test_identity_conflict(quorum: Quorum, me: str, expected: str | None) -> None:
+    conflict = identity_conflict(me, quorum)
+    assert conflict == expected
+    assert conflict is None or "\n" not in conflict

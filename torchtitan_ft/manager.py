@@ -22,6 +22,10 @@ later collectives of the step are no-ops that return their input; ``should_commi
 the step is discarded. Only a failed quorum (no lighthouse answer in time) or a broken replica
 group (the ShouldCommit barrier fails) raise, because then no step can be taken at all.
 
+What happened is observable at no cost to the step: ``Manager.stats()`` returns a
+``ManagerStats`` snapshot (quorum, participation, commit failures, heals and their bytes and
+seconds, bytes handed to the cross-group allreduce) from counters the Manager keeps anyway.
+
 The decisions are small pure functions (``compute_participation``, ``local_commit_vote``,
 ``check_commit_failures``, ``quorum_store_address``, ``global_ranks``) tested without servers.
 """
@@ -29,6 +33,7 @@ The decisions are small pure functions (``compute_participation``, ``local_commi
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import heapq
 import itertools
 import logging
@@ -39,8 +44,8 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -50,9 +55,17 @@ from torch.distributed import ReduceOp, TCPStore
 from torch.distributed.distributed_c10d import AllreduceOptions
 
 from torchtitan_ft.checkpoint import CheckpointTransport, HTTPTransport
-from torchtitan_ft.config_env import ManagerSettings, resolve_manager_settings, store_key_prefix
-from torchtitan_ft.manager_server import ManagerClient, ManagerServer
+from torchtitan_ft.config_env import (
+    MANAGER_PORT_ENV,
+    ManagerSettings,
+    Resolved,
+    Source,
+    resolve_manager_settings,
+    store_key_prefix,
+)
+from torchtitan_ft.manager_server import AddressInUseError, ManagerClient, ManagerServer
 from torchtitan_ft.quantization import quantized_allreduce
+from torchtitan_ft.quorum_results import GroupIdentity
 
 if TYPE_CHECKING:
     from torchtitan_ft.quorum_results import QuorumResult
@@ -101,6 +114,10 @@ class Participation:
     """Rank among the participants; ``None`` for a spare or a replica still healing."""
     world_size: int
     """Number of participants: the divisor of the gradient average."""
+    vote_size: int
+    """Groups counted against ``min_replica_size`` in the commit vote: the participants, and
+    at step 0 with ``init_sync`` also the groups taking the primary's state (they contribute
+    no gradient but finish the step identical to the primary)."""
 
 
 def compute_participation(
@@ -108,6 +125,7 @@ def compute_participation(
     *,
     use_async_quorum: bool,
     allow_heal: bool,
+    init_sync: bool,
     world_size_mode: WorldSizeMode,
     min_replica_size: int,
 ) -> Participation:
@@ -115,19 +133,113 @@ def compute_participation(
 
     With an async quorum (or without healing) only the members already at ``max_step``
     participate: a healing member's state arrives during the forward and is applied after the
-    backward, so its gradients are stale and it contributes zeros. With a sync quorum and
-    healing, the heal completes before the forward and everyone participates.
-    FIXED_WITH_SPARES caps the participants at ``min_replica_size``.
+    backward, so its gradients are stale and it contributes zeros. That includes step 0 with
+    ``init_sync``, where every member but one (the step-0 source, see ``quorum_results``) heals
+    from it although all are at ``max_step``: the source is the only participant, so the step's
+    average is its own gradient rather than that gradient divided by the number of members.
+    With a sync quorum and healing, the heal completes before the forward and everyone
+    participates. FIXED_WITH_SPARES caps the participants at ``min_replica_size``.
     """
     if use_async_quorum or not allow_heal:
         rank, size = result.max_replica_rank, result.max_world_size
     else:
         rank, size = result.replica_rank, result.replica_world_size
+    vote_size = size
+    if use_async_quorum and allow_heal and init_sync and result.max_step == 0 and size > 1:
+        # The step-0 source is the one member that does not heal (quorum_results).
+        rank, size = (None if result.heal else 0), 1
     if world_size_mode is WorldSizeMode.FIXED_WITH_SPARES:
         size = min(size, min_replica_size)
+        vote_size = min(vote_size, min_replica_size)
         if rank is not None and rank >= min_replica_size:
             rank = None
-    return Participation(rank=rank, world_size=size)
+    return Participation(rank=rank, world_size=size, vote_size=vote_size)
+
+
+@dataclass(frozen=True)
+class ManagerStats:
+    """What the Manager did so far, as of the last completed quorum (``Manager.stats()``).
+
+    Counters are cumulative since the Manager was created; heal and allreduce sizes are the
+    payload (tensor bytes), not the bytes on the wire.
+    """
+
+    step: int
+    """Committed steps."""
+    quorum_id: int
+    """Id of the last quorum this rank received; -1 before the first."""
+    replica_world_size: int
+    """Replica groups in the last quorum, including healing ones and spares."""
+    num_participants: int
+    """Replica groups whose gradients were averaged in the last quorum's step."""
+    participating: bool
+    """Whether this group contributed its gradients in the last quorum's step."""
+    commit_failures: int
+    """Consecutive failed commits now (what the lighthouse is told)."""
+    steps_discarded: int
+    """Steps that did not commit."""
+    heal_count: int
+    """Healed states this rank applied."""
+    last_heal_seconds: float
+    """Transfer plus load time of the last applied heal (0.0 before any)."""
+    heal_seconds: float
+    """Transfer plus load time of every applied heal."""
+    heal_bytes_received: int
+    """Tensor bytes of the states this rank received from donors (also ones not applied)."""
+    heal_bytes_sent: int
+    """Tensor bytes of the state this rank served as donor, once per healing peer."""
+    allreduce_bytes: int
+    """Tensor bytes handed to the cross-group allreduce (before any quantization)."""
+
+
+@dataclass
+class _Counters:
+    """The mutable counters behind ``ManagerStats`` (guarded by ``Manager._stats_lock``)."""
+
+    steps_discarded: int = 0
+    heal_count: int = 0
+    last_heal_seconds: float = 0.0
+    heal_seconds: float = 0.0
+    heal_bytes_received: int = 0
+    heal_bytes_sent: int = 0
+    allreduce_bytes: int = 0
+
+
+def tensor_bytes(value: Any) -> int:
+    """Total bytes of the tensors in a nested dict/list/tuple (a DTensor: its local shard)."""
+    if isinstance(value, torch.Tensor):
+        local = getattr(value, "_local_tensor", value)
+        return local.numel() * local.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+def model_fingerprint(modules: torch.nn.Module | Iterable[torch.nn.Module]) -> str:
+    """A short fingerprint of a model's parameter names, global shapes and dtypes, e.g.
+    ``"ab12cd34: 10 params / 6.1M elements"``; equal models give equal fingerprints.
+
+    For the Manager's ``model_fingerprint`` argument. Shapes are global (a DTensor's
+    ``shape``), so groups sharded differently inside still agree; a meta-device model works.
+    """
+    parts = [modules] if isinstance(modules, torch.nn.Module) else list(modules)
+    digest = hashlib.sha1()
+    params = elements = 0
+    for index, part in enumerate(parts):
+        for name, param in part.named_parameters():
+            digest.update(f"{index}.{name}:{tuple(param.shape)}:{param.dtype};".encode())
+            params += 1
+            elements += param.numel()
+    return f"{digest.hexdigest()[:8]}: {params} params / {_human(elements)} elements"
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
 
 
 @dataclass(frozen=True)
@@ -155,8 +267,9 @@ def heal_needs_group_agreement(step: int, result: QuorumResult, init_sync: bool)
     """Whether this group's ranks might heal this quorum (sync quorum only).
 
     Every rank of a replica group computes the same answer: the group is behind the quorum's
-    max step, or it is step 0 with ``init_sync`` where each group rank syncs from its own
-    primary, so some ranks of a group may heal while others do not. Healed state is then
+    max step, or it is step 0 with ``init_sync`` (our ManagerServer heals whole groups then,
+    but torchft's picks the source per group rank, so behind it some ranks of a group may heal
+    while others do not). Healed state is then
     applied only if every rank of the group received its state (all or nothing), so the ranks
     of a group never end up at different steps.
     """
@@ -175,6 +288,20 @@ def check_commit_failures(commit_failures: int, max_retries: int | None) -> None
             f"should_commit failed {commit_failures} times in a row, exceeding "
             f"max_retries={max_retries}; giving up on this replica group"
         )
+
+
+def port_in_use_message(port: Resolved[int], bind: str) -> str:
+    """One line for a ManagerServer port that is taken: which port, where it was set, what to
+    do."""
+    if port.source is Source.ENV:
+        origin = f"from {port.env_var}={port.value}"
+    else:
+        origin = f"from the Manager's port={port.value} argument"
+    return (
+        f"manager server port {port.value} ({origin}) is already in use ({bind}); stop the "
+        f"process listening there or choose a free port (leave {MANAGER_PORT_ENV} unset and "
+        "port=None to pick one automatically)"
+    )
 
 
 def quorum_store_address(store_address: str, quorum_id: int, group_rank: int) -> str:
@@ -332,6 +459,8 @@ class Manager:
         max_retries: int | None = None,
         quorum_retries: int = 0,
         auth_token: str | None = None,
+        model_fingerprint: str | Callable[[], str] | None = None,
+        num_replica_groups: int | None = None,
     ) -> None:
         """
         Args:
@@ -383,9 +512,19 @@ class Manager:
                 lighthouse quorum request (with backoff) before the quorum fails (default 0).
             auth_token: optional job token. The ManagerServer's Kill RPC and the default
                 checkpoint transport only answer requests that carry it. Not read from env.
+            model_fingerprint: what model this group trains (e.g. ``model_fingerprint(model)``),
+                or a function returning it, called once at the first ``start_quorum`` (when the
+                model exists). Group rank 0 sends it to the lighthouse, and a group whose
+                fingerprint differs from a live group's fails its first quorum with
+                ``ReplicaGroupMismatchError``. Default ``None``: not checked.
+            num_replica_groups: the planned number of replica groups (TorchTitan's
+                ``fault_tolerance.group_size``), checked the same way. Default ``None``: not
+                checked. A replica id that a live group already uses is always refused.
 
         Raises:
             ValueError: bad settings (see ``torchtitan_ft.config_env``), ``min_replica_size < 1``.
+            AddressInUseError: the ManagerServer's ``port`` (or ``TORCHFT_MANAGER_PORT``) is
+                taken; the message says where the port came from.
         """
         if min_replica_size < 1:
             raise ValueError(f"min_replica_size must be >= 1, got {min_replica_size}")
@@ -417,6 +556,8 @@ class Manager:
         self._init_sync = init_sync
         self._max_retries = max_retries
         self._pg = pg
+        self._model_fingerprint = model_fingerprint
+        self._num_replica_groups = num_replica_groups
 
         self._load_state_dict_fns: dict[str, Callable[[Any], None]] = {}
         self._user_state_dict_fns: dict[str, Callable[[], Any]] = {}
@@ -435,12 +576,16 @@ class Manager:
         self._healing = False
         self._pending_state_dict: dict[str, Any] | None = None
         self._pending_work: list[torch.futures.Future[Any]] = []
-        self._participation = Participation(rank=None, world_size=0)
+        self._participation = Participation(rank=None, world_size=0, vote_size=0)
         self._quorum_result: QuorumResult | None = None
         self._collectives_ready: concurrent.futures.Future[None] | None = None
         self._served_this_step = False
         self._pg_usable = False
         self._quorum_future: concurrent.futures.Future[None] | None = None
+        self._identity_sent = False
+        self._pending_receive_seconds = 0.0
+        self._counters = _Counters()
+        self._stats_lock = threading.Lock()  # held for a few assignments only, never across I/O
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="torchft_quorum"
         )
@@ -459,18 +604,22 @@ class Manager:
             base_id = settings.replica_id.value
             full_id = f"{base_id}:{uuid.uuid4()}" if base_id else str(uuid.uuid4())
             bind_host = "127.0.0.1" if hostname in _LOOPBACK_HOSTS else "[::]"
-            self._server = ManagerServer(
-                replica_id=full_id,
-                lighthouse_addr=settings.lighthouse_addr.value,
-                hostname=hostname,
-                bind=f"{bind_host}:{settings.manager_port.value}",
-                store_addr=store_address,
-                world_size=self._group_world_size,
-                heartbeat_interval=heartbeat_interval,
-                connect_timeout=connect_timeout,
-                quorum_retries=quorum_retries,
-                auth_token=auth_token,
-            )
+            try:
+                self._server = ManagerServer(
+                    replica_id=full_id,
+                    lighthouse_addr=settings.lighthouse_addr.value,
+                    hostname=hostname,
+                    bind=f"{bind_host}:{settings.manager_port.value}",
+                    store_addr=store_address,
+                    world_size=self._group_world_size,
+                    heartbeat_interval=heartbeat_interval,
+                    connect_timeout=connect_timeout,
+                    quorum_retries=quorum_retries,
+                    auth_token=auth_token,
+                )
+            except AddressInUseError as e:
+                message = port_in_use_message(settings.manager_port, e.bind)
+                raise AddressInUseError(e.bind, message) from None
         try:
             if self._server is not None:
                 self._store.set(key_prefix + MANAGER_ADDR_KEY, self._server.address())
@@ -533,6 +682,8 @@ class Manager:
             # The previous quorum's failure was already raised to the caller (wait_quorum or
             # should_commit); a fresh quorum is the retry.
             concurrent.futures.wait([self._quorum_future])
+        if not self._identity_sent:
+            self._send_identity()
         self._errored = None
         self._healing = False
         self._pending_state_dict = None
@@ -546,6 +697,21 @@ class Manager:
         if not self._use_async_quorum:
             self.wait_quorum()
             self._heal_all_or_nothing()  # safe point: the forward has not started
+
+    def _send_identity(self) -> None:
+        """Hands this group's identity to its ManagerServer (group rank 0) before the first
+        quorum; the fingerprint function runs here, on the caller's thread, once."""
+        self._identity_sent = True
+        if self._server is None:
+            return
+        fingerprint = self._model_fingerprint
+        self._server.set_identity(
+            GroupIdentity(
+                replica=self._settings.replica_id.value,
+                model=fingerprint() if callable(fingerprint) else fingerprint,
+                group_size=self._num_replica_groups,
+            )
+        )
 
     def wait_quorum(self) -> None:
         """Blocks until this step's quorum, reconfiguration and heal transfer are done.
@@ -579,6 +745,7 @@ class Manager:
                 result,
                 use_async_quorum=self._use_async_quorum,
                 allow_heal=allow_heal,
+                init_sync=self._init_sync,
                 world_size_mode=self._world_size_mode,
                 min_replica_size=self._min_replica_size,
             )
@@ -637,14 +804,20 @@ class Manager:
                     f"{result.recover_dst_replica_ranks}",
                 )
                 self._served_this_step = True
+                state = self._manager_state_dict()
                 self._checkpoint_transport.send_checkpoint(
                     dst_ranks=result.recover_dst_replica_ranks,
                     step=result.max_step,
-                    state_dict=self._manager_state_dict(),
+                    state_dict=state,
                     timeout=self._timeout,
                 )
+                sent = tensor_bytes(state) * len(result.recover_dst_replica_ranks)
+                with self._stats_lock:
+                    self._counters.heal_bytes_sent += sent
             if result.heal:
+                start = time.perf_counter()
                 self._pending_state_dict = self._receive_state(result)
+                self._pending_receive_seconds = time.perf_counter() - start
         except Exception as e:  # recorded: a failed heal discards the step; next quorum retries
             self.report_error(e)
 
@@ -667,6 +840,9 @@ class Manager:
         state = self._checkpoint_transport.recv_checkpoint(
             src_rank=src_rank, metadata=metadata, step=result.max_step, timeout=self._timeout
         )
+        received = tensor_bytes(state)
+        with self._stats_lock:
+            self._counters.heal_bytes_received += received
         _check_healed_state(state, self._load_state_dict_fns.keys(), result.max_step)
         return cast(dict[str, Any], state)
 
@@ -689,6 +865,7 @@ class Manager:
         pending, self._pending_state_dict = self._pending_state_dict, None
         if pending is None:
             return
+        start = time.perf_counter()
         try:
             for key, load in self._load_state_dict_fns.items():
                 load(pending["user"][key])
@@ -699,7 +876,12 @@ class Manager:
                 f"every rank of the replica group received its healed state but this rank "
                 f"could not load it: {e}; is the model the same in every group?"
             ) from e
-        self._log(logging.INFO, f"applied healed state of step {self._step}")
+        seconds = self._pending_receive_seconds + time.perf_counter() - start
+        with self._stats_lock:
+            self._counters.heal_count += 1
+            self._counters.last_heal_seconds = seconds
+            self._counters.heal_seconds += seconds
+        self._log(logging.INFO, f"applied healed state of step {self._step} ({seconds:.3f} s)")
 
     def _manager_state_dict(self) -> dict[str, Any]:
         if not self._user_state_dict_fns:
@@ -749,6 +931,8 @@ class Manager:
                 raise RuntimeError("quorum has no participants; cannot average")
             if not self.is_participating():
                 tensor.zero_()
+            with self._stats_lock:
+                self._counters.allreduce_bytes += tensor.numel() * tensor.element_size()
             if should_quantize:
                 fut = quantized_allreduce(tensor, self._pg, ReduceOp.SUM)
             else:
@@ -857,7 +1041,7 @@ class Manager:
             # averaged gradient applies to the healed weights.
             self._heal_all_or_nothing()
         vote = local_commit_vote(
-            self._errored, self._participation.world_size, self._min_replica_size
+            self._errored, self._participation.vote_size, self._min_replica_size
         )
         decision = self._group_and(vote.should_commit, timeout or self._timeout)
         if not self._served_this_step:
@@ -875,6 +1059,8 @@ class Manager:
             self._commit_failures = 0
         else:
             self._commit_failures += 1
+            with self._stats_lock:
+                self._counters.steps_discarded += 1
             check_commit_failures(self._commit_failures, self._max_retries)
         return decision
 
@@ -926,6 +1112,29 @@ class Manager:
         if self._participation.rank is None:
             return False
         return not (self._healing and self._use_async_quorum)
+
+    def stats(self) -> ManagerStats:
+        """A snapshot of what this rank did so far (see ``ManagerStats``). Cheap and safe from
+        any thread: it never waits for the quorum (quorum fields are the last completed one's)
+        and takes no lock held across I/O."""
+        result = self._quorum_result
+        with self._stats_lock:
+            counters = replace(self._counters)
+        return ManagerStats(
+            step=self._step,
+            quorum_id=result.quorum_id if result is not None else -1,
+            replica_world_size=result.replica_world_size if result is not None else 0,
+            num_participants=self._participation.world_size,
+            participating=self.is_participating(),
+            commit_failures=self._commit_failures,
+            steps_discarded=counters.steps_discarded,
+            heal_count=counters.heal_count,
+            last_heal_seconds=counters.last_heal_seconds,
+            heal_seconds=counters.heal_seconds,
+            heal_bytes_received=counters.heal_bytes_received,
+            heal_bytes_sent=counters.heal_bytes_sent,
+            allreduce_bytes=counters.allreduce_bytes,
+        )
 
     @property
     def use_async_quorum(self) -> bool:

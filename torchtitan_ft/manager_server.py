@@ -13,6 +13,14 @@ through a ``ManagerClient``:
   their votes.
 - ``Kill``: exits the process; only accepted with the configured job token.
 
+The group's ``GroupIdentity`` (configured replica id, model fingerprint, planned number of
+groups; ``set_identity``) goes to the lighthouse in ``QuorumMember.data``, and every quorum is
+checked against the other members' identities (``identity_conflict``). A conflict is fatal for
+a group on its first quorum (a newcomer that joined the wrong job): its ranks' ``Quorum`` calls
+fail with ``FAILED_PRECONDITION``, which ``ManagerClient`` raises as ``ReplicaGroupMismatchError``.
+A group that is already training logs the conflict once and carries on: a bad newcomer must
+not take the job down (at worst the step it joins is discarded).
+
 The server is wire-compatible with torchft 0.2.0: a torchft client can use it, and it can use
 a torchft lighthouse. It runs grpc.aio on its own event-loop thread, so it keeps answering while
 the training thread is busy; blocking lighthouse calls run on short-lived daemon threads so
@@ -24,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import hmac
 import logging
 import os
@@ -44,7 +53,12 @@ from torchtitan_ft.lighthouse.client import CHANNEL_OPTIONS, grpc_target
 from torchtitan_ft.lighthouse.types import Quorum
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
-from torchtitan_ft.quorum_results import QuorumResult, compute_quorum_results
+from torchtitan_ft.quorum_results import (
+    GroupIdentity,
+    QuorumResult,
+    compute_quorum_results,
+    identity_conflict,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +69,20 @@ T = TypeVar("T")
 _ERROR_MARGIN_S = 0.2
 _RETRY_BACKOFF_S = (0.1, 1.0)  # first, max
 _KILL_EXIT_FALLBACK_S = 1.0
+
+
+class ReplicaGroupMismatchError(RuntimeError):
+    """This replica group cannot join the job's quorum: it is inconsistent with a live group
+    (same replica id, different model or group size). The message is one line saying what to
+    change; retrying does not help."""
+
+
+class AddressInUseError(RuntimeError):
+    """The manager server's port is already taken by another process."""
+
+    def __init__(self, bind: str, message: str | None = None) -> None:
+        super().__init__(message or f"manager server cannot listen on {bind!r}: address in use")
+        self.bind = bind
 
 
 class _RpcFailure(Exception):
@@ -115,7 +143,8 @@ class ManagerServer:
 
     Raises:
         ValueError: an argument is out of range.
-        RuntimeError: ``bind`` cannot be listened on.
+        AddressInUseError: the port of ``bind`` is taken.
+        RuntimeError: ``bind`` cannot be listened on for another reason.
     """
 
     def __init__(
@@ -150,6 +179,7 @@ class ManagerServer:
         self._world_size = world_size
         self._quorum_retries = quorum_retries
         self._auth_token = auth_token
+        self._identity: GroupIdentity | None = None
 
         # Only touched on the event-loop thread.
         self._checkpoint_metadata: dict[int, str] = {}
@@ -157,6 +187,9 @@ class ManagerServer:
         self._quorum_round = _QuorumRound(self._new_future())
         self._commit_rounds: dict[int, _CommitRound] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._accepted_quorum = False
+        """Whether a quorum passed the identity check: until then this group is a newcomer."""
+        self._last_conflict: str | None = None
 
         self._closed = False
         self._lighthouse = LighthouseClient(lighthouse_addr, connect_timeout=connect_timeout)
@@ -196,6 +229,11 @@ class ManagerServer:
         """This server's URL, ``http://{hostname}:{port}``."""
         return f"http://{self._hostname}:{self._port}"
 
+    def set_identity(self, identity: GroupIdentity) -> None:
+        """What this group sends in ``QuorumMember.data`` from the next lighthouse request on,
+        and checks the other members against (see the module doc)."""
+        self._identity = identity
+
     def shutdown(self) -> None:
         """Stops serving (in-flight calls are cancelled) and leaves the lighthouse. Idempotent."""
         if self._closed:
@@ -231,8 +269,12 @@ class ManagerServer:
         try:
             port = server.add_insecure_port(bind)
         except RuntimeError as e:
+            if _address_in_use(bind):
+                raise AddressInUseError(bind) from None
             raise RuntimeError(f"manager server cannot listen on {bind!r}: {e}") from e
         if port == 0:
+            if _address_in_use(bind):
+                raise AddressInUseError(bind)
             raise RuntimeError(f"manager server cannot listen on {bind!r}")
         await server.start()
         self._server = server
@@ -363,8 +405,10 @@ class ManagerServer:
                 commit_failures=max(r.commit_failures for r in requests),
                 budget_s=budget_s,
             )
+            self._check_identities(quorum)
         except _RpcFailure as e:
-            logger.warning("replica %s: %s", self._replica_id, e.details)
+            log = logger.error if e.code is grpc.StatusCode.FAILED_PRECONDITION else logger.warning
+            log("replica %s: %s", self._replica_id, e.details)
             rnd.result.set_exception(e)
         else:
             rnd.result.set_result(quorum)
@@ -377,6 +421,25 @@ class ManagerServer:
                         "while asking the lighthouse for a quorum; see its log",
                     )
                 )
+
+    def _check_identities(self, quorum: Quorum) -> None:
+        """Fails the round of a newcomer that conflicts with a peer; a group that is already
+        training logs the conflict (when it changes) and goes on."""
+        conflict = identity_conflict(self._replica_id, quorum)
+        if conflict is None:
+            self._accepted_quorum = True
+            self._last_conflict = None
+            return
+        if not self._accepted_quorum:
+            raise _RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, conflict)
+        if conflict != self._last_conflict:
+            logger.error(
+                "replica %s: quorum %d: %s (this group carries on; the step may be discarded)",
+                self._replica_id,
+                quorum.quorum_id,
+                conflict,
+            )
+        self._last_conflict = conflict
 
     async def _lighthouse_quorum(
         self, step: int, shrink_only: bool, commit_failures: int, budget_s: float
@@ -391,6 +454,8 @@ class ManagerServer:
             self._world_size,
             step,
         )
+        identity = self._identity
+        data = identity.to_data() if identity is not None else None
         while True:
             attempts += 1
             remaining = max(deadline - time.monotonic(), 0.0)
@@ -404,7 +469,7 @@ class ManagerServer:
                         step=step,
                         world_size=self._world_size,
                         shrink_only=shrink_only,
-                        data=None,
+                        data=data,
                         commit_failures=commit_failures,
                     )
                 )
@@ -527,6 +592,21 @@ class ManagerServer:
         return pb.KillResponse()
 
 
+def _address_in_use(bind: str) -> bool:
+    """Whether binding ``host:port`` fails because the address is taken (gRPC does not say)."""
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, int(port)))
+    except OSError as e:
+        return e.errno == errno.EADDRINUSE
+    except ValueError:  # not host:port at all
+        return False
+    return False
+
+
 def _exit_process() -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
@@ -567,7 +647,8 @@ class ManagerClient:
     the channel reconnects with a short backoff (``CHANNEL_OPTIONS``, shared with the
     lighthouse client), so a restarting server is reached quickly.
     Errors: ``TimeoutError`` when a call's deadline passes (or the call is cancelled, as torchft
-    reports it), ``RuntimeError`` with the gRPC status and details otherwise.
+    reports it), ``ReplicaGroupMismatchError`` when ``Quorum`` refuses this group as
+    inconsistent with the job, ``RuntimeError`` with the gRPC status and details otherwise.
 
     Args:
         addr: server URL, ``http://host:port`` (a bare ``host:port`` also works).
@@ -669,4 +750,6 @@ class ManagerClient:
             text = f"ManagerService/{name} at {self._addr} failed: {code.name}: {details}"
             if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
                 raise TimeoutError(text) from None
+            if code is grpc.StatusCode.FAILED_PRECONDITION:
+                raise ReplicaGroupMismatchError(details) from None
             raise RuntimeError(text) from None

@@ -11,15 +11,23 @@ heals from (or serves), and which TCPStore its cross-group process group uses. T
 - the primary for group rank ``g`` is ``max_members[g % len(max_members)]``: its store hosts the
   cross-group process group of group rank ``g`` (spreading store load across replicas);
 - a member recovers when it is behind ``max_step``, or, with ``init_sync`` at step 0, when it is
-  not the primary (so every replica starts from the primary's initial weights);
+  not ``max_members[0]`` (so every replica starts from that member's initial weights). Unlike
+  torchft, which picks the step-0 source per group rank like the store host, one source
+  serves every group rank: a replica group then heals as a whole or not at all, so all its
+  ranks agree on whether it participates in step 0 (whose gradient is the source's alone);
 - the k-th recovering member (in replica-rank order) heals from
   ``up_to_date[(k + g) % len(up_to_date)]``: different group ranks pull their shards from
   different donors.
+
+It also checks that the members of a quorum belong to the same job (``GroupIdentity``, carried
+in ``QuorumMember.data``): same model, same planned number of groups, no replica id used twice.
+torchft 0.2.0 members send no identity; they are not checked.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
@@ -108,9 +116,9 @@ def compute_quorum_results(
         group_rank: rank inside the replica group (>= 0); selects the primary store and offsets
             the recovery source assignment.
         quorum: the quorum issued by the lighthouse (members in any order).
-        init_sync: at step 0, make every member except the primary heal from it so all replicas
-            start from identical weights. With ``False`` nobody heals at step 0 (the caller
-            guarantees identical initialisation, e.g. a fixed seed).
+        init_sync: at step 0, make every member except the first up-to-date one heal from it
+            so all replicas start from identical weights. With ``False`` nobody heals at step 0
+            (the caller guarantees identical initialisation, e.g. a fixed seed).
 
     Raises:
         ValueError: ``replica_id`` is not a member, or ``group_rank`` is negative.
@@ -135,7 +143,7 @@ def compute_quorum_results(
     recovering = [
         rank
         for rank, member in enumerate(members)
-        if _must_recover(member, primary, max_step, init_sync)
+        if _must_recover(member, max_members[0], max_step, init_sync)
     ]
     recovering_set = set(recovering)
     up_to_date = [rank for rank in range(len(members)) if rank not in recovering_set]
@@ -162,8 +170,83 @@ def compute_quorum_results(
 
 
 def _must_recover(
-    member: QuorumMember, primary: QuorumMember, max_step: int, init_sync: bool
+    member: QuorumMember, init_source: QuorumMember, max_step: int, init_sync: bool
 ) -> bool:
     if member.step != max_step:
         return True
-    return init_sync and max_step == 0 and member.replica_id != primary.replica_id
+    return init_sync and max_step == 0 and member.replica_id != init_source.replica_id
+
+
+# ------------------------------------------------------------------------------ group identity
+
+
+@dataclass(frozen=True)
+class GroupIdentity:
+    """What a replica group says about itself in ``QuorumMember.data`` (JSON), so that the
+    members of a quorum can check they run the same job."""
+
+    replica: str
+    """Configured replica id, without the per-process uuid suffix ("" = none configured)."""
+    model: str | None = None
+    """Short model fingerprint (e.g. ``"ab12cd34: 10 params / 6.1M elements"``); None: unknown."""
+    group_size: int | None = None
+    """Planned number of replica groups; None: unknown."""
+
+    def to_data(self) -> dict[str, Any]:
+        """The ``QuorumMember.data`` payload."""
+        return {"replica": self.replica, "model": self.model, "group_size": self.group_size}
+
+    @classmethod
+    def from_data(cls, data: Any) -> GroupIdentity | None:
+        """Decodes ``QuorumMember.data``; None when absent or not ours (e.g. a torchft member)."""
+        if not isinstance(data, dict) or not isinstance(data.get("replica"), str):
+            return None
+        model, group_size = data.get("model"), data.get("group_size")
+        return cls(
+            replica=data["replica"],
+            model=model if isinstance(model, str) else None,
+            group_size=group_size if isinstance(group_size, int) else None,
+        )
+
+
+def identity_conflict(replica_id: str, quorum: Quorum) -> str | None:
+    """The first way member ``replica_id`` is inconsistent with another member of ``quorum``,
+    as one line that says what to do; None when consistent (or not checkable).
+
+    Checked against every other member that sent an identity, in replica-id order: the same
+    configured replica id (a second live group claims it), a different ``group_size``, a
+    different model fingerprint.
+    """
+    members = {m.replica_id: GroupIdentity.from_data(m.data) for m in quorum.participants}
+    mine = members.get(replica_id)
+    if mine is None:
+        return None
+    for other_id in sorted(members):
+        theirs = members[other_id]
+        if other_id == replica_id or theirs is None:
+            continue
+        if mine.replica and theirs.replica == mine.replica:
+            return (
+                f"replica_id {mine.replica!r} is already used by a live replica group; give each "
+                "group a distinct --fault_tolerance.replica_id (Manager replica_id / "
+                "REPLICA_GROUP_ID)"
+            )
+        me, peer = _name(mine, replica_id), _name(theirs, other_id)
+        if None not in (mine.group_size, theirs.group_size) and (
+            mine.group_size != theirs.group_size
+        ):
+            return (
+                f"replica group {me!r} expects group_size={mine.group_size} but {peer!r} "
+                f"expects {theirs.group_size}; give every group the same "
+                "--fault_tolerance.group_size"
+            )
+        if None not in (mine.model, theirs.model) and mine.model != theirs.model:
+            return (
+                f"replica group {me!r} runs a different model than {peer!r} (fingerprint "
+                f"{mine.model} vs {theirs.model}); start every group with the same model config"
+            )
+    return None
+
+
+def _name(identity: GroupIdentity, replica_id: str) -> str:
+    return identity.replica or replica_id

@@ -37,11 +37,6 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 30
 KILL_AT_STEP = 5
 """Group 1 is killed once it has logged this trainer step."""
-NO_INIT_SYNC = ("--fault_tolerance.no-init_sync",)
-"""Both groups start from the same seed. With init_sync and an async quorum, a group healing
-at step 0 contributes zeros but is counted in that step's divisor and in the Manager's
-``batches_committed`` (see the report on ``compute_participation``), which would break the
-exact ledger == batches_committed check below; a heal after a restart is unaffected."""
 
 
 def _dump_path(out: Path, replica: int, rank: int) -> Path:
@@ -308,11 +303,11 @@ def test_killed_replica_group_heals_to_identical_state(tmp_path: Path, ranks: in
     groups: list[_Group] = []
     try:
         address = lighthouse.address()
-        groups = [_Group(r, tmp_path, address, STEPS, *NO_INIT_SYNC, ranks=ranks) for r in range(2)]
+        groups = [_Group(r, tmp_path, address, STEPS, ranks=ranks) for r in range(2)]
         groups[1].wait_for(rf"step:\s*{KILL_AT_STEP}\s+loss", timeout=200)
         groups[1].sigkill()
         killed_output = groups[1].output
-        groups[1] = _Group(1, tmp_path, address, STEPS, *NO_INIT_SYNC, ranks=ranks)
+        groups[1] = _Group(1, tmp_path, address, STEPS, ranks=ranks)
         outputs = [g.finish(timeout=300) for g in groups]
     finally:
         for group in groups:
