@@ -21,6 +21,7 @@ from torchtitan_ft.semi_sync import (
     QuorumMode,
     split_model,
 )
+from torchtitan_ft.semi_sync.local_sgd import initial_optimizer_state
 from torchtitan_ft.semi_sync.simulated import SimulatedReplicaGroups
 
 from ._helpers import loss_fn, make_model, params_of, run_threads, train_steps
@@ -477,6 +478,69 @@ def test_state_dict_round_trip_restores_globals_and_outer_state() -> None:
         assert sa.keys() == sb.keys()
         for k in sa:
             torch.testing.assert_close(sa[k]["momentum_buffer"], sb[k]["momentum_buffer"])
+
+
+# ------------------------------------------------------------------ disk checkpoints
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda ps: torch.optim.SGD(ps, lr=0.7, momentum=0.9, nesterov=True),
+        lambda ps: torch.optim.SGD(ps, lr=0.7, momentum=0.9, weight_decay=0.1),
+        lambda ps: torch.optim.AdamW(ps, lr=0.01),
+        lambda ps: torch.optim.Adam(ps, lr=0.01, amsgrad=True),
+    ],
+    ids=["sgd-nesterov", "sgd-weight-decay", "adamw", "adam-amsgrad"],
+)
+def test_outer_state_created_before_the_first_step_changes_no_numerics(build: Any) -> None:
+    """A checkpoint needs the outer optimizer's state before its first step (DCP loads into
+    existing tensors); created early, it gives bitwise the same steps as created lazily."""
+    models = [make_model(0), make_model(0)]
+    opts = [build(m.parameters()) for m in models]
+    for p in models[1].parameters():
+        opts[1].state[p] = initial_optimizer_state(opts[1], p)
+    for step in range(1, 4):
+        for model, opt in zip(models, opts, strict=True):
+            _inner_step(model, opt, 0, step)
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(a, b), name
+        sa, sb = opts[0].state[a], opts[1].state[b]
+        assert sa.keys() == sb.keys()
+        for key in sa:
+            assert torch.equal(sa[key], sb[key]), (name, key)
+
+
+def test_initial_outer_state_refuses_what_it_cannot_create_exactly() -> None:
+    model = make_model(0)
+    p = next(model.parameters())
+    damped = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5)
+    with pytest.raises(ValueError, match=r"dampening=0\.5"):
+        initial_optimizer_state(damped, p)
+    with pytest.raises(ValueError, match="RMSprop is not supported"):
+        initial_optimizer_state(torch.optim.RMSprop(model.parameters()), p)
+    with pytest.raises(ValueError, match="not in the outer optimizer"):
+        initial_optimizer_state(torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=0.1), p)
+    assert initial_optimizer_state(torch.optim.SGD(model.parameters(), lr=0.1), p) == {}
+
+
+def test_checkpoint_views_share_the_strategy_tensors_and_schedule() -> None:
+    """``global_parameters`` and ``outer_optimizer_state`` hand out the strategy's own tensors
+    (a checkpoint loads into them in place); ``restore_global`` drops local progress."""
+    _, models, strategies = run_diloco(1, sync_every=4, steps=5, num_fragments=2, tau=1)
+    diloco, model = strategies[0], models[0]
+    assert diloco.schedule_state() == {"local_step": 1, "syncs_committed": 2}
+    pairs = diloco.global_parameters()
+    assert [id(p) for p, _ in pairs] == [id(p) for p in model.parameters()]
+    backups = [t for f in diloco._fragments for t in f.backup.tensors]
+    assert all(t is b for (_, t), b in zip(pairs, backups, strict=True))
+    outer = diloco.outer_optimizer_state()
+    assert all(s["momentum_buffer"] is momentum_of(diloco)[id(p)] for p, s in outer)
+    assert any(not torch.equal(p, t) for p, t in pairs)  # local progress since the last sync
+    diloco.restore_global()
+    assert all(torch.equal(p, t) for p, t in pairs)
+    diloco.load_schedule_state({"local_step": 0, "syncs_committed": 5})
+    assert diloco.schedule_state() == {"local_step": 0, "syncs_committed": 5}
 
 
 # ------------------------------------------------------------------ validation

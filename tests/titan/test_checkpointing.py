@@ -15,6 +15,7 @@ import torch
 from torchtitan_ft.titan.checkpointing import (
     DATALOADER_KEY,
     REPLICA_AXIS_KEY,
+    TRAIN_STATE_KEY,
     ReplicaCheckpointer,
     best_reader_state,
     reader_dir,
@@ -68,13 +69,21 @@ class _Loader:
         self.next_index = state["next_index"]
 
 
+class _TrainState:
+    step = 0
+
+
 class _Inner:
     """Stands in for TorchTitan's CheckpointManager (interval 2)."""
 
     def __init__(self, folder: Path) -> None:
         self.enable = True
         self.folder = str(folder)
-        self.states: dict[str, Any] = {DATALOADER_KEY: object(), "model": object()}
+        self.states: dict[str, Any] = {
+            DATALOADER_KEY: object(),
+            "model": object(),
+            TRAIN_STATE_KEY: _TrainState(),
+        }
         self.saved: list[int] = []
         self.purged = 0
         self.closed = False
@@ -125,7 +134,8 @@ class _Axis:
 def _group(folder: Path, replica_id: int, participating_rank: int | None):
     inner, axis = _Inner(folder), _Axis(replica_id, participating_rank)
     batches = CommittedBatches(_Loader(), replica_id, 2)
-    return inner, axis, batches, ReplicaCheckpointer(inner, axis, batches, 0, keep_latest_k=2)
+    checkpointer = ReplicaCheckpointer.for_replica_axis(inner, axis, batches, 0, keep_latest_k=2)
+    return inner, axis, batches, checkpointer
 
 
 def _train(batches: CommittedBatches, steps: int, participants: list[int]) -> None:
@@ -187,17 +197,26 @@ CHECKPOINT_ARGS = (
 )
 
 
-def _run_groups(dump: Path, lighthouse: str, steps: int) -> list[str]:
-    """Two replica groups (1 rank each) sharing ``dump``; returns their outputs."""
+def run_groups_sharing(
+    dump: Path,
+    lighthouse: str,
+    steps: int,
+    *args: str,
+    config: str = "debug_ft_cpu.toml",
+    env: dict[str, str] | None = None,
+) -> list[str]:
+    """Two replica groups (1 rank each) of ``configs/<config>`` sharing the dump folder
+    ``dump``, with ``CHECKPOINT_ARGS`` and ``args``; returns their outputs."""
     procs = []
     for replica in range(2):
-        env = {
+        full_env = {
             **os.environ,
             "NGPU": "1",
             "PYTHON": sys.executable,
             "OMP_NUM_THREADS": "1",
-            "CONFIG_FILE": str(ROOT / "configs" / "debug_ft_cpu.toml"),
+            "CONFIG_FILE": str(ROOT / "configs" / config),
             "TORCHFT_LIGHTHOUSE": lighthouse,
+            **(env or {}),
         }
         command = [
             str(ROOT / "run_train.sh"),
@@ -207,12 +226,13 @@ def _run_groups(dump: Path, lighthouse: str, steps: int) -> list[str]:
             str(dump),
             f"--fault_tolerance.replica_id={replica}",
             *CHECKPOINT_ARGS,
+            *args,
         ]
         procs.append(
             subprocess.Popen(
                 command,
                 cwd=ROOT,
-                env=env,
+                env=full_env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -247,7 +267,7 @@ def test_single_writer_and_full_job_resume(tmp_path: Path) -> None:
 
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
     try:
-        whole = _run_groups(tmp_path / "whole", lighthouse.address(), 6)
+        whole = run_groups_sharing(tmp_path / "whole", lighthouse.address(), 6)
     finally:
         lighthouse.shutdown()
     folder = tmp_path / "whole" / "checkpoint"
@@ -276,10 +296,116 @@ def test_single_writer_and_full_job_resume(tmp_path: Path) -> None:
 
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
     try:
-        resumed = _run_groups(dump, lighthouse.address(), 6)
+        resumed = run_groups_sharing(dump, lighthouse.address(), 6)
     finally:
         lighthouse.shutdown()
     for replica in (0, 1):
         assert f"Training starts at step {last + 1}" in resumed[replica], resumed[replica][-4000:]
         expected = _losses(whole[replica])
         assert _losses(resumed[replica]) == {s: expected[s] for s in range(last + 1, 7)}
+
+
+# --- the strategy state in DCP, under FSDP across 2 ranks ---------------------------------------
+
+
+STRATEGY_VARIANTS = ("diloco-sgd", "diloco-adamw", "local_sgd")
+
+
+def _strategy_checkpoint_worker(rank: int, port: int, folder: str) -> None:
+    """Rank ``rank`` of a 2-rank FSDP group, for each of ``STRATEGY_VARIANTS``: trains the
+    strategy (Streaming DiLoCo with 2 fragments, or LocalSGD; one simulated replica group) for
+    5 steps, saves ``StrategyState`` with DCP, loads it into a strategy built afresh from
+    another seed (whose outer optimizer never stepped) and checks its global parameters,
+    outer-optimizer state and schedule bitwise; writes "ok" or the traceback to
+    ``<folder>/rank<r>.txt``."""
+    import traceback
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from tests.semi_sync._helpers import make_model, train_steps
+    from torchtitan_ft.semi_sync import DiLoCo, LocalSGD, OuterOptimizerConfig, split_model
+    from torchtitan_ft.semi_sync.simulated import SimulatedReplicaGroups
+    from torchtitan_ft.semi_sync.strategy import local_tensor
+    from torchtitan_ft.titan import cpu_compat
+    from torchtitan_ft.titan.semi_sync import StrategyState
+
+    def build(variant: str, seed: int) -> tuple[Any, Any, Any]:
+        model = make_model(seed)
+        for layer in model.layers.values():
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        cpu_compat.force_sum_reduction([model])
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        manager = SimulatedReplicaGroups(1).manager("0")
+        if variant == "local_sgd":
+            return model, inner, LocalSGD(manager, model, inner, 2)
+        config = OuterOptimizerConfig(type=variant.split("-")[1], lr=0.7)
+        return model, inner, DiLoCo(manager, split_model(model, 2), inner, config, 4)
+
+    def tensors(strategy: Any) -> list[torch.Tensor]:
+        """The strategy's own global copies and outer state, in order (local shards)."""
+        out = [local_tensor(t) for _, t in strategy.global_parameters()]
+        if isinstance(strategy, DiLoCo):
+            for _, state in strategy.outer_optimizer_state():
+                out += [local_tensor(state[k]) for k in sorted(state)]
+        return out
+
+    result = "ok"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        for variant in STRATEGY_VARIANTS:
+            model, inner, strategy = build(variant, 0)
+            train_steps(strategy, model, inner, rank, range(1, 6))  # ends mid-cycle
+            checkpoint = f"{folder}/{variant}"
+            dcp.save({"ft_strategy": StrategyState(strategy, model)}, checkpoint_id=checkpoint)
+
+            fresh_model, _, fresh = build(variant, 1)
+            if not all(p.to_local().numel() < p.numel() for p, _ in fresh.global_parameters()[:1]):
+                raise AssertionError("the parameters are not sharded")
+            dcp.load({"ft_strategy": StrategyState(fresh, fresh_model)}, checkpoint_id=checkpoint)
+            expected, got = tensors(strategy), tensors(fresh)
+            has_outer = len(expected) > len(list(model.parameters()))
+            if len(got) != len(expected) or has_outer != variant.startswith("diloco"):
+                raise AssertionError(f"{variant}: {len(got)} tensors loaded, {len(expected)} saved")
+            for i, (a, b) in enumerate(zip(expected, got, strict=True)):
+                if not torch.equal(a, b):
+                    raise AssertionError(f"{variant}: tensor {i} differs after load")
+            if fresh.schedule_state() != strategy.schedule_state():
+                raise AssertionError(f"{variant}: {fresh.schedule_state()} after load")
+    except Exception:  # reported to the parent through the file
+        result = traceback.format_exc()
+    finally:
+        dist.destroy_process_group()
+    Path(folder, f"rank{rank}.txt").write_text(result)
+
+
+@pytest.mark.multiprocess
+def test_strategy_state_round_trips_through_dcp_under_fsdp(tmp_path: Path) -> None:
+    """DiLoCo's (SGD and AdamW outer) and LocalSGD's state, saved by DCP from a 2-rank FSDP
+    group: global parameters (DTensors sharing the backups' storage), outer-optimizer state
+    (created before the load, which fills it) and schedule, loaded into a fresh strategy,
+    every local shard bitwise equal."""
+    from tests._mp import _mp_context, free_port
+
+    ctx = _mp_context()
+    port = free_port()
+    procs = [
+        ctx.Process(
+            target=_strategy_checkpoint_worker, args=(rank, port, str(tmp_path)), daemon=True
+        )
+        for rank in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+        if proc.is_alive():
+            proc.kill()
+    for rank in range(2):
+        report = tmp_path / f"rank{rank}.txt"
+        assert report.exists(), f"rank {rank} exited {procs[rank].exitcode} without a report"
+        assert report.read_text() == "ok", report.read_text()

@@ -95,7 +95,8 @@ def _losses(output: str, steps: int) -> list[float]:
 def _dump(tmp_path: Path, replica: int) -> dict:
     import torch
 
-    return torch.load(tmp_path / f"replica{replica}" / "outputs" / "params_rank0.pt")
+    outputs = tmp_path / f"replica{replica}" / "outputs"
+    return torch.load(outputs / f"params_replica{replica}_rank0.pt")
 
 
 def _commits(output: str) -> int:
@@ -157,10 +158,79 @@ def test_streaming_diloco_run_trains_and_agrees_on_global_parameters(tmp_path: P
     assert not all(torch.equal(dumps[0]["model"][n], dumps[1]["model"][n]) for n in first)
 
 
+def _outer_tensors(dump: dict) -> dict:
+    return {
+        f"{i}.{k}.{n}": v
+        for i, o in enumerate(dump["outer"])
+        for k, s in o["state"].items()
+        for n, v in s.items()
+    }
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_streaming_diloco_resumes_from_a_single_writer_checkpoint(tmp_path: Path) -> None:
+    """Streaming DiLoCo (sync_steps 4, 2 fragments, tau 1), two groups sharing a dump folder,
+    checkpoints every 2 steps: only group 0 writes the full checkpoint, both write reader
+    files. After every process exited, the job resumes from step 4: both groups hold the
+    strategy's global parameters, outer-optimizer momentum and schedule position bitwise as
+    group 0 had them at step 4; group 0 continues with its own local model, so steps 5 and 6
+    log the losses of the uninterrupted run; group 1 starts from the global parameters; each
+    group's reader resumes from its own position at step 4."""
+    import torch
+
+    from tests.titan.test_checkpointing import run_groups_sharing
+    from torchtitan_ft.lighthouse import LighthouseServer
+    from torchtitan_ft.titan.checkpointing import reader_dir, reader_files
+
+    job = tmp_path / "job"
+    env = {"TRAIN_FILE": TRAIN_MODULE, "FT_TEST_DUMP_STEPS": "4"}
+
+    def run(*args: str) -> list[str]:
+        lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
+        try:
+            return run_groups_sharing(
+                job, lighthouse.address(), 6, *args, config="debug_ft_diloco_cpu.toml", env=env
+            )
+        finally:
+            lighthouse.shutdown()
+
+    whole = run()
+    folder = job / "checkpoint"
+    assert sorted(p.name for p in folder.glob("step-*")) == ["step-4", "step-6"]
+    for replica in (0, 1):
+        assert sorted(reader_files(reader_dir(folder, replica, 0))) == [4, 6]
+    assert whole[0].count("Saving the checkpoint") == 3, whole[0][-4000:]
+    assert "Saving" not in whole[1] and whole[1].count("leaves step") == 3, whole[1][-4000:]
+    saved = torch.load(job / "step4_replica0_rank0.pt")
+    assert saved["schedule"] == {"local_step": 0, "syncs_committed": 2}
+    assert _outer_tensors(saved)  # both fragments have stepped: momentum exists
+
+    resumed = run("--checkpoint.load_step=4", "--checkpoint.load_only")
+    for replica in (0, 1):
+        assert "Training starts at step 5" in resumed[replica], resumed[replica][-4000:]
+        first = torch.load(job / f"first_replica{replica}_rank0.pt")
+        assert first["schedule"] == saved["schedule"]
+        _assert_same(_outer_tensors(first), _outer_tensors(saved))
+        for fragment in range(2):
+            _assert_same(first["global"][fragment], saved["global"][fragment])
+        # Each group's reader resumes where its own reader stood after step 4.
+        assert first["loader"] == torch.load(job / f"step4_replica{replica}_rank0.pt")["loader"]
+    _assert_same(torch.load(job / "first_replica0_rank0.pt")["model"], saved["model"])
+    group1 = torch.load(job / "first_replica1_rank0.pt")
+    _assert_same(group1["model"], saved["global_by_name"])
+    for replica in (0, 1):
+        assert "Saving" not in resumed[replica]  # load_only
+    expected = step_metrics(whole[0])
+    assert {s: step_metrics(resumed[0])[s] for s in (5, 6)} == {s: expected[s] for s in (5, 6)}
+
+
 # --- TRAIN_FILE entry point of the runs above -------------------------------------------------
 
 
 def _main() -> None:
+    import os
+
     import torch
     import torch.distributed as dist
 
@@ -170,10 +240,17 @@ def _main() -> None:
     def local(t: torch.Tensor) -> torch.Tensor:
         return t.to_local().detach().clone() if hasattr(t, "to_local") else t.detach().clone()
 
-    class DumpingTrainer(FaultTolerantTrainer):
-        """Saves the model, the strategy's global parameters and outer-optimizer state."""
+    dump_steps = {int(s) for s in os.environ.get("FT_TEST_DUMP_STEPS", "").split(",") if s}
 
-        def close(self) -> None:
+    class DumpingTrainer(FaultTolerantTrainer):
+        """Saves the model, the strategy's global parameters, outer-optimizer state and
+        schedule position: at exit (``params``), before the first step of the run (``first``: what a
+        resumed run loaded) and after the steps listed in ``FT_TEST_DUMP_STEPS``
+        (``step<N>``), as ``<dump_folder>/<name>_replica<id>_rank<r>.pt``."""
+
+        _dumped_first = False
+
+        def _dump(self, name: str) -> None:
             strategy = getattr(self.replica_axis, "strategy", None)
             state = strategy.state_dict() if strategy is not None else {}
             global_ = state.get("global", [])
@@ -181,14 +258,38 @@ def _main() -> None:
                 {"state": {k: {n: local(v) for n, v in s.items()} for k, s in o["state"].items()}}
                 for o in state.get("outer_optimizers", [])
             ]
+            model = self.model_parts[0]
+            names = {id(p): n for n, p in model.named_parameters()}
             dump = {
-                "model": {n: local(p) for n, p in self.model_parts[0].named_parameters()},
+                "model": {n: local(p) for n, p in model.named_parameters()},
                 "global": global_ if isinstance(global_, list) else [global_],
+                "global_by_name": (
+                    {names[id(p)]: t.clone() for p, t in strategy.global_parameters()}
+                    if strategy is not None
+                    else {}
+                ),
+                "schedule": strategy.schedule_state() if strategy is not None else {},
                 "outer": outer,
+                "loader": self.dataloader.state_dict(),
             }
-            path = Path(self.job_config.job.dump_folder) / f"params_rank{dist.get_rank()}.pt"
+            replica = self.replica_axis.replica_id
+            path = (
+                Path(self.job_config.job.dump_folder)
+                / f"{name}_replica{replica}_rank{dist.get_rank()}.pt"
+            )
             path.parent.mkdir(parents=True, exist_ok=True)
             torch.save(dump, path)
+
+        def train_step(self, data_iterator):
+            if not self._dumped_first:
+                self._dumped_first = True
+                self._dump("first")
+            super().train_step(data_iterator)
+            if self.step in dump_steps and self.replica_axis.step_committed():
+                self._dump(f"step{self.step}")
+
+        def close(self) -> None:
+            self._dump("params")
             super().close()
 
     main(trainer_class=DumpingTrainer)

@@ -31,7 +31,12 @@ the same, stays at the same global parameters.
 schedule) is registered with the Manager (``register_state_dict_fn``, key ``"diloco"`` or
 ``"local_sgd"``), so a replica that heals receives it from a healthy peer, and checkpoints that
 save ``state_dict()`` carry it; loading it also resets the model's parameters to the global
-ones. Quorums are formed only at sync points, plus once before the first inner step (the first
+ones. Disk checkpoints that load in place (DCP) use the same state by parameter instead:
+``global_parameters()``, DiLoCo's ``outer_optimizer_state()`` (created before the first outer
+step where needed, with equal numerics: ``initial_optimizer_state``) and
+``schedule_state()``; see ``torchtitan_ft.titan.semi_sync.StrategyState``.
+
+Quorums are formed only at sync points, plus once before the first inner step (the first
 ``start_step``, or the first optimizer step in context-manager mode), so a new replica heals
 before it trains:
 
@@ -142,7 +147,8 @@ class _SemiSync(SyncStrategy, _OptimizerHooks):
     """What LocalSGD and DiLoCo share: the step counter, quorum points and healing.
 
     Subclasses set ``_quorum_at`` (the local step after which the quorum is formed) and
-    implement ``_after_quorum`` (the rest of the sync) and ``_state``/``_load_state``.
+    implement ``_after_quorum`` (the rest of the sync), ``state_dict``/``_load_state`` and
+    ``_backups`` (the global copies).
     """
 
     _state_key = "semi_sync"
@@ -230,6 +236,30 @@ class _SemiSync(SyncStrategy, _OptimizerHooks):
     def _load_state(self, state_dict: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    # Disk checkpoints: the same state, by parameter, in tensors a checkpoint can fill in place.
+
+    def _backups(self) -> list[_Backup]:
+        raise NotImplementedError
+
+    def global_parameters(self) -> list[tuple[nn.Parameter, torch.Tensor]]:
+        """Each synced parameter with its global copy: the backup tensor itself (the
+        parameter's local shard, on ``backup_device``), so a checkpoint can load into it."""
+        return [(p, t) for b in self._backups() for p, t in zip(b.params, b.tensors, strict=True)]
+
+    def restore_global(self) -> None:
+        """Sets every synced parameter to its global value (drops local progress)."""
+        for backup in self._backups():
+            backup.restore()
+
+    def schedule_state(self) -> dict[str, int]:
+        """The position in the sync schedule (``local_step``; DiLoCo adds
+        ``syncs_committed``, which picks the next fragment)."""
+        return {"local_step": self._local_step}
+
+    def load_schedule_state(self, state: dict[str, int]) -> None:
+        """Restores :meth:`schedule_state` output."""
+        self._local_step = int(state["local_step"])
+
 
 class LocalSGD(_SemiSync):
     """Averages the parameters across replica groups every ``sync_every`` inner steps.
@@ -304,6 +334,9 @@ class LocalSGD(_SemiSync):
     def _load_state(self, state_dict: dict[str, Any]) -> None:
         self._backup.load_state_dict(state_dict["global"])
         self._backup.restore()
+
+    def _backups(self) -> list[_Backup]:
+        return [self._backup]
 
 
 @dataclass
@@ -567,6 +600,82 @@ class DiLoCo(_SemiSync):
             opt.load_state_dict(sd)
         self._syncs_committed = int(state_dict["syncs_committed"])
         self._pending = None
+
+    def _backups(self) -> list[_Backup]:
+        return [f.backup for f in self._fragments]
+
+    def schedule_state(self) -> dict[str, int]:
+        """``local_step`` and ``syncs_committed`` (the next fragment is ``syncs_committed % F``)."""
+        return {"local_step": self._local_step, "syncs_committed": self._syncs_committed}
+
+    def load_schedule_state(self, state: dict[str, int]) -> None:
+        """Restores :meth:`schedule_state` output; a sync in flight is dropped (see
+        ``_finish_sync``: every replica resumed from the same state skips it alike)."""
+        self._local_step = int(state["local_step"])
+        self._syncs_committed = int(state["syncs_committed"])
+        self._pending = None
+
+    def outer_optimizer_state(self) -> list[tuple[nn.Parameter, dict[str, torch.Tensor]]]:
+        """Each synced parameter with its outer-optimizer state: the optimizer's own tensors
+        (so a checkpoint can load into them), created first where the optimizer has not
+        stepped yet (:func:`initial_optimizer_state`), so that saved and loaded checkpoints
+        always hold the same tensors."""
+        out = []
+        for f in self._fragments:
+            opt = f.outer_optimizer
+            for p in f.params:
+                if not opt.state.get(p):
+                    opt.state[p] = initial_optimizer_state(opt, p)
+                out.append((p, opt.state[p]))
+        return out
+
+
+def initial_optimizer_state(optimizer: optim.Optimizer, p: nn.Parameter) -> dict[str, torch.Tensor]:
+    """The state ``optimizer`` would create for ``p`` at its first step, with values its step
+    treats exactly as no state: creating it early changes no numerics.
+
+    Supported: SGD without dampening (a zero momentum buffer: ``0 * momentum + grad`` is the
+    first buffer), Adam and AdamW, neither fused nor capturable (zero moments, step 0, as their
+    own first step creates them).
+
+    Raises:
+        ValueError: another optimizer type, or an unsupported option.
+    """
+    group = next((g for g in optimizer.param_groups if any(q is p for q in g["params"])), None)
+    if group is None:
+        raise ValueError("the parameter is not in the outer optimizer's param_groups")
+    if isinstance(optimizer, optim.SGD):
+        if group["momentum"] == 0:
+            return {}
+        if group["dampening"] != 0:
+            raise ValueError(
+                f"outer SGD dampening={group['dampening']}: a checkpoint cannot hold its state "
+                "before the first outer step (dampening must be 0)"
+            )
+        return {"momentum_buffer": torch.zeros_like(p).detach()}
+    if isinstance(optimizer, optim.Adam | optim.AdamW):
+        if group.get("fused") or group.get("capturable"):
+            raise ValueError(
+                f"outer {type(optimizer).__name__} with fused or capturable: a checkpoint cannot "
+                "hold its state before the first outer step (use the default implementation)"
+            )
+        state = {
+            "step": torch.tensor(0.0, dtype=_scalar_dtype()),
+            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format).detach(),
+            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format).detach(),
+        }
+        if group["amsgrad"]:
+            state["max_exp_avg_sq"] = torch.zeros_like(p).detach()
+        return state
+    raise ValueError(
+        f"outer optimizer {type(optimizer).__name__} is not supported by disk checkpoints of "
+        "DiLoCo (supported: SGD, Adam, AdamW)"
+    )
+
+
+def _scalar_dtype() -> torch.dtype:
+    """The dtype of Adam's ``step`` counter (float64 only under a float64 default dtype)."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
 def _check_sync_quorum(strategy: str, manager: ManagerLike, quorum_mode: QuorumMode | None) -> None:

@@ -1,28 +1,31 @@
 """Disk checkpoints of an FT job: one writer for the full checkpoint, a reader file per group.
 
 TorchTitan's ``CheckpointManager`` knows one job; an FT job is several replica groups that
-hold the same weights but read different slices of the data. :class:`ReplicaCheckpointer`
-wraps the trainer's ``CheckpointManager`` (TorchTitan unchanged) so that, on the steps where
-TorchTitan saves (``checkpoint.interval``, the last step):
+hold the same weights (per-step FT; semi-sync: the same global weights) but read different
+slices of the data. :class:`ReplicaCheckpointer` wraps the trainer's ``CheckpointManager``
+(TorchTitan unchanged) so that, on the steps where TorchTitan saves (``checkpoint.interval``,
+the last step):
 
 * **Full checkpoint** (DCP, ``<dump_folder>/<checkpoint.folder>/step-N``): model, optimizer,
-  lr schedulers, train state and the replica axis state (the data ledger of every group and
-  the Manager's step, :class:`ReplicaAxisState`). Written by exactly one replica group: the
-  lowest participating one (``Manager.participating_rank() == 0``), after a committed step.
-  The groups hold identical state, so one copy is enough, and one writer cannot race another
-  in a shared folder. TorchTitan's retention (``keep_latest_k``) runs in the writer, also
-  after the last step (TorchTitan skips it there). The
-  dataloader is *not* in it (each group has its own position).
+  lr schedulers, train state and what the resume policy adds: per-step FT the data ledger of
+  every group and the Manager's step (:class:`ReplicaAxisState`); LocalSGD / DiLoCo the
+  strategy's state (``ft_strategy``) and the Manager's step with the writer's id
+  (:class:`ManagerState`). Written by exactly one replica group: the lowest participating one
+  (``Manager.participating_rank() == 0``), after a committed step, so one writer cannot race
+  another in a shared folder. TorchTitan's retention (``keep_latest_k``) runs in the writer,
+  also after the last step (TorchTitan skips it there). The dataloader is *not* in it (each
+  group has its own position).
 * **Reader state** (``<folder>/ft-replica-<id>/rank<r>/step-N.pt``, plain ``torch.save``, one
   small file per rank, written atomically and synchronously, so the last one is complete when
   the process exits): this rank's dataloader state at its consumed position and that position.
   Every group writes its own, with the same ``keep_latest_k`` retention per directory.
 
-Loading (``Trainer.train`` calls ``load`` first): the latest full checkpoint gives the weights,
-the step and the ledger; each group then restarts its reader from its own file with the
-largest position not beyond the ledger's entry for it, and reads forward to that entry (a
-group that was down when the checkpoint was written, or whose last reader file is newer than
-the full checkpoint, still lands on the exact batch).
+Loading (``Trainer.train`` calls ``load`` first): the full checkpoint gives the weights and the
+step, then each group restarts its reader from its own file with the largest position not
+beyond its target: per-step FT (:class:`LedgerResume`) the ledger's entry for it, read forward
+to it (a group that was down when the checkpoint was written, or whose last reader file is
+newer than the full checkpoint, still lands on the exact batch); semi-sync
+(:class:`SemiSyncResume`) the loaded step.
 """
 
 from __future__ import annotations
@@ -30,15 +33,23 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torchtitan.tools.logging import logger
 
+from torchtitan_ft.titan.data import CommittedBatches
+from torchtitan_ft.titan.semi_sync import SemiSyncReplicaAxis
+
 DATALOADER_KEY = "dataloader"
 """The key of the dataloader in TorchTitan's checkpoint states (removed from the full one)."""
 REPLICA_AXIS_KEY = "ft_replica_axis"
-"""The key of :class:`ReplicaAxisState` in the full checkpoint."""
+"""The key of :class:`ReplicaAxisState` (or semi-sync's :class:`ManagerState`) in the full
+checkpoint."""
+STRATEGY_KEY = "ft_strategy"
+"""The key of the semi-sync strategy's state (``titan.semi_sync.StrategyState``)."""
+TRAIN_STATE_KEY = "train_state"
+"""TorchTitan's key of the trainer (step, tokens seen) in the checkpoint states."""
 _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 
 
@@ -97,30 +108,184 @@ def best_reader_state(states: list[dict[str, Any]], target: int) -> dict[str, An
     return max(usable, key=lambda s: int(s["position"]), default=None)
 
 
+class Resume(Protocol):
+    """What a kind of FT job adds to the full checkpoint and where a group's reader resumes."""
+
+    def states(self) -> dict[str, Any]:
+        """Statefuls added to the full checkpoint, by key."""
+        ...
+
+    def reader_state(self, step: int) -> dict[str, Any]:
+        """This rank's reader file after step ``step``: ``position`` and the loader state."""
+        ...
+
+    def target(self, loaded_step: int) -> int:
+        """The largest reader-file ``position`` usable after loading ``loaded_step``."""
+        ...
+
+    def load_reader_state(self, state: dict[str, Any]) -> None:
+        """Restarts the reader from a reader file."""
+        ...
+
+    def after_load(self) -> None:
+        """Called once the full checkpoint is loaded, before the reader is positioned."""
+        ...
+
+
+class LedgerResume:
+    """Per-step FT: the data position is the ledger's (:class:`CommittedBatches`).
+
+    The full checkpoint carries the ledger and the Manager's step (:class:`ReplicaAxisState`);
+    a group's reader resumes at the ledger's entry for it.
+    """
+
+    def __init__(self, batches: Any, manager: Any) -> None:
+        self._batches = batches
+        self._manager = manager
+
+    def states(self) -> dict[str, Any]:
+        """What this adds to the full checkpoint."""
+        return {REPLICA_AXIS_KEY: ReplicaAxisState(self._batches, self._manager)}
+
+    def reader_state(self, step: int) -> dict[str, Any]:
+        """The reader at its consumed position (not past batches awaiting a retry)."""
+        return self._batches.reader_state()
+
+    def target(self, loaded_step: int) -> int:
+        """The ledger's entry for this group: the batch its reader must reach (reading
+        forward from the best reader file)."""
+        return self._batches.consumed[self._batches.replica_id]
+
+    def load_reader_state(self, state: dict[str, Any]) -> None:
+        self._batches.load_reader_state(state)
+
+    def after_load(self) -> None:
+        """Nothing: every group holds the weights the ledger describes."""
+
+
+class ManagerState:
+    """Stateful (int64 tensors) of the Manager's step and batches committed, and the replica
+    group that wrote the checkpoint (semi-sync, where groups differ between syncs)."""
+
+    def __init__(self, manager: Any, replica_id: int) -> None:
+        self._manager = manager
+        self._replica_id = replica_id
+        self.writer: int | None = None
+        """The replica id of the group that wrote the loaded checkpoint (after a load)."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        manager = self._manager.state_dict()
+        return {
+            "step": torch.tensor(manager["step"], dtype=torch.int64),
+            "batches_committed": torch.tensor(manager["batches_committed"], dtype=torch.int64),
+            "writer": torch.tensor(self._replica_id, dtype=torch.int64),
+        }
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self._manager.load_state_dict(
+            {"step": int(state["step"]), "batches_committed": int(state["batches_committed"])}
+        )
+        self.writer = int(state["writer"])
+
+
+class SemiSyncResume:
+    """LocalSGD / DiLoCo: every inner step consumes the batches it read (there is no commit
+    per step, hence no ledger), so a group's position is simply its dataloader after the
+    save step's batches.
+
+    The full checkpoint carries the strategy's state (``ft_strategy``: global parameters,
+    outer-optimizer state, schedule position) and the Manager's step with the writer's id
+    (:class:`ManagerState`); a group's reader resumes from its own reader file of the loaded
+    step (or the newest before it). After loading, a group other than the writer resets its
+    model to the global parameters: the checkpoint's model is the writer's *local* one, whose
+    progress since each fragment's last sync is the writer's, not this group's.
+
+    Args:
+        dataloader: the group's (stateful) dataloader.
+        replica_axis: the group's ``SemiSyncReplicaAxis`` (after ``gate_step``).
+    """
+
+    def __init__(self, dataloader: Any, replica_axis: Any) -> None:
+        self._dataloader = dataloader
+        self._axis = replica_axis
+        self._manager_state = ManagerState(replica_axis.manager, replica_axis.replica_id)
+
+    def states(self) -> dict[str, Any]:
+        """What this adds to the full checkpoint."""
+        return {
+            REPLICA_AXIS_KEY: self._manager_state,
+            STRATEGY_KEY: self._axis.strategy_state(),
+        }
+
+    def reader_state(self, step: int) -> dict[str, Any]:
+        """The dataloader after step ``step``'s batches; the position is the step."""
+        return {"position": step, "loader": self._dataloader.state_dict()}
+
+    def target(self, loaded_step: int) -> int:
+        """The loaded step: the reader file written at that step, or the newest before it."""
+        return loaded_step
+
+    def load_reader_state(self, state: dict[str, Any]) -> None:
+        self._dataloader.load_state_dict(state["loader"])
+
+    def after_load(self) -> None:
+        """A group other than the writer drops the writer's local progress (see above)."""
+        writer = self._manager_state.writer
+        if writer is not None and writer != self._axis.replica_id:
+            self._axis.strategy.restore_global()
+            logger.info(
+                f"FT: replica group {self._axis.replica_id} resumes from the global parameters "
+                f"(the checkpoint's model is replica group {writer}'s local one)"
+            )
+
+
 class ReplicaCheckpointer:
     """TorchTitan's ``CheckpointManager`` for one replica group of an FT job (see module doc).
 
     Args:
         inner: the trainer's ``CheckpointManager`` (its dataloader entry is removed).
-        replica_axis: the group's ``ManagedReplicaAxis`` (Manager, commit gate).
-        batches: the group's ``CommittedBatches``.
+        replica_axis: the group's replica axis (Manager, commit gate).
+        resume: what the full checkpoint adds and where this group's reader resumes:
+            :class:`LedgerResume` (per-step FT) or :class:`SemiSyncResume`.
         rank: this process's rank inside the replica group.
         keep_latest_k: retention of reader files (``checkpoint.keep_latest_k``; 0 keeps all).
     """
 
     def __init__(
-        self, inner: Any, replica_axis: Any, batches: Any, rank: int, keep_latest_k: int
+        self, inner: Any, replica_axis: Any, resume: Resume, rank: int, keep_latest_k: int
     ) -> None:
         self._inner = inner
         self._axis = replica_axis
-        self._batches = batches
+        self._resume = resume
         self._keep_latest_k = keep_latest_k
         self._last_saved: int | None = None
         inner.states.pop(DATALOADER_KEY, None)
-        inner.states[REPLICA_AXIS_KEY] = ReplicaAxisState(batches, replica_axis.manager)
+        inner.states.update(resume.states())
         self._reader_dir = (
             reader_dir(inner.folder, replica_axis.replica_id, rank) if inner.enable else None
         )
+
+    @classmethod
+    def for_replica_axis(
+        cls, inner: Any, replica_axis: Any, batches: Any, rank: int, keep_latest_k: int
+    ) -> ReplicaCheckpointer:
+        """The checkpointer of a replica axis with a Manager: :class:`SemiSyncResume` for
+        LocalSGD / DiLoCo, :class:`LedgerResume` over ``batches`` (the trainer's
+        ``CommittedBatches``) for per-step FT.
+
+        Raises:
+            TypeError: a per-step axis whose ``batches`` are not a ``CommittedBatches``.
+        """
+        if isinstance(replica_axis, SemiSyncReplicaAxis):
+            resume: Resume = SemiSyncResume(batches, replica_axis)
+        elif isinstance(batches, CommittedBatches):
+            resume = LedgerResume(batches, replica_axis.manager)
+        else:
+            raise TypeError(
+                "per-step FT checkpoints need the trainer's batches read through "
+                f"CommittedBatches, got {type(batches).__name__}"
+            )
+        return cls(inner, replica_axis, resume, rank, keep_latest_k)
 
     @property
     def enable(self) -> bool:
@@ -156,7 +321,7 @@ class ReplicaCheckpointer:
         self._reader_dir.mkdir(parents=True, exist_ok=True)
         path = self._reader_dir / f"step-{step}.pt"
         tmp = path.with_suffix(".tmp")
-        torch.save(self._batches.reader_state(), tmp)
+        torch.save(self._resume.reader_state(step), tmp)
         os.replace(tmp, path)
         for stale in stale_reader_files(reader_files(self._reader_dir), self._keep_latest_k):
             stale.unlink(missing_ok=True)
@@ -165,22 +330,26 @@ class ReplicaCheckpointer:
     def load(self, step: int = -1) -> bool:
         """TorchTitan's load of the full checkpoint, then this group's reader position."""
         loaded = self._inner.load(step)
-        if loaded and self._reader_dir is not None:
-            target = self._batches.consumed[self._batches.replica_id]
+        if not loaded:
+            return False
+        loaded_step = int(self._inner.states[TRAIN_STATE_KEY].step)
+        self._resume.after_load()
+        if self._reader_dir is not None:
+            target = self._resume.target(loaded_step)
             states = [
                 torch.load(path, weights_only=False)
                 for path in reader_files(self._reader_dir).values()
             ]
             best = best_reader_state(states, target)
             if best is not None:
-                self._batches.load_reader_state(best)
+                self._resume.load_reader_state(best)
             logger.info(
-                f"FT: replica group {self._axis.replica_id} resumes its data slice at batch "
-                f"{target} (reader file at {best['position'] if best else 0}); manager step "
-                f"{self._axis.manager.current_step()}"
+                f"FT: replica group {self._axis.replica_id} resumes its data slice from its "
+                f"reader file at position {best['position'] if best else 0} (target {target}); "
+                f"manager step {self._axis.manager.current_step()}"
             )
-            self._last_saved = self._axis.manager.current_step()
-        return loaded
+        self._last_saved = loaded_step
+        return True
 
     def close(self) -> None:
         """Wait for an async full save, then TorchTitan's close."""

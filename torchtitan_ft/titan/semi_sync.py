@@ -23,7 +23,10 @@ The model (one model part; pipeline parallelism is not supported) is split into
 (contiguous ranges of llama3's ``layers``; embeddings join the first fragment, norm and output
 the last). The strategy registers its state (global parameters, outer-optimizer state,
 position in the schedule) with the Manager, so a healing replica receives it together with the
-trainer state; :meth:`SemiSyncReplicaAxis.strategy_state` exposes it as a Stateful.
+trainer state. Disk checkpoints carry it too: :meth:`SemiSyncReplicaAxis.strategy_state` is a
+DCP Stateful (:class:`StrategyState`, key ``ft_strategy``) that the trainer's
+``ReplicaCheckpointer`` adds to the full checkpoint (one writer, a reader file per group; see
+``checkpointing.SemiSyncResume``).
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from torchtitan_ft.semi_sync import (
+    DiLoCo,
+    LocalSGD,
     OuterOptimizerConfig,
     QuorumMode,
     SyncConfig,
@@ -42,6 +48,8 @@ from torchtitan_ft.semi_sync import (
     SyncStrategy,
     build_strategy,
 )
+from torchtitan_ft.semi_sync.strategy import local_tensor, param_data
+from torchtitan_ft.titan.healing import like_param
 from torchtitan_ft.titan.replica_axis import (
     CommitGate,
     CommitGatedLRSchedulers,
@@ -112,18 +120,96 @@ class StrategyDrivenOptimizers:
 
 
 class StrategyState:
-    """The strategy's state as a Stateful (``state_dict``/``load_state_dict``) for checkpoints."""
+    """The strategy's state as a Stateful for TorchTitan's DCP checkpoints (key ``ft_strategy``).
 
-    def __init__(self, strategy: SyncStrategy) -> None:
+    Keyed by the model's parameter names, every tensor laid out like its parameter, so DCP
+    saves and loads it under FSDP like the model itself::
+
+        {"schedule": {"local_step", "syncs_committed" (DiLoCo)},   # int64 scalars
+         "global": {fqn: global parameter},                        # DTensor like the parameter
+         "outer": {fqn: {state name: tensor}}}                     # DiLoCo's outer optimizer
+
+    ``state_dict`` hands out the strategy's own tensors (global copies wrapped as DTensors
+    sharing their storage, the outer optimizer's state), so loading fills them in place; the
+    outer optimizer's state is created first where it has not stepped yet
+    (``initial_optimizer_state``: equal numerics), so a checkpoint always holds the same
+    tensors and a load always finds them. Loading does not touch the model: the trainer's own
+    model state is loaded beside it (see ``SemiSyncResume.after_load``).
+
+    Args:
+        strategy: the LocalSGD or DiLoCo strategy.
+        model: the model it syncs (the parameter names).
+    """
+
+    def __init__(self, strategy: SyncStrategy, model: torch.nn.Module) -> None:
+        if not isinstance(strategy, LocalSGD | DiLoCo):
+            raise TypeError(
+                f"expected a LocalSGD or DiLoCo strategy, got {type(strategy).__name__}"
+            )
         self._strategy = strategy
+        self._names = {id(p): name for name, p in model.named_parameters()}
+
+    def _name(self, p: torch.nn.Parameter) -> str:
+        name = self._names.get(id(p))
+        if name is None:
+            raise ValueError("the strategy syncs a parameter that is not in the model")
+        return name
+
+    def _outer(self) -> list[tuple[torch.nn.Parameter, dict[str, torch.Tensor]]]:
+        if isinstance(self._strategy, DiLoCo):
+            return [(p, s) for p, s in self._strategy.outer_optimizer_state() if s]
+        return []
 
     def state_dict(self) -> dict[str, Any]:
-        """``strategy.state_dict()`` (copies)."""
-        return self._strategy.state_dict()
+        """The schedule position, global parameters and outer-optimizer state (see above)."""
+        schedule = self._strategy.schedule_state()
+        state: dict[str, Any] = {
+            "schedule": {k: torch.tensor(v, dtype=torch.int64) for k, v in schedule.items()},
+            "global": {
+                self._name(p): _like(t.to(param_data(p).device), p)
+                for p, t in self._strategy.global_parameters()
+            },
+        }
+        outer = self._outer()
+        if outer:
+            state["outer"] = {
+                self._name(p): {k: _like(v, p) for k, v in s.items()} for p, s in outer
+            }
+        return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """``strategy.load_state_dict``; also resets the model to the global parameters."""
-        self._strategy.load_state_dict(state_dict)
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Copies a loaded :meth:`state_dict` into the strategy (a no-op where DCP already
+        loaded in place) and restores its schedule position."""
+        for p, t in self._strategy.global_parameters():
+            _copy_local(t, _entry(state, "global", self._name(p)))
+        for p, s in self._outer():
+            loaded = _entry(state, "outer", self._name(p))
+            for k, v in s.items():
+                if k not in loaded:
+                    raise ValueError(
+                        f"checkpoint lacks outer-optimizer state {k!r} of {self._name(p)}"
+                    )
+                _copy_local(v, loaded[k])
+        self._strategy.load_schedule_state({k: int(v) for k, v in state["schedule"].items()})
+
+
+def _like(t: torch.Tensor, p: torch.nn.Parameter) -> torch.Tensor:
+    """``t`` laid out like ``p``: a DTensor stays, a local shard is wrapped (no copy)."""
+    return t if isinstance(t, DTensor) else like_param(t, p)
+
+
+def _entry(state: dict[str, Any], section: str, name: str) -> Any:
+    try:
+        return state[section][name]
+    except KeyError:
+        raise ValueError(f"checkpoint section {section!r} lacks {name!r}") from None
+
+
+def _copy_local(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst_local, src_local = local_tensor(dst), local_tensor(src)
+    if dst_local.data_ptr() != src_local.data_ptr():
+        dst_local.copy_(src_local)
 
 
 class SemiSyncReplicaAxis(NoReplicaAxis):
@@ -193,10 +279,10 @@ class SemiSyncReplicaAxis(NoReplicaAxis):
         return self._gate.committed
 
     def strategy_state(self) -> StrategyState:
-        """The strategy's state as a Stateful (after :meth:`gate_step`)."""
-        if self.strategy is None:
+        """The strategy's state as a Stateful for disk checkpoints (after :meth:`gate_step`)."""
+        if self.strategy is None or self._model_parts is None:
             raise RuntimeError("the strategy is built by gate_step; call it first")
-        return StrategyState(self.strategy)
+        return StrategyState(self.strategy, self._model_parts[0])
 
     def shutdown(self) -> None:
         """Shuts the Manager and the cross-group process group down (once)."""
