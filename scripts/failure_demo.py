@@ -1,4 +1,4 @@
-"""Failure demo: a lighthouse and three replica groups train through kills and a hang.
+"""Failure demo: three replica groups train through kills, a hang and a lighthouse restart.
 
     python scripts/failure_demo.py                 # TorchTitan llama3 debugmodel, CPU, FT
     python scripts/failure_demo.py --model mlp     # the tiny-MLP test harness (fast)
@@ -9,17 +9,20 @@ What happens: a lighthouse (``torchft_lighthouse``) and three replica groups sta
 ``tests/_mp.py``'s training loop (Manager + DDP + OptimizerWrapper). As the job progresses a
 seeded schedule hits it: a replica group is SIGKILLed (the torchrun agent and its workers,
 which torchrun starts in their own sessions) and restarted, one group is hung with SIGSTOP
-for ``--hang_s`` seconds and then resumed with SIGCONT, and another group is killed and
-restarted. Each failure waits until the job is whole again (all groups taking part) or
-``--recovery_timeout_s`` passes. A progress line is printed every few seconds.
+for ``--hang_s`` seconds and then resumed with SIGCONT, the lighthouse is SIGKILLed and started
+again on the same port after ``--lighthouse_down_s`` seconds (the groups' quorum requests wait
+for it), and another group is killed and restarted. Each failure waits until the job is whole
+again (all groups taking part) or ``--recovery_timeout_s`` passes. A progress line is printed
+every few seconds.
 
 At the end, from the groups' logs, it writes to ``--out``:
 
 * ``failure_demo.png``: loss per replica group against step, each group's committed step
   against time (stalls and catch-up are visible), and participants over time, with failure
-  (red) and heal (green) markers;
+  (red), lighthouse restart (black) and heal (green) markers;
 * ``summary.txt`` (also printed): steps committed, failures survived, stall after each failure,
-  heal time (restart to healed) and heal transfer size and time;
+  heal time (restart to healed) and heal transfer size and time, the lighthouse's downtime and
+  the first commit after it came back;
 * the logs: ``lighthouse.log`` and one log per replica-group process.
 
 Needs matplotlib. Everything is local: no network, 127.0.0.1 only.
@@ -54,6 +57,9 @@ from tests._chaos import (  # noqa: E402
 )
 
 GROUPS = 3
+LIGHTHOUSE_KILL = "lighthouse SIGKILL"
+LIGHTHOUSE_RESTART = "lighthouse restart"
+FAILURES = ("SIGKILL", "SIGSTOP", LIGHTHOUSE_KILL)
 
 
 # ------------------------------------------------------------------------------ what we observe
@@ -411,7 +417,7 @@ class Demo:
             flush=True,
         )
         self.wait(self.whole, args.startup_timeout_s, "all groups to train together")
-        plan = [("sigkill", 0.15), ("sigstop", 0.4), ("sigkill", 0.65)]
+        plan = [("sigkill", 0.15), ("sigstop", 0.35), ("lighthouse", 0.5), ("sigkill", 0.65)]
         last_victim: int | None = None
         for kind, fraction in plan:
             target = int(fraction * args.steps)
@@ -419,6 +425,17 @@ class Demo:
                 break
             if self.job_step() > 0.9 * args.steps:
                 print(f"  skipping {kind}: the job is nearly done", flush=True)
+                continue
+            if kind == "lighthouse":
+                # Same port: the groups keep retrying the address they were given.
+                self.event(LIGHTHOUSE_KILL, None)
+                self.lighthouse.kill()
+                time.sleep(args.lighthouse_down_s)
+                self.lighthouse.start()
+                self.event(LIGHTHOUSE_RESTART, None)
+                self.wait(
+                    self.whole, args.recovery_timeout_s, "recovery from the lighthouse restart"
+                )
                 continue
             victim = rng.choice([r for r in range(GROUPS) if r != last_victim])
             last_victim = victim
@@ -463,7 +480,7 @@ def summarize(demo: Demo) -> str:
             best = p.step
             progress.append((p.time, p.step))
     end = max((p.time for p in commits), default=time.time())
-    failures = [e for e in demo.events if e.kind in ("SIGKILL", "SIGSTOP")]
+    failures = [e for e in demo.events if e.kind in FAILURES]
     lines = [
         f"model: {demo.args.model}; replica groups: {GROUPS}; "
         f"min_replicas: {demo.args.min_replicas}; wall time {end - demo.started:.0f}s",
@@ -486,11 +503,23 @@ def summarize(demo: Demo) -> str:
         ok = bool(after)
         survived += ok
         stall = longest_gap(progress, e.time, until) if ok else float("nan")
+        who = e.kind if e.replica is None else f"{e.kind} group {e.replica}"
         lines.append(
-            f"  {e.kind} group {e.replica} at step {e.step} "
+            f"  {who} at step {e.step} "
             f"(t={e.time - demo.started:.1f}s): job stalled {stall:.2f}s at most, "
             f"{'kept committing' if ok else 'NO COMMIT AFTERWARDS'}"
         )
+        if e.kind == LIGHTHOUSE_KILL:
+            back = next(
+                (x for x in demo.events if x.kind == LIGHTHOUSE_RESTART and x.time > e.time), None
+            )
+            if back is not None:
+                first = next((p for p in commits if p.time > back.time), None)
+                after = f"{first.time - back.time:.1f}s later" if first else "NONE"
+                lines.append(
+                    f"    lighthouse down {back.time - e.time:.1f}s (same port); first commit "
+                    f"after it came back: {after}"
+                )
         if e.kind == "SIGKILL":
             group = demo.groups[e.replica]
             inc = next((x for x in group.incarnations if x.started >= e.time), None)
@@ -570,16 +599,23 @@ def plot(demo: Demo, path: Path) -> None:
     ax_part.step(
         [p.time - t0 for p in commits], [p.participants for p in commits], where="post", lw=1.5
     )
-    markers = {"SIGKILL": "tab:red", "SIGSTOP": "darkred", "SIGCONT": "gray", "restart": "gray"}
+    markers = {
+        "SIGKILL": "tab:red",
+        "SIGSTOP": "darkred",
+        "SIGCONT": "gray",
+        "restart": "gray",
+        LIGHTHOUSE_KILL: "black",
+        LIGHTHOUSE_RESTART: "black",
+    }
     for e in demo.events:
         color = markers.get(e.kind, "gray")
-        ls = "-" if e.kind in ("SIGKILL", "SIGSTOP") else "--"
+        ls = "-" if e.kind in FAILURES else "--"
         for ax in (ax_step, ax_part):
             ax.axvline(e.time - t0, color=color, ls=ls, lw=1.2)
-        if e.kind in ("SIGKILL", "SIGSTOP"):
+        if e.kind in FAILURES:
             ax_loss.axvline(e.step, color=color, ls=ls, lw=1.2)
             ax_step.annotate(
-                f"{e.kind} g{e.replica}",
+                "lighthouse" if e.replica is None else f"{e.kind} g{e.replica}",
                 (e.time - t0, 1.0),
                 xycoords=("data", "axes fraction"),
                 xytext=(3, -12),
@@ -593,6 +629,7 @@ def plot(demo: Demo, path: Path) -> None:
         Line2D([], [], color="tab:red", lw=1.2, label="SIGKILL"),
         Line2D([], [], color="darkred", lw=1.2, label="SIGSTOP (hang)"),
         Line2D([], [], color="gray", ls="--", lw=1.2, label="restart / SIGCONT"),
+        Line2D([], [], color="black", lw=1.2, label="lighthouse SIGKILL (- -: back)"),
         Line2D([], [], color="tab:green", ls=":", marker="o", lw=1.2, label="healed"),
     ]
     ylabel = "training loss" if demo.args.model == "titan" else "loss on a fixed eval batch"
@@ -639,7 +676,11 @@ def _title(demo: Demo) -> str:
     model = "llama3 debugmodel (TorchTitan, CPU)" if demo.args.model == "titan" else "tiny MLP"
     kills = sum(1 for e in demo.events if e.kind == "SIGKILL")
     hangs = sum(1 for e in demo.events if e.kind == "SIGSTOP")
-    return f"{GROUPS} replica groups of {model}: {kills} SIGKILL + restart, {hangs} SIGSTOP hang"
+    lighthouse = sum(1 for e in demo.events if e.kind == LIGHTHOUSE_KILL)
+    return (
+        f"{GROUPS} replica groups of {model}: {kills} SIGKILL + restart, {hangs} SIGSTOP hang, "
+        f"{lighthouse} lighthouse restart"
+    )
 
 
 # ------------------------------------------------------------------------------ CLI
@@ -650,7 +691,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="failure_demo.py",
         description=(
             "Start a lighthouse and 3 fault-tolerant replica groups, SIGKILL/restart and "
-            "SIGSTOP them on a schedule, then plot and summarize what happened."
+            "SIGSTOP them and restart the lighthouse on a schedule, then plot and summarize "
+            "what happened."
         ),
     )
     p.add_argument(
@@ -681,6 +723,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--join_timeout_ms", type=int, default=2000, help="(default: %(default)s)")
     p.add_argument("--restart_delay_s", type=float, default=1.0, help="(default: %(default)s)")
+    p.add_argument(
+        "--lighthouse_down_s",
+        type=float,
+        default=2.0,
+        help="how long the lighthouse stays down before it is started again (default: %(default)s)",
+    )
     p.add_argument(
         "--recovery_timeout_s",
         type=float,

@@ -165,15 +165,19 @@ def resolve_manager_settings(
     return settings
 
 
-def check_lighthouse_url(addr: Resolved[str]) -> None:
-    """Raises ValueError unless the lighthouse address is ``http://host:port``."""
-    url = addr.value
+def is_lighthouse_url(url: str) -> bool:
+    """Whether ``url`` has the form of a lighthouse address, ``http://host:port``."""
     parts = urlsplit(url)
     try:
         port = parts.port
     except ValueError:
         port = None
-    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and port is not None
+
+
+def check_lighthouse_url(addr: Resolved[str]) -> None:
+    """Raises ValueError unless the lighthouse address is ``http://host:port``."""
+    if not is_lighthouse_url(addr.value):
         raise ValueError(
             f"lighthouse address {addr.describe()} is not http://host:port, "
             "e.g. http://localhost:29510"

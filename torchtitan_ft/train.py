@@ -5,8 +5,10 @@ Order matters, which is why this is a separate module and not ``-m torchtitan.tr
 1. the CPU compatibility fixes (``torchtitan_ft.titan.cpu_compat``) run *at import*, before
    anything imports TorchTitan (a no-op when CUDA is available);
 2. the project's corpora are registered in TorchTitan's ``DATASETS``;
-3. TOML + CLI are parsed into the extended ``JobConfig`` and validated, before any process
-   group exists (a bad key or value stops every rank with one message);
+3. TOML + CLI are parsed into the extended ``JobConfig`` and validated, and the tokenizer
+   directory is checked, before any process group exists: a missing or malformed config file,
+   an unknown key or flag, a bad value or a missing tokenizer stops every rank with one line
+   (``torchtitan_ft: config error: ...``, exit status 1);
 4. TorchTitan's own ``Trainer`` (subclassed as ``FaultTolerantTrainer``) trains.
 
 Without ``--job.config_file`` the checkout's ``configs/debug_cpu.toml`` (llama3 debugmodel,
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     import torch
     from torchtitan.tools.logging import init_logger, logger
 
-    from torchtitan_ft.titan.config import ConfigError, parse_job_config
+    from torchtitan_ft.titan.config import ConfigError, check_local_paths, parse_job_config
     from torchtitan_ft.titan.data import register_datasets
     from torchtitan_ft.titan.trainer import FaultTolerantTrainer
 
@@ -51,6 +53,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     args = with_default_config(list(sys.argv[1:] if argv is None else argv))
     try:
         config = parse_job_config(args)
+        check_local_paths(config)
     except ConfigError as e:
         raise SystemExit(f"torchtitan_ft: config error: {e}") from None
 

@@ -9,10 +9,15 @@ from torchtitan_ft.titan.config import (
     ConfigError,
     FaultTolerance,
     JobConfig,
+    check_cli_args,
+    check_lighthouse_addr,
+    check_local_paths,
     check_timeout_order,
     parse_job_config,
     validate_fault_tolerance,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _toml(tmp_path: Path, text: str) -> str:
@@ -110,17 +115,131 @@ def test_unknown_toml_section_is_named(tmp_path: Path) -> None:
         parse_job_config(["--job.config_file", path])
 
 
-def test_unknown_cli_flag_exits(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        parse_job_config(["--fault_tolerance.replica_ids=1"])
-    assert exit_info.value.code == 2
-    assert "replica_ids" in capsys.readouterr().err.replace("-", "_")
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--fault_tolerance.quorum_mode=bogus"],
+            "--fault_tolerance.quorum_mode='bogus' is invalid: expected one of 'async', 'sync'",
+        ),
+        (
+            ["--fault_tolerance.group_size", "abc"],
+            "--fault_tolerance.group_size='abc' is invalid: expected an integer",
+        ),
+        (
+            ["--fault_tolerance.max_retries=x"],
+            "--fault_tolerance.max_retries='x' is invalid: expected an integer or None",
+        ),
+        (
+            ["--fault_tolerance.group_size"],
+            "--fault_tolerance.group_size needs a value: expected an integer",
+        ),
+        (
+            ["--fault_tolerance.enable=true"],
+            "--fault_tolerance.enable is a flag and takes no value: write "
+            "--fault_tolerance.enable or --fault_tolerance.no-enable",
+        ),
+        (
+            ["--fault_tolerance.replica_ids=1"],
+            "unknown flag --fault_tolerance.replica_ids; "
+            "did you mean --fault_tolerance.replica_id?",
+        ),
+        (
+            ["--fault-tolerence.enable"],
+            "unknown flag --fault-tolerence.enable; did you mean --fault_tolerance.enable?",
+        ),
+        (["--training.steps=ten"], "--training.steps='ten' is invalid: expected an integer"),
+        (["--optimizer.lr=fast"], "--optimizer.lr='fast' is invalid: expected a number"),
+    ],
+)
+def test_bad_cli_flag_is_one_config_error(args: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_job_config(args)
+    assert str(error.value).startswith(message), str(error.value)
 
 
-def test_bad_cli_choice_exits(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        parse_job_config(["--fault_tolerance.quorum_mode=sometimes"])
-    assert "sometimes" in capsys.readouterr().err
+def test_good_cli_spellings_pass_the_flag_check() -> None:
+    check_cli_args(
+        [
+            "--fault-tolerance.group-size=3",
+            "--fault_tolerance.no-init_sync",
+            "--fault_tolerance.no_init_sync",
+            "--fault_tolerance.max_retries=None",
+            "--fault_tolerance.replica_id",
+            "1",
+            "--optimizer.lr=1e-3",
+            "--debug.seed",
+            "-1",
+            "--job.print_config",
+            "--parallelism.fsdp_reshard_after_forward=never",
+        ]
+    )
+
+
+def test_unknown_cli_flags_pass_with_a_custom_config_module() -> None:
+    check_cli_args(["--custom.flag=1", "--fault_tolerance.extra=x"], allow_unknown=True)
+    with pytest.raises(ConfigError, match="expected an integer"):
+        check_cli_args(["--fault_tolerance.group_size=x"], allow_unknown=True)
+
+
+def test_bad_cli_value_exits_with_one_line() -> None:
+    """Through the entry point, in a subprocess: nothing but the one line, exit status 1."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "torchtitan_ft.train", "--fault_tolerance.quorum_mode=bogus"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr == (
+        "torchtitan_ft: config error: --fault_tolerance.quorum_mode='bogus' is invalid: "
+        "expected one of 'async', 'sync'\n"
+    )
+
+
+def test_missing_config_file_is_named(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match=rf"--job.config_file '{missing}' does not exist: pass"):
+        parse_job_config(["--job.config_file", missing])
+    with pytest.raises(
+        ConfigError,
+        match=r"--job.config_file 'nope.toml' \(from the working directory .*\) does not exist",
+    ):
+        parse_job_config(["--job.config_file=nope.toml"])
+    with pytest.raises(ConfigError, match=r"--job.config_file '.*' cannot be read: Is a directory"):
+        parse_job_config([f"--job.config_file={tmp_path}"])
+
+
+def test_malformed_config_file_names_line_and_column(tmp_path: Path) -> None:
+    path = _toml(tmp_path, "[training]\nsteps = 10\n[fault_tolerance\nenable = true\n")
+    with pytest.raises(ConfigError) as error:
+        parse_job_config(["--job.config_file", path])
+    message = str(error.value)
+    assert message.startswith(f"--job.config_file {path!r} is not valid TOML: ")
+    assert "(at line 3, column 17)" in message, message
+
+
+def test_non_utf8_config_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'[job]\ndescription = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        parse_job_config(["--job.config_file", str(path)])
+
+
+def test_bad_value_in_any_toml_section_is_named(tmp_path: Path) -> None:
+    path = _toml(tmp_path, '[training]\nsteps = "ten"\n')
+    with pytest.raises(
+        ConfigError, match=r"job.toml: training.steps='ten' is invalid: expected an integer"
+    ):
+        parse_job_config(["--job.config_file", path])
+    path = _toml(tmp_path, "training = 3\n")
+    with pytest.raises(ConfigError, match=r"training must be a table \(\[training\]\)"):
+        parse_job_config(["--job.config_file", path])
 
 
 @pytest.mark.parametrize(
@@ -216,4 +335,101 @@ def test_entry_point_reports_config_error_before_any_process_group() -> None:
 
     with pytest.raises(SystemExit, match=r"config error: fault_tolerance\.group_size must be set"):
         main(["--fault_tolerance.enable"])
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize(
+    ("ft", "env", "message"),
+    [
+        (
+            FaultTolerance(enable=True, group_size=1, lighthouse_addr="localhost:29510"),
+            {},
+            r"fault_tolerance.lighthouse_addr='localhost:29510' is not a lighthouse URL: "
+            r"expected http://host:port",
+        ),
+        (
+            FaultTolerance(enable=True, group_size=1, lighthouse_addr="http://host"),
+            {},
+            "lighthouse_addr='http://host' is not a lighthouse URL",
+        ),
+        (
+            FaultTolerance(enable=True, group_size=1),
+            {"TORCHFT_LIGHTHOUSE": "lighthouse:29510"},
+            r"env TORCHFT_LIGHTHOUSE \(as fault_tolerance.lighthouse_addr is empty\)="
+            r"'lighthouse:29510' is not a lighthouse URL",
+        ),
+    ],
+)
+def test_malformed_lighthouse_url_is_named(ft, env, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        check_lighthouse_addr(ft, env)
+
+
+def test_good_lighthouse_urls_pass() -> None:
+    ft = FaultTolerance(enable=True, group_size=1, lighthouse_addr="http://10.0.0.5:29510")
+    check_lighthouse_addr(ft, {"TORCHFT_LIGHTHOUSE": "garbage"})  # the explicit value wins
+    check_lighthouse_addr(FaultTolerance(enable=True, group_size=1), {})  # default URL
+
+
+def test_malformed_lighthouse_url_stops_validation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHFT_LIGHTHOUSE", raising=False)
+    with pytest.raises(ConfigError, match="is not a lighthouse URL"):
+        parse_job_config(
+            [
+                "--fault_tolerance.enable",
+                "--fault_tolerance.group_size=1",
+                "--fault_tolerance.lighthouse_addr=127.0.0.1:29510",
+            ]
+        )
+
+
+def test_tokenizer_directory_is_checked_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = parse_job_config(["--job.config_file", str(ROOT / "configs" / "debug_ft_cpu.toml")])
+    monkeypatch.chdir(ROOT)
+    check_local_paths(config)  # the shipped configs work from the repository root
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as error:
+        check_local_paths(config)
+    message = str(error.value)
+    assert message.startswith(
+        f"model.hf_assets_path='./torchtitan_ft/assets/tokenizer' (from the working directory "
+        f"{tmp_path}) is not a directory: put the model's tokenizer (tokenizer.json) there"
+    ), message
+    (tmp_path / "empty").mkdir()
+    config.model.hf_assets_path = str(tmp_path / "empty")
+    with pytest.raises(ConfigError, match=r"holds no tokenizer\.json / vocab\.json / vocab\.txt"):
+        check_local_paths(config)
+    config.model.hf_assets_path = str(ROOT / "torchtitan_ft" / "assets" / "tokenizer")
+    check_local_paths(config)  # an absolute path works from anywhere
+
+
+def test_unknown_model_is_named() -> None:
+    config = parse_job_config(["--model.name=llama9"])
+    with pytest.raises(
+        ConfigError, match=r"model.name='llama9' is not a registered model.*'llama3'"
+    ):
+        check_local_paths(config)
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("debug*.toml")))
+def test_shipped_debug_configs_find_their_tokenizer(
+    config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)  # where run_train.sh is started from
+    check_local_paths(parse_job_config(["--job.config_file", str(ROOT / "configs" / config)]))
+
+
+def test_missing_tokenizer_stops_the_entry_point_before_any_process_group(
+    tmp_path: Path,
+) -> None:
+    import torch.distributed as dist
+
+    from torchtitan_ft.train import main
+
+    with pytest.raises(
+        SystemExit, match=r"config error: model.hf_assets_path=.* is not a directory"
+    ):
+        main([f"--model.hf_assets_path={tmp_path / 'missing'}"])
     assert not dist.is_initialized()

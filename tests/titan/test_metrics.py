@@ -14,7 +14,6 @@ from torchtitan_ft.titan.metrics import (
     FTMetricLogger,
     FTMetrics,
     install_log_prefix,
-    model_config_fingerprint,
 )
 
 
@@ -67,20 +66,6 @@ def test_semi_sync_commit_scalars_come_from_strategy_stats() -> None:
     assert scalars["ft/commit_failures"] == 1
     assert scalars["ft/syncs_committed"] == 2
     assert scalars["ft/bytes_synced"] == 300  # what the Manager's allreduce was handed
-
-
-def test_model_config_fingerprint_follows_the_model_config() -> None:
-    from torchtitan_ft.titan.config import JobConfig
-
-    config = JobConfig()
-    config.model.name, config.model.flavor = "llama3", "debugmodel"
-    first = model_config_fingerprint(config)
-    assert first == model_config_fingerprint(config)
-    assert " params / " in first
-    config.model.flavor = "debugmodel_flex_attn"  # another attention, the same weights
-    assert model_config_fingerprint(config) == first
-    config.model.flavor = "8B"  # built on the meta device: no memory
-    assert model_config_fingerprint(config) != first
 
 
 def test_logger_adds_ft_scalars_at_the_same_step() -> None:

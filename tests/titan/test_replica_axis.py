@@ -12,6 +12,7 @@ from torchtitan_ft.titan.replica_axis import (
     build_replica_axis,
     has_fsdp,
     install_replica_allreduce_hook,
+    model_config_fingerprint,
     replica_dataloader_shard,
     shard_on_single_rank,
 )
@@ -45,16 +46,13 @@ def test_disabled_axis_is_identity() -> None:
     assert axis.install_gradient_sync([torch.nn.Linear(2, 2)]) == 0
 
 
-@pytest.mark.parametrize(
-    ("field", "value"), [("semi_sync_method", "diloco"), ("checkpoint_transport", "pg")]
-)
-def test_unwired_ft_options_are_refused_not_faked(field: str, value: str) -> None:
+def test_per_step_builder_points_semi_sync_jobs_to_their_builder() -> None:
     from torchtitan_ft.titan.config import JobConfig
 
     config = JobConfig()
     config.fault_tolerance.enable = True
-    setattr(config.fault_tolerance, field, value)
-    with pytest.raises(NotImplementedError, match=f"{field}.*not wired"):
+    config.fault_tolerance.semi_sync_method = "diloco"
+    with pytest.raises(ValueError, match=r"semi_sync_method='diloco'.*build_semi_sync_axis"):
         build_replica_axis(config)
 
 
@@ -116,3 +114,17 @@ def test_shutdown_runs_once() -> None:
     axis.shutdown()
     axis.shutdown()
     assert calls == [1]
+
+
+def test_model_config_fingerprint_follows_the_model_config() -> None:
+    from torchtitan_ft.titan.config import JobConfig
+
+    config = JobConfig()
+    config.model.name, config.model.flavor = "llama3", "debugmodel"
+    first = model_config_fingerprint(config)
+    assert first == model_config_fingerprint(config)
+    assert " params / " in first
+    config.model.flavor = "debugmodel_flex_attn"  # another attention, the same weights
+    assert model_config_fingerprint(config) == first
+    config.model.flavor = "8B"  # built on the meta device: no memory
+    assert model_config_fingerprint(config) != first

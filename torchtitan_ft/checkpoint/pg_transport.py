@@ -11,6 +11,8 @@ donor stalls for the transfer; prefer ``HTTPTransport`` where that matters.
 
 from __future__ import annotations
 
+import logging
+import time
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -20,6 +22,8 @@ import torch.distributed as dist
 from torchtitan_ft.checkpoint._serialization import Header, flatten, layout, unflatten
 from torchtitan_ft.checkpoint._staging import as_bytes
 from torchtitan_ft.checkpoint.transport import CheckpointTransferError, CheckpointTransport
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -56,8 +60,10 @@ class PGTransport(CheckpointTransport[T]):
 
         Raises TypeError for unsupported leaves and CheckpointTransferError when a send fails.
         """
+        started = time.perf_counter()
         tree, tensors = flatten(state_dict)
-        header = Header(step=step, tree=tree, tensors=layout(tensors)).to_bytes()
+        specs = layout(tensors)
+        header = Header(step=step, tree=tree, tensors=specs).to_bytes()
         length = torch.tensor([len(header)], dtype=torch.int64, device=self._device)
         header_t = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(self._device)
         payload = [as_bytes(t).to(self._device).contiguous() for t in tensors if t.numel()]
@@ -69,6 +75,13 @@ class PGTransport(CheckpointTransport[T]):
                 raise CheckpointTransferError(
                     f"sending step {step} to rank {dst} failed: {e}"
                 ) from e
+        logger.info(
+            "sent step %d to ranks %s over the process group: %.1f MB in %.3f s",
+            step,
+            dst_ranks,
+            sum(s.nbytes for s in specs) / 1e6,
+            time.perf_counter() - started,
+        )
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> T:
         """Receives the state of ``step`` from ``src_rank`` (``metadata`` is unused).
@@ -76,6 +89,7 @@ class PGTransport(CheckpointTransport[T]):
         Raises CheckpointTransferError when the source fails or sends another step (its
         tensors are drained first so the process group stays in sync).
         """
+        started = time.perf_counter()
         try:
             length = torch.zeros(1, dtype=torch.int64, device=self._device)
             self._recv(length, src_rank, timeout)
@@ -97,9 +111,19 @@ class PGTransport(CheckpointTransport[T]):
                 f"rank {src_rank} sent step {header.step}, requested step {step}"
             )
         try:
-            return unflatten(header.tree, tensors)
+            state_dict = unflatten(header.tree, tensors)
         except ValueError as e:
             raise CheckpointTransferError(f"step {step} from rank {src_rank}: {e}") from e
+        elapsed = time.perf_counter() - started
+        logger.info(
+            "received step %d from rank %d: %.1f MB in %.3f s (%.0f MB/s) over the process group",
+            step,
+            src_rank,
+            header.total_bytes / 1e6,
+            elapsed,
+            header.total_bytes / 1e6 / max(elapsed, 1e-9),
+        )
+        return state_dict
 
     def _recv(self, t: torch.Tensor, src: int, timeout: timedelta) -> Any:
         self._pg.recv([t], src, _TAG).wait(timeout)

@@ -15,9 +15,13 @@ Every field reads from TOML (``[fault_tolerance]`` in ``--job.config_file``) and
 ``lighthouse_addr`` an empty value falls back to the ``TORCHFT_LIGHTHOUSE`` env var, then to
 ``http://localhost:29510`` (an explicit value is never overridden by the env var).
 
-:func:`parse_job_config` parses and then :func:`validate_job_config` checks everything; both
-run before any process group exists and raise one :class:`ConfigError` naming the bad key or
-value (and, for timeouts, which one to raise).
+:func:`parse_job_config` reads the TOML file and checks it (:func:`load_toml`,
+:func:`check_toml_values`) and the command line (:func:`check_cli_args`) before TorchTitan's
+parser (tyro) sees them, then :func:`validate_job_config` checks the values;
+:func:`check_local_paths` checks the files a run needs on this machine (the tokenizer). The
+entry point runs all of them before any process group exists; each raises one
+:class:`ConfigError` naming the bad file, key, flag or value and what to do (for timeouts,
+which one to raise).
 
 Mapping onto the runtime (``torchtitan_ft.manager.Manager`` and the sync strategies):
 
@@ -33,7 +37,7 @@ config field                           runtime argument
 ``replica_id``                         ``Manager(replica_id=f"{prefix}{replica_id}")``
 ``init_sync``                          ``Manager(init_sync)``
 ``max_retries`` / ``quorum_retries``   ``Manager(max_retries / quorum_retries)``
-``checkpoint_transport``               ``Manager(checkpoint_transport=HTTPTransport|PGTransport)``
+``checkpoint_transport``               ``Manager(checkpoint_transport)`` ("pg": ``PGTransport``)
 ``auth_token``                         ``Manager(auth_token)`` ("" -> None)
 ``hostname``                           ``Manager(hostname)`` ("" -> socket.gethostname())
 ``quorum_mode``                        ``Manager(use_async_quorum = quorum_mode == "async")``
@@ -43,15 +47,19 @@ config field                           runtime argument
 """
 
 import difflib
+import os
 import sys
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
 from torchtitan.config import ConfigManager
 from torchtitan.config import FaultTolerance as TitanFaultTolerance
 from torchtitan.config import JobConfig as TitanJobConfig
+
+from torchtitan_ft.config_env import DEFAULT_LIGHTHOUSE_ADDR, LIGHTHOUSE_ENV, is_lighthouse_url
 
 try:
     import tomllib
@@ -137,10 +145,15 @@ class FaultTolerance(TitanFaultTolerance):
 
     hostname: str = ""
     """
-    Host name other replica groups use to reach this group's manager server and checkpoint
-    server. Default "" = ``socket.gethostname()`` (servers listen on all interfaces). A loopback
-    name ("127.0.0.1", "localhost") makes them listen on loopback only: single-machine runs
-    and tests. Applies when ``enable``.
+    The host name other replica groups dial to reach this group's servers. They are the
+    ManagerServer (group rank 0, advertised as ``http://<hostname>:<port>`` to the lighthouse
+    and to healing peers) and, with ``checkpoint_transport = "http"``, every rank's checkpoint
+    server (also the group's TCPStore host when ``MASTER_ADDR`` is unset). Default "" =
+    ``socket.gethostname()``, which must resolve to an address the other machines reach. It also
+    decides where the servers listen: a loopback name ("127.0.0.1", "localhost", "::1") keeps
+    the ManagerServer on loopback (otherwise it listens on all interfaces); the checkpoint
+    server listens on the address ``hostname`` resolves to. Use "127.0.0.1" for single-machine
+    runs and tests. Applies when ``enable``.
     """
 
     step_timeout_ms: int = 60000
@@ -161,9 +174,14 @@ class FaultTolerance(TitanFaultTolerance):
 
     connect_timeout_ms: int = 60000
     """
-    Timeout for connecting to the lighthouse and to the group's manager server, in
-    milliseconds. Default 60000 (torchft's ``connect_timeout``). Lower = a missing lighthouse is
-    reported sooner. Must be <= ``quorum_timeout_ms``. Applies when ``enable``.
+    Timeout of the connections made at start-up and when healing, in milliseconds. They are:
+    ranks > 0 waiting for group rank 0 to publish its ManagerServer address in the group's
+    TCPStore, connecting to that TCPStore and to the group's ManagerServer, and, when healing,
+    connecting to the donor's ManagerServer. Default 60000 (torchft's ``connect_timeout``). It
+    does not bound a quorum request to a lighthouse that cannot be reached: that waits
+    ``quorum_timeout_ms``. Lower = a group rank 0 that never comes up is reported sooner; too
+    low fails a slow start-up of rank 0. Must be <= ``quorum_timeout_ms``. Applies when
+    ``enable``.
     """
 
     quorum_mode: QuorumMode = "async"
@@ -198,23 +216,38 @@ class FaultTolerance(TitanFaultTolerance):
 
     quorum_retries: int = 0
     """
-    Extra attempts of a failed quorum request before the step fails. Default 0. Retries
-    absorb a lighthouse restart at the cost of a longer stall when it is really down. Applies
-    when ``enable``.
+    Extra attempts of a quorum request that failed with an error, within the same
+    ``quorum_timeout_ms``. Group rank 0's ManagerServer asks the lighthouse again after an
+    error (e.g. the lighthouse rejected the request or the call broke), after a backoff of
+    0.1 s doubling up to 1 s. Default 0. All attempts share the one
+    ``quorum_timeout_ms`` deadline, so retries never lengthen the wait; an unreachable
+    lighthouse (down or restarting) is retried until that deadline whatever this value is.
+    When the quorum finally fails, ``should_commit`` raises and the process exits (torchrun
+    may restart it). Raise it to ride out transient lighthouse errors. Applies when
+    ``enable``.
     """
 
     checkpoint_transport: CheckpointTransportName = "http"
     """
-    How a recovering replica group receives live state from a healthy one: "http" (default,
-    served by the donor in the background, chunked) or "pg" (over a process group, fast
-    between GPUs). Applies when ``enable``.
+    How a recovering replica group receives live state from a healthy one: "http" (default) or
+    "pg". Each rank receives its own FSDP shards. "http": every rank runs a checkpoint server;
+    the donor snapshots its state into memory and keeps training while the healer downloads it.
+    "pg": the donor sends it with send/recv on the cross-group process group (``process_group``;
+    no extra server or port, fast between GPUs with "nccl"), and stalls until the healer
+    received it. Each tensor must arrive within ``process_group_timeout_ms``. Applies when
+    ``enable``.
     """
 
     auth_token: str = ""
     """
-    Shared secret required by the manager and checkpoint servers. Default "" = no
-    authentication (acceptable on loopback only). Prefer passing it on the CLI from a secret
-    store over writing it into a TOML file. Applies when ``enable``.
+    Job-wide secret, the same in every replica group. Default "" = none: the ManagerServer
+    refuses every Kill request (the lighthouse's kill action cannot stop this group) and the
+    HTTP checkpoint server answers anyone who reaches its port. When set, Kill requests
+    (forwarded by the lighthouse, which needs the same token) must carry it, and with
+    ``checkpoint_transport = "http"`` so must every checkpoint request, so groups with
+    different tokens cannot heal from each other (401). It travels in clear text (no TLS) and
+    is not read from ``TORCHFT_AUTH_TOKEN``. A token in a TOML file is visible to whoever
+    reads the file, one on the command line in the process list. Applies when ``enable``.
     """
 
     sync_steps: int = 5
@@ -367,6 +400,7 @@ def _check_enabled_relations(ft: Any, job_config: Any) -> None:
         f"{SECTION}.group_size={ft.group_size}",
     )
     check_timeout_order(ft)
+    check_lighthouse_addr(ft)
     if ft.semi_sync_method != "none":
         _require(
             ft.quorum_mode == "sync",
@@ -398,6 +432,27 @@ def check_semi_sync_schedule(ft: Any) -> None:
             f"num_fragments={ft.num_fragments}, fragment_sync_delay={ft.fragment_sync_delay}): "
             f"{e}"
         ) from None
+
+
+def check_lighthouse_addr(ft: Any, env: Mapping[str, str] | None = None) -> None:
+    """The lighthouse address the Manager will use (``lighthouse_addr``, else the
+    ``TORCHFT_LIGHTHOUSE`` env var of ``env``, default ``os.environ``) must be
+    ``http://host:port``. Whether a lighthouse answers there is only known at the first quorum."""
+    env = os.environ if env is None else env
+    if ft.lighthouse_addr:
+        url, origin = ft.lighthouse_addr, f"{SECTION}.lighthouse_addr"
+    elif env.get(LIGHTHOUSE_ENV):
+        url, origin = (
+            env[LIGHTHOUSE_ENV],
+            f"env {LIGHTHOUSE_ENV} (as {SECTION}.lighthouse_addr is empty)",
+        )
+    else:
+        return
+    if not is_lighthouse_url(url):
+        raise ConfigError(
+            f"{origin}={url!r} is not a lighthouse URL: expected http://host:port, "
+            f"e.g. {DEFAULT_LIGHTHOUSE_ADDR}"
+        )
 
 
 def check_timeout_order(ft: Any) -> None:
@@ -442,49 +497,218 @@ def config_file_from_args(args: list[str]) -> str | None:
     return None
 
 
-def check_toml_keys(values: dict[str, Any], cls: type = JobConfig, prefix: str = "") -> None:
-    """Raise :class:`ConfigError` naming the first unknown key (dotted path, with a hint)."""
-    known = {f.name: f for f in fields(cls)}
+def load_toml(path: str) -> dict[str, Any]:
+    """The TOML file ``path`` as a dict, or a :class:`ConfigError` naming the file (and, for a
+    syntax error, the line and column)."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        where = "" if os.path.isabs(path) else f" (from the working directory {os.getcwd()})"
+        raise ConfigError(
+            f"--job.config_file {path!r}{where} does not exist: pass the path of a TOML file"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"--job.config_file {path!r} cannot be read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--job.config_file {path!r} is not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"--job.config_file {path!r} is not UTF-8 text (bad byte at offset {e.start})"
+        ) from None
+
+
+def check_toml_values(
+    values: dict[str, Any], cls: type = JobConfig, prefix: str = "", allow_unknown: bool = False
+) -> None:
+    """Raise :class:`ConfigError` naming the first unknown key (dotted path, with a hint) or
+    the first value whose type does not fit its field (scalar fields: bool, int, float, str,
+    ``Literal`` and unions of these). ``allow_unknown`` lets unknown keys through (a custom
+    config module adds fields this class does not know)."""
+    known = {f.name for f in fields(cls)}
     hints = typing.get_type_hints(cls)
     for key, value in values.items():
         path = f"{prefix}{key}"
         if key not in known:
+            if allow_unknown:
+                continue
             close = difflib.get_close_matches(key, list(known), n=1)
             hint = f"; did you mean {prefix}{close[0]}?" if close else ""
             raise ConfigError(f"unknown config key {path!r}{hint}")
-        if is_dataclass(hints[key]) and isinstance(value, dict):
-            check_toml_keys(value, hints[key], f"{path}.")
+        if is_dataclass(hints[key]):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path} must be a table ([{path}]), got {value!r}")
+            check_toml_values(value, hints[key], f"{path}.", allow_unknown)
+            continue
+        ok, expected = _type_matches(value, hints[key])
+        if not ok:
+            raise ConfigError(f"{path}={value!r} is invalid: expected {expected}")
+
+
+def check_cli_args(args: list[str], cls: type = JobConfig, allow_unknown: bool = False) -> None:
+    """Raise :class:`ConfigError` for the first ``--section.field`` flag of ``args`` that names
+    no field (with a hint) or whose value its field cannot take, e.g.
+    ``--fault_tolerance.quorum_mode='bogus' is invalid: expected one of 'async', 'sync'``.
+
+    TorchTitan's parser (tyro) reports these in a multi-line box; this check runs first.
+    Scalar fields are checked (bool flags, int, float, str, ``Literal`` and their unions with
+    None); values of other fields (lists) are left to tyro, as are flags without a section.
+    ``allow_unknown`` lets unknown names through (a custom config module adds fields).
+    """
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("--") or "." not in arg.partition("=")[0]:
+            continue
+        flag, has_value, value = arg.partition("=")
+        found = _cli_field(flag, cls)
+        if isinstance(found, str):
+            if allow_unknown:
+                continue
+            raise ConfigError(found)
+        annotation, negated = found
+        if annotation is bool:
+            if has_value:
+                head, _, name = flag.rpartition(".")
+                name = name[3:] if negated else name
+                raise ConfigError(
+                    f"{flag} is a flag and takes no value: write {head}.{name} or {head}.no-{name}"
+                )
+            continue
+        if not has_value and i < len(args) and not args[i].startswith("--"):
+            value, has_value = args[i], "="
+            i += 1
+        fits = _cli_value_fits(value, annotation)
+        if fits is None:  # left to tyro (e.g. a list, whose values follow the flag)
+            continue
+        ok, expected = fits
+        if not has_value:
+            raise ConfigError(f"{flag} needs a value: expected {expected}")
+        if not ok:
+            raise ConfigError(f"{flag}={value!r} is invalid: expected {expected}")
+
+
+def _cli_field(flag: str, cls: type) -> tuple[Any, bool] | str:
+    """(type, negated) of the field ``--a.b`` names (tyro accepts ``-`` for ``_`` and
+    ``no-<bool>``), or the error message for an unknown one."""
+    shown = flag[2:].split(".")
+    parts = [part.replace("-", "_") for part in shown]
+    current: Any = cls
+    for depth, part in enumerate(parts):
+        hints = typing.get_type_hints(current) if is_dataclass(current) else {}
+        names = [f.name for f in fields(current)] if is_dataclass(current) else []
+        last = depth == len(parts) - 1
+        if part in names:
+            if last:
+                return hints[part], False
+            current = hints[part]
+            continue
+        negated = part.removeprefix("no_")
+        if last and part.startswith("no_") and negated in names and hints[negated] is bool:
+            return bool, True
+        close = difflib.get_close_matches(part, names, n=1)
+        suggestion = "--" + ".".join([*shown[:depth], *close[:1], *shown[depth + 1 :]])
+        hint = f"; did you mean {suggestion}?" if close else ""
+        return f"unknown flag {flag}{hint} (see --help)"
+    return f"unknown flag {flag} (see --help)"
+
+
+def _cli_value_fits(text: str, annotation: Any) -> tuple[bool, str] | None:
+    """Whether tyro can read ``text`` as ``annotation``, and what it expects; None for types
+    this check leaves to tyro."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = typing.get_args(annotation)
+    else:
+        members = (annotation,)
+    results: list[tuple[bool, str]] = []
+    for member in members:
+        if member is type(None):
+            results.append((text == "None", "None"))
+        elif typing.get_origin(member) is Literal:
+            choices = typing.get_args(member)
+            expected = f"one of {', '.join(repr(c) for c in choices)}"
+            results.append((text in [str(c) for c in choices], expected))
+        elif member is int or member is float:
+            results.append((_converts(member, text), "an integer" if member is int else "a number"))
+        elif member is str:
+            results.append((True, "a string"))
+        else:
+            return None
+    return any(ok for ok, _ in results), " or ".join(what for _, what in results)
+
+
+def _converts(convert: type, text: str) -> bool:
+    try:
+        convert(text)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_job_config(args: list[str] | None = None) -> JobConfig:
     """Parse TOML (``--job.config_file``) and CLI into :class:`JobConfig`, then validate.
 
-    Precedence CLI > TOML > defaults (TorchTitan's ``ConfigManager`` does the merge). Unknown
-    TOML keys and bad values raise :class:`ConfigError`; an unknown CLI flag or an invalid
-    choice on the CLI makes tyro print the problem and exit with status 2.
+    Precedence CLI > TOML > defaults (TorchTitan's ``ConfigManager`` does the merge). A config
+    file that is missing or not TOML, an unknown key or flag, a value of the wrong type and a
+    bad value raise :class:`ConfigError` with one line naming it, before tyro parses.
     """
     args = list(sys.argv[1:] if args is None else args)
     config_file = config_file_from_args(args)
-    uses_custom_module = any(a.partition("=")[0] in _CUSTOM_MODULE_FLAGS for a in args)
-    if config_file is not None:
-        with open(config_file, "rb") as f:
-            toml_values = tomllib.load(f)
-        custom = toml_values.get("job", {}).get("custom_config_module")
-        if not (uses_custom_module or custom):
-            try:
-                check_toml_keys(toml_values)
-            except ConfigError as e:
-                raise ConfigError(f"{config_file}: {e}") from None
-        ft_values = toml_values.get(SECTION, {})
-        if isinstance(ft_values, dict):
-            # Types only (the CLI may still override): tyro's own message for an out-of-range
-            # Literal coming from TOML is less direct than ours.
-            _check_types(_dict_to_ft(ft_values))
+    toml_values = load_toml(config_file) if config_file is not None else {}
+    job_values = toml_values.get("job")
+    custom = any(a.partition("=")[0] in _CUSTOM_MODULE_FLAGS for a in args) or (
+        isinstance(job_values, dict) and bool(job_values.get("custom_config_module"))
+    )
+    try:
+        check_toml_values(toml_values, allow_unknown=custom)
+    except ConfigError as e:
+        raise ConfigError(f"{config_file}: {e}") from None
+    check_cli_args(args, allow_unknown=custom)
     config = ConfigManager(config_cls=JobConfig).parse_args(args)
     validate_job_config(config)
     return config
 
 
-def _dict_to_ft(values: dict[str, Any]) -> FaultTolerance:
-    known = {f.name for f in fields(FaultTolerance)}
-    return FaultTolerance(**{k: v for k, v in values.items() if k in known})
+# --- files this machine must have -------------------------------------------------------------
+
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")
+"""What TorchTitan's ``HuggingFaceTokenizer`` loads from ``model.hf_assets_path``."""
+
+
+def check_local_paths(job_config: Any) -> None:
+    """Raise :class:`ConfigError` when a file the run reads at start-up is missing here: the
+    tokenizer directory ``model.hf_assets_path`` (if the model has a tokenizer).
+
+    Separate from :func:`validate_job_config`, which checks values: a config written for
+    another machine validates anywhere; running it needs its files. The entry point calls
+    both before any process group exists. A relative path starts at the working directory,
+    as in TorchTitan.
+    """
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    name = job_config.model.name
+    try:
+        spec = get_train_spec(name)
+    except ValueError:
+        from torchtitan.models import _supported_models
+
+        raise ConfigError(
+            f"model.name={name!r} is not a registered model; expected one of "
+            f"{', '.join(repr(m) for m in sorted(_supported_models))}"
+        ) from None
+    if spec.build_tokenizer_fn is None:
+        return
+    path = job_config.model.hf_assets_path
+    where = f"model.hf_assets_path={path!r}"
+    if not os.path.isabs(path):
+        where += f" (from the working directory {os.getcwd()})"
+    fix = (
+        "put the model's tokenizer (tokenizer.json) there, e.g. with TorchTitan's "
+        "scripts/download_hf_assets.py, or pass --model.hf_assets_path=<directory> (absolute, "
+        "or relative to where the run starts)"
+    )
+    if not os.path.isdir(path):
+        raise ConfigError(f"{where} is not a directory: {fix}")
+    if not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
+        raise ConfigError(f"{where} holds no {' / '.join(_TOKENIZER_FILES)}: {fix}")

@@ -124,7 +124,9 @@ def set_pg_timeouts_cpu(timeout: timedelta, parallel_dims: Any) -> None:
     of every mesh group and of the default group is set.
     """
     from torch.distributed import distributed_c10d
+    from torchtitan.tools.logging import logger
 
+    logger.info(f"Synchronizing and adjusting timeout for all ProcessGroups to {timeout}")
     torch.distributed.barrier()
     groups = [mesh.get_group() for mesh in parallel_dims.get_all_one_dimensional_meshes().values()]
     for group in [*groups, None]:

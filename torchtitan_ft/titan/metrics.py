@@ -31,21 +31,15 @@ scalar                     source
 
 Sizes are payload (tensor bytes of this rank's shards), not bytes on the wire; all counters are
 cumulative since the process started.
-
-:func:`model_config_fingerprint` is what the TorchTitan replica axis passes to the Manager as
-the model fingerprint its group is checked against (``Manager(model_fingerprint=...)``).
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
-
-from torchtitan_ft.manager import model_fingerprint
 
 
 class FTMetrics:
@@ -82,26 +76,6 @@ class FTMetrics:
             values["ft/commit_failures"] = float(strategy_stats.syncs_failed)
             values["ft/syncs_committed"] = float(strategy_stats.syncs_committed)
         return values
-
-
-def model_config_fingerprint(job_config: Any) -> str:
-    """The model fingerprint (:func:`torchtitan_ft.manager.model_fingerprint`) of the model
-    ``job_config`` describes: parameter names, global shapes and dtypes of a meta-device copy
-    built the way TorchTitan's Trainer builds it (model args updated from the config; model
-    converters not applied). Cheap: no memory is allocated for the weights."""
-    from torchtitan.config import TORCH_DTYPE_MAP
-    from torchtitan.protocols.train_spec import get_train_spec
-    from torchtitan.tools import utils
-
-    spec = get_train_spec(job_config.model.name)
-    model_args = copy.deepcopy(spec.model_args[job_config.model.flavor])
-    model_args.update_from_config(job_config)
-    with (
-        torch.device("meta"),
-        utils.set_default_dtype(TORCH_DTYPE_MAP[job_config.training.dtype]),
-    ):
-        model = spec.model_cls(model_args)
-    return model_fingerprint(model)
 
 
 class FTMetricLogger:

@@ -28,12 +28,13 @@ so the trainer has no ``if ft:`` branches) or a :class:`ManagedReplicaAxis` (FT 
    recovering peer receives.
 5. **Lifetime**: :meth:`ReplicaAxis.shutdown` in ``Trainer.close``.
 
-Not wired yet (``build_replica_axis`` refuses them): semi-sync strategies (they need a context
-around TorchTitan's loop) and the "pg" checkpoint transport.
+Semi-sync strategies are not built here: they need a context around TorchTitan's loop
+(``titan/semi_sync.py``).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -339,26 +340,49 @@ class ManagedReplicaAxis(ReplicaAxis):
         self._pg.shutdown()
 
 
+def model_config_fingerprint(job_config: Any) -> str:
+    """The model fingerprint (:func:`torchtitan_ft.manager.model_fingerprint`) of the model
+    ``job_config`` describes: parameter names, global shapes and dtypes of a meta-device copy
+    built the way TorchTitan's Trainer builds it (model args updated from the config; model
+    converters not applied). Cheap: no memory is allocated for the weights."""
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.protocols.train_spec import get_train_spec
+    from torchtitan.tools import utils
+
+    from torchtitan_ft.manager import model_fingerprint
+
+    spec = get_train_spec(job_config.model.name)
+    model_args = copy.deepcopy(spec.model_args[job_config.model.flavor])
+    model_args.update_from_config(job_config)
+    with (
+        torch.device("meta"),
+        utils.set_default_dtype(TORCH_DTYPE_MAP[job_config.training.dtype]),
+    ):
+        model = spec.model_cls(model_args)
+    return model_fingerprint(model)
+
+
 def build_replica_axis(job_config: Any) -> NoReplicaAxis:
     """The replica axis for ``job_config``: :class:`NoReplicaAxis` when FT is off, else a
     :class:`ManagedReplicaAxis` with a new Manager (call after the default process group and
     torchrun's env exist: the Manager reads ``RANK``/``WORLD_SIZE``/``MASTER_ADDR/PORT``).
 
-    Not wired yet (raise ``NotImplementedError``): ``semi_sync_method`` other than "none" and
-    ``checkpoint_transport = "pg"``.
+    Raises ``ValueError`` for a ``semi_sync_method`` other than "none": that job's axis comes
+    from :func:`~torchtitan_ft.titan.semi_sync.build_semi_sync_axis` (which builds its Manager
+    through this function with the method set to "none").
+
+    ``checkpoint_transport = "pg"`` heals over the cross-group process group itself
+    (:class:`~torchtitan_ft.checkpoint.PGTransport`; replica ranks are its ranks), "http" over
+    each rank's checkpoint server (the Manager's default transport).
     """
     ft = job_config.fault_tolerance
     if not ft.enable:
         return NoReplicaAxis()
     if ft.semi_sync_method != "none":
-        raise NotImplementedError(
-            f"fault_tolerance.semi_sync_method={ft.semi_sync_method!r} is not wired into the "
-            "TorchTitan trainer yet; use 'none'"
-        )
-    if ft.checkpoint_transport != "http":
-        raise NotImplementedError(
-            "fault_tolerance.checkpoint_transport='pg' is not wired into the TorchTitan "
-            "trainer yet; use 'http'"
+        raise ValueError(
+            f"build_replica_axis builds the per-step axis, not one for "
+            f"fault_tolerance.semi_sync_method={ft.semi_sync_method!r}; use "
+            "torchtitan_ft.titan.semi_sync.build_semi_sync_axis"
         )
     import socket
 
@@ -367,6 +391,14 @@ def build_replica_axis(job_config: Any) -> NoReplicaAxis:
 
     pg_class = ProcessGroupGloo if ft.process_group == "gloo" else ProcessGroupNCCL
     pg = pg_class(timeout=timedelta(milliseconds=ft.process_group_timeout_ms))
+    device = "cpu" if ft.process_group == "gloo" else f"cuda:{torch.cuda.current_device()}"
+    transport = None
+    if ft.checkpoint_transport == "pg":
+        from torchtitan_ft.checkpoint import PGTransport
+
+        step_timeout = timedelta(milliseconds=ft.step_timeout_ms)
+        transport = PGTransport(pg, timeout=step_timeout, device=torch.device(device))
+
     manager = Manager(
         pg=pg,
         load_state_dict=None,
@@ -381,9 +413,12 @@ def build_replica_axis(job_config: Any) -> NoReplicaAxis:
         replica_id=f"torchtitan_ft_{ft.replica_id}",
         hostname=ft.hostname or socket.gethostname(),
         init_sync=ft.init_sync,
+        checkpoint_transport=transport,
         max_retries=ft.max_retries,
         quorum_retries=ft.quorum_retries,
         auth_token=ft.auth_token or None,
+        # Checked against the other groups at the first quorum, once the model is built.
+        model_fingerprint=lambda: model_config_fingerprint(job_config),
+        num_replica_groups=ft.group_size,
     )
-    device = "cpu" if ft.process_group == "gloo" else f"cuda:{torch.cuda.current_device()}"
     return ManagedReplicaAxis(manager, pg, ft.replica_id, ft.group_size, device)

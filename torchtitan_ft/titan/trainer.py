@@ -21,11 +21,13 @@ TorchTitan's training loop:
 * ``close``: the replica axis is shut down after TorchTitan's own cleanup.
 """
 
+from datetime import timedelta
 from typing import Any
 
 import torch
 from torchtitan.config import JobConfig
 from torchtitan.distributed import ParallelDims
+from torchtitan.distributed import utils as dist_utils
 from torchtitan.protocols import train_spec as train_spec_module
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
@@ -59,6 +61,8 @@ class FaultTolerantTrainer(Trainer):
     """TorchTitan's Trainer on CPU or GPU, one replica group of an FT job when FT is enabled."""
 
     replica_axis: NoReplicaAxis
+    _pg_timeouts_lowered = False
+    """Set once this process lowered (or left TorchTitan to lower) the process-group timeouts."""
 
     def __init__(self, job_config: JobConfig) -> None:
         super().__init__(job_config)
@@ -82,11 +86,11 @@ class FaultTolerantTrainer(Trainer):
 
         self.ft_metrics = attach_ft_metrics(self)
         # --- end FT metrics hook
-        if ledger is not None:
-            self.checkpointer = ReplicaCheckpointer(
+        if self.replica_axis.enabled:  # per-step or semi-sync FT: the axis has a Manager
+            self.checkpointer = ReplicaCheckpointer.for_replica_axis(
                 self.checkpointer,
                 self.replica_axis,
-                ledger,
+                self.batches,
                 rank=torch.distributed.get_rank(),
                 keep_latest_k=job_config.checkpoint.keep_latest_k,
             )
@@ -100,10 +104,29 @@ class FaultTolerantTrainer(Trainer):
 
     def train_step(self, data_iterator: Any) -> None:
         """TorchTitan's step; a discarded step is retried under the same number, so
-        ``self.step`` counts committed steps (as the Manager, lr schedule and checkpoints do)."""
+        ``self.step`` counts committed steps (as the Manager, lr schedule and checkpoints do),
+        and ``self.ntokens_seen`` counts the tokens of committed steps only (the retry reads
+        the same batches again).
+
+        TorchTitan's loop lowers the process-group timeouts to ``comm.train_timeout_seconds``
+        after a step that leaves ``self.step == 1`` (lazy init and compilation are done by
+        then). A process whose first step ends further on -- a replacement group that healed
+        to step N, a run resumed from a checkpoint -- never gets there and would keep the long
+        init timeout, so that first step lowers them here. Every rank of a replica group has
+        the same step (commits and heals are group-wide), so all meet at the barrier.
+        """
+        tokens_before = self.ntokens_seen
         super().train_step(data_iterator)
         if not self.replica_axis.step_committed():
             self.step -= 1
+            self.ntokens_seen = tokens_before
+        if self.step >= 1 and not self._pg_timeouts_lowered:
+            self._pg_timeouts_lowered = True
+            if self.step > 1:  # at step 1 TorchTitan's loop lowers them itself
+                dist_utils.set_pg_timeouts(
+                    timeout=timedelta(seconds=self.job_config.comm.train_timeout_seconds),
+                    parallel_dims=self.parallel_dims,
+                )
 
     def init_distributed(self) -> ParallelDims:
         """TorchTitan's init, then the replica axis and its dataloader split."""

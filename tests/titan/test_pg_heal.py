@@ -1,0 +1,77 @@
+"""Healing over the cross-group process group (``checkpoint_transport = "pg"``), end to end.
+
+Same run as ``test_ft_e2e.test_killed_replica_group_heals_to_identical_state[2ranks]``:
+replica groups of 2 ranks, group 1 is SIGKILLed mid-run and started again. Here it heals from
+group 0 through :class:`~torchtitan_ft.checkpoint.PGTransport`, each group rank over its own
+managed gloo group (its local FSDP shards of the model and optimizer, lr schedulers, train
+state and data ledger), and both groups end bitwise identical, rank by rank. No checkpoint
+server is started. The replacement lowers its process-group timeouts after its first step
+(``FaultTolerantTrainer.train_step``), as TorchTitan does after step 1.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.titan.test_ft_e2e import (
+    KILL_AT_STEP,
+    NO_INIT_SYNC,
+    STEPS,
+    _assert_identical,
+    _dump_path,
+    _Group,
+)
+
+PG = ("--fault_tolerance.checkpoint_transport=pg", *NO_INIT_SYNC)
+RANKS = 2
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_killed_replica_group_heals_over_the_process_group(tmp_path: Path) -> None:
+    import torch
+
+    from torchtitan_ft.lighthouse import LighthouseServer
+
+    lighthouse = LighthouseServer(
+        bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=20000, heartbeat_timeout_ms=2000
+    )
+    groups: list[_Group] = []
+    try:
+        address = lighthouse.address()
+        groups = [_Group(r, tmp_path, address, STEPS, *PG, ranks=RANKS) for r in range(2)]
+        groups[1].wait_for(rf"step:\s*{KILL_AT_STEP}\s+loss", timeout=200)
+        groups[1].sigkill()
+        groups[1] = _Group(1, tmp_path, address, STEPS, *PG, ranks=RANKS)
+        outputs = [g.finish(timeout=300) for g in groups]
+    finally:
+        for group in groups:
+            if group.proc.poll() is None:
+                group.sigkill()
+        lighthouse.shutdown()
+
+    for group, output in zip(groups, outputs, strict=True):
+        assert group.proc.returncode == 0, output[-6000:]
+        assert "checkpoint server listening" not in output  # no HTTP transport
+    received = re.search(r"received step (\d+) from rank 0: .* over the process group", outputs[1])
+    assert received and int(received.group(1)) > KILL_AT_STEP, outputs[1][-6000:]
+    assert re.search(r"sent step \d+ to ranks \[1\] over the process group", outputs[0])
+    assert "applied healed state" in outputs[1], outputs[1][-6000:]
+    # The replacement never ends a step at step 1, where TorchTitan lowers the process-group
+    # timeouts; its first step (the heal) does it instead, once.
+    lowered = "Synchronizing and adjusting timeout for all ProcessGroups"
+    assert outputs[1].count(lowered) == 1, outputs[1][-6000:]
+    assert outputs[1].index(lowered) > outputs[1].index("applied healed state")
+    assert lowered in outputs[0]  # TorchTitan's own, after step 1
+
+    for rank in range(RANKS):
+        states = [torch.load(_dump_path(tmp_path, r, rank), weights_only=False) for r in range(2)]
+        for state in states:
+            assert state["manager"]["step"] == state["healed"]["train_state"]["step"] == STEPS
+        _assert_identical(states[0]["healed"], states[1]["healed"], f"rank{rank}")
+        consumed = states[0]["healed"]["data"]["consumed"]
+        assert [s["position"] for s in states] == consumed
+        assert 0 < consumed[1] < consumed[0] <= STEPS

@@ -1,0 +1,88 @@
+"""``FaultTolerantTrainer.train_step`` without a model: TorchTitan's step is replaced by a fake
+that sets the step the way a commit, a discard or a heal leaves it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import torchtitan_ft.train  # noqa: F401  (CPU fixes before TorchTitan is imported)
+from torchtitan_ft.titan.trainer import FaultTolerantTrainer
+
+
+class _Axis:
+    def __init__(self) -> None:
+        self.committed = True
+
+    def step_committed(self) -> bool:
+        return self.committed
+
+
+@pytest.fixture
+def trainer(monkeypatch: pytest.MonkeyPatch):
+    """A trainer whose TorchTitan step only applies ``trainer.heal_to`` (if set), and whose
+    ``set_pg_timeouts`` calls are recorded in ``trainer.lowered``."""
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.train import Trainer
+
+    def titan_step(self, data_iterator) -> None:
+        self.ntokens_seen += 512  # what TorchTitan's batch generator adds per batch read
+        if self.heal_to is not None:
+            self.step, self.heal_to = self.heal_to, None
+
+    trainer = FaultTolerantTrainer.__new__(FaultTolerantTrainer)
+    trainer.step = 0
+    trainer.ntokens_seen = 0
+    trainer.heal_to = None
+    trainer.replica_axis = _Axis()
+    trainer.job_config = SimpleNamespace(comm=SimpleNamespace(train_timeout_seconds=100))
+    trainer.parallel_dims = object()
+    trainer.lowered = []
+    monkeypatch.setattr(Trainer, "train_step", titan_step)
+    monkeypatch.setattr(
+        dist_utils,
+        "set_pg_timeouts",
+        lambda timeout, parallel_dims: trainer.lowered.append(
+            (timeout.total_seconds(), trainer.step)
+        ),
+    )
+    return trainer
+
+
+def _run(trainer, committed: bool = True) -> None:
+    """One iteration of TorchTitan's loop as far as the step number goes."""
+    trainer.step += 1
+    trainer.replica_axis.committed = committed
+    trainer.train_step(iter(()))
+
+
+def test_fresh_run_leaves_the_lowering_to_torchtitan(trainer) -> None:
+    _run(trainer, committed=False)  # the first attempt is discarded: step back to 0
+    _run(trainer)  # step 1 commits: TorchTitan's loop lowers the timeouts (step == 1)
+    _run(trainer)
+    assert trainer.step == 2
+    assert trainer.lowered == []
+
+
+def test_group_healed_to_a_later_step_lowers_after_its_first_step(trainer) -> None:
+    trainer.heal_to = 40  # the replacement group receives step 40 during its first step
+    _run(trainer)
+    assert trainer.lowered == [(100.0, 40)]
+    _run(trainer)
+    _run(trainer, committed=False)
+    assert trainer.lowered == [(100.0, 40)]  # once per process
+
+
+def test_resumed_run_lowers_after_its_first_step_even_if_discarded(trainer) -> None:
+    trainer.step = 7  # loaded from a checkpoint
+    _run(trainer, committed=False)
+    assert trainer.step == 7
+    assert trainer.lowered == [(100.0, 7)]
+
+
+def test_discarded_step_does_not_count_its_tokens(trainer) -> None:
+    _run(trainer)
+    _run(trainer, committed=False)  # the retry reads the same batch again
+    _run(trainer)
+    assert (trainer.step, trainer.ntokens_seen) == (2, 1024)

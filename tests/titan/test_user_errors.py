@@ -1,0 +1,63 @@
+"""Mistakes a user makes when starting a job give one line naming the bad value and what to do
+(docs/operations.md, "Common mistakes and their errors"), seen the way a user runs things:
+``run_train.sh`` (torchrun) and the ``torchft_lighthouse`` command line. Config values are
+tested in ``test_config.py``."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_lighthouse_port_in_use_is_exactly_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "torchtitan_ft.lighthouse.cli", "--min_replicas", "1",
+             "--bind", f"127.0.0.1:{port}", "--status_bind", "off"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"torchft_lighthouse: error: cannot bind the lighthouse to 127.0.0.1:{port} (port in "
+        "use? another lighthouse?); pick a free port with --bind (see --help)\n"
+    )
+
+
+@pytest.mark.multiprocess
+def test_config_error_through_run_train_sh_is_the_workers_only_line(tmp_path: Path) -> None:
+    """torchrun adds its own failure summary; the worker prints only the one line."""
+    env = {
+        **os.environ,
+        "NGPU": "1",
+        "PYTHON": sys.executable,
+        "CONFIG_FILE": str(ROOT / "configs" / "debug_ft_cpu.toml"),
+    }
+    result = subprocess.run(
+        [str(ROOT / "run_train.sh"), "--fault_tolerance.replica_id=2",
+         f"--job.dump_folder={tmp_path}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    worker_lines = [
+        line for line in (result.stdout + result.stderr).splitlines() if line.startswith("[rank0]")
+    ]
+    assert worker_lines == [
+        "[rank0]:torchtitan_ft: config error: fault_tolerance.replica_id=2 must be < "
+        "fault_tolerance.group_size=2"
+    ]
