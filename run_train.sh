@@ -5,6 +5,7 @@
 #   NGPU=2 ./run_train.sh --training.steps 20
 #   ./run_train.sh --fault_tolerance.enable --fault_tolerance.replica_id=0 --fault_tolerance.group_size=2
 # On CPU, NGPU is the number of processes (gloo). Everything binds/connects 127.0.0.1.
+# torchtitan_ft.launch is torchrun, minus torchrun's traceback after a one-line config error.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,7 +21,7 @@ export HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1}
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
 
 PYTORCH_ALLOC_CONF="expandable_segments:True" \
-exec "$PYTHON" -m torch.distributed.run \
+exec "$PYTHON" -m torchtitan_ft.launch \
     --nproc_per_node="$NGPU" --rdzv_backend c10d --rdzv_endpoint="${MASTER_ADDR}:0" \
     --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
     -m "$TRAIN_FILE" --job.config_file "$CONFIG_FILE" "$@"

@@ -25,8 +25,8 @@ too. For attribution, the JSON has per-phase medians for every pair (time in ``z
 forward, backward -- which includes waiting for the allreduces -- and ``step``), CPU time per
 step of the whole process and of the training thread, and for FT: time blocked waiting for
 the async quorum, in the ShouldCommit RPC, in the quorum RPC (on the quorum thread), in DDP's
-bucket launch (flatten + ``Manager.allreduce``), in ``Manager.allreduce`` alone and in DDP's
-end-of-backward callback (wait + copy back).
+bucket launch (``Manager.allreduce`` of the bucket's flat buffer, which the gradients are views
+into), in ``Manager.allreduce`` alone and in DDP's end-of-backward callback (the wait).
 
     python -m benchmarks.manager_step [--sizes-mb 10 200] [--rounds 6] [--steps 10]
 """
@@ -149,8 +149,8 @@ def worker_ft(replica: int, size_mb: float, lighthouse: str, bucket_cap_mb: floa
     }
     manager.wait_quorum = _timed(manager.wait_quorum, probes, "wait_quorum")
     # DDP internals looked up on the instance at call time (not the grad hooks themselves):
-    # launching a bucket (flatten + Manager.allreduce), Manager.allreduce alone, and the
-    # end-of-backward callback (wait for the allreduces + copy the averages back).
+    # launching a bucket (Manager.allreduce of its flat buffer), Manager.allreduce alone, and
+    # the end-of-backward callback (wait for the allreduces).
     ddp._launch = _timed(ddp._launch, probes, "ddp_launch")
     manager.allreduce = _timed(manager.allreduce, probes, "manager_allreduce_call")
     ddp._finish_backward = _timed(ddp._finish_backward, probes, "ddp_finish_backward")

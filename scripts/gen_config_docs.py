@@ -60,7 +60,7 @@ Every field can be set in the TOML file given with `--job.config_file` (section
 `--fault_tolerance.no-<field>`). The command line wins over the TOML file, which wins over
 the defaults below. An unknown TOML key, a value of the wrong type or out of range, and an
 inconsistent combination stop every rank before any process group is created, with one
-error naming the key or flag (`torchtitan_ft: config error: ...`, exit status 1), as do
+error naming the key or flag (`torchtitan_ft: config error: ...`, exit status 2), as do
 a missing or malformed config file and a missing tokenizer. Relations between fields
 (replica id against group size, the order of the timeouts, semi-sync settings) are checked
 only when `enable` is on.

@@ -142,7 +142,11 @@ _ENABLED = ["--fault_tolerance.enable", "--fault_tolerance.group_size=2"]
     ],
 )
 def test_config_mistake_stops_with_one_line(
-    tmp_path: Path, toml: str, args: list[str], names: list[str]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    toml: str,
+    args: list[str],
+    names: list[str],
 ) -> None:
     from torchtitan_ft.train import main
 
@@ -150,7 +154,8 @@ def test_config_mistake_stops_with_one_line(
         args = ["--job.config_file", _toml(tmp_path, toml), *args]
     with pytest.raises(SystemExit) as exit_info:
         main(args)
-    message = str(exit_info.value.code)
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err.removesuffix("\n")
     assert message.startswith("torchtitan_ft: config error: "), message
     assert "\n" not in message, f"not one line: {message!r}"
     for name in names:

@@ -1,15 +1,26 @@
 """DistributedDataParallel across replica groups, through the Manager.
 
-Gradients are averaged over the participating replica groups by ``Manager.allreduce``, bucket
-by bucket while the backward runs (a bucket is launched as soon as all of its parameters have
-their gradient), and copied back at the end of the backward.
+Gradients live in flat buffers allocated once, one per bucket (parameters of one dtype and
+device, up to ``bucket_cap_mb``): after a backward each parameter's ``.grad`` is a view into its
+bucket's buffer. ``Manager.allreduce`` averages a bucket's buffer in place over the
+participating replica groups as soon as all of its parameters have their gradient, while the
+rest of the backward runs, so nothing is flattened or copied back.
+
+A gradient reaches its view in one of two ways. If ``.grad`` already is the view
+(``zero_grad(set_to_none=False)``, or gradients accumulated over several backwards), autograd
+accumulates straight into it. If autograd allocated a new gradient because ``.grad`` was None
+(``zero_grad()``'s default), that gradient is copied into the view once and ``.grad`` is
+re-pointed at the view. Backwards inside ``no_sync()`` do the same, so accumulated gradients are
+already in place when a synchronising backward comes.
 
 Survival is the point of this module: ``Manager.allreduce`` returns a future that always
 completes with a tensor (a failed or timed-out collective is recorded as the step's error), so
 the end-of-backward wait cannot raise or hang past the manager's ``timeout`` even when a peer
 is SIGKILLed mid-allreduce. The gradients are then garbage, ``should_commit`` votes no, and the
 step is discarded. (The reference's comm hook asserted on an inner future that a swallowed
-error had left unset and crashed the survivor.)
+error had left unset and crashed the survivor.) After such a step the gradients move to fresh
+buffers: an abandoned collective may still write into the old ones, which must not leak into a
+later step.
 
 No broadcast happens at construction: the Manager makes replicas identical by healing
 (``init_sync``), not this wrapper.
@@ -29,16 +40,56 @@ if TYPE_CHECKING:
 
 
 class _Bucket:
+    """Parameters of one dtype and device whose gradients are views into one flat buffer."""
+
     def __init__(self, params: list[nn.Parameter]) -> None:
         self.params = params
-        self.ready: set[int] = set()
-        self.flat: torch.Tensor | None = None
+        self.flat = torch.zeros(
+            sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device
+        )
+        self.views = self._views_of(self.flat)
+        self.ready: set[int] = set()  # indices into params that got their gradient
         self.future: torch.futures.Future[torch.Tensor] | None = None
+
+    def _views_of(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        views, offset = [], 0
+        for p in self.params:
+            # The strides autograd gives p's gradient (p's own if dense, else contiguous), so
+            # accumulating into the view and copying a new gradient in need no restriding.
+            strides = torch.empty_like(p, device="meta").stride()
+            views.append(flat.as_strided(p.shape, strides, offset))
+            offset += p.numel()
+        return views
 
     def reset(self) -> None:
         self.ready.clear()
-        self.flat = None
         self.future = None
+
+    def adopt(self, i: int) -> None:
+        """Makes parameter ``i``'s gradient its view, with the same value (zeros if None)."""
+        p, view = self.params[i], self.views[i]
+        grad = p.grad
+        if grad is view:
+            return  # autograd accumulated in place
+        if grad is None:
+            view.zero_()  # the buffer still holds an earlier step's gradient
+        else:
+            view.copy_(grad)  # whatever the gradient's layout
+        p.grad = view
+
+    def adopt_missing(self) -> None:
+        """Adopts the gradients of the parameters that got none in this backward."""
+        for i in range(len(self.params)):
+            if i not in self.ready:
+                self.adopt(i)
+
+    def move_to_new_buffer(self) -> None:
+        """Moves the gradients to a copy of the buffer and leaves the old one to whatever
+        collective may still write into it."""
+        self.flat = self.flat.clone()
+        self.views = self._views_of(self.flat)
+        for p, view in zip(self.params, self.views, strict=True):
+            p.grad = view
 
 
 class DistributedDataParallel(nn.Module):
@@ -46,11 +97,12 @@ class DistributedDataParallel(nn.Module):
 
     Use with ``OptimizerWrapper`` (which starts the quorum in ``zero_grad`` and steps only when
     ``should_commit``). ``module`` is reachable as ``.module``; ``no_sync()`` skips the
-    exchange for gradient accumulation.
+    exchange for gradient accumulation. Move ``module`` to its device and dtype before
+    wrapping: the gradient buffers are allocated here.
 
-    Parameters that received no gradient in a backward take part with zeros and get the
-    averaged gradient afterwards, so every replica ends the backward with the same set of
-    gradients even when control flow differs between them.
+    Parameters that received no gradient in a backward take part with the gradient they hold
+    (zeros if None) and get the averaged gradient afterwards, so every replica ends the backward
+    with the same set of gradients even when control flow differs between them.
     """
 
     def __init__(self, manager: Manager, module: nn.Module, bucket_cap_mb: float = 25.0) -> None:
@@ -70,8 +122,8 @@ class DistributedDataParallel(nn.Module):
         self._in_backward = False
         params = list(dict.fromkeys(p for p in module.parameters() if p.requires_grad))
         self._buckets = _make_buckets(params, int(bucket_cap_mb * 1024 * 1024))
-        self._bucket_of: dict[int, _Bucket] = {
-            id(p): bucket for bucket in self._buckets for p in bucket.params
+        self._slot_of: dict[int, tuple[_Bucket, int]] = {
+            id(p): (bucket, i) for bucket in self._buckets for i, p in enumerate(bucket.params)
         }
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
 
@@ -89,58 +141,45 @@ class DistributedDataParallel(nn.Module):
             self._sync = previous
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
+        bucket, i = self._slot_of[id(param)]
+        bucket.adopt(i)
         if not self._sync:
             return
         if not self._in_backward:
             self._in_backward = True
-            for bucket in self._buckets:
-                bucket.reset()
+            for b in self._buckets:
+                b.reset()
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-        bucket = self._bucket_of[id(param)]
-        bucket.ready.add(id(param))
+        if i in bucket.ready:
+            # Its bucket may be in flight already, and the peers would run fewer collectives.
+            raise RuntimeError(
+                "a parameter got its gradient twice in one backward (reentrant checkpointing "
+                "of a parameter also used outside the checkpoint?); DistributedDataParallel "
+                "needs one gradient per parameter per backward: use "
+                "torch.utils.checkpoint.checkpoint(..., use_reentrant=False)"
+            )
+        bucket.ready.add(i)
         if len(bucket.ready) == len(bucket.params):
             self._launch(bucket)
 
-    def _launch(self, bucket: _Bucket) -> None:
-        if len(bucket.params) == 1:
-            p = bucket.params[0]
-            if p.grad is not None and p.grad.is_contiguous():
-                # A bucket of one (large) gradient: reduce it in place, no flattening copies.
-                bucket.flat = p.grad
-                bucket.future = self._manager.allreduce(p.grad)
-                return
-        grads = [
-            p.grad.reshape(-1)
-            if p.grad is not None
-            else torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
-            for p in bucket.params
-        ]
-        bucket.flat = torch.cat(grads)
-        bucket.future = self._manager.allreduce(bucket.flat)
+    def _launch(self, bucket: _Bucket) -> torch.futures.Future[torch.Tensor]:
+        bucket.future = self._manager.allreduce(bucket.flat)  # in place
+        return bucket.future
 
     def _finish_backward(self) -> None:
         self._in_backward = False
+        futures = []
         for bucket in self._buckets:
-            if bucket.future is None:
-                self._launch(bucket)  # some parameters got no gradient this backward
-        for bucket in self._buckets:
-            future, flat = bucket.future, bucket.flat
-            if future is None or flat is None:
-                raise RuntimeError("internal error: bucket not launched")
+            if bucket.future is None:  # some parameters got no gradient this backward
+                bucket.adopt_missing()
+                futures.append(self._launch(bucket))
+            else:
+                futures.append(bucket.future)
+        for future in futures:
             future.wait()  # never raises: Manager.allreduce swallows errors
-            if len(bucket.params) == 1 and flat is bucket.params[0].grad:
-                bucket.reset()
-                continue
-            offset = 0
-            for p in bucket.params:
-                n = p.numel()
-                averaged = flat[offset : offset + n].view_as(p)
-                if p.grad is None:
-                    p.grad = averaged.clone()
-                else:
-                    p.grad.copy_(averaged)
-                offset += n
-            bucket.reset()
+        if self._manager.errored() is not None:
+            for bucket in self._buckets:
+                bucket.move_to_new_buffer()
 
 
 def _make_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[_Bucket]:

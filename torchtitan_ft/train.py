@@ -8,7 +8,8 @@ Order matters, which is why this is a separate module and not ``-m torchtitan.tr
 3. TOML + CLI are parsed into the extended ``JobConfig`` and validated, and the tokenizer
    directory is checked, before any process group exists: a missing or malformed config file,
    an unknown key or flag, a bad value or a missing tokenizer stops every rank with one line
-   (``torchtitan_ft: config error: ...``, exit status 1);
+   (``torchtitan_ft: config error: ...``, exit status ``CONFIG_ERROR_EXIT``, 2, which
+   ``torchtitan_ft.launch`` recognises so that torchrun adds no report of its own);
 4. TorchTitan's own ``Trainer`` (subclassed as ``FaultTolerantTrainer``) trains.
 
 Without ``--job.config_file`` the checkout's ``configs/debug_cpu.toml`` (llama3 debugmodel,
@@ -18,7 +19,9 @@ batch 2 x seq 256, a few steps) is used when it exists.
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
+from torchtitan_ft.launch import CONFIG_ERROR_EXIT
 from torchtitan_ft.titan import cpu_compat
 
 cpu_compat.apply_before_torchtitan_import()
@@ -34,6 +37,11 @@ def with_default_config(args: list[str]) -> list[str]:
     if config_file_from_args(args) is None and DEFAULT_CONFIG.exists():
         return ["--job.config_file", str(DEFAULT_CONFIG), *args]
     return args
+
+
+def _config_error(message: str) -> NoReturn:
+    print(f"torchtitan_ft: config error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(CONFIG_ERROR_EXIT)
 
 
 def main(argv: list[str] | None = None, trainer_class: type | None = None) -> None:
@@ -55,16 +63,16 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         config = parse_job_config(args)
         check_local_paths(config)
     except ConfigError as e:
-        raise SystemExit(f"torchtitan_ft: config error: {e}") from None
+        _config_error(str(e))
 
     trainer: FaultTolerantTrainer | None = None
     try:
         trainer = (trainer_class or FaultTolerantTrainer)(config)
         if config.checkpoint.create_seed_checkpoint:
             if int(os.environ.get("WORLD_SIZE", "1")) != 1:
-                raise SystemExit("create_seed_checkpoint needs a single process (NGPU=1)")
+                _config_error("--checkpoint.create_seed_checkpoint needs one process (NGPU=1)")
             if not config.checkpoint.enable:
-                raise SystemExit("create_seed_checkpoint needs --checkpoint.enable")
+                _config_error("--checkpoint.create_seed_checkpoint needs --checkpoint.enable")
             trainer.checkpointer.save(curr_step=0, last_step=True)
             logger.info("Created seed checkpoint")
         else:

@@ -1,5 +1,6 @@
 """The extended ``fault_tolerance`` section: TOML, CLI, precedence, and one clear error."""
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -194,7 +195,7 @@ def test_bad_cli_value_exits_with_one_line() -> None:
         text=True,
         timeout=120,
     )
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr == (
         "torchtitan_ft: config error: --fault_tolerance.quorum_mode='bogus' is invalid: "
@@ -213,6 +214,23 @@ def test_missing_config_file_is_named(tmp_path: Path) -> None:
         parse_job_config(["--job.config_file=nope.toml"])
     with pytest.raises(ConfigError, match=r"--job.config_file '.*' cannot be read: Is a directory"):
         parse_job_config([f"--job.config_file={tmp_path}"])
+
+
+def test_last_config_file_wins(tmp_path: Path) -> None:
+    """run_train.sh passes CONFIG_FILE first; a user's own --job.config_file comes later."""
+    first = _toml(tmp_path, "[training]\nsteps = 3\n")
+    second = tmp_path / "second.toml"
+    second.write_text("[training]\nsteps = 7\n")
+    for args in (
+        ["--job.config_file", first, "--job.config_file", str(second)],
+        [f"--job.config_file={first}", f"--job.config-file={second}"],
+    ):
+        config = parse_job_config(args)
+        assert (config.training.steps, config.job.config_file) == (7, str(second))
+    assert (
+        parse_job_config(["--job.config_file", str(second), "--training.steps=9"]).training.steps
+        == 9
+    )
 
 
 def test_malformed_config_file_names_line_and_column(tmp_path: Path) -> None:
@@ -328,13 +346,19 @@ def test_timeout_order_only_checked_when_enabled() -> None:
         )
 
 
-def test_entry_point_reports_config_error_before_any_process_group() -> None:
+def test_entry_point_reports_config_error_before_any_process_group(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     import torch.distributed as dist
 
     from torchtitan_ft.train import main
 
-    with pytest.raises(SystemExit, match=r"config error: fault_tolerance\.group_size must be set"):
+    with pytest.raises(SystemExit) as stop:
         main(["--fault_tolerance.enable"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith(
+        "torchtitan_ft: config error: fault_tolerance.group_size must be set"
+    )
     assert not dist.is_initialized()
 
 
@@ -422,14 +446,15 @@ def test_shipped_debug_configs_find_their_tokenizer(
 
 
 def test_missing_tokenizer_stops_the_entry_point_before_any_process_group(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import torch.distributed as dist
 
     from torchtitan_ft.train import main
 
-    with pytest.raises(
-        SystemExit, match=r"config error: model.hf_assets_path=.* is not a directory"
-    ):
+    with pytest.raises(SystemExit) as stop:
         main([f"--model.hf_assets_path={tmp_path / 'missing'}"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert re.match(r"torchtitan_ft: config error: model.hf_assets_path=.* is not a directory", err)
     assert not dist.is_initialized()

@@ -486,15 +486,31 @@ _CUSTOM_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-modul
 
 
 def config_file_from_args(args: list[str]) -> str | None:
-    """The ``--job.config_file`` value in ``args`` (``--flag value`` or ``--flag=value``)."""
+    """The last ``--job.config_file`` value in ``args`` (``--flag value`` or ``--flag=value``)."""
+    found = _config_file_flags(args)
+    return found[-1][2] if found else None
+
+
+def last_config_file_only(args: list[str]) -> list[str]:
+    """``args`` without every ``--job.config_file`` but the last, so that the last one wins like
+    any repeated flag (``run_train.sh`` puts ``CONFIG_FILE`` first; a user's own
+    ``--job.config_file`` comes after it). TorchTitan's ``ConfigManager`` reads the first."""
+    dropped = {i for start, end, _ in _config_file_flags(args)[:-1] for i in range(start, end)}
+    return [arg for i, arg in enumerate(args) if i not in dropped]
+
+
+def _config_file_flags(args: list[str]) -> list[tuple[int, int, str]]:
+    """``(start, end, value)`` of each ``--job.config_file`` in ``args``: ``args[start:end]``."""
+    found = []
     for i, arg in enumerate(args):
         key, sep, value = arg.partition("=")
-        if key in _CONFIG_FILE_FLAGS:
-            if sep:
-                return value
-            if i + 1 < len(args):
-                return args[i + 1]
-    return None
+        if key not in _CONFIG_FILE_FLAGS:
+            continue
+        if sep:
+            found.append((i, i + 1, value))
+        elif i + 1 < len(args):
+            found.append((i, i + 2, args[i + 1]))
+    return found
 
 
 def load_toml(path: str) -> dict[str, Any]:
@@ -649,11 +665,12 @@ def _converts(convert: type, text: str) -> bool:
 def parse_job_config(args: list[str] | None = None) -> JobConfig:
     """Parse TOML (``--job.config_file``) and CLI into :class:`JobConfig`, then validate.
 
-    Precedence CLI > TOML > defaults (TorchTitan's ``ConfigManager`` does the merge). A config
+    Precedence CLI > TOML > defaults (TorchTitan's ``ConfigManager`` does the merge); of
+    several ``--job.config_file``, the last is used. A config
     file that is missing or not TOML, an unknown key or flag, a value of the wrong type and a
     bad value raise :class:`ConfigError` with one line naming it, before tyro parses.
     """
-    args = list(sys.argv[1:] if args is None else args)
+    args = last_config_file_only(list(sys.argv[1:] if args is None else args))
     config_file = config_file_from_args(args)
     toml_values = load_toml(config_file) if config_file is not None else {}
     job_values = toml_values.get("job")

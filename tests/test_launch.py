@@ -1,0 +1,42 @@
+"""``torchtitan_ft.launch``: torchrun, silent after a worker's one-line config error only."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchtitan_ft.launch import CONFIG_ERROR_EXIT
+
+
+def _launch(tmp_path: Path, exit_code: int) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "worker.py"
+    script.write_text(
+        f"import sys\nprint('worker says why', file=sys.stderr)\nsys.exit({exit_code})\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "torchtitan_ft.launch", "--nproc_per_node=2",
+         "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.multiprocess
+def test_config_error_exit_adds_nothing_to_the_workers_line(tmp_path: Path) -> None:
+    result = _launch(tmp_path, CONFIG_ERROR_EXIT)
+    assert result.returncode == CONFIG_ERROR_EXIT
+    assert "worker says why" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "failed (exitcode" not in result.stderr
+
+
+@pytest.mark.multiprocess
+def test_other_failures_keep_torchruns_report(tmp_path: Path) -> None:
+    result = _launch(tmp_path, 3)
+    assert result.returncode != 0
+    assert "failed (exitcode: 3)" in result.stderr
+    assert "ChildFailedError" in result.stderr
