@@ -5,10 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from torchtitan_ft.launch import CONFIG_ERROR_EXIT
+from torchtitan_ft.launch import USER_ERROR_EXIT, _explained
 
 
 def _launch(tmp_path: Path, exit_code: int) -> subprocess.CompletedProcess[str]:
@@ -27,8 +28,8 @@ def _launch(tmp_path: Path, exit_code: int) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.multiprocess
 def test_config_error_exit_adds_nothing_to_the_workers_line(tmp_path: Path) -> None:
-    result = _launch(tmp_path, CONFIG_ERROR_EXIT)
-    assert result.returncode == CONFIG_ERROR_EXIT
+    result = _launch(tmp_path, USER_ERROR_EXIT)
+    assert result.returncode == USER_ERROR_EXIT
     assert "worker says why" in result.stderr
     assert "Traceback" not in result.stderr
     assert "failed (exitcode" not in result.stderr
@@ -40,3 +41,23 @@ def test_other_failures_keep_torchruns_report(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "failed (exitcode: 3)" in result.stderr
     assert "ChildFailedError" in result.stderr
+
+
+def _failure(exitcode: int, timestamp: int) -> SimpleNamespace:
+    return SimpleNamespace(exitcode=exitcode, timestamp=timestamp)
+
+
+@pytest.mark.parametrize(
+    ("failures", "explained"),
+    [
+        ([_failure(2, 1)], True),
+        ([_failure(2, 1), _failure(2, 2)], True),
+        ([_failure(2, 1), _failure(-15, 2)], True),  # torchrun stopped the other rank
+        ([_failure(-15, 1), _failure(2, 2)], False),  # something else stopped it first
+        ([_failure(2, 1), _failure(1, 2)], False),  # another rank crashed
+        ([_failure(1, 1)], False),
+        ([], False),
+    ],
+)
+def test_which_failures_count_as_explained(failures: list, explained: bool) -> None:
+    assert _explained(failures) is explained

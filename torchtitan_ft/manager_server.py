@@ -85,6 +85,11 @@ class AddressInUseError(RuntimeError):
         self.bind = bind
 
 
+class QuorumTimeoutError(TimeoutError):
+    """No quorum within ``quorum_timeout``: the lighthouse is unreachable, or fewer than its
+    ``min_replicas`` replica groups asked. The message is one line naming the lighthouse."""
+
+
 class _RpcFailure(Exception):
     """A failure to report to waiting callers as a gRPC status."""
 
@@ -694,7 +699,10 @@ class ManagerClient:
             init_sync=init_sync,
             commit_failures=commit_failures,
         )
-        response = self._call("Quorum", self._stub.Quorum, request, timeout)
+        try:
+            response = self._call("Quorum", self._stub.Quorum, request, timeout)
+        except TimeoutError as e:
+            raise QuorumTimeoutError(str(e)) from None
         return QuorumResult.from_proto(response)
 
     def _checkpoint_metadata(self, rank: int, timeout: timedelta) -> str:

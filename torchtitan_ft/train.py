@@ -8,9 +8,12 @@ Order matters, which is why this is a separate module and not ``-m torchtitan.tr
 3. TOML + CLI are parsed into the extended ``JobConfig`` and validated, and the tokenizer
    directory is checked, before any process group exists: a missing or malformed config file,
    an unknown key or flag, a bad value or a missing tokenizer stops every rank with one line
-   (``torchtitan_ft: config error: ...``, exit status ``CONFIG_ERROR_EXIT``, 2, which
+   (``torchtitan_ft: config error: ...``, exit status ``USER_ERROR_EXIT``, 2, which
    ``torchtitan_ft.launch`` recognises so that torchrun adds no report of its own);
-4. TorchTitan's own ``Trainer`` (subclassed as ``FaultTolerantTrainer``) trains.
+4. TorchTitan's own ``Trainer`` (subclassed as ``FaultTolerantTrainer``) trains. Mistakes that
+   only show once the group runs stop it the same way, with one line: no quorum from the
+   lighthouse (wrong URL, lighthouse down), a group inconsistent with the job (model, group
+   size, duplicate replica id), the manager server's port in use.
 
 Without ``--job.config_file`` the checkout's ``configs/debug_cpu.toml`` (llama3 debugmodel,
 batch 2 x seq 256, a few steps) is used when it exists.
@@ -21,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from torchtitan_ft.launch import CONFIG_ERROR_EXIT
+from torchtitan_ft.launch import USER_ERROR_EXIT
 from torchtitan_ft.titan import cpu_compat
 
 cpu_compat.apply_before_torchtitan_import()
@@ -39,9 +42,17 @@ def with_default_config(args: list[str]) -> list[str]:
     return args
 
 
+def _user_error(message: str) -> NoReturn:
+    print(f"torchtitan_ft: {message}", file=sys.stderr, flush=True)
+    # TorchTitan's @record on Trainer.train may have written the traceback for torchrun to show.
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        Path(error_file).unlink(missing_ok=True)
+    raise SystemExit(USER_ERROR_EXIT)
+
+
 def _config_error(message: str) -> NoReturn:
-    print(f"torchtitan_ft: config error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(CONFIG_ERROR_EXIT)
+    _user_error(f"config error: {message}")
 
 
 def main(argv: list[str] | None = None, trainer_class: type | None = None) -> None:
@@ -52,6 +63,11 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     import torch
     from torchtitan.tools.logging import init_logger, logger
 
+    from torchtitan_ft.manager_server import (
+        AddressInUseError,
+        QuorumTimeoutError,
+        ReplicaGroupMismatchError,
+    )
     from torchtitan_ft.titan.config import ConfigError, check_local_paths, parse_job_config
     from torchtitan_ft.titan.data import register_datasets
     from torchtitan_ft.titan.trainer import FaultTolerantTrainer
@@ -77,6 +93,8 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
             logger.info("Created seed checkpoint")
         else:
             trainer.train()
+    except (AddressInUseError, QuorumTimeoutError, ReplicaGroupMismatchError) as e:
+        _user_error(str(e))
     finally:
         if trainer is not None:
             trainer.close()

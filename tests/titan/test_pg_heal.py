@@ -18,14 +18,13 @@ import pytest
 
 from tests.titan.test_ft_e2e import (
     KILL_AT_STEP,
-    NO_INIT_SYNC,
     STEPS,
     _assert_identical,
     _dump_path,
     _Group,
 )
 
-PG = ("--fault_tolerance.checkpoint_transport=pg", *NO_INIT_SYNC)
+PG = ("--fault_tolerance.checkpoint_transport=pg",)
 RANKS = 2
 
 
