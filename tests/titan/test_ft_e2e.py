@@ -289,12 +289,10 @@ def _assert_identical(a: Any, b: Any, where: str = "") -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-@pytest.mark.multiprocess
-@pytest.mark.timeout(400)
-@pytest.mark.parametrize("ranks", [1, 2], ids=["1rank", "2ranks"])
-def test_killed_replica_group_heals_to_identical_state(tmp_path: Path, ranks: int) -> None:
-    import torch
-
+def kill_and_restart_group_1(tmp_path: Path, ranks: int, *args: str) -> tuple[list[str], str]:
+    """Two replica groups of ``ranks`` ranks train ``STEPS`` steps against a fresh lighthouse;
+    group 1 is SIGKILLed once it logged ``KILL_AT_STEP`` and started again. Returns both
+    groups' outputs (each run exited 0) and the killed run's output."""
     from torchtitan_ft.lighthouse import LighthouseServer
 
     lighthouse = LighthouseServer(
@@ -303,20 +301,29 @@ def test_killed_replica_group_heals_to_identical_state(tmp_path: Path, ranks: in
     groups: list[_Group] = []
     try:
         address = lighthouse.address()
-        groups = [_Group(r, tmp_path, address, STEPS, ranks=ranks) for r in range(2)]
+        groups = [_Group(r, tmp_path, address, STEPS, *args, ranks=ranks) for r in range(2)]
         groups[1].wait_for(rf"step:\s*{KILL_AT_STEP}\s+loss", timeout=200)
         groups[1].sigkill()
         killed_output = groups[1].output
-        groups[1] = _Group(1, tmp_path, address, STEPS, ranks=ranks)
+        groups[1] = _Group(1, tmp_path, address, STEPS, *args, ranks=ranks)
         outputs = [g.finish(timeout=300) for g in groups]
     finally:
         for group in groups:
             if group.proc.poll() is None:
                 group.sigkill()
         lighthouse.shutdown()
-
     for group, output in zip(groups, outputs, strict=True):
         assert group.proc.returncode == 0, output[-6000:]
+    return outputs, killed_output
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("ranks", [1, 2], ids=["1rank", "2ranks"])
+def test_killed_replica_group_heals_to_identical_state(tmp_path: Path, ranks: int) -> None:
+    import torch
+
+    outputs, killed_output = kill_and_restart_group_1(tmp_path, ranks)
     assert "should_commit=False" in outputs[0] or "participants" in outputs[0]
     assert "applied healed state" in outputs[1], outputs[1][-6000:]
     assert re.search(rf"step:\s*{KILL_AT_STEP}\s+loss", killed_output)

@@ -21,7 +21,7 @@ from tests.titan.test_ft_e2e import (
     STEPS,
     _assert_identical,
     _dump_path,
-    _Group,
+    kill_and_restart_group_1,
 )
 
 PG = ("--fault_tolerance.checkpoint_transport=pg",)
@@ -33,27 +33,8 @@ RANKS = 2
 def test_killed_replica_group_heals_over_the_process_group(tmp_path: Path) -> None:
     import torch
 
-    from torchtitan_ft.lighthouse import LighthouseServer
-
-    lighthouse = LighthouseServer(
-        bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=20000, heartbeat_timeout_ms=2000
-    )
-    groups: list[_Group] = []
-    try:
-        address = lighthouse.address()
-        groups = [_Group(r, tmp_path, address, STEPS, *PG, ranks=RANKS) for r in range(2)]
-        groups[1].wait_for(rf"step:\s*{KILL_AT_STEP}\s+loss", timeout=200)
-        groups[1].sigkill()
-        groups[1] = _Group(1, tmp_path, address, STEPS, *PG, ranks=RANKS)
-        outputs = [g.finish(timeout=300) for g in groups]
-    finally:
-        for group in groups:
-            if group.proc.poll() is None:
-                group.sigkill()
-        lighthouse.shutdown()
-
-    for group, output in zip(groups, outputs, strict=True):
-        assert group.proc.returncode == 0, output[-6000:]
+    outputs, _ = kill_and_restart_group_1(tmp_path, RANKS, *PG)
+    for output in outputs:
         assert "checkpoint server listening" not in output  # no HTTP transport
     received = re.search(r"received step (\d+) from rank 0: .* over the process group", outputs[1])
     assert received and int(received.group(1)) > KILL_AT_STEP, outputs[1][-6000:]
