@@ -48,7 +48,11 @@ from urllib.parse import urlsplit
 from torchtitan_ft.checkpoint._http_client import Source, allocate, url_host
 from torchtitan_ft.checkpoint._http_server import CheckpointServer, Snapshot
 from torchtitan_ft.checkpoint._serialization import Header, flatten, layout, unflatten
-from torchtitan_ft.checkpoint.transport import CheckpointTransferError, CheckpointTransport
+from torchtitan_ft.checkpoint.transport import (
+    CheckpointTransferError,
+    CheckpointTransport,
+    log_received,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -169,15 +173,7 @@ class HTTPTransport(CheckpointTransport[T]):
                 f"receiving step {step} from replica rank {src_rank} at {metadata} failed: "
                 f"{type(e).__name__}: {e}"
             ) from e
-        elapsed = time.perf_counter() - started
-        logger.info(
-            "received step %d from rank %d: %.1f MB in %.3f s (%.0f MB/s)",
-            step,
-            src_rank,
-            header.total_bytes / 1e6,
-            elapsed,
-            header.total_bytes / 1e6 / max(elapsed, 1e-9),
-        )
+        log_received(logger, step, src_rank, header.total_bytes, started)
         return state_dict
 
     def shutdown(self, wait: bool = True) -> None:

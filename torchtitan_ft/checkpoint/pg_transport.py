@@ -21,7 +21,11 @@ import torch.distributed as dist
 
 from torchtitan_ft.checkpoint._serialization import Header, flatten, layout, unflatten
 from torchtitan_ft.checkpoint._staging import as_bytes
-from torchtitan_ft.checkpoint.transport import CheckpointTransferError, CheckpointTransport
+from torchtitan_ft.checkpoint.transport import (
+    CheckpointTransferError,
+    CheckpointTransport,
+    log_received,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -114,15 +118,7 @@ class PGTransport(CheckpointTransport[T]):
             state_dict = unflatten(header.tree, tensors)
         except ValueError as e:
             raise CheckpointTransferError(f"step {step} from rank {src_rank}: {e}") from e
-        elapsed = time.perf_counter() - started
-        logger.info(
-            "received step %d from rank %d: %.1f MB in %.3f s (%.0f MB/s) over the process group",
-            step,
-            src_rank,
-            header.total_bytes / 1e6,
-            elapsed,
-            header.total_bytes / 1e6 / max(elapsed, 1e-9),
-        )
+        log_received(logger, step, src_rank, header.total_bytes, started, " over the process group")
         return state_dict
 
     def _recv(self, t: torch.Tensor, src: int, timeout: timedelta) -> Any:

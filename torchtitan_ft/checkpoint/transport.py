@@ -9,6 +9,8 @@ Same method names and arguments as torchft 0.2.0's ``CheckpointTransport``.
 
 from __future__ import annotations
 
+import logging
+import time
 from abc import ABC, abstractmethod
 from datetime import timedelta
 from typing import Generic, TypeVar
@@ -70,3 +72,20 @@ class CheckpointTransport(Generic[T], ABC):
         Args:
             wait: block until in-flight transfers and background threads finished.
         """
+
+
+def log_received(
+    logger: logging.Logger, step: int, src_rank: int, nbytes: int, started: float, via: str = ""
+) -> None:
+    """Logs one received state: its size, the time since ``started`` (``time.perf_counter``)
+    and the rate; ``via`` ends the line (e.g. " over the process group")."""
+    elapsed = time.perf_counter() - started
+    logger.info(
+        "received step %d from rank %d: %.1f MB in %.3f s (%.0f MB/s)%s",
+        step,
+        src_rank,
+        nbytes / 1e6,
+        elapsed,
+        nbytes / 1e6 / max(elapsed, 1e-9),
+        via,
+    )
