@@ -28,25 +28,27 @@ from torchtitan_ft.config_env import (
     resolve_manager_settings,
     store_key_prefix,
 )
+from torchtitan_ft.futures import future_with_timeout
 from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.manager import (
     Manager,
     ManagerStats,
-    Participation,
     WorldSizeMode,
-    check_commit_failures,
-    compute_participation,
-    future_with_timeout,
-    global_ranks,
-    heal_needs_group_agreement,
-    local_commit_vote,
     model_fingerprint,
     port_in_use_message,
-    quorum_store_address,
     tensor_bytes,
 )
 from torchtitan_ft.manager_server import AddressInUseError, ReplicaGroupMismatchError
 from torchtitan_ft.quorum_results import QuorumResult
+from torchtitan_ft.step_decisions import (
+    Participation,
+    check_commit_failures,
+    compute_participation,
+    global_ranks,
+    heal_needs_group_agreement,
+    local_commit_vote,
+    quorum_store_address,
+)
 
 # ------------------------------------------------------------------------------ pure logic
 

@@ -26,19 +26,17 @@ What happened is observable at no cost to the step: ``Manager.stats()`` returns 
 ``ManagerStats`` snapshot (quorum, participation, commit failures, heals and their bytes and
 seconds, bytes handed to the cross-group allreduce) from counters the Manager keeps anyway.
 
-The decisions are small pure functions (``compute_participation``, ``local_commit_vote``,
-``check_commit_failures``, ``quorum_store_address``, ``global_ranks``) tested without servers.
+The decisions are small pure functions in ``torchtitan_ft.step_decisions``
+(``compute_participation``, ``local_commit_vote``, ``check_commit_failures``,
+``quorum_store_address``, ``global_ranks``), tested without servers.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import hashlib
-import heapq
-import itertools
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -47,7 +45,6 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
@@ -63,9 +60,20 @@ from torchtitan_ft.config_env import (
     resolve_manager_settings,
     store_key_prefix,
 )
+from torchtitan_ft.futures import completed_future, future_with_timeout
 from torchtitan_ft.manager_server import AddressInUseError, ManagerClient, ManagerServer
 from torchtitan_ft.quantization import quantized_allreduce
 from torchtitan_ft.quorum_results import GroupIdentity
+from torchtitan_ft.step_decisions import (
+    Participation,
+    WorldSizeMode,
+    check_commit_failures,
+    compute_participation,
+    global_ranks,
+    heal_needs_group_agreement,
+    local_commit_vote,
+    quorum_store_address,
+)
 
 if TYPE_CHECKING:
     from torchtitan_ft.quorum_results import QuorumResult
@@ -79,20 +87,6 @@ REPLICA_ID_KEY = "replica_id"
 _LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
-class WorldSizeMode(Enum):
-    """How many replica groups take part in a step when more than ``min_replica_size`` are up.
-
-    DYNAMIC: every up-to-date replica group participates; gradients are averaged over all of
-        them, so the effective batch grows and shrinks with membership.
-    FIXED_WITH_SPARES: exactly ``min_replica_size`` groups participate (the lowest replica ranks
-        among the up-to-date ones); the others are spares that contribute zero gradients but
-        apply the same averaged update, so they stay in sync and can take over at once.
-    """
-
-    DYNAMIC = 0
-    FIXED_WITH_SPARES = 1
-
-
 class ExceptionWithTraceback(Exception):
     """An error recorded by ``report_error``, with the traceback where it was caught."""
 
@@ -100,60 +94,6 @@ class ExceptionWithTraceback(Exception):
         self.original_exception = e
         self.stack_trace: str = "".join(traceback.format_exception(e))
         super().__init__(f"{type(e).__name__}: {e}")
-
-
-# --------------------------------------------------------------------------------------------
-# Pure decision logic
-
-
-@dataclass(frozen=True)
-class Participation:
-    """Which slot this replica group takes in the step's gradient average."""
-
-    rank: int | None
-    """Rank among the participants; ``None`` for a spare or a replica still healing."""
-    world_size: int
-    """Number of participants: the divisor of the gradient average."""
-    vote_size: int
-    """Groups counted against ``min_replica_size`` in the commit vote: the participants, and
-    at step 0 with ``init_sync`` also the groups taking the primary's state (they contribute
-    no gradient but finish the step identical to the primary)."""
-
-
-def compute_participation(
-    result: QuorumResult,
-    *,
-    use_async_quorum: bool,
-    allow_heal: bool,
-    init_sync: bool,
-    world_size_mode: WorldSizeMode,
-    min_replica_size: int,
-) -> Participation:
-    """Who participates in this step, from one group rank's quorum result.
-
-    With an async quorum (or without healing) only the members already at ``max_step``
-    participate: a healing member's state arrives during the forward and is applied after the
-    backward, so its gradients are stale and it contributes zeros. That includes step 0 with
-    ``init_sync``, where every member but one (the step-0 source, see ``quorum_results``) heals
-    from it although all are at ``max_step``: the source is the only participant, so the step's
-    average is its own gradient rather than that gradient divided by the number of members.
-    With a sync quorum and healing, the heal completes before the forward and everyone
-    participates. FIXED_WITH_SPARES caps the participants at ``min_replica_size``.
-    """
-    if use_async_quorum or not allow_heal:
-        rank, size = result.max_replica_rank, result.max_world_size
-    else:
-        rank, size = result.replica_rank, result.replica_world_size
-    vote_size = size
-    if use_async_quorum and allow_heal and init_sync and result.max_step == 0 and size > 1:
-        # The step-0 source is the one member that does not heal (quorum_results).
-        rank, size = (None if result.heal else 0), 1
-    if world_size_mode is WorldSizeMode.FIXED_WITH_SPARES:
-        size = min(size, min_replica_size)
-        vote_size = min(vote_size, min_replica_size)
-        if rank is not None and rank >= min_replica_size:
-            rank = None
-    return Participation(rank=rank, world_size=size, vote_size=vote_size)
 
 
 @dataclass(frozen=True)
@@ -242,54 +182,6 @@ def _human(n: int) -> str:
     return str(n)
 
 
-@dataclass(frozen=True)
-class CommitVote:
-    """This rank's local vote on committing the step, with the reason (logged)."""
-
-    should_commit: bool
-    reason: str
-
-
-def local_commit_vote(
-    error: BaseException | None, num_participants: int, min_replica_size: int
-) -> CommitVote:
-    """Votes to commit only when no error was recorded and enough replicas took part."""
-    if error is not None:
-        return CommitVote(False, f"error this step: {error}")
-    if num_participants < min_replica_size:
-        return CommitVote(
-            False, f"{num_participants} participants < min_replica_size={min_replica_size}"
-        )
-    return CommitVote(True, f"{num_participants} participants, no error")
-
-
-def heal_needs_group_agreement(step: int, result: QuorumResult, init_sync: bool) -> bool:
-    """Whether this group's ranks might heal this quorum (sync quorum only).
-
-    Every rank of a replica group computes the same answer: the group is behind the quorum's
-    max step, or it is step 0 with ``init_sync`` (our ManagerServer heals whole groups then,
-    but torchft's picks the source per group rank, so behind it some ranks of a group may heal
-    while others do not). Healed state is then
-    applied only if every rank of the group received its state (all or nothing), so the ranks
-    of a group never end up at different steps.
-    """
-    return step < result.max_step or (
-        init_sync and result.max_step == 0 and result.replica_world_size > 1
-    )
-
-
-def check_commit_failures(commit_failures: int, max_retries: int | None) -> None:
-    """Raises RuntimeError once ``commit_failures`` consecutive failures exceed ``max_retries``.
-
-    ``max_retries=None`` retries forever; ``max_retries=0`` raises on the first failed commit.
-    """
-    if max_retries is not None and commit_failures > max_retries:
-        raise RuntimeError(
-            f"should_commit failed {commit_failures} times in a row, exceeding "
-            f"max_retries={max_retries}; giving up on this replica group"
-        )
-
-
 def port_in_use_message(port: Resolved[int], bind: str) -> str:
     """One line for a ManagerServer port that is taken: which port, where it was set, what to
     do."""
@@ -302,121 +194,6 @@ def port_in_use_message(port: Resolved[int], bind: str) -> str:
         f"process listening there or choose a free port (leave {MANAGER_PORT_ENV} unset and "
         "port=None to pick one automatically)"
     )
-
-
-def quorum_store_address(store_address: str, quorum_id: int, group_rank: int) -> str:
-    """``host:port/prefix`` under which one quorum's process group for a group rank meets."""
-    return f"{store_address}/torchft/{quorum_id}/{group_rank}"
-
-
-_TRAILING_DIGITS = re.compile(r"(\d+)$")
-
-
-def global_ranks(replica_ids: list[str], group_world_size: int, group_rank: int) -> list[int]:
-    """Global ranks of this group rank's peers, one per quorum member (in replica-rank order).
-
-    The replica group number is the trailing digits of the replica id before the uuid suffix
-    (``"train_3:<uuid>"`` -> 3; none -> 0); global rank = group number * group size + rank.
-    """
-    ranks = []
-    for replica_id in replica_ids:
-        match = _TRAILING_DIGITS.search(replica_id.split(":")[0])
-        group = int(match.group(1)) if match else 0
-        ranks.append(group * group_world_size + group_rank)
-    return ranks
-
-
-# --------------------------------------------------------------------------------------------
-# Futures
-
-
-def _completed_future(value: T) -> torch.futures.Future[T]:
-    fut: torch.futures.Future[T] = torch.futures.Future()
-    fut.set_result(value)
-    return fut
-
-
-class _Deadlines:
-    """One daemon thread firing callbacks at deadlines (a heap), instead of a
-    ``threading.Timer`` thread per collective, which cost ~1-2 ms of CPU per step."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._cancelled: set[int] = set()
-        self._seq = itertools.count()
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def schedule(self, delay_s: float, fn: Callable[[], None]) -> Callable[[], None]:
-        """Calls ``fn`` after ``delay_s`` seconds unless the returned cancel is called first."""
-        with self._cond:
-            key = next(self._seq)
-            heapq.heappush(self._heap, (time.monotonic() + delay_s, key, fn))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="ft-deadlines", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-        def cancel() -> None:
-            with self._cond:
-                self._cancelled.add(key)
-
-        return cancel
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._heap or self._heap[0][0] > time.monotonic():
-                    wait = self._heap[0][0] - time.monotonic() if self._heap else None
-                    self._cond.wait(wait)
-                    self._drop_cancelled()
-                _, key, fn = heapq.heappop(self._heap)
-                if key in self._cancelled:
-                    self._cancelled.discard(key)
-                    continue
-            fn()
-
-    def _drop_cancelled(self) -> None:
-        while self._heap and self._heap[0][1] in self._cancelled:
-            self._cancelled.discard(heapq.heappop(self._heap)[1])
-
-
-_DEADLINES = _Deadlines()
-
-
-def future_with_timeout(
-    fut: torch.futures.Future[T], timeout: timedelta
-) -> torch.futures.Future[T]:
-    """A future completing like ``fut``, or with TimeoutError after ``timeout``."""
-    out: torch.futures.Future[T] = torch.futures.Future()
-    lock = threading.Lock()
-    finished = False
-
-    def claim() -> bool:
-        nonlocal finished
-        with lock:
-            first, finished = not finished, True
-        return first
-
-    def on_timeout() -> None:
-        if claim():
-            out.set_exception(TimeoutError(f"future timed out after {timeout}"))
-
-    cancel_timeout = _DEADLINES.schedule(timeout.total_seconds(), on_timeout)
-
-    def on_done(f: torch.futures.Future[T]) -> None:
-        cancel_timeout()
-        try:
-            value = f.value()
-        except Exception as e:  # the future's error, handed on as data
-            if claim():
-                out.set_exception(e)
-            return
-        if claim():
-            out.set_result(value)
-
-    fut.add_done_callback(on_done)
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -925,7 +702,7 @@ class Manager:
         try:
             self._wait_collectives_ready()
             if self.errored() is not None and not self._join_despite_error():
-                return _completed_future(tensor)
+                return completed_future(tensor)
             num_participants = self._participation.world_size
             if num_participants < 1:
                 raise RuntimeError("quorum has no participants; cannot average")
@@ -941,7 +718,7 @@ class Manager:
                 fut = self._pg.allreduce([tensor], opts).get_future()
         except Exception as e:  # recorded: the step is discarded, the future completes
             self.report_error(e)
-            return _completed_future(tensor)
+            return completed_future(tensor)
 
         def normalize(fut: torch.futures.Future[Any]) -> torch.Tensor:
             try:

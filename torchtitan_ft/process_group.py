@@ -69,6 +69,8 @@ from torch.distributed.distributed_c10d import (
 )
 from torch.futures import Future
 
+from torchtitan_ft.futures import completed_future
+
 if TYPE_CHECKING:
     from torchtitan_ft.manager import Manager
 
@@ -202,12 +204,6 @@ def _gloo_device(store_host: str) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-def _completed_future(value: object) -> Future[Any]:
-    fut: Future[Any] = Future()
-    fut.set_result(value)
-    return fut
-
-
 class _CompletedWork(Work):
     """A Work that is already done, with ``value`` as its future's result."""
 
@@ -222,7 +218,7 @@ class _CompletedWork(Work):
         return True
 
     def get_future(self) -> Future[Any]:
-        return _completed_future(self._value)
+        return completed_future(self._value)
 
 
 class _FailedWork(Work):
@@ -1395,7 +1391,7 @@ class ManagedProcessGroup(ProcessGroup):
                 if not _is_collective_error(e):
                     raise
                 self._manager.report_error(e)
-                futures.append(_completed_future(tensor))
+                futures.append(completed_future(tensor))
         return _ManagedWork(self._manager, futures, tensor_list)
 
     def allreduce_coalesced(
