@@ -151,6 +151,12 @@ def test_unknown_toml_section_is_named(tmp_path: Path) -> None:
         ),
         (["--training.steps=ten"], "--training.steps='ten' is invalid: expected an integer"),
         (["--optimizer.lr=fast"], "--optimizer.lr='fast' is invalid: expected a number"),
+        (
+            ["--compile.components", "model", "loss"],
+            "unexpected argument 'loss' after --compile.components model: options are "
+            "--section.field=value, and a list is one comma-separated value",
+        ),
+        (["steps=3"], "unexpected argument 'steps=3': options are --section.field=value"),
     ],
 )
 def test_bad_cli_flag_is_one_config_error(args: list[str], message: str) -> None:
@@ -173,6 +179,10 @@ def test_good_cli_spellings_pass_the_flag_check() -> None:
             "-1",
             "--job.print_config",
             "--parallelism.fsdp_reshard_after_forward=never",
+            "--compile.components",
+            "model,loss",
+            "--parallelism.data_parallel_shard_degree",
+            "-1",
         ]
     )
 

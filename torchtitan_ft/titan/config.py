@@ -568,13 +568,20 @@ def check_cli_args(args: list[str], cls: type = JobConfig, allow_unknown: bool =
 
     TorchTitan's parser (tyro) reports these in a multi-line box; this check runs first.
     Scalar fields are checked (bool flags, int, float, str, ``Literal`` and their unions with
-    None); values of other fields (lists) are left to tyro, as are flags without a section.
+    None); values of other fields (lists) are left to tyro, as are flags without a section. A
+    stray word (no flag takes it, e.g. a list written space-separated) is an error too.
     ``allow_unknown`` lets unknown names through (a custom config module adds fields).
     """
     i = 0
     while i < len(args):
         arg = args[i]
         i += 1
+        if not arg.startswith("-"):
+            after = f" after {' '.join(args[max(i - 3, 0) : i - 1])}" if i > 1 else ""
+            raise ConfigError(
+                f"unexpected argument {arg!r}{after}: options are --section.field=value, and "
+                "a list is one comma-separated value (e.g. --compile.components=model,loss)"
+            )
         if not arg.startswith("--") or "." not in arg.partition("=")[0]:
             continue
         flag, has_value, value = arg.partition("=")
