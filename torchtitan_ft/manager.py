@@ -43,7 +43,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -904,13 +904,7 @@ class Manager:
             num_participants=self._participation.world_size,
             participating=self.is_participating(),
             commit_failures=self._commit_failures,
-            steps_discarded=counters.steps_discarded,
-            heal_count=counters.heal_count,
-            last_heal_seconds=counters.last_heal_seconds,
-            heal_seconds=counters.heal_seconds,
-            heal_bytes_received=counters.heal_bytes_received,
-            heal_bytes_sent=counters.heal_bytes_sent,
-            allreduce_bytes=counters.allreduce_bytes,
+            **asdict(counters),
         )
 
     @property

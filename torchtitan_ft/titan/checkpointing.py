@@ -61,21 +61,24 @@ class ReplicaAxisState:
         self._manager = manager
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        manager = self._manager.state_dict()
         return {
             "consumed": torch.tensor(self._batches.consumed, dtype=torch.int64),
-            "step": torch.tensor(manager["step"], dtype=torch.int64),
-            "batches_committed": torch.tensor(manager["batches_committed"], dtype=torch.int64),
+            **_manager_tensors(self._manager),
         }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self._batches.load_state_dict({"consumed": state["consumed"].tolist()})
-        self._manager.load_state_dict(
-            {
-                "step": int(state["step"]),
-                "batches_committed": int(state["batches_committed"]),
-            }
-        )
+        _load_manager_tensors(self._manager, state)
+
+
+def _manager_tensors(manager: Any) -> dict[str, torch.Tensor]:
+    """The Manager's ``state_dict`` (step, batches committed) as int64 tensors, for DCP."""
+    return {k: torch.tensor(v, dtype=torch.int64) for k, v in manager.state_dict().items()}
+
+
+def _load_manager_tensors(manager: Any, state: dict[str, torch.Tensor]) -> None:
+    """Loads what :func:`_manager_tensors` saved (other keys of ``state`` are ignored)."""
+    manager.load_state_dict({k: int(state[k]) for k in ("step", "batches_committed")})
 
 
 def reader_dir(folder: str | Path, replica_id: int, rank: int) -> Path:
@@ -174,17 +177,13 @@ class ManagerState:
         """The replica id of the group that wrote the loaded checkpoint (after a load)."""
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        manager = self._manager.state_dict()
         return {
-            "step": torch.tensor(manager["step"], dtype=torch.int64),
-            "batches_committed": torch.tensor(manager["batches_committed"], dtype=torch.int64),
+            **_manager_tensors(self._manager),
             "writer": torch.tensor(self._replica_id, dtype=torch.int64),
         }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self._manager.load_state_dict(
-            {"step": int(state["step"]), "batches_committed": int(state["batches_committed"])}
-        )
+        _load_manager_tensors(self._manager, state)
         self.writer = int(state["writer"])
 
 
