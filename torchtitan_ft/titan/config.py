@@ -60,6 +60,12 @@ from torchtitan.config import FaultTolerance as TitanFaultTolerance
 from torchtitan.config import JobConfig as TitanJobConfig
 
 from torchtitan_ft.config_env import DEFAULT_LIGHTHOUSE_ADDR, LIGHTHOUSE_ENV, is_lighthouse_url
+from torchtitan_ft.titan.compute_dtype import (
+    DtypeChoice,
+    choose_param_dtype,
+    probe_cpu,
+    set_explicitly,
+)
 
 try:
     import tomllib
@@ -691,7 +697,22 @@ def parse_job_config(args: list[str] | None = None) -> JobConfig:
     check_cli_args(args, allow_unknown=custom)
     config = ConfigManager(config_cls=JobConfig).parse_args(args)
     validate_job_config(config)
+    resolve_compute_dtype(config, set_explicitly(toml_values, args))
     return config
+
+
+def resolve_compute_dtype(config: JobConfig, explicit: bool) -> DtypeChoice:
+    """Set ``training.mixed_precision_param`` by what this machine runs fast (see
+    :mod:`~torchtitan_ft.titan.compute_dtype`) unless the user set it, and log the choice."""
+    from torchtitan.tools.logging import logger
+    from torchtitan.tools.utils import device_type
+
+    cpu = probe_cpu() if device_type == "cpu" else None
+    configured = config.training.mixed_precision_param if explicit else None
+    choice = choose_param_dtype(device_type, cpu, configured)
+    config.training.mixed_precision_param = choice.param_dtype
+    logger.info(f"Compute dtype: {choice.param_dtype} ({choice.reason})")
+    return choice
 
 
 # --- files this machine must have -------------------------------------------------------------
