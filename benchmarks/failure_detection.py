@@ -21,6 +21,7 @@ import sys
 import time
 from datetime import timedelta
 
+from benchmarks import machine
 from benchmarks._reference import load_reference
 from torchtitan_ft.lighthouse import LighthouseClient, LighthouseServer
 
@@ -90,6 +91,7 @@ def main() -> None:
     ours = results["torchtitan_ft"]["median_stall_ms"]
     out = {
         "benchmark": "failure_detection",
+        "machine": machine(),
         "command": " ".join(["python -m benchmarks.failure_detection", *sys.argv[1:]]),
         "setup": "2 replicas on loopback, heartbeat interval 100 ms, heartbeat timeout 5000 ms",
         "target_ms": 200,

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks import machine
 from torchtitan_ft.checkpoint import HTTPTransport, PGTransport
 from torchtitan_ft.checkpoint._staging import Prefaulter, writable_view
 
@@ -341,6 +342,7 @@ def main(argv: list[str]) -> None:
         json.dumps(
             {
                 "command": " ".join(["python -m benchmarks.heal_transfer", *sys.argv[1:]]),
+                "machine": machine(),
                 "cpus": os.cpu_count(),
                 "load_avg_1m_at_start": load_at_start,
                 "load_avg_1m_at_end": os.getloadavg()[0],

@@ -26,6 +26,7 @@ import time
 
 import grpc
 
+from benchmarks import machine
 from benchmarks._reference import load_reference
 from torchtitan_ft.lighthouse.types import QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
@@ -205,6 +206,7 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "lighthouse_scale",
+                "machine": machine(),
                 "command": " ".join(["python -m benchmarks.lighthouse_scale", *sys.argv[1:]]),
                 "client": f"asyncio grpc.aio, {CHANNELS} channels, pre-serialized requests, "
                 "responses not parsed; client_floor_ms = same client against a null server "

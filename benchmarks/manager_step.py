@@ -40,7 +40,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks import _mlp
+from benchmarks import _mlp, machine
 
 MODULE = "benchmarks.manager_step"
 PHASES = ("zero_grad", "forward", "backward", "step")
@@ -348,6 +348,7 @@ def main() -> None:
         json.dumps(
             {
                 "command": command.strip(),
+                "machine": machine(),
                 "setup": {
                     **_mlp.setup(),
                     "torch_threads_per_process": 1,

@@ -61,7 +61,7 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 from typing import Any  # noqa: E402
 
-from benchmarks import _mlp  # noqa: E402  (standard library only)
+from benchmarks import _mlp, machine  # noqa: E402
 
 MODULE = "benchmarks.recovery"
 TARGETS = {"stall_s": 0.5, "spawn_to_participating_s": 3.0, "manager_to_participating_s": 0.5}
@@ -434,6 +434,7 @@ def main() -> None:
         json.dumps(
             {
                 "command": command.strip(),
+                "machine": machine(),
                 "setup": {
                     **_mlp.setup(),
                     "lighthouse": "in-process LighthouseServer, min_replicas=1, defaults",

@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import machine
 from benchmarks._semi_sync_worker import HOST, ReplicaJob, Setup, StrategySpec, replica_group
 from torchtitan_ft.semi_sync import OuterOptimizerConfig
 
@@ -258,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
         json.dumps(
             {
                 "benchmark": "semi_sync",
+                "machine": machine(),
                 "command": " ".join(["python -m benchmarks.semi_sync", *sys.argv[1:]]).strip(),
                 "setup": {
                     "replica_groups": NUM_REPLICAS,

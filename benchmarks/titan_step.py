@@ -1,22 +1,25 @@
-"""TorchTitan step time with FT ÷ native TorchTitan HSDP, same shape, same run; prints JSON.
+"""TorchTitan step times on this CPU: 1 process, native HSDP 2x2 and FT 2x2, per compute dtype;
+prints JSON.
 
-Two jobs of the llama3 debugmodel (small shape: batch 2 x seq 256 per rank, 4 ranks in all,
-gloo on 127.0.0.1, one OpenMP thread per process), run one after the other, ``--rounds`` times
-in alternating order so both see the same machine load:
+Three jobs of the llama3 debugmodel (small shape: batch 2 x seq 256 per rank, gloo on
+127.0.0.1, one OpenMP thread per process), run one after the other, ``--rounds`` times in
+rotating order so all see the same machine load:
 
+- ``single``: one process (``run_train.sh`` with NGPU=1, ``configs/debug_cpu.toml``);
 - ``native``: TorchTitan's own HSDP 2x2 (``run_train.sh`` with NGPU=4,
-  ``data_parallel_replicate_degree=2``, ``data_parallel_shard_degree=2``; config
-  ``configs/debug_cpu.toml``);
+  ``data_parallel_replicate_degree=2``, ``data_parallel_shard_degree=2``; same config);
 - ``ft``: 2 replica groups x 2 FSDP ranks with fault tolerance (two ``run_train.sh`` with NGPU=2,
   ``configs/debug_ft_cpu.toml``: per-step sync, async quorum, Manager + managed all-reduce hook,
   a real lighthouse in this process).
 
+Each ``--dtypes`` value runs all three with ``training.mixed_precision_param`` set to it, e.g.
+``--dtypes bfloat16 float32`` measures TorchTitan's default (bf16) against fp32 in one run.
 A step's time is TorchTitan's own ``time_metrics/end_to_end(s)`` (read from the TensorBoard
 event files, ``log_freq`` 1); for FT the slower of the two groups at that step. The first
-``--warmup`` steps are dropped (first quorum, gloo setup, the init_sync heal); the headline is
-the median FT step over the median native step, pooled over rounds (target <= 1.05).
+``--warmup`` steps are dropped (first quorum, gloo setup, the init_sync heal). The JSON records
+the CPU (model, torch capability, bf16 support) and the dtype this machine would choose.
 
-    python -m benchmarks.titan_step [--steps 14] [--warmup 4] [--rounds 1]
+    python -m benchmarks.titan_step [--steps 14] [--warmup 4] [--rounds 1] [--dtypes float32]
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP_TAG = "time_metrics/end_to_end(s)"
@@ -83,24 +88,26 @@ def _step_times(run_dir: Path) -> dict[int, float]:
     return {e.step: e.value for e in events.Scalars(STEP_TAG)}
 
 
-def run_native(work: Path, steps: int, timeout: float) -> dict[int, float]:
-    """Native TorchTitan HSDP 2x2: {step: seconds}."""
-    dump = work / "native"
-    proc = _launch(
-        dump,
-        4,
-        steps,
-        "debug_cpu.toml",
-        "--parallelism.data_parallel_replicate_degree=2",
-        "--parallelism.data_parallel_shard_degree=2",
-        env={},
-    )
+def _run_one(work: Path, ngpu: int, steps: int, timeout: float, *args: str) -> dict[int, float]:
+    proc = _launch(work, ngpu, steps, "debug_cpu.toml", *args, env={})
     _finish(proc, timeout)
-    (run_dir,) = [d for d in (dump / "tb").glob("*") if d.is_dir()]
+    (run_dir,) = [d for d in (work / "tb").glob("*") if d.is_dir()]
     return _step_times(run_dir)
 
 
-def run_ft(work: Path, steps: int, timeout: float) -> dict[int, float]:
+def run_single(work: Path, steps: int, timeout: float, *args: str) -> dict[int, float]:
+    """One process (no FSDP, no FT): {step: seconds}."""
+    return _run_one(work / "single", 1, steps, timeout, *args)
+
+
+def run_native(work: Path, steps: int, timeout: float, *args: str) -> dict[int, float]:
+    """Native TorchTitan HSDP 2x2: {step: seconds}."""
+    hsdp = ("--parallelism.data_parallel_replicate_degree=2",)
+    hsdp += ("--parallelism.data_parallel_shard_degree=2",)
+    return _run_one(work / "native", 4, steps, timeout, *hsdp, *args)
+
+
+def run_ft(work: Path, steps: int, timeout: float, *args: str) -> dict[int, float]:
     """2 replica groups x 2 FSDP ranks with FT: {step: seconds of the slower group}."""
     from torchtitan_ft.lighthouse import LighthouseServer
 
@@ -115,6 +122,7 @@ def run_ft(work: Path, steps: int, timeout: float) -> dict[int, float]:
                     steps,
                     "debug_ft_cpu.toml",
                     f"--fault_tolerance.replica_id={r}",
+                    *args,
                     env={"TORCHFT_LIGHTHOUSE": lighthouse.address()},
                 )
             )
@@ -145,68 +153,83 @@ def _after_warmup(times: dict[int, float], warmup: int) -> list[float]:
     return [t for s, t in sorted(times.items()) if s > warmup]
 
 
+JOBS = {"single": run_single, "native": run_native, "ft": run_ft}
+
+
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 4)
+
+
 def main(argv: list[str] | None = None) -> dict:
+    from torchtitan_ft.titan.compute_dtype import choose_param_dtype, probe_cpu
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=["bfloat16", "float32"])
+    parser.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args(argv)
     if args.warmup >= args.steps:
         raise SystemExit(f"--warmup ({args.warmup}) must be < --steps ({args.steps})")
 
     work = Path(tempfile.mkdtemp(prefix="titan_step_"))
-    native: list[float] = []
-    ft: list[float] = []
-    rounds = []
-    started = time.perf_counter()
+    kinds = [(dtype, job) for dtype in args.dtypes for job in JOBS]
+    steps: dict[tuple[str, str], list[float]] = {kind: [] for kind in kinds}
+    cpu_s: dict[tuple[str, str], float] = dict.fromkeys(kinds, 0.0)
+    started, load_at_start = time.perf_counter(), os.getloadavg()[0]
     try:
         for i in range(args.rounds):
-            order = ["native", "ft"] if i % 2 == 0 else ["ft", "native"]
-            result: dict[str, list[float]] = {}
-            cpu: dict[str, float] = {}
-            for kind in order:
-                run = run_native if kind == "native" else run_ft
+            order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
+            for dtype, job in order:
                 cpu_before = _cpu_seconds()
-                times = run(work / f"round{i}", args.steps, args.timeout)
-                cpu[kind] = _cpu_seconds() - cpu_before
-                result[kind] = _after_warmup(times, args.warmup)
-            native += result["native"]
-            ft += result["ft"]
-            rounds.append(
-                {
-                    "order": order,
-                    "native_step_s": [round(t, 4) for t in result["native"]],
-                    "ft_step_s": [round(t, 4) for t in result["ft"]],
-                    # Whole job incl. ~8 s of imports/setup per process: a load-independent
-                    # view of what FT costs in CPU (lighthouse, manager servers, quorum threads).
-                    "native_job_cpu_s": round(cpu["native"], 1),
-                    "ft_job_cpu_s": round(cpu["ft"], 1),
-                    "ratio": round(
-                        statistics.median(result["ft"]) / statistics.median(result["native"]), 4
-                    ),
-                }
-            )
+                times = JOBS[job](
+                    work / f"round{i}" / dtype,
+                    args.steps,
+                    args.timeout,
+                    f"--training.mixed_precision_param={dtype}",
+                )
+                cpu_s[(dtype, job)] += _cpu_seconds() - cpu_before
+                steps[(dtype, job)] += _after_warmup(times, args.warmup)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    ratio = statistics.median(ft) / statistics.median(native)
+    results = {}
+    for dtype in args.dtypes:
+        medians = {job: _median(steps[(dtype, job)]) for job in JOBS}
+        results[dtype] = {
+            **{f"{job}_median_step_s": m for job, m in medians.items()},
+            **{f"{job}_step_s": [round(t, 4) for t in steps[(dtype, job)]] for job in JOBS},
+            # Whole jobs incl. ~8 s of imports/setup per process.
+            **{f"{job}_job_cpu_s": round(cpu_s[(dtype, job)], 1) for job in JOBS},
+            "ratio_ft_over_native": round(medians["ft"] / medians["native"], 4),
+        }
+    if "bfloat16" in results and "float32" in results:
+        results["bfloat16_over_float32"] = {
+            job: round(
+                results["bfloat16"][f"{job}_median_step_s"]
+                / results["float32"][f"{job}_median_step_s"],
+                2,
+            )
+            for job in JOBS
+        }
     command = ["python", "-m", "benchmarks.titan_step"]
     command += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-    command += ["--rounds", str(args.rounds)]
+    command += ["--rounds", str(args.rounds), "--dtypes", *args.dtypes]
     report = {
         "command": " ".join(command),
-        "what": "llama3 debugmodel, batch 2 x seq 256 per rank, 4 ranks, gloo, CPU",
+        "machine": machine(),
+        "load_avg_1m_at_start": load_at_start,
+        "dtype_chosen_here_when_unset": choose_param_dtype("cpu", probe_cpu(), None).param_dtype,
+        "what": "llama3 debugmodel, batch 2 x seq 256 per rank, gloo, CPU",
+        "single": "one process, no FSDP (TorchTitan autocast in the dtype)",
         "native": "TorchTitan HSDP dp_replicate=2 x dp_shard=2 (one torchrun job, NGPU=4)",
         "ft": "2 replica groups x 2 FSDP ranks, per-step FT (async quorum), real lighthouse",
         "steps": args.steps,
         "warmup": args.warmup,
-        "rounds": rounds,
-        "native_median_step_s": round(statistics.median(native), 4),
-        "ft_median_step_s": round(statistics.median(ft), 4),
-        "ratio_ft_over_native": round(ratio, 4),
-        "target": TARGET,
-        "met": ratio <= TARGET,
+        "rounds": args.rounds,
+        "results": results,
+        "ft_over_native_target": TARGET,
         "wall_s": round(time.perf_counter() - started, 1),
     }
     print(json.dumps(report, indent=2))

@@ -52,6 +52,27 @@ config with its `[fault_tolerance]` section, and the lighthouse through its comm
 How the timeouts relate to each other: [timeouts.md](timeouts.md). Running the pieces:
 [operations.md](operations.md).
 
+## Compute dtype: `training.mixed_precision_param`
+
+TorchTitan computes in bf16 by default (FSDP's parameter dtype, or autocast without FSDP).
+That is fast on GPUs and on CPUs with native bf16 instructions (x86 AVX-512 BF16 or AMX,
+Arm BF16), and 15-50x slower than fp32 on the others, where torch falls back to a generic
+bf16 kernel (a 512x512 matmul: 208 ms in bf16, 4.35 ms in fp32 on an AMD EPYC with AVX2).
+So when the config and the command line leave `mixed_precision_param` unset, torchtitan_ft
+picks it by the hardware, and logs the choice once with the reason
+(`Compute dtype: float32 (CPU has no native bf16 ...)`):
+
+| device | CPU | `mixed_precision_param` |
+|---|---|---|
+| GPU | | `bfloat16` (TorchTitan's default) |
+| CPU | native bf16 (`avx512_bf16`, `amx_bf16`, Arm `bf16`; oneDNN bf16) | `bfloat16` |
+| CPU | anything else (e.g. AVX2 only, or AVX-512 without BF16) | `float32` |
+
+A value in the TOML file (`[training] mixed_precision_param = ...`) or on the command line
+(`--training.mixed_precision_param=...`) always wins. The CPU configs in `configs/` set
+`float32` explicitly, so that their runs compute the same on every CPU. The decision is
+`choose_param_dtype` in torchtitan_ft/titan/compute_dtype.py.
+
 ## The `[fault_tolerance]` section
 
 Every field can be set in the TOML file given with `--job.config_file` (section

@@ -3,6 +3,8 @@
 import pytest
 import torch.distributed as dist
 
+from tests.titan import _jobs
+
 
 @pytest.fixture
 def single_rank_group():
@@ -10,3 +12,28 @@ def single_rank_group():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def _job_budget(request: pytest.FixtureRequest):
+    """Runs of ``_jobs`` wait within this test's pytest timeout; whatever still runs at the
+    end is SIGKILLed."""
+    _jobs.RUNS.clear()
+    marker = request.node.get_closest_marker("timeout")
+    timeout = marker.args[0] if marker and marker.args else request.config.getini("timeout")
+    _jobs.set_budget(float(timeout))
+    yield
+    for run in _jobs.RUNS:
+        if run.proc.poll() is None:
+            run.sigkill()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failed test (a timeout too) reports the tail of every run's log."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        for run in _jobs.RUNS:
+            title = f"log of {run.name} (exit status {run.returncode})"
+            report.sections.append((title, run.tail()))

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.titan._jobs import TrainRun, finish_all, ft_env, lighthouse
 from torchtitan_ft.titan.checkpointing import (
     DATALOADER_KEY,
     REPLICA_AXIS_KEY,
@@ -24,7 +22,6 @@ from torchtitan_ft.titan.checkpointing import (
 )
 from torchtitan_ft.titan.data import CommittedBatches
 
-ROOT = Path(__file__).resolve().parents[2]
 STEP_LINE = re.compile(r"\[rank0\]:.*step:\s*(\d+)\s+loss:\s*([\d.]+)\s+grad_norm:\s*([\d.]+)")
 
 # --- pure pieces ---------------------------------------------------------------------------------
@@ -204,51 +201,24 @@ def run_groups_sharing(
     *args: str,
     config: str = "debug_ft_cpu.toml",
     env: dict[str, str] | None = None,
-) -> list[str]:
+    wait: bool = True,
+) -> list[str] | list[TrainRun]:
     """Two replica groups (1 rank each) of ``configs/<config>`` sharing the dump folder
-    ``dump``, with ``CHECKPOINT_ARGS`` and ``args``; returns their outputs."""
-    procs = []
-    for replica in range(2):
-        full_env = {
-            **os.environ,
-            "NGPU": "1",
-            "PYTHON": sys.executable,
-            "OMP_NUM_THREADS": "1",
-            "CONFIG_FILE": str(ROOT / "configs" / config),
-            "TORCHFT_LIGHTHOUSE": lighthouse,
-            **(env or {}),
-        }
-        command = [
-            str(ROOT / "run_train.sh"),
-            "--training.steps",
-            str(steps),
-            "--job.dump_folder",
-            str(dump),
+    ``dump``, with ``CHECKPOINT_ARGS`` and ``args``; their outputs (each exited 0), or with
+    ``wait=False`` the runs."""
+    runs = [
+        TrainRun(
+            f"replica group {replica}",
+            steps,
+            dump,
             f"--fault_tolerance.replica_id={replica}",
             *CHECKPOINT_ARGS,
             *args,
-        ]
-        procs.append(
-            subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env=full_env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
+            env={**ft_env(config, lighthouse), **(env or {})},
         )
-    outputs = []
-    for proc in procs:
-        try:
-            outputs.append(proc.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-    for proc, output in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, output[-6000:]
-    return outputs
+        for replica in range(2)
+    ]
+    return finish_all(runs) if wait else runs
 
 
 def _losses(output: str) -> dict[int, str]:
@@ -262,14 +232,8 @@ def test_single_writer_and_full_job_resume(tmp_path: Path) -> None:
     their reader files (retention 2). A job whose every process (lighthouse, agents, workers)
     is SIGKILLed mid-run and started again continues after its latest full checkpoint with
     the losses of the uninterrupted run, in both groups."""
-    from tests.titan.test_ft_e2e import _Group
-    from torchtitan_ft.lighthouse import LighthouseServer
-
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
-    try:
-        whole = run_groups_sharing(tmp_path / "whole", lighthouse.address(), 6)
-    finally:
-        lighthouse.shutdown()
+    with lighthouse(min_replicas=2) as address:
+        whole = run_groups_sharing(tmp_path / "whole", address, 6)
     folder = tmp_path / "whole" / "checkpoint"
     assert sorted(p.name for p in folder.glob("step-*")) == ["step-4", "step-6"]
     for replica in (0, 1):
@@ -279,26 +243,19 @@ def test_single_writer_and_full_job_resume(tmp_path: Path) -> None:
     assert whole[1].count("leaves step") == 3
 
     dump = tmp_path / "stopped"
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
-    groups = [
-        _Group(r, tmp_path, lighthouse.address(), 6, *CHECKPOINT_ARGS, dump_folder=dump)
-        for r in range(2)
-    ]
-    try:
-        groups[0].wait_for(r"step:\s*3\s+loss", timeout=240)
-    finally:
-        for group in groups:
-            group.sigkill()
-        lighthouse.shutdown()
+    with lighthouse(min_replicas=2) as address:
+        groups = run_groups_sharing(dump, address, 6, wait=False)
+        try:
+            groups[0].wait_for(r"step:\s*3\s+loss")
+        finally:
+            for group in groups:
+                group.sigkill()
     saved = sorted(int(p.name.split("-")[1]) for p in (dump / "checkpoint").glob("step-*"))
     assert saved and saved[-1] < 6, saved
     last = saved[-1]
 
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
-    try:
-        resumed = run_groups_sharing(dump, lighthouse.address(), 6)
-    finally:
-        lighthouse.shutdown()
+    with lighthouse(min_replicas=2) as address:
+        resumed = run_groups_sharing(dump, address, 6)
     for replica in (0, 1):
         assert f"Training starts at step {last + 1}" in resumed[replica], resumed[replica][-4000:]
         expected = _losses(whole[replica])

@@ -97,3 +97,67 @@ def test_mismatched_shard_is_refused() -> None:
     with pytest.raises(ValueError, match="sharded differently"):
         like_param(torch.zeros(3, 3), weight)
     assert like_param(torch.tensor(5.0), weight).dim() == 0  # scalars stay plain
+
+
+def _sharded_diloco(seed: int):
+    from tests.semi_sync._helpers import loss_fn, make_model
+    from torchtitan_ft.semi_sync import DiLoCo, OuterOptimizerConfig, split_model
+    from torchtitan_ft.semi_sync.simulated import SimulatedReplicaGroups
+
+    model = shard_on_single_rank(make_model(seed), "cpu")
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)  # stateless: nothing else to heal
+    outer = OuterOptimizerConfig(type="sgd", lr=0.7, momentum=0.9, nesterov=True)
+    manager = SimulatedReplicaGroups(1, init_sync=False).manager("0")
+    diloco = DiLoCo(manager, split_model(model, 1), inner, outer, 2)
+
+    def step(n: int) -> None:
+        diloco.start_step()
+        loss_fn(model, 0, n).backward()
+        if diloco.before_step():
+            inner.step()
+        diloco.after_step()
+        inner.zero_grad()
+
+    return model, diloco, step
+
+
+@pytest.mark.usefixtures("single_rank_group")
+def test_diloco_outer_state_of_a_sharded_model_heals_as_local_shards() -> None:
+    """The DiLoCo state a donor offers holds local shards only (the transports send plain
+    tensors); the receiver rebuilds its outer-optimizer state as DTensors laid out like its
+    parameters, and both then take the same outer step."""
+    donor_model, donor, donor_step = _sharded_diloco(seed=0)
+    for n in range(1, 3):  # one sync: the outer momentum exists
+        donor_step(n)
+    sent = donor.state_dict()
+    tensors = [
+        v for sd in sent["outer_optimizers"] for s in sd["state"].values() for v in s.values()
+    ]
+    assert tensors and not any(isinstance(t, DTensor) for t in tensors)
+
+    model, healed, step = _sharded_diloco(seed=1)
+    healed.load_state_dict(_over_the_wire(sent))
+    (outer,) = healed.outer_optimizers()
+    for p in outer.param_groups[0]["params"]:
+        assert type(outer.state[p]["momentum_buffer"]) is DTensor
+    for n in range(3, 5):  # the next sync uses the healed momentum
+        donor_step(n)
+        step(n)
+    for got, want in zip(model.parameters(), donor_model.parameters(), strict=True):
+        torch.testing.assert_close(got.full_tensor(), want.full_tensor())
+
+
+def test_advance_one_step_moves_trainer_step_and_lr_schedules() -> None:
+    """A semi-sync donor's state describes the end of its step: the receiver moves on by one."""
+
+    class _Schedulers(_Stateful):
+        def step(self):
+            self.state["lr_step"] += 1
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_state, schedulers = _Stateful(step=15, ntokens_seen=7), _Schedulers(lr_step=14)
+    state = HealedState([model], _Container(optimizer), schedulers, train_state)
+    state.advance_one_step()
+    assert train_state.state == {"step": 16, "ntokens_seen": 7}
+    assert schedulers.state == {"lr_step": 15}

@@ -97,12 +97,10 @@ def test_ft_job_writes_ft_scalars_per_replica_group(tmp_path: Path) -> None:
     (init_sync) reports one heal and received exactly the bytes its donor served."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tests.titan.test_train_run import ROOT, run_ft_groups
+    from tests.titan._jobs import run_ft_groups
 
     steps = 3
-    outputs = run_ft_groups(
-        tmp_path, 1, steps, ROOT / "configs" / "debug_ft_cpu.toml", "--metrics.enable_tensorboard"
-    )
+    outputs = run_ft_groups(tmp_path, 1, steps, "debug_ft_cpu.toml", "--metrics.enable_tensorboard")
     scalars = []
     for r, output in enumerate(outputs):
         assert f"[replica {r} rank 0 step {steps}]" in output, output[-4000:]

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.titan.test_train_run import ROOT, run_ft_groups, step_metrics
+from tests.titan._jobs import CONFIGS, lighthouse, run_ft_groups, step_metrics
 
-CONFIGS = ROOT / "configs"
 TRAIN_MODULE = "tests.titan.test_semi_sync_run"
 
 
@@ -180,20 +179,16 @@ def test_streaming_diloco_resumes_from_a_single_writer_checkpoint(tmp_path: Path
     import torch
 
     from tests.titan.test_checkpointing import run_groups_sharing
-    from torchtitan_ft.lighthouse import LighthouseServer
     from torchtitan_ft.titan.checkpointing import reader_dir, reader_files
 
     job = tmp_path / "job"
     env = {"TRAIN_FILE": TRAIN_MODULE, "FT_TEST_DUMP_STEPS": "4"}
 
     def run(*args: str) -> list[str]:
-        lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
-        try:
+        with lighthouse(min_replicas=2) as address:
             return run_groups_sharing(
-                job, lighthouse.address(), 6, *args, config="debug_ft_diloco_cpu.toml", env=env
+                job, address, 6, *args, config="debug_ft_diloco_cpu.toml", env=env
             )
-        finally:
-            lighthouse.shutdown()
 
     whole = run()
     folder = job / "checkpoint"

@@ -4,111 +4,19 @@ Each run is the llama3 debugmodel at batch 2 x seq 256 for a few steps; most of 
 imports and setup (about 10 s per run on 2 cores).
 """
 
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from torchtitan_ft.lighthouse import LighthouseServer
-
-ROOT = Path(__file__).resolve().parents[2]
-STEP_LINE = re.compile(r"\[rank(\d+)\]:.*step:\s*(\d+)\s+loss:\s*([\d.]+)\s+grad_norm:\s*([\d.]+)")
+from tests.titan._jobs import CONFIGS, TrainRun, run_ft_groups, run_train, step_metrics
 
 pytestmark = pytest.mark.multiprocess
 
 
-def run_train(
-    tmp_path: Path,
-    ngpu: int,
-    steps: int,
-    *args: str,
-    env: dict[str, str] | None = None,
-    log_rank: str = "0",
-    timeout: float = 150,
-    wait: bool = True,
-) -> subprocess.CompletedProcess | subprocess.Popen:
-    """Run ``run_train.sh`` with NGPU=ngpu; returns the completed process (or the Popen)."""
-    # One OpenMP thread per process (torchrun does this itself for NGPU > 1): on 2 shared
-    # cores a 2-thread process spin-waits behind other jobs (8 s/step instead of 0.8 s).
-    full_env = {
-        **os.environ,
-        "NGPU": str(ngpu),
-        "LOG_RANK": log_rank,
-        "PYTHON": sys.executable,
-        "OMP_NUM_THREADS": "1",
-    }
-    full_env.update(env or {})
-    command = [
-        str(ROOT / "run_train.sh"),
-        "--training.steps",
-        str(steps),
-        "--job.dump_folder",
-        str(tmp_path / "outputs"),
-        *args,
-    ]
-    kwargs = dict(
-        cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    if not wait:
-        return subprocess.Popen(command, **kwargs)
-    return subprocess.run(command, timeout=timeout, check=False, **kwargs)
-
-
-def run_ft_groups(
-    tmp_path: Path,
-    ngpu: int,
-    steps: int,
-    config: Path,
-    *args: str,
-    env: dict[str, str] | None = None,
-    timeout: float = 240,
-) -> list[str]:
-    """Runs 2 replica groups of ``run_train.sh`` with FT against a fresh lighthouse
-    (min_replicas 2); asserts each exited 0 and returns their outputs (group ``r`` runs in
-    ``tmp_path / f"replica{r}"`` with ``--fault_tolerance.replica_id=r``)."""
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
-    group_env = {"CONFIG_FILE": str(config), "TORCHFT_LIGHTHOUSE": lighthouse.address()}
-    procs: list[subprocess.Popen] = []
-    try:
-        for r in range(2):
-            procs.append(
-                run_train(
-                    tmp_path / f"replica{r}",
-                    ngpu,
-                    steps,
-                    f"--fault_tolerance.replica_id={r}",
-                    *args,
-                    env={**group_env, **(env or {})},
-                    wait=False,
-                )
-            )
-        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        lighthouse.shutdown()
-    for p, output in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, output[-4000:]
-    return outputs
-
-
-def step_metrics(output: str, rank: int = 0) -> dict[int, tuple[float, float]]:
-    """{step: (loss, grad_norm)} logged by ``rank``."""
-    return {
-        int(m.group(2)): (float(m.group(3)), float(m.group(4)))
-        for m in STEP_LINE.finditer(output)
-        if int(m.group(1)) == rank
-    }
-
-
-def _assert_trained(result: subprocess.CompletedProcess, steps: int) -> dict:
-    assert result.returncode == 0, result.stdout[-4000:]
-    metrics = step_metrics(result.stdout)
-    assert sorted(metrics) == list(range(1, steps + 1)), result.stdout[-4000:]
+def _assert_trained(result: TrainRun, steps: int) -> dict:
+    assert result.returncode == 0
+    metrics = step_metrics(result.output)
+    assert sorted(metrics) == list(range(1, steps + 1))
     losses = [metrics[s][0] for s in sorted(metrics)]
     assert losses[-1] < losses[0] - 0.5, losses
     return metrics
@@ -120,7 +28,7 @@ def test_one_process_debugmodel_trains(tmp_path: Path) -> None:
 
 def test_two_process_fsdp_debugmodel_trains(tmp_path: Path) -> None:
     result = run_train(tmp_path, 2, 5)
-    assert "FSDP modules reduce with SUM" in result.stdout
+    assert "FSDP modules reduce with SUM" in result.output
     _assert_trained(result, 5)
 
 
@@ -142,7 +50,7 @@ def test_ft_replica_groups_reproduce_native_hsdp(tmp_path: Path) -> None:
     native_metrics = _assert_trained_quietly(native, steps)
 
     outputs = run_ft_groups(
-        tmp_path, 2, steps, ROOT / "configs" / "debug_ft_cpu.toml", "--fault_tolerance.no-init_sync"
+        tmp_path, 2, steps, CONFIGS / "debug_ft_cpu.toml", "--fault_tolerance.no-init_sync"
     )
     for output in outputs:
         assert output.count("should_commit=True") >= steps, output[-4000:]
@@ -154,8 +62,8 @@ def test_ft_replica_groups_reproduce_native_hsdp(tmp_path: Path) -> None:
         assert mean_loss == pytest.approx(loss, abs=2e-5)
 
 
-def _assert_trained_quietly(result: subprocess.CompletedProcess, steps: int) -> dict:
-    assert result.returncode == 0, result.stdout[-4000:]
-    metrics = step_metrics(result.stdout)
-    assert sorted(metrics) == list(range(1, steps + 1)), result.stdout[-4000:]
+def _assert_trained_quietly(result: TrainRun, steps: int) -> dict:
+    assert result.returncode == 0
+    metrics = step_metrics(result.output)
+    assert sorted(metrics) == list(range(1, steps + 1))
     return metrics

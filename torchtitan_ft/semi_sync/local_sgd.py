@@ -59,6 +59,7 @@ from typing import Any
 
 import torch
 from torch import nn, optim
+from torch.distributed.tensor import DTensor
 
 from torchtitan_ft.quantization import DEFAULT_BLOCK_SIZE, quantized_nbytes
 from torchtitan_ft.semi_sync.config import (
@@ -71,6 +72,7 @@ from torchtitan_ft.semi_sync.strategy import (
     ManagerLike,
     SyncStrategy,
     _OptimizerHooks,
+    local_tensor,
     manager_quorum_mode,
     param_data,
     wait_future,
@@ -216,6 +218,7 @@ class _SemiSync(SyncStrategy, _OptimizerHooks):
             if healed and self._local_step == self._quorum_at:
                 # The peers are at a sync point: take part in the rest of that sync.
                 self._after_quorum()
+                self.joined_peers_sync = True
                 return healed
             # A collective before the vote: a peer serving our heal (or healing from us) must
             # not commit, and stop serving its checkpoint, before the transfer is done.
@@ -569,9 +572,10 @@ class DiLoCo(_SemiSync):
             "local_step": self._local_step,
             "syncs_committed": self._syncs_committed,
             "global": [f.backup.state_dict() for f in self._fragments],
-            # Deep copies: a transport may serialize after later outer steps mutate the state.
+            # Copies of the local shards: a transport may serialize after later outer steps
+            # mutate the state, and a healing peer rebuilds sharded state like its own params.
             "outer_optimizers": [
-                copy.deepcopy(opt.state_dict()) for opt in self._distinct_optimizers()
+                _local_copy(opt.state_dict()) for opt in self._distinct_optimizers()
             ],
         }
 
@@ -598,6 +602,7 @@ class DiLoCo(_SemiSync):
             fragment.backup.restore()
         for opt, sd in zip(optimizers, state_dict["outer_optimizers"], strict=True):
             opt.load_state_dict(sd)
+            _shard_like_params(opt)
         self._syncs_committed = int(state_dict["syncs_committed"])
         self._pending = None
 
@@ -628,6 +633,34 @@ class DiLoCo(_SemiSync):
                     opt.state[p] = initial_optimizer_state(opt, p)
                 out.append((p, opt.state[p]))
         return out
+
+
+def _local_copy(value: Any) -> Any:
+    """A deep copy of ``value`` with every DTensor replaced by a copy of its local shard."""
+    if isinstance(value, torch.Tensor):
+        return local_tensor(value).clone()
+    if isinstance(value, dict):
+        return {k: _local_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_local_copy(v) for v in value)
+    return copy.deepcopy(value)
+
+
+def _shard_like_params(optimizer: optim.Optimizer) -> None:
+    """After loading local shards (:func:`_local_copy`) into ``optimizer``: each state tensor
+    of a sharded (DTensor) parameter that has the parameter's local shape becomes a DTensor
+    laid out like the parameter, as the optimizer's own step would have created it."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not isinstance(p, DTensor):
+                continue
+            state = optimizer.state.get(p, {})
+            local_shape = p.to_local().shape
+            for key, value in state.items():
+                if type(value) is torch.Tensor and value.shape == local_shape and value.dim():
+                    state[key] = DTensor.from_local(
+                        value, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
+                    )
 
 
 def initial_optimizer_state(optimizer: optim.Optimizer, p: nn.Parameter) -> dict[str, torch.Tensor]:

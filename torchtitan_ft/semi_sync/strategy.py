@@ -154,6 +154,12 @@ class SyncStrategy(ABC):
     def after_step(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Called after the inner optimizer step (also when ``before_step`` said skip)."""
 
+    joined_peers_sync = False
+    """Set by ``start_step`` when this replica healed while its peers were at a sync point
+    and took part in the rest of that sync: the state it received is the peers' state at the
+    *end* of their step, so this iteration is their next step (a trainer moves its step
+    counter and lr schedule on by one to match)."""
+
     def state_dict(self) -> dict[str, Any]:
         """What this strategy owns, for checkpoints and healing (tensors are copies)."""
         return {}

@@ -142,6 +142,16 @@ class HealedState:
                 raise ValueError("healed state lacks the data ledger (donor without one?)")
             self._data.load_state_dict(state["data"])
 
+    def advance_one_step(self) -> None:
+        """Move the trainer step and the lr schedules one step on: a received state that a
+        peer took at the *end* of its step (a semi-sync donor sends it from its sync point,
+        inside the optimizer step, before its lr schedulers step) describes the step before
+        the one this replica is about to train."""
+        train_state = self._train_state.state_dict()
+        train_state["step"] += 1
+        self._train_state.load_state_dict(train_state)
+        self._lr_schedulers.step()
+
 
 def _check_lengths(what: str, received: list[Any], local: list[Any]) -> None:
     if len(received) != len(local):

@@ -32,7 +32,7 @@ DCP Stateful (:class:`StrategyState`, key ``ft_strategy``) that the trainer's
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -96,14 +96,27 @@ class StrategyDrivenOptimizers:
     delegated.
     """
 
-    def __init__(self, optimizers: Any, strategy: SyncStrategy, gate: CommitGate) -> None:
+    def __init__(
+        self,
+        optimizers: Any,
+        strategy: SyncStrategy,
+        gate: CommitGate,
+        on_joined_sync: Callable[[], None] = lambda: None,
+    ) -> None:
         self._optimizers = optimizers
         self._strategy = strategy
         self._gate = gate
+        self._on_joined_sync = on_joined_sync
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
-        """``strategy.start_step()`` (the first one forms the initial quorum), then clear grads."""
+        """``strategy.start_step()`` (the first one forms the initial quorum), then clear grads.
+
+        A replica that healed into its peers' sync received their state at the end of their
+        step: ``on_joined_sync`` (once) moves this trainer to the peers' next step."""
+        joined_before = self._strategy.joined_peers_sync
         self._strategy.start_step()
+        if self._strategy.joined_peers_sync and not joined_before:
+            self._on_joined_sync()
         self._optimizers.zero_grad(*args, **kwargs)
 
     def step(self, *args: Any, **kwargs: Any) -> bool:
@@ -233,6 +246,7 @@ class SemiSyncReplicaAxis(NoReplicaAxis):
         self.strategy: SyncStrategy | None = None
         self._gate = CommitGate()
         self._model_parts: list[torch.nn.Module] | None = None
+        self._healed_state: Any = None
 
     def dataloader_shard(self, dp_degree: int, dp_rank: int) -> tuple[int, int]:
         """This replica group's data slice (as per-step FT)."""
@@ -257,6 +271,7 @@ class SemiSyncReplicaAxis(NoReplicaAxis):
         """The trainer state a healing peer receives (as per-step FT); the strategy adds its
         own (global parameters, outer optimizer, schedule position) when it is built."""
         self._managed.register_state(state)
+        self._healed_state = state
 
     def gate_step(self, optimizers: Any, lr_schedulers: Any) -> tuple[Any, Any]:
         """Builds the strategy over the model and the inner optimizer; returns optimizers
@@ -264,8 +279,17 @@ class SemiSyncReplicaAxis(NoReplicaAxis):
         if self._model_parts is None:
             raise RuntimeError("install_gradient_sync(model_parts) must be called before gate_step")
         self.strategy = build_strategy(self.config, self.manager, self._model_parts[0], optimizers)
-        driven = StrategyDrivenOptimizers(optimizers, self.strategy, self._gate)
+        driven = StrategyDrivenOptimizers(
+            optimizers, self.strategy, self._gate, self._start_peers_next_step
+        )
         return driven, CommitGatedLRSchedulers(lr_schedulers, self._gate)
+
+    def _start_peers_next_step(self) -> None:
+        """This replica healed into its peers' sync (in ``zero_grad``, before the forward):
+        the trainer step and lr schedules it received are those of the peers' step that just
+        ended, so they move on by one and this iteration trains the peers' next step."""
+        if self._healed_state is not None:
+            self._healed_state.advance_one_step()
 
     def track_data(self, dataloader: Any) -> Any:
         """The dataloader unchanged: every batch a group reads is consumed by its inner step.

@@ -1,0 +1,286 @@
+"""TorchTitan jobs launched by the tests: ``run_train.sh`` runs, waits inside the test's own
+timeout, and the runs' logs shown when a test fails.
+
+Every :class:`TrainRun` is registered in :data:`RUNS` (emptied before each test by
+``tests/titan/conftest.py``). When a test fails, a pytest timeout included, the conftest hook
+adds the tail of every run's log to the report and SIGKILLs what still runs. Every wait here
+draws on the test's budget (:func:`set_budget`: its pytest timeout less a margin for cleanup
+and the report), so a slow run fails with our own message and the logs, not with pytest's
+bare timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs"
+STEP_LINE = re.compile(r"\[rank(\d+)\]:.*step:\s*(\d+)\s+loss:\s*([\d.]+)\s+grad_norm:\s*([\d.]+)")
+_TIMESTAMP = re.compile(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
+
+RUNS: list[TrainRun] = []
+"""The runs of the current test, in start order."""
+_budget = {"deadline": float("inf")}
+CLEANUP_MARGIN_S = 30.0
+"""What a test keeps of its pytest timeout for killing its runs and reporting their logs."""
+
+
+def set_budget(seconds: float) -> None:
+    """The current test may wait ``seconds`` in all (its pytest timeout less the margin)."""
+    _budget["deadline"] = time.monotonic() + max(seconds - CLEANUP_MARGIN_S, 1.0)
+
+
+def remaining(timeout: float | None = None) -> float:
+    """Seconds a wait may take: ``timeout`` capped by what is left of the test's budget."""
+    left = _budget["deadline"] - time.monotonic()
+    return left if timeout is None else min(timeout, left)
+
+
+def _process_tree(root: int) -> list[int]:
+    """``root`` and its descendants (from ``/proc``). torchrun starts its workers in their own
+    sessions, so a process-group kill would miss them."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+class TrainRun:
+    """One ``run_train.sh`` (a torchrun job: one replica group with FT), its output collected
+    by a thread. ``args`` go to the trainer; ``env`` is added to this process's environment."""
+
+    def __init__(
+        self,
+        name: str,
+        steps: int,
+        dump_folder: Path,
+        *args: str,
+        ngpu: int = 1,
+        env: dict[str, str] | None = None,
+        log_rank: str = "0",
+    ) -> None:
+        # One OpenMP thread per process (torchrun does this itself for NGPU > 1): on 2 shared
+        # cores a 2-thread process spin-waits behind other jobs.
+        full_env = {
+            **os.environ,
+            "NGPU": str(ngpu),
+            "LOG_RANK": log_rank,
+            "PYTHON": sys.executable,
+            "OMP_NUM_THREADS": "1",
+            **(env or {}),
+        }
+        command = [
+            str(ROOT / "run_train.sh"),
+            "--training.steps",
+            str(steps),
+            "--job.dump_folder",
+            str(dump_folder),
+            *args,
+        ]
+        self.name = name
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        RUNS.append(self)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def tail(self, lines: int = 150) -> str:
+        return "".join(self.lines[-lines:])
+
+    def wait_for(self, pattern: str, timeout: float | None = None) -> re.Match[str]:
+        """The first match of ``pattern`` in the output; fails if the run exits or the time
+        (capped by the test's budget) runs out first."""
+        limit = remaining(timeout)
+        deadline = time.monotonic() + limit
+        while True:
+            found = re.search(pattern, self.output)
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"{self.name} exited ({self.proc.returncode}) before logging {pattern!r}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} did not log {pattern!r} within {limit:.0f} s")
+            time.sleep(0.1)
+
+    def finish(self, timeout: float | None = None) -> str:
+        """Wait for the run to exit (capped by the test's budget); its output."""
+        limit = remaining(timeout)
+        try:
+            self.proc.wait(timeout=max(limit, 0.1))
+        except subprocess.TimeoutExpired:
+            self.sigkill()
+            raise AssertionError(f"{self.name} did not finish within {limit:.0f} s") from None
+        self._reader.join(timeout=10)
+        return self.output
+
+    def sigkill(self) -> None:
+        """SIGKILL the torchrun agent and every process under it, and reap the agent."""
+        for pid in _process_tree(self.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def step_lines(self, rank: int = 0) -> list[tuple[int, float]]:
+        """``(step, time)`` of every training-step line of ``rank``, in log order (a discarded
+        step is logged again when it is retried), time in seconds from the log's timestamps."""
+        lines = []
+        for line in self.lines:
+            step = STEP_LINE.search(line)
+            stamp = _TIMESTAMP.search(line)
+            if step and stamp and int(step.group(1)) == rank:
+                when = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                lines.append((int(step.group(2)), when))
+        return lines
+
+
+def step_durations(run: TrainRun, first: int, last: int) -> list[float]:
+    """Seconds between consecutive step lines of ``run`` (group rank 0), for the lines of
+    steps ``first``..``last`` (each duration is labelled by the later line)."""
+    lines = run.step_lines()
+    return [b[1] - a[1] for a, b in itertools.pairwise(lines) if first <= b[0] <= last]
+
+
+def median_ratio(after: list[float], before: list[float]) -> float:
+    """median(after) / median(before); both need at least 2 samples."""
+    if len(after) < 2 or len(before) < 2:
+        raise AssertionError(f"too few steps to compare: before {before}, after {after}")
+    return statistics.median(after) / statistics.median(before)
+
+
+def ft_env(config: str | Path, lighthouse: str, **extra: str) -> dict[str, str]:
+    """Environment of an FT replica group of ``config`` (a name in ``configs/`` or a path)."""
+    path = config if isinstance(config, Path) else CONFIGS / config
+    return {"CONFIG_FILE": str(path), "TORCHFT_LIGHTHOUSE": lighthouse, **extra}
+
+
+@contextlib.contextmanager
+def lighthouse(min_replicas: int, **kwargs: Any) -> Iterator[str]:
+    """A lighthouse on 127.0.0.1 (ephemeral port) for the block; yields its address."""
+    from torchtitan_ft.lighthouse import LighthouseServer
+
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=min_replicas, **kwargs)
+    try:
+        yield server.address()
+    finally:
+        server.shutdown()
+
+
+def finish_all(runs: list[TrainRun], timeout: float | None = None) -> list[str]:
+    """Wait for every run; each must exit 0. Their outputs."""
+    outputs = [run.finish(timeout) for run in runs]
+    for run in runs:
+        assert run.returncode == 0, f"{run.name} exited {run.returncode}"
+    return outputs
+
+
+def run_train(
+    tmp_path: Path, ngpu: int, steps: int, *args: str, env: dict[str, str] | None = None
+) -> TrainRun:
+    """One ``run_train.sh`` with NGPU=ngpu, waited for (it may exit non-zero)."""
+    run = TrainRun("run_train.sh", steps, tmp_path / "outputs", *args, ngpu=ngpu, env=env)
+    run.finish()
+    return run
+
+
+def run_ft_groups(
+    tmp_path: Path,
+    ngpu: int,
+    steps: int,
+    config: str | Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+) -> list[str]:
+    """2 replica groups of ``run_train.sh`` with FT against a fresh lighthouse (min_replicas
+    2), group ``r`` in ``tmp_path / f"replica{r}"`` with ``--fault_tolerance.replica_id=r``;
+    each must exit 0. Their outputs."""
+    with lighthouse(min_replicas=2) as address:
+        runs = [
+            TrainRun(
+                f"replica group {r}",
+                steps,
+                tmp_path / f"replica{r}" / "outputs",
+                f"--fault_tolerance.replica_id={r}",
+                *args,
+                ngpu=ngpu,
+                env={**ft_env(config, address), **(env or {})},
+            )
+            for r in range(2)
+        ]
+        return finish_all(runs)
+
+
+def step_metrics(output: str, rank: int = 0) -> dict[int, tuple[float, float]]:
+    """{step: (loss, grad_norm)} logged by ``rank`` (the last line of a retried step)."""
+    return {
+        int(m.group(2)): (float(m.group(3)), float(m.group(4)))
+        for m in STEP_LINE.finditer(output)
+        if int(m.group(1)) == rank
+    }
+
+
+def assert_identical(a: Any, b: Any, where: str = "") -> None:
+    """``a`` and ``b`` (nested dicts / lists of tensors and values) are bitwise equal."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
+        assert torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_identical(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
