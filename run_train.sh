@@ -11,11 +11,20 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 NGPU=${NGPU:-"1"}
 export LOG_RANK=${LOG_RANK:-0}
+PYTHON=${PYTHON:-python3}
+# A config by name, as TorchTitan's later launch commands spell it (MODEL or MODULE, and CONFIG;
+# see torchtitan_ft/named_configs.py); CONFIG_FILE wins when both are given.
+if [ -n "${MODEL:-}${MODULE:-}${CONFIG:-}" ]; then
+    if [ -n "${CONFIG_FILE:-}" ]; then
+        echo "run_train.sh: CONFIG_FILE=$CONFIG_FILE is set, so MODEL/MODULE/CONFIG are not used" >&2
+    else
+        CONFIG_FILE="$("$PYTHON" -m torchtitan_ft.named_configs)" || exit $?
+    fi
+fi
 CONFIG_FILE=${CONFIG_FILE:-"$root/configs/debug_cpu.toml"}
 TRAIN_FILE=${TRAIN_FILE:-"torchtitan_ft.train"}
 export TORCHFT_LIGHTHOUSE=${TORCHFT_LIGHTHOUSE:-"http://localhost:29510"}
 export MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
-PYTHON=${PYTHON:-python3}
 # No network: datasets and tokenizers are local files.
 export HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1}
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}

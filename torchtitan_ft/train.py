@@ -68,7 +68,12 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         QuorumTimeoutError,
         ReplicaGroupMismatchError,
     )
-    from torchtitan_ft.titan.config import ConfigError, check_local_paths, parse_job_config
+    from torchtitan_ft.titan.config import (
+        ConfigError,
+        check_local_paths,
+        check_model_fragments,
+        parse_job_config,
+    )
     from torchtitan_ft.titan.data import register_datasets
     from torchtitan_ft.titan.trainer import FaultTolerantTrainer
 
@@ -78,6 +83,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     try:
         config = parse_job_config(args)
         check_local_paths(config)
+        check_model_fragments(config)
     except ConfigError as e:
         _config_error(str(e))
 

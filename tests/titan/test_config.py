@@ -1,5 +1,6 @@
 """The extended ``fault_tolerance`` section: TOML, CLI, precedence, and one clear error."""
 
+import json
 import re
 import textwrap
 from pathlib import Path
@@ -32,7 +33,8 @@ def test_defaults_are_valid_and_ft_off() -> None:
     assert isinstance(config, JobConfig)
     assert isinstance(config.fault_tolerance, FaultTolerance)
     assert config.fault_tolerance.enable is False
-    assert config.fault_tolerance.semi_sync_method == "none"
+    assert config.fault_tolerance.semi_sync_method is None  # TorchTitan's "no method"
+    assert config.fault_tolerance.quorum_mode == "async"
 
 
 def test_every_field_has_a_docstring() -> None:
@@ -121,7 +123,8 @@ def test_unknown_toml_section_is_named(tmp_path: Path) -> None:
     [
         (
             ["--fault_tolerance.quorum_mode=bogus"],
-            "--fault_tolerance.quorum_mode='bogus' is invalid: expected one of 'async', 'sync'",
+            "--fault_tolerance.quorum_mode='bogus' is invalid: "
+            "expected one of 'async', 'sync' or None",
         ),
         (
             ["--fault_tolerance.group_size", "abc"],
@@ -209,7 +212,7 @@ def test_bad_cli_value_exits_with_one_line() -> None:
     assert result.stdout == ""
     assert result.stderr == (
         "torchtitan_ft: config error: --fault_tolerance.quorum_mode='bogus' is invalid: "
-        "expected one of 'async', 'sync'\n"
+        "expected one of 'async', 'sync' or None\n"
     )
 
 
@@ -276,7 +279,7 @@ def test_bad_value_in_any_toml_section_is_named(tmp_path: Path) -> None:
         ('quorum_mode = "sometimes"', r"fault_tolerance.quorum_mode='sometimes'.*'async', 'sync'"),
         ('group_size = "two"', r"fault_tolerance.group_size='two'.*an integer"),
         ("init_sync = 1", r"fault_tolerance.init_sync=1.*a boolean"),
-        ('semi_sync_method = "DiLoCo"', r"semi_sync_method='DiLoCo'.*'diloco'"),
+        ('semi_sync_method = "DiLoCoo"', r"semi_sync_method='DiLoCoo'.*'diloco'.*any case"),
     ],
 )
 def test_bad_toml_value_is_named(tmp_path: Path, line: str, message: str) -> None:
@@ -313,8 +316,9 @@ def test_bad_toml_value_is_named(tmp_path: Path, line: str, message: str) -> Non
                 "--fault_tolerance.enable",
                 "--fault_tolerance.group_size=2",
                 "--fault_tolerance.semi_sync_method=local_sgd",
+                "--fault_tolerance.quorum_mode=async",
             ],
-            r"semi_sync_method='local_sgd' needs fault_tolerance.quorum_mode='sync'",
+            r"semi_sync_method='local_sgd' needs a synchronous quorum.*got 'async'",
         ),
         (
             [
@@ -468,3 +472,131 @@ def test_missing_tokenizer_stops_the_entry_point_before_any_process_group(
     err = capsys.readouterr().err
     assert re.match(r"torchtitan_ft: config error: model.hf_assets_path=.* is not a directory", err)
     assert not dist.is_initialized()
+
+
+# --- TorchTitan's FT doc: semi-sync spelling, fragments, global batch ------------------------
+
+FT_ON = ["--fault_tolerance.enable", "--fault_tolerance.group_size=2"]
+
+
+@pytest.mark.parametrize(
+    ("given", "method"),
+    [("diloco", "diloco"), ("DiLoCo", "diloco"), ("LOCAL_SGD", "local_sgd"), ("None", None)],
+)
+def test_semi_sync_method_is_case_insensitive_and_implies_a_sync_quorum(
+    given: str, method: str | None
+) -> None:
+    ft = parse_job_config([*FT_ON, f"--fault_tolerance.semi_sync_method={given}"]).fault_tolerance
+    assert ft.semi_sync_method == method
+    assert ft.quorum_mode == ("async" if method is None else "sync")
+
+
+def test_semi_sync_alone_logs_that_it_implies_a_sync_quorum(caplog) -> None:
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        parse_job_config([*FT_ON, "--fault_tolerance.semi_sync_method=diloco"])
+    assert "semi_sync_method='diloco' implies a synchronous quorum" in caplog.text
+
+
+def test_none_in_toml_means_per_step(tmp_path: Path) -> None:
+    path = _toml(tmp_path, '[fault_tolerance]\nsemi_sync_method = "none"\n')
+    assert parse_job_config(["--job.config_file", path]).fault_tolerance.semi_sync_method is None
+
+
+FRAGMENTS = [["tok_embeddings", "layers.0", "layers.1", "layers.2"], ["layers.3", "layers.4"]]
+LAST = ["layers.5", "norm", "output"]
+
+
+@pytest.mark.parametrize(
+    "value", ["tok_embeddings,layers.0,layers.1,layers.2;layers.3,layers.4;layers.5,norm,output"]
+)
+def test_fragments_from_the_command_line(value: str) -> None:
+    args = [*FT_ON, "--fault_tolerance.semi_sync_method=diloco", "--fault_tolerance.sync_steps=6"]
+    for form in (
+        [f"--fault_tolerance.module_fqns_per_model_fragment={value}"],
+        ["--fault_tolerance.module_fqns_per_model_fragment", json.dumps([*FRAGMENTS, LAST])],
+    ):
+        ft = parse_job_config([*args, *form]).fault_tolerance
+        assert ft.module_fqns_per_model_fragment == [*FRAGMENTS, LAST]
+        from torchtitan_ft.titan.semi_sync import sync_config
+
+        config = sync_config(ft)
+        assert (config.num_fragments, config.fragment_fqns) == (3, [*FRAGMENTS, LAST])
+
+
+def test_fragments_from_toml_are_checked_against_the_model(tmp_path: Path) -> None:
+    from torchtitan_ft.titan.config import check_model_fragments
+
+    body = (
+        '[model]\nname = "llama3"\nflavor = "debugmodel"\nhf_assets_path = "x"\n'
+        '[fault_tolerance]\nenable = true\ngroup_size = 2\nsemi_sync_method = "diloco"\n'
+        "sync_steps = 4\nmodule_fqns_per_model_fragment = "
+    )
+    good = _toml(tmp_path, body + json.dumps([FRAGMENTS[0], [*FRAGMENTS[1], *LAST]]) + "\n")
+    check_model_fragments(parse_job_config(["--job.config_file", good]))
+    unknown = _toml(tmp_path, body + json.dumps([["tok_embedding"], ["layers", "norm"]]) + "\n")
+    with pytest.raises(
+        ConfigError,
+        match=r"'tok_embedding'.*top-level modules are "
+        r"tok_embeddings, layers, norm, output",
+    ):
+        check_model_fragments(parse_job_config(["--job.config_file", unknown]))
+    gap = _toml(tmp_path, body + json.dumps([FRAGMENTS[0], LAST]) + "\n")
+    with pytest.raises(ConfigError, match=r"parameters in no fragment: \['layers.3"):
+        check_model_fragments(parse_job_config(["--job.config_file", gap]))
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([["a"], []], "non-empty lists of module names"),
+        ("a,b", r"expected a list of \(a list of \(a string\)\)"),
+    ],
+)
+def test_bad_fragment_lists_are_named(tmp_path: Path, value, message: str) -> None:
+    path = _toml(
+        tmp_path, f"[fault_tolerance]\nmodule_fqns_per_model_fragment = {json.dumps(value)}\n"
+    )
+    with pytest.raises(ConfigError, match=message):
+        parse_job_config(["--job.config_file", path])
+
+
+def test_fragment_count_must_agree_with_num_fragments() -> None:
+    with pytest.raises(ConfigError, match=r"defines 2 fragments but .*num_fragments=3"):
+        parse_job_config(
+            [
+                "--fault_tolerance.num_fragments=3",
+                "--fault_tolerance.module_fqns_per_model_fragment=a;b",
+            ]
+        )
+
+
+def test_global_batch_covers_all_replica_groups(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    import logging
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = [*FT_ON, "--training.local_batch_size=2", "--training.global_batch_size=16"]
+    with caplog.at_level(logging.INFO):
+        config = parse_job_config(args)
+    assert config.training.global_batch_size == 8  # per group: 2 accumulation steps x 2 x 2
+    assert "global_batch_size=16 covers 2 replica groups: 8 per group = 2 gradient" in caplog.text
+    # FT off: TorchTitan's meaning (the job's own data-parallel ranks) is unchanged.
+    off = parse_job_config(["--training.local_batch_size=2", "--training.global_batch_size=16"])
+    assert off.training.global_batch_size == 16
+
+
+@pytest.mark.parametrize(
+    ("total", "message"),
+    [
+        (15, r"global_batch_size=15 covers all 2 replica groups.*multiple"),
+        (12, r"6 per replica group .*multiple of training.local_batch_size=2 x 2"),
+    ],
+)
+def test_global_batch_that_does_not_split_is_an_error(
+    monkeypatch: pytest.MonkeyPatch, total: int, message: str
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = [*FT_ON, "--training.local_batch_size=2", f"--training.global_batch_size={total}"]
+    with pytest.raises(ConfigError, match=message):
+        parse_job_config(args)

@@ -47,6 +47,7 @@ config field                           runtime argument
 """
 
 import difflib
+import json
 import os
 import sys
 import types
@@ -60,6 +61,7 @@ from torchtitan.config import FaultTolerance as TitanFaultTolerance
 from torchtitan.config import JobConfig as TitanJobConfig
 
 from torchtitan_ft.config_env import DEFAULT_LIGHTHOUSE_ADDR, LIGHTHOUSE_ENV, is_lighthouse_url
+from torchtitan_ft.semi_sync.config import QuorumMode, SyncMethod
 from torchtitan_ft.titan.compute_dtype import (
     DtypeChoice,
     choose_param_dtype,
@@ -73,8 +75,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
     import tomli as tomllib
 
 ProcessGroupBackend = Literal["gloo", "nccl"]
-SemiSyncMethod = Literal["none", "local_sgd", "diloco"]
-QuorumMode = Literal["async", "sync"]
+QuorumModeName = Literal["async", "sync"]
 WorldSizeModeName = Literal["dynamic", "fixed_with_spares"]
 CheckpointTransportName = Literal["http", "pg"]
 OuterOptimizerName = Literal["sgd", "adamw"]
@@ -132,14 +133,16 @@ class FaultTolerance(TitanFaultTolerance):
     the cost of stalling when more fail. 1 <= min_replica_size <= group_size when ``enable``.
     """
 
-    semi_sync_method: SemiSyncMethod = "none"
+    semi_sync_method: str | None = None
     """
-    How replica groups synchronise: "none" (default) = every step's gradients are averaged
-    across groups and committed together (FT-HSDP); "local_sgd" = each group steps alone and
-    parameters are averaged every ``sync_steps``; "diloco" = each group runs the inner
-    optimizer and an outer optimizer applies averaged pseudo-gradients every ``sync_steps``
-    (streaming when ``num_fragments`` > 1). Semi-sync trades convergence per step for far less
-    communication; it requires ``quorum_mode = "sync"``. Applies when ``enable``.
+    How replica groups synchronise. None (default, also "none") = every step's gradients are
+    averaged across groups and committed together (FT-HSDP); "local_sgd" = each group steps
+    alone and parameters are averaged every ``sync_steps``; "diloco" = each group runs the
+    inner optimizer and an outer optimizer applies averaged pseudo-gradients every
+    ``sync_steps`` (Streaming DiLoCo when ``num_fragments`` > 1). Case-insensitive, as in
+    TorchTitan (which lowercases it). Semi-sync trades convergence per step for far less
+    communication, and implies a synchronous quorum (see ``quorum_mode``). Applies when
+    ``enable``.
     """
 
     lighthouse_addr: str = ""
@@ -190,12 +193,13 @@ class FaultTolerance(TitanFaultTolerance):
     ``enable``.
     """
 
-    quorum_mode: QuorumMode = "async"
+    quorum_mode: QuorumModeName | None = None
     """
-    "async" (default): the quorum is requested on a background thread, overlapped with the
-    forward pass; "sync": the step waits for the quorum before the forward. Async hides the
-    quorum latency; sync is required by semi-sync methods (which only ask at sync points).
-    Applies when ``enable``.
+    "async": the quorum is requested on a background thread, overlapped with the forward
+    pass; "sync": the step waits for the quorum before the forward. Default None = "sync"
+    with a ``semi_sync_method`` (which only asks at sync points and must heal before it
+    trains, as TorchTitan's FT does), else "async" (hides the quorum latency). Setting
+    "async" with a semi-sync method is an error. Applies when ``enable``.
     """
 
     world_size_mode: WorldSizeModeName = "dynamic"
@@ -269,6 +273,18 @@ class FaultTolerance(TitanFaultTolerance):
     >= 1, divide ``sync_steps``, and be at most the number of transformer layers.
     """
 
+    module_fqns_per_model_fragment: list[list[str]] = field(default_factory=list)
+    """
+    The Streaming DiLoCo fragments by module name, "diloco" only (TorchTitan's field): one
+    list of module names per fragment, e.g. ``[["tok_embeddings", "layers.0"], ["layers.1",
+    "norm", "output"]]``; every parameter must be in exactly one fragment. Default empty =
+    ``num_fragments`` contiguous ranges of ``layers`` (embeddings with the first, norm and
+    output with the last). In TOML a list of lists; on the command line fragments separated
+    by ";" and names by ",", e.g. ``--fault_tolerance.module_fqns_per_model_fragment=
+    "tok_embeddings,layers.0;layers.1,norm,output"``. Unknown names are an error listing the
+    model's top-level modules. When set, ``num_fragments`` must be 1 or its length.
+    """
+
     fragment_sync_delay: int = 0
     """
     Inner steps to wait before blocking on a fragment's synchronisation (tau in Streaming
@@ -313,6 +329,53 @@ class JobConfig(TitanJobConfig):
     fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
 
 
+# --- what the raw fields mean ---------------------------------------------------------------------
+
+_SEMI_SYNC_NAMES = {m.value: m for m in SyncMethod if m is not SyncMethod.PER_STEP}
+
+
+def sync_method(ft: Any) -> SyncMethod:
+    """The sync strategy ``ft.semi_sync_method`` names: None or "none" (any case) is per-step
+    FT, else "local_sgd" or "diloco" in any case (TorchTitan lowercases the name)."""
+    raw = ft.semi_sync_method
+    if raw is None or str(raw).lower() == "none":
+        return SyncMethod.PER_STEP
+    method = _SEMI_SYNC_NAMES.get(str(raw).lower())
+    if method is None:
+        raise ConfigError(
+            f"{SECTION}.semi_sync_method={raw!r} is invalid: expected one of "
+            f"{', '.join(repr(n) for n in _SEMI_SYNC_NAMES)} (any case), or None / 'none' "
+            "for per-step FT"
+        )
+    return method
+
+
+def quorum_mode(ft: Any) -> QuorumMode:
+    """``ft.quorum_mode``, or when unset the one the sync method needs: "sync" for LocalSGD
+    and DiLoCo, "async" for per-step FT."""
+    if ft.quorum_mode is not None:
+        return QuorumMode(ft.quorum_mode)
+    return QuorumMode.ASYNC if sync_method(ft) is SyncMethod.PER_STEP else QuorumMode.SYNC
+
+
+def fragment_fqns(ft: Any) -> list[list[str]] | None:
+    """The explicit Streaming DiLoCo fragments, or None (``num_fragments`` ranges of layers)."""
+    return [list(names) for names in ft.module_fqns_per_model_fragment] or None
+
+
+def num_fragments(ft: Any) -> int:
+    """How many fragments DiLoCo syncs in turn: the explicit fragments', else
+    ``num_fragments``."""
+    fqns = fragment_fqns(ft)
+    return len(fqns) if fqns else ft.num_fragments
+
+
+def uses_semi_sync(job_config: Any) -> bool:
+    """Whether ``job_config`` asks for FT with LocalSGD or DiLoCo."""
+    ft = job_config.fault_tolerance
+    return bool(ft.enable) and sync_method(ft) is not SyncMethod.PER_STEP
+
+
 # --- validation -------------------------------------------------------------------------------
 
 SECTION = "fault_tolerance"
@@ -327,6 +390,11 @@ def _type_matches(value: Any, annotation: Any) -> tuple[bool, str]:
     if origin in (typing.Union, types.UnionType):
         results = [_type_matches(value, arg) for arg in typing.get_args(annotation)]
         return any(ok for ok, _ in results), " or ".join(what for _, what in results)
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        _, item_kind = _type_matches(None, item)
+        ok = isinstance(value, list) and all(_type_matches(v, item)[0] for v in value)
+        return ok, f"a list of ({item_kind})"
     if annotation is type(None):
         return value is None, "None"
     if annotation is bool:
@@ -373,8 +441,10 @@ def validate_fault_tolerance(ft: Any, job_config: Any = None) -> None:
         f"{SECTION}.max_retries={ft.max_retries} must be >= 0 (or None = unlimited)",
     )
     _require(ft.quorum_retries >= 0, f"{SECTION}.quorum_retries must be >= 0")
+    sync_method(ft)
     _require(ft.sync_steps >= 1, f"{SECTION}.sync_steps={ft.sync_steps} must be >= 1")
     _require(ft.num_fragments >= 1, f"{SECTION}.num_fragments must be >= 1")
+    check_fragment_fqns(ft)
     _require(ft.fragment_sync_delay >= 0, f"{SECTION}.fragment_sync_delay must be >= 0")
     _require(
         0.0 <= ft.fragment_update_alpha <= 1.0,
@@ -407,11 +477,11 @@ def _check_enabled_relations(ft: Any, job_config: Any) -> None:
     )
     check_timeout_order(ft)
     check_lighthouse_addr(ft)
-    if ft.semi_sync_method != "none":
+    if sync_method(ft) is not SyncMethod.PER_STEP:
         _require(
-            ft.quorum_mode == "sync",
-            f"{SECTION}.semi_sync_method={ft.semi_sync_method!r} needs "
-            f"{SECTION}.quorum_mode='sync' (got {ft.quorum_mode!r})",
+            quorum_mode(ft) is QuorumMode.SYNC,
+            f"{SECTION}.semi_sync_method={ft.semi_sync_method!r} needs a synchronous quorum: "
+            f"{SECTION}.quorum_mode='sync' or unset (got {ft.quorum_mode!r})",
         )
         check_semi_sync_schedule(ft)
     if job_config is not None:
@@ -421,6 +491,27 @@ def _check_enabled_relations(ft: Any, job_config: Any) -> None:
             f"parallelism.data_parallel_replicate_degree={replicate} must be 1 when "
             f"{SECTION}.enable is on: the replica axis is managed by fault tolerance "
             f"(use {SECTION}.group_size)",
+        )
+
+
+def check_fragment_fqns(ft: Any) -> None:
+    """``module_fqns_per_model_fragment``: lists of non-empty module names, and
+    ``num_fragments`` left at 1 or equal to their number. Whether the names exist in the model
+    is :func:`check_model_fragments`' job (it needs the model)."""
+    fqns = ft.module_fqns_per_model_fragment
+    where = f"{SECTION}.module_fqns_per_model_fragment={fqns!r}"
+    if not isinstance(fqns, list) or not all(
+        isinstance(names, list) and names and all(isinstance(n, str) and n for n in names)
+        for names in fqns
+    ):
+        raise ConfigError(
+            f"{where} is invalid: expected a list of non-empty lists of module names, e.g. "
+            '[["tok_embeddings", "layers.0"], ["layers.1", "norm", "output"]]'
+        )
+    if fqns and ft.num_fragments not in (1, len(fqns)):
+        raise ConfigError(
+            f"{where} defines {len(fqns)} fragments but {SECTION}.num_fragments="
+            f"{ft.num_fragments}; leave num_fragments at 1 or set it to {len(fqns)}"
         )
 
 
@@ -435,7 +526,7 @@ def check_semi_sync_schedule(ft: Any) -> None:
     except ValueError as e:
         raise ConfigError(
             f"{SECTION}.semi_sync_method={ft.semi_sync_method!r} (sync_steps={ft.sync_steps}, "
-            f"num_fragments={ft.num_fragments}, fragment_sync_delay={ft.fragment_sync_delay}): "
+            f"num_fragments={num_fragments(ft)}, fragment_sync_delay={ft.fragment_sync_delay}): "
             f"{e}"
         ) from None
 
@@ -694,11 +785,129 @@ def parse_job_config(args: list[str] | None = None) -> JobConfig:
         check_toml_values(toml_values, allow_unknown=custom)
     except ConfigError as e:
         raise ConfigError(f"{config_file}: {e}") from None
+    args, fragments = take_fragments_flag(args)
     check_cli_args(args, allow_unknown=custom)
     config = ConfigManager(config_cls=JobConfig).parse_args(args)
+    if fragments is not None:
+        config.fault_tolerance.module_fqns_per_model_fragment = fragments
     validate_job_config(config)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    _log_once(
+        resolve_sync_settings(config.fault_tolerance),
+        split_global_batch(config, world_size),
+    )
     resolve_compute_dtype(config, set_explicitly(toml_values, args))
     return config
+
+
+def _log_once(*notices: str | None) -> None:
+    from torchtitan.tools.logging import logger
+
+    for notice in notices:
+        if notice:
+            logger.info(notice)
+
+
+_FRAGMENTS_FLAG = f"--{SECTION}.module_fqns_per_model_fragment"
+
+
+def take_fragments_flag(args: list[str]) -> tuple[list[str], list[list[str]] | None]:
+    """``args`` without ``--fault_tolerance.module_fqns_per_model_fragment``, and the last
+    value it had, parsed: fragments separated by ";" and module names by "," (``"a,b;c"``), or
+    a JSON list of lists. tyro cannot read a list of lists from the command line."""
+    kept: list[str] = []
+    value: str | None = None
+    i = 0
+    while i < len(args):
+        flag, sep, text = args[i].partition("=")
+        if flag.replace("-", "_") != _FRAGMENTS_FLAG.replace("-", "_"):
+            kept.append(args[i])
+            i += 1
+            continue
+        if sep:
+            value, i = text, i + 1
+        elif i + 1 < len(args):
+            value, i = args[i + 1], i + 2
+        else:
+            example = "'tok_embeddings,layers.0;layers.1,norm,output'"
+            raise ConfigError(f"{_FRAGMENTS_FLAG} needs a value, e.g. {example}")
+    return kept, None if value is None else parse_fragments(value)
+
+
+def parse_fragments(text: str) -> list[list[str]]:
+    """``"a,b;c"`` or ``'[["a", "b"], ["c"]]'`` as ``[["a", "b"], ["c"]]``."""
+    if text.lstrip().startswith("["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(
+                f"{_FRAGMENTS_FLAG}={text!r} is not a JSON list of lists: {e}"
+            ) from None
+    return [[n.strip() for n in part.split(",") if n.strip()] for part in text.split(";")]
+
+
+def resolve_sync_settings(ft: Any) -> str | None:
+    """Write the sync method and quorum mode as they apply: ``semi_sync_method`` None or
+    lowercase "local_sgd" / "diloco" (see :func:`sync_method`), an unset ``quorum_mode`` the
+    one the method needs (see :func:`quorum_mode`). Returns the notice to log when that made a
+    semi-sync job synchronous."""
+    method = sync_method(ft)
+    derived = ft.quorum_mode is None
+    ft.semi_sync_method = None if method is SyncMethod.PER_STEP else method.value
+    ft.quorum_mode = quorum_mode(ft).value
+    if not (ft.enable and derived and method is not SyncMethod.PER_STEP):
+        return None
+    return (
+        f"FT: semi_sync_method={method.value!r} implies a synchronous quorum "
+        f"({SECTION}.quorum_mode='sync', as in TorchTitan): quorums and heals happen at sync "
+        "points, before the step trains"
+    )
+
+
+def inner_dp_degree(parallelism: Any, world_size: int) -> int:
+    """The data-parallel degree inside one replica group (TorchTitan's batch degree there):
+    ``data_parallel_shard_degree``, or what -1 makes of it from the world size."""
+    if parallelism.data_parallel_shard_degree > 0:
+        return parallelism.data_parallel_replicate_degree * parallelism.data_parallel_shard_degree
+    others = (
+        parallelism.data_parallel_replicate_degree
+        * parallelism.tensor_parallel_degree
+        * parallelism.pipeline_parallel_degree
+        * parallelism.context_parallel_degree
+    )
+    return parallelism.data_parallel_replicate_degree * max(world_size // others, 1)
+
+
+def split_global_batch(config: Any, world_size: int) -> str | None:
+    """With FT, ``training.global_batch_size`` is the batch of all replica groups together
+    (TorchTitan's FT doc): each group takes ``global_batch_size / group_size``, which sets its
+    gradient accumulation steps. Rewrites the field to the per-group batch TorchTitan's
+    Trainer uses; returns the notice to log. Raises :class:`ConfigError` when it does not
+    divide."""
+    ft, training = config.fault_tolerance, config.training
+    total = training.global_batch_size
+    if not ft.enable or total <= 0:
+        return None
+    if total % ft.group_size:
+        raise ConfigError(
+            f"training.global_batch_size={total} covers all {ft.group_size} replica groups "
+            f"({SECTION}.group_size) and must be a multiple of it"
+        )
+    per_group = total // ft.group_size
+    dp = inner_dp_degree(config.parallelism, world_size)
+    if per_group % (training.local_batch_size * dp):
+        raise ConfigError(
+            f"training.global_batch_size={total} gives {per_group} per replica group "
+            f"({ft.group_size} groups), which must be a multiple of training.local_batch_size="
+            f"{training.local_batch_size} x {dp} data-parallel ranks in a group"
+        )
+    training.global_batch_size = per_group
+    steps = per_group // (training.local_batch_size * dp)
+    return (
+        f"FT: training.global_batch_size={total} covers {ft.group_size} replica groups: "
+        f"{per_group} per group = {steps} gradient accumulation step(s) x local batch "
+        f"{training.local_batch_size} x {dp} data-parallel rank(s)"
+    )
 
 
 def resolve_compute_dtype(config: JobConfig, explicit: bool) -> DtypeChoice:
@@ -757,3 +966,31 @@ def check_local_paths(job_config: Any) -> None:
         raise ConfigError(f"{where} is not a directory: {fix}")
     if not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
         raise ConfigError(f"{where} holds no {' / '.join(_TOKENIZER_FILES)}: {fix}")
+
+
+def check_model_fragments(job_config: Any) -> None:
+    """Raise :class:`ConfigError` when ``module_fqns_per_model_fragment`` names a module the
+    model does not have, or does not put every parameter in exactly one fragment. Checked on
+    a meta-device copy of the model, before any process group exists."""
+    fqns = fragment_fqns(job_config.fault_tolerance)
+    if not fqns or not uses_semi_sync(job_config):
+        return
+    from torchtitan_ft.semi_sync import fragments_from_fqns
+    from torchtitan_ft.titan.replica_axis import meta_model
+
+    model = meta_model(job_config)
+    where = f"{SECTION}.module_fqns_per_model_fragment"
+    for name in (n for names in fqns for n in names):
+        try:
+            model.get_submodule(name)
+        except AttributeError:
+            top = ", ".join(n for n, _ in model.named_children())
+            raise ConfigError(
+                f"{where} names {name!r}, which is not a module of model "
+                f"{job_config.model.name} {job_config.model.flavor}; its top-level modules are "
+                f"{top} (nested ones by dotted name, e.g. layers.0)"
+            ) from None
+    try:
+        fragments_from_fqns(model, fqns)
+    except ValueError as e:
+        raise ConfigError(f"{where}={fqns!r}: {e}") from None

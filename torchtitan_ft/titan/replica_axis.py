@@ -43,6 +43,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchtitan_ft.semi_sync.config import QuorumMode, SyncMethod
+from torchtitan_ft.titan.config import quorum_mode, sync_method
+
 GradientReduce = Callable[[torch.Tensor], None]
 """Averages a gradient shard across replica groups, in place."""
 
@@ -340,16 +343,13 @@ class ManagedReplicaAxis(ReplicaAxis):
         self._pg.shutdown()
 
 
-def model_config_fingerprint(job_config: Any) -> str:
-    """The model fingerprint (:func:`torchtitan_ft.manager.model_fingerprint`) of the model
-    ``job_config`` describes: parameter names, global shapes and dtypes of a meta-device copy
-    built the way TorchTitan's Trainer builds it (model args updated from the config; model
-    converters not applied). Cheap: no memory is allocated for the weights."""
+def meta_model(job_config: Any) -> torch.nn.Module:
+    """A meta-device copy of the model ``job_config`` describes, built the way TorchTitan's
+    Trainer builds it (model args updated from the config; model converters not applied).
+    Cheap: no memory is allocated for the weights."""
     from torchtitan.config import TORCH_DTYPE_MAP
     from torchtitan.protocols.train_spec import get_train_spec
     from torchtitan.tools import utils
-
-    from torchtitan_ft.manager import model_fingerprint
 
     spec = get_train_spec(job_config.model.name)
     model_args = copy.deepcopy(spec.model_args[job_config.model.flavor])
@@ -358,8 +358,16 @@ def model_config_fingerprint(job_config: Any) -> str:
         torch.device("meta"),
         utils.set_default_dtype(TORCH_DTYPE_MAP[job_config.training.dtype]),
     ):
-        model = spec.model_cls(model_args)
-    return model_fingerprint(model)
+        return spec.model_cls(model_args)
+
+
+def model_config_fingerprint(job_config: Any) -> str:
+    """The model fingerprint (:func:`torchtitan_ft.manager.model_fingerprint`) of the model
+    ``job_config`` describes: parameter names, global shapes and dtypes of its
+    :func:`meta_model`."""
+    from torchtitan_ft.manager import model_fingerprint
+
+    return model_fingerprint(meta_model(job_config))
 
 
 def build_replica_axis(job_config: Any) -> NoReplicaAxis:
@@ -367,9 +375,9 @@ def build_replica_axis(job_config: Any) -> NoReplicaAxis:
     :class:`ManagedReplicaAxis` with a new Manager (call after the default process group and
     torchrun's env exist: the Manager reads ``RANK``/``WORLD_SIZE``/``MASTER_ADDR/PORT``).
 
-    Raises ``ValueError`` for a ``semi_sync_method`` other than "none": that job's axis comes
-    from :func:`~torchtitan_ft.titan.semi_sync.build_semi_sync_axis` (which builds its Manager
-    through this function with the method set to "none").
+    Raises ``ValueError`` for a ``semi_sync_method``: that job's axis comes from
+    :func:`~torchtitan_ft.titan.semi_sync.build_semi_sync_axis` (which builds its Manager
+    through this function with the method unset).
 
     ``checkpoint_transport = "pg"`` heals over the cross-group process group itself
     (:class:`~torchtitan_ft.checkpoint.PGTransport`; replica ranks are its ranks), "http" over
@@ -378,7 +386,7 @@ def build_replica_axis(job_config: Any) -> NoReplicaAxis:
     ft = job_config.fault_tolerance
     if not ft.enable:
         return NoReplicaAxis()
-    if ft.semi_sync_method != "none":
+    if sync_method(ft) is not SyncMethod.PER_STEP:
         raise ValueError(
             f"build_replica_axis builds the per-step axis, not one for "
             f"fault_tolerance.semi_sync_method={ft.semi_sync_method!r}; use "
@@ -404,7 +412,7 @@ def build_replica_axis(job_config: Any) -> NoReplicaAxis:
         load_state_dict=None,
         state_dict=None,
         min_replica_size=ft.min_replica_size,
-        use_async_quorum=ft.quorum_mode == "async",
+        use_async_quorum=quorum_mode(ft) is QuorumMode.ASYNC,
         timeout=timedelta(milliseconds=ft.step_timeout_ms),
         quorum_timeout=timedelta(milliseconds=ft.quorum_timeout_ms),
         connect_timeout=timedelta(milliseconds=ft.connect_timeout_ms),

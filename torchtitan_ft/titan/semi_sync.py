@@ -42,13 +42,18 @@ from torchtitan_ft.semi_sync import (
     DiLoCo,
     LocalSGD,
     OuterOptimizerConfig,
-    QuorumMode,
     SyncConfig,
-    SyncMethod,
     SyncStrategy,
     build_strategy,
 )
 from torchtitan_ft.semi_sync.strategy import local_tensor, param_data
+from torchtitan_ft.titan.config import (
+    fragment_fqns,
+    num_fragments,
+    quorum_mode,
+    sync_method,
+    uses_semi_sync,
+)
 from torchtitan_ft.titan.healing import like_param
 from torchtitan_ft.titan.replica_axis import (
     CommitGate,
@@ -61,14 +66,12 @@ from torchtitan_ft.titan.replica_axis import (
 
 def sync_config(ft: Any) -> SyncConfig:
     """The ``SyncConfig`` of a ``fault_tolerance`` section (one field each, see config.py)."""
-    method = (
-        SyncMethod.PER_STEP if ft.semi_sync_method == "none" else SyncMethod(ft.semi_sync_method)
-    )
     return SyncConfig(
-        method=method,
-        quorum_mode=QuorumMode(ft.quorum_mode),
+        method=sync_method(ft),
+        quorum_mode=quorum_mode(ft),
         sync_every=ft.sync_steps,
-        num_fragments=ft.num_fragments,
+        num_fragments=num_fragments(ft),
+        fragment_fqns=fragment_fqns(ft),
         fragment_sync_delay=ft.fragment_sync_delay,
         fragment_update_alpha=ft.fragment_update_alpha,
         should_quantize=ft.should_quantize,
@@ -79,12 +82,6 @@ def sync_config(ft: Any) -> SyncConfig:
             nesterov=ft.outer_nesterov,
         ),
     )
-
-
-def uses_semi_sync(job_config: Any) -> bool:
-    """Whether ``job_config`` asks for FT with LocalSGD or DiLoCo."""
-    ft = job_config.fault_tolerance
-    return bool(ft.enable) and ft.semi_sync_method != "none"
 
 
 class StrategyDrivenOptimizers:
@@ -324,12 +321,12 @@ def build_semi_sync_axis(job_config: Any) -> SemiSyncReplicaAxis:
     ft = job_config.fault_tolerance
     if not uses_semi_sync(job_config):
         raise ValueError(
-            "build_semi_sync_axis needs fault_tolerance.enable and a semi_sync_method other "
-            f"than 'none' (got enable={ft.enable}, semi_sync_method={ft.semi_sync_method!r})"
+            "build_semi_sync_axis needs fault_tolerance.enable and a semi_sync_method "
+            f"(got enable={ft.enable}, semi_sync_method={ft.semi_sync_method!r})"
         )
     config = sync_config(ft)
     config.validate()  # before any Manager exists: quorum mode, schedule, outer optimizer
-    per_step_ft = dataclasses.replace(ft, semi_sync_method="none", quorum_mode="sync")
+    per_step_ft = dataclasses.replace(ft, semi_sync_method=None, quorum_mode="sync")
     managed = build_replica_axis(dataclasses.replace(job_config, fault_tolerance=per_step_ft))
     if not isinstance(managed, ManagedReplicaAxis):
         raise RuntimeError(f"expected a ManagedReplicaAxis, got {type(managed).__name__}")

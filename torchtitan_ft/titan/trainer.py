@@ -146,7 +146,8 @@ class FaultTolerantTrainer(Trainer):
         :func:`~torchtitan_ft.titan.replica_axis.build_replica_axis`.
         """
         # --- semi-sync hook: LocalSGD / DiLoCo drive the step (torchtitan_ft.titan.semi_sync)
-        from torchtitan_ft.titan.semi_sync import build_semi_sync_axis, uses_semi_sync
+        from torchtitan_ft.titan.config import uses_semi_sync
+        from torchtitan_ft.titan.semi_sync import build_semi_sync_axis
 
         if uses_semi_sync(self.job_config):
             return build_semi_sync_axis(self.job_config)
