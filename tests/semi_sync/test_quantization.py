@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed import ReduceOp
 
-from torchtitan_ft.quantization import (
+from torchtitan_ft.process_group.quantized import (
     BytesCounter,
     dequantize_int8,
     quantize_int8,

@@ -35,8 +35,6 @@ network; the token travels in clear text).
 
 from __future__ import annotations
 
-import contextlib
-import ipaddress
 import logging
 import secrets
 import socket
@@ -45,7 +43,7 @@ from datetime import timedelta
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from torchtitan_ft.checkpoint._http_client import Source, allocate, url_host
+from torchtitan_ft.checkpoint._http_client import Source, allocate
 from torchtitan_ft.checkpoint._http_server import CheckpointServer, Snapshot
 from torchtitan_ft.checkpoint._serialization import Header, flatten, layout, unflatten
 from torchtitan_ft.checkpoint.transport import (
@@ -53,6 +51,7 @@ from torchtitan_ft.checkpoint.transport import (
     CheckpointTransport,
     log_received,
 )
+from torchtitan_ft.netaddr import is_loopback, url_host
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +185,6 @@ class HTTPTransport(CheckpointTransport[T]):
         """
         self._server.shutdown(wait)
 
-    # Server side, called from _Handler threads.
-
 
 def _resolve(hostname: str) -> str:
     """The address ``hostname`` resolves to here, to bind the server to."""
@@ -199,10 +196,7 @@ def _resolve(hostname: str) -> str:
             f"server to it ({e}); pass hostname= or bind="
         ) from e
     address = str(infos[0][4][0])
-    if ipaddress.ip_address(address).is_loopback and hostname != "localhost":
-        with contextlib.suppress(ValueError):
-            if ipaddress.ip_address(hostname).is_loopback:
-                return address
+    if is_loopback(address) and not is_loopback(hostname):
         logger.warning(
             "hostname %r resolves to loopback address %s here: replicas on other machines "
             "cannot reach this checkpoint server; pass hostname= (the address peers dial) "

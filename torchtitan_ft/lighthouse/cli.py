@@ -8,16 +8,14 @@ ours. Bad values exit with code 2 and one line naming the flag.
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
 import signal
-import socket
 import sys
 from typing import NoReturn
 
-from torchtitan_ft.lighthouse.netaddr import parse_bind
 from torchtitan_ft.lighthouse.server import LighthouseServer, validate_options
+from torchtitan_ft.netaddr import join_host_port, port_in_use, split_host_port
 
 PROG = "torchft_lighthouse"
 AUTH_TOKEN_ENV = "TORCHFT_AUTH_TOKEN"
@@ -80,21 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _in_use(host: str, port: int) -> bool:
-    """Whether something already listens on ``host:port`` (a test bind, released at once)."""
-    if port == 0:
-        return False
-    address = host.strip("[]") or "::"
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: TIME_WAIT is fine
-        try:
-            probe.bind((address, port))
-        except OSError as e:
-            return e.errno == errno.EADDRINUSE
-    return False
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -105,20 +88,20 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         parser.error(str(e))
     try:
-        host, port = parse_bind(args.bind)
+        host, port = split_host_port(args.bind, "bind address")
     except ValueError as e:
         parser.error(f"--bind: {e}")
-    if _in_use(host, port):
+    if port_in_use(host, port):
         # gRPC would fail too, but only after logging a multi-line error of its own.
         parser.error(
             f"cannot bind the lighthouse to {args.bind} (port in use? another lighthouse?); "
             "pick a free port with --bind"
         )
     if args.status_bind is None:
-        args.status_bind = f"{host}:{port + 1 if port else 0}"
+        args.status_bind = join_host_port(host, port + 1 if port else 0)
     elif args.status_bind != "off":
         try:
-            parse_bind(args.status_bind)
+            split_host_port(args.status_bind, "bind address")
         except ValueError as e:
             parser.error(f"--status_bind: {e}")
     token = args.auth_token if args.auth_token is not None else os.environ.get(AUTH_TOKEN_ENV)

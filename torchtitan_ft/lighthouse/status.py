@@ -21,8 +21,8 @@ from urllib.parse import unquote
 
 import grpc
 
-from torchtitan_ft.lighthouse.netaddr import parse_bind
 from torchtitan_ft.lighthouse.state import DECISION_BUCKETS, LighthouseState
+from torchtitan_ft.netaddr import split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -32,8 +32,7 @@ _KILL_TIMEOUT_S = 5.0
 
 
 async def serve(bind: str, state: LighthouseState, auth_token: str | None) -> asyncio.Server:
-    host, port = parse_bind(bind)
-    host = host.strip("[]") or None
+    host, port = split_host_port(bind, "bind address")
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -57,7 +56,7 @@ async def serve(bind: str, state: LighthouseState, auth_token: str | None) -> as
             await writer.drain()
         writer.close()
 
-    return await asyncio.start_server(on_client, host, port, limit=_MAX_HEADER_BYTES)
+    return await asyncio.start_server(on_client, host or None, port, limit=_MAX_HEADER_BYTES)
 
 
 async def _handle(

@@ -61,7 +61,7 @@ import torch
 from torch import nn, optim
 from torch.distributed.tensor import DTensor
 
-from torchtitan_ft.quantization import DEFAULT_BLOCK_SIZE, quantized_nbytes
+from torchtitan_ft.process_group.quantized import DEFAULT_BLOCK_SIZE, quantized_nbytes
 from torchtitan_ft.semi_sync.config import (
     OuterOptimizerConfig,
     QuorumMode,

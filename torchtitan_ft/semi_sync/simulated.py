@@ -14,7 +14,7 @@ What it models, and how:
   but the first heals from it.
 - **Allreduce**: completes when every quorum member has contributed; the sum is taken in member
   order, so all members get bit-identical results. ``should_quantize`` runs the real int8
-  algorithm of ``torchtitan_ft.quantization`` over an in-process exchange.
+  algorithm of ``torchtitan_ft.process_group.quantized`` over an in-process exchange.
 - **Failures**: ``fail_next_collective()`` / ``fail_collective_at(n)`` make the next (or the
   n-th) collective fail on every member; ``kill(replica_id)`` fails the collectives the dead
   member was part of, and later quorums drop it. A member that records an error fails the
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch.distributed import ReduceOp
 
-from torchtitan_ft.quantization import BytesCounter, quantized_allreduce_with
+from torchtitan_ft.process_group.quantized import BytesCounter, quantized_allreduce_with
 from torchtitan_ft.semi_sync.config import QuorumMode
 
 

@@ -60,7 +60,11 @@ from torchtitan.config import ConfigManager
 from torchtitan.config import FaultTolerance as TitanFaultTolerance
 from torchtitan.config import JobConfig as TitanJobConfig
 
-from torchtitan_ft.config_env import DEFAULT_LIGHTHOUSE_ADDR, LIGHTHOUSE_ENV, is_lighthouse_url
+from torchtitan_ft.manager.settings import (
+    DEFAULT_LIGHTHOUSE_ADDR,
+    LIGHTHOUSE_ENV,
+    is_lighthouse_url,
+)
 from torchtitan_ft.semi_sync.config import QuorumMode, SyncMethod
 from torchtitan_ft.titan.compute_dtype import (
     DtypeChoice,
