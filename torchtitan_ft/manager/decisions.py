@@ -267,6 +267,18 @@ def heal_needs_group_agreement(step: int, result: QuorumResult, init_sync: bool)
     )
 
 
+def check_step_arguments(
+    min_replica_size: int, world_size_mode: WorldSizeMode, max_retries: int | None
+) -> None:
+    """Raises ``ValueError``/``TypeError`` for the Manager arguments these decisions reject."""
+    if min_replica_size < 1:
+        raise ValueError(f"min_replica_size must be >= 1, got {min_replica_size}")
+    if not isinstance(world_size_mode, WorldSizeMode):
+        raise TypeError(f"world_size_mode must be a WorldSizeMode, got {world_size_mode!r}")
+    if max_retries is not None and max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0 or None, got {max_retries}")
+
+
 def check_commit_failures(commit_failures: int, max_retries: int | None) -> None:
     """Raises RuntimeError once ``commit_failures`` consecutive failures exceed ``max_retries``.
 

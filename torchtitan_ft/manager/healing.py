@@ -23,8 +23,8 @@ class Healing:
     """The user state one rank heals with, and the heal transfer of the current step.
 
     Threads: ``new_step`` runs on the training thread before the quorum thread starts,
-    ``exchange`` on the quorum thread, ``apply_pending`` and ``withdraw_stale_offer`` on the
-    training thread once the quorum thread is done.
+    ``exchange`` on the quorum thread, ``apply_all_or_nothing`` and ``withdraw_stale_offer`` on
+    the training thread once the quorum thread is done.
 
     Args:
         transport: moves the state between ranks (``HTTPTransport``, ``PGTransport``, ...).
@@ -84,11 +84,6 @@ class Healing:
         self._pending = None
         self._served = False
 
-    @property
-    def received(self) -> bool:
-        """Whether a received state waits to be applied."""
-        return self._pending is not None
-
     def exchange(self, result: QuorumResult, manager_state: dict[str, int]) -> None:
         """Offers our state to the peers healing from us and, if we heal, receives the donor's
         into a pending buffer (not applied). Quorum thread; raises what the transport raised."""
@@ -147,14 +142,33 @@ class Healing:
         _check_healed_state(state, self._load_fns.keys(), result.max_step)
         return cast(dict[str, Any], state)
 
-    def apply_pending(self, load_manager_state: Callable[[dict[str, int]], None]) -> None:
-        """Loads the received state, if any (user state, then the Manager's step via
-        ``load_manager_state``); training thread, once the whole group agreed.
+    def apply_all_or_nothing(
+        self,
+        *,
+        healing: bool,
+        group_and: Callable[[bool], bool],
+        report_error: Callable[[BaseException], None],
+        load_manager_state: Callable[[dict[str, int]], None],
+    ) -> None:
+        """Applies the received state if every rank of the replica group received its own
+        (training thread, when the group may heal this step): ``group_and`` of "I received my
+        state, or had none to receive"; the user state, then the Manager's step
+        (``load_manager_state``). Otherwise nothing is applied and ``report_error`` records
+        why.
+
+        All or nothing, so a group's ranks never end up at different steps; and independent of
+        the step's commit vote, so replicas behind can catch up even while too few replicas are
+        at the max step for any step to commit (otherwise a livelock).
 
         Raises:
             RuntimeError: a load failed; the other ranks applied theirs, so this group can no
                 longer be made consistent.
         """
+        received = not healing or self._pending is not None
+        if not group_and(received):
+            if received:
+                report_error(RuntimeError("another rank of this replica group failed to heal"))
+            return
         pending, self._pending = self._pending, None
         if pending is None:
             return

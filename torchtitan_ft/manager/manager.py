@@ -9,7 +9,7 @@ any field at any time):
 field                                                           written on
 ==============================================================  ===============================
 ``_step``, ``_batches_committed``, ``_commit_failures``,        the training thread
-``_identity_sent``, ``_quorum``'s futures, ``_collectives``'
+``_identity``, ``_quorum``'s futures, ``_collectives``'
 pending futures
 ``_quorum.result``, ``.participation``, ``.healing``,           the quorum thread (``healing``
 ``._quorum_id``; ``_heal``'s received state, receive time and   and ``_heal`` are reset by
@@ -39,6 +39,7 @@ from torchtitan_ft.manager.collectives import ExceptionWithTraceback, StepCollec
 from torchtitan_ft.manager.decisions import (
     WorldSizeMode,
     check_commit_failures,
+    check_step_arguments,
     heal_needs_group_agreement,
     local_commit_vote,
 )
@@ -145,12 +146,7 @@ class Manager:
         model_fingerprint: str | Callable[[], str] | None = None,
         num_replica_groups: int | None = None,
     ) -> None:
-        if min_replica_size < 1:
-            raise ValueError(f"min_replica_size must be >= 1, got {min_replica_size}")
-        if not isinstance(world_size_mode, WorldSizeMode):
-            raise TypeError(f"world_size_mode must be a WorldSizeMode, got {world_size_mode!r}")
-        if max_retries is not None and max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0 or None, got {max_retries}")
+        check_step_arguments(min_replica_size, world_size_mode, max_retries)
         if (load_state_dict is None) != (state_dict is None):
             raise ValueError("pass both load_state_dict and state_dict, or neither")
         settings = resolve_manager_settings(
@@ -174,12 +170,12 @@ class Manager:
         self._init_sync = init_sync
         self._max_retries = max_retries
         self._pg = pg
-        self._model_fingerprint = model_fingerprint
-        self._num_replica_groups = num_replica_groups
         self._step = 0
         self._batches_committed = 0
         self._commit_failures = 0
-        self._identity_sent = False
+        self._identity: Callable[[], GroupIdentity] | None = lambda: GroupIdentity.resolve(
+            settings.replica_id.value, model_fingerprint, num_replica_groups
+        )
         self._counters = Counters()
         self._collectives = StepCollectives(
             pg, timeout=timeout, counters=self._counters, log=self._log
@@ -253,16 +249,10 @@ class Manager:
             timeout: how long to wait for the lighthouse; default ``quorum_timeout``.
         """
         self._quorum.finish_previous()
-        if not self._identity_sent and self._server is not None:
+        identity, self._identity = self._identity, None
+        if identity is not None and self._server is not None:
             # Once, on the caller's thread: the fingerprint function needs the model.
-            self._server.set_identity(
-                GroupIdentity.resolve(
-                    self._settings.replica_id.value,
-                    self._model_fingerprint,
-                    self._num_replica_groups,
-                )
-            )
-        self._identity_sent = True
+            self._server.set_identity(identity())
         self._collectives.new_step()
         self._heal.new_step()
         self._quorum.start(
@@ -289,22 +279,16 @@ class Manager:
         self._quorum.wait()
 
     def _heal_all_or_nothing(self) -> None:
-        """Applies received state if every rank of the replica group received its own
-        (training thread; a group-wide AND when the group may heal).
-
-        All or nothing, so a group's ranks never end up at different steps; and independent
-        of the step's commit vote, so replicas behind can catch up even while too few
-        replicas are at the max step for any step to commit (otherwise a livelock).
-        """
+        """Applies a received state at a safe point if the whole group received (training
+        thread; ``Healing.apply_all_or_nothing``), when the group may heal this step."""
         result = self._quorum.result
-        if result is None or not heal_needs_group_agreement(self._step, result, self._init_sync):
-            return
-        received = not self._quorum.healing or self._heal.received
-        if not self._group_and(received, self._timeout):
-            if received:
-                self.report_error(RuntimeError("another rank of this replica group failed to heal"))
-            return
-        self._heal.apply_pending(self.load_state_dict)
+        if result is not None and heal_needs_group_agreement(self._step, result, self._init_sync):
+            self._heal.apply_all_or_nothing(
+                healing=self._quorum.healing,
+                group_and=lambda received: self._group_and(received, self._timeout),
+                report_error=self.report_error,
+                load_manager_state=self.load_state_dict,
+            )
 
     # ---------------------------------------------------------------- collectives and errors
 
@@ -498,4 +482,6 @@ class Manager:
         self._client.close()
 
     def _log(self, level: int, msg: str) -> None:
-        logger.log(level, "[%s/%d step %d] %s", self._replica_id, self._group_rank, self._step, msg)
+        # ft_message: a process-wide prefix (TorchTitan's, titan/metrics.py) replaces this one.
+        prefix = f"[{self._replica_id} group_rank={self._group_rank} committed_steps={self._step}]"
+        logger.log(level, "%s %s", prefix, msg, extra={"ft_message": msg})
