@@ -77,7 +77,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         self._methods = frozenset(methods)
         self._server_name = server_name
         self._on_refused = on_refused
-        self._logged_peers: set[str] = set()
+        self._refusals = RefusalLog(server_name)
 
     async def intercept_service(
         self,
@@ -105,7 +105,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         )
 
         async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> None:
-            self._log_refusal(context.peer(), method)
+            self._refusals.refused(peer_host(context.peer()), method.lstrip("/"))
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
         def ignore(_data: bytes) -> None:
@@ -119,16 +119,23 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             return grpc.unary_stream_rpc_method_handler(refuse, request_deserializer=ignore)
         return grpc.unary_unary_rpc_method_handler(refuse, request_deserializer=ignore)
 
-    def _log_refusal(self, peer: str, method: str) -> None:
-        """Logs the first refusal of each peer host (a flood of them stays one line each)."""
-        host = peer_host(peer)
-        if host in self._logged_peers or len(self._logged_peers) >= _MAX_LOGGED_PEERS:
+
+class RefusalLog:
+    """Logs the first request refused for lacking the token from each peer host; later ones
+    from that host are not logged (a flood of them stays one line per host)."""
+
+    def __init__(self, server_name: str) -> None:
+        self._server_name = server_name
+        self._hosts: set[str] = set()
+
+    def refused(self, host: str, what: str) -> None:
+        if host in self._hosts or len(self._hosts) >= _MAX_LOGGED_PEERS:
             return
-        self._logged_peers.add(host)
+        self._hosts.add(host)
         logger.warning(
             "%s refused %s from %s: no valid job token (further refusals from this host are "
-            "only counted)",
+            "not logged)",
             self._server_name,
-            method.lstrip("/"),
+            what,
             host,
         )
