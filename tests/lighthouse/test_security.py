@@ -22,6 +22,7 @@ from datetime import timedelta
 import grpc
 import pytest
 
+from tests._sockets import idle_connections
 from tests.lighthouse._helpers import T, free_port, get, wait_serving, wait_until
 from torchtitan_ft.lighthouse import LighthouseClient, LighthouseServer, Quorum
 from torchtitan_ft.lighthouse.status import HEAD_TIMEOUT_S, KillRefused, kill_target
@@ -70,6 +71,12 @@ def fake_member():
 
 def ids(quorum: Quorum) -> list[str]:
     return [m.replica_id for m in quorum.participants]
+
+
+def press_kill(server: LighthouseServer, replica_id: str) -> tuple[int, str]:
+    """What the status page's kill button does, with the right token."""
+    url = f"{server.status_address()}/replica/{replica_id}/kill"
+    return get(url, {"Authorization": f"Bearer {TOKEN}"}, "POST")
 
 
 def raw_calls(server: LighthouseServer, metadata=()) -> dict[str, tuple[grpc.StatusCode, str]]:
@@ -193,15 +200,14 @@ def test_kill_sends_the_token_only_to_a_member_that_proved_it(servers, fake_memb
     stranger = LighthouseClient(server.address())
     with pytest.raises(PermissionError):
         stranger.quorum("stranger", T, address=fake_member.address)
-    kill = server.status_address() + "/replica/{}/kill"
-    code, body = get(kill.format("stranger"), {"Authorization": f"Bearer {TOKEN}"}, "POST")
+    code, body = press_kill(server, "stranger")
     assert code == 404 and "not in the current quorum" in body
     assert fake_member.calls == []
 
     member = LighthouseClient(server.address(), auth_token=TOKEN)
     stream = member.heartbeat_stream("member", timedelta(milliseconds=50))
     member.quorum("member", T, address=fake_member.address)
-    code, body = get(kill.format("member"), {"Authorization": f"Bearer {TOKEN}"}, "POST")
+    code, body = press_kill(server, "member")
     stream.close()
     assert (code, body.strip()) == (200, "killed member")
     assert fake_member.calls[0][0] == "/torchft.ManagerService/Kill"
@@ -213,11 +219,7 @@ def test_without_a_token_nothing_secret_is_sent(servers, fake_member) -> None:
     action, so the lighthouse never calls its address, let alone with a secret."""
     server = servers(min_replicas=1, status_bind="127.0.0.1:0")
     LighthouseClient(server.address()).quorum("stranger", T, address=fake_member.address)
-    code, body = get(
-        server.status_address() + "/replica/stranger/kill",
-        {"Authorization": f"Bearer {TOKEN}"},
-        "POST",
-    )
+    code, body = press_kill(server, "stranger")
     assert code == 404 and "no kill action" in body
     assert fake_member.calls == []
 
@@ -231,11 +233,7 @@ def test_kill_is_not_sent_to_a_member_that_stopped_heartbeating(servers, fake_me
         "gone", T, address=fake_member.address
     )
     wait_until(lambda: not server.run_in_loop(server.state.healthy))
-    code, body = get(
-        server.status_address() + "/replica/gone/kill",
-        {"Authorization": f"Bearer {TOKEN}"},
-        "POST",
-    )
+    code, body = press_kill(server, "gone")
     assert code == 409 and "no fresh heartbeat" in body
     assert fake_member.calls == []
 
@@ -293,18 +291,6 @@ def _lighthouse_with_fd_limit(port: int, status_port: int) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def _idle_connections(port: int, n: int) -> list[socket.socket]:
-    """``n`` connections that never send a byte (non-blocking connects: a full accept queue
-    must not stall the test)."""
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.setblocking(False)
-        s.connect_ex(("127.0.0.1", port))
-        socks.append(s)
-    return socks
-
-
 def _trickle(socks: list[socket.socket], stop: threading.Event) -> None:
     """Slowloris: one byte of a request head per connection every 0.5 s."""
     for s in socks:
@@ -325,8 +311,8 @@ def test_floods_of_idle_and_slow_connections_do_not_starve_clients() -> None:
     stop = threading.Event()
     try:
         wait_serving(proc)
-        flood += _idle_connections(status_port, 300)
-        slow = _idle_connections(status_port, 40)
+        flood += idle_connections(status_port, 300)
+        slow = idle_connections(status_port, 40)
         flood += slow
         trickler = threading.Thread(target=_trickle, args=(slow, stop), daemon=True)
         trickler.start()
@@ -339,7 +325,7 @@ def test_floods_of_idle_and_slow_connections_do_not_starve_clients() -> None:
 
         # Over the gRPC connection cap: idle connections are dropped when their HTTP/2
         # handshake does not come (5 s), after which a client gets in.
-        flood += _idle_connections(port, 300)
+        flood += idle_connections(port, 300)
         time.sleep(1.0)
         assert get(f"http://127.0.0.1:{status_port}/status.json")[0] == 200
         quorum = LighthouseClient(f"http://127.0.0.1:{port}").quorum("r", T)
@@ -366,3 +352,31 @@ def test_a_reset_mid_request_is_not_an_error(servers, caplog) -> None:
             s.close()  # RST
         assert get(server.status_address() + "/status.json")[0] == 200
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+@pytest.mark.parametrize("group_token", [TOKEN, None])
+def test_a_manager_server_sends_its_job_token_to_the_lighthouse(servers, group_token) -> None:
+    """The group's ManagerServer asks the lighthouse with the job token it was given; without
+    it its ranks' quorum fails with the lighthouse's refusal in the message."""
+    from torchtitan_ft.manager_server import ManagerClient, ManagerServer
+
+    lighthouse = servers(min_replicas=1, auth_token=TOKEN)
+    manager = ManagerServer(
+        "group", lighthouse.address(), hostname="127.0.0.1", bind="127.0.0.1:0",
+        store_addr="127.0.0.1:1", world_size=1, heartbeat_interval=timedelta(milliseconds=50),
+        connect_timeout=timedelta(seconds=5), auth_token=group_token,
+    )  # fmt: skip
+    client = ManagerClient(manager.address(), timedelta(seconds=5))
+    try:
+        ask = lambda: client._quorum(  # noqa: E731
+            group_rank=0, step=1, checkpoint_metadata="", shrink_only=False, timeout=T
+        )
+        if group_token is None:
+            with pytest.raises(RuntimeError, match=r"refused this client.*Quorum refused"):
+                ask()
+        else:
+            assert ask().replica_world_size == 1
+            wait_until(lambda: lighthouse.run_in_loop(lambda: bool(lighthouse.state._streams)))
+    finally:
+        client.close()
+        manager.shutdown()

@@ -292,6 +292,13 @@ def test_bad_toml_value_is_named(tmp_path: Path, line: str, message: str) -> Non
     ("args", "message"),
     [
         (["--fault_tolerance.fragment_update_alpha=1.5"], r"fragment_update_alpha=1.5.*\[0, 1\]"),
+        (["--fault_tolerance.outer_lr=inf"], r"outer_lr=inf must be a finite number > 0"),
+        (["--fault_tolerance.outer_lr=nan"], r"outer_lr=nan must be a finite number > 0"),
+        (
+            ["--fault_tolerance.step_timeout_ms=100000000000000000"],
+            r"step_timeout_ms=100000000000000000 must be > 0 and <= 604800000 \(7 days\)",
+        ),
+        (["--fault_tolerance.connect_timeout_ms=0"], r"connect_timeout_ms=0 must be > 0"),
         (["--fault_tolerance.sync_steps=0"], r"sync_steps=0 must be >= 1"),
         (["--fault_tolerance.max_retries=-1"], r"max_retries=-1"),
         (["--fault_tolerance.enable"], r"group_size must be set"),

@@ -48,6 +48,7 @@ config field                           runtime argument
 
 import difflib
 import json
+import math
 import os
 import sys
 import types
@@ -250,12 +251,14 @@ class FaultTolerance(TitanFaultTolerance):
 
     auth_token: str = ""
     """
-    Job-wide secret, the same in every replica group. Default "" = none: the ManagerServer
-    refuses every Kill request (the lighthouse's kill action cannot stop this group) and the
-    HTTP checkpoint server answers anyone who reaches its port. When set, Kill requests
-    (forwarded by the lighthouse, which needs the same token) must carry it, and with
+    Job-wide secret, the same in every replica group and in the lighthouse. Default "" = none:
+    the ManagerServer refuses every Kill request (the lighthouse's kill action cannot stop this
+    group) and the HTTP checkpoint server answers anyone who reaches its port. When set, group
+    rank 0 presents it to the lighthouse (a lighthouse with a token refuses groups without
+    it), Kill requests (forwarded by the lighthouse) must carry it, and with
     ``checkpoint_transport = "http"`` so must every checkpoint request, so groups with
-    different tokens cannot heal from each other (401). It travels in clear text (no TLS) and
+    different tokens cannot heal from each other (401). What it does not protect: see the
+    security section of docs/operations.md. It travels in clear text (no TLS) and
     is not read from ``TORCHFT_AUTH_TOKEN``. A token in a TOML file is visible to whoever
     reads the file, one on the command line in the process list. Applies when ``enable``.
     """
@@ -423,6 +426,17 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000
+"""Upper bound of every ``*_timeout_ms``: far beyond any real wait, far below what overflows a
+``timedelta`` or a thread wait."""
+_TIMEOUTS_MS = (
+    "process_group_timeout_ms",
+    "step_timeout_ms",
+    "quorum_timeout_ms",
+    "connect_timeout_ms",
+)
+
+
 def validate_fault_tolerance(ft: Any, job_config: Any = None) -> None:
     """Raise :class:`ConfigError` for the first bad ``fault_tolerance`` value, else return.
 
@@ -430,9 +444,12 @@ def validate_fault_tolerance(ft: Any, job_config: Any = None) -> None:
     timeout order, semi-sync settings) only when ``ft.enable``, since they only matter then.
     """
     _check_types(ft)
-    for name in ("process_group_timeout_ms", "step_timeout_ms", "quorum_timeout_ms"):
-        _require(getattr(ft, name) > 0, f"{SECTION}.{name}={getattr(ft, name)} must be > 0")
-    _require(ft.connect_timeout_ms > 0, f"{SECTION}.connect_timeout_ms must be > 0")
+    for name in _TIMEOUTS_MS:
+        value = getattr(ft, name)
+        _require(
+            0 < value <= MAX_TIMEOUT_MS,
+            f"{SECTION}.{name}={value} must be > 0 and <= {MAX_TIMEOUT_MS} (7 days)",
+        )
     _require(ft.replica_id >= 0, f"{SECTION}.replica_id={ft.replica_id} must be >= 0")
     _require(ft.group_size >= 0, f"{SECTION}.group_size={ft.group_size} must be >= 0")
     _require(ft.min_replica_size >= 1, f"{SECTION}.min_replica_size must be >= 1")
@@ -450,7 +467,10 @@ def validate_fault_tolerance(ft: Any, job_config: Any = None) -> None:
         0.0 <= ft.fragment_update_alpha <= 1.0,
         f"{SECTION}.fragment_update_alpha={ft.fragment_update_alpha} must be in [0, 1]",
     )
-    _require(ft.outer_lr > 0, f"{SECTION}.outer_lr={ft.outer_lr} must be > 0")
+    _require(
+        math.isfinite(ft.outer_lr) and ft.outer_lr > 0,
+        f"{SECTION}.outer_lr={ft.outer_lr} must be a finite number > 0",
+    )
     _require(
         0.0 <= ft.outer_momentum < 1.0,
         f"{SECTION}.outer_momentum={ft.outer_momentum} must be in [0, 1)",
