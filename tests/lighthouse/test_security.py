@@ -25,6 +25,7 @@ import pytest
 from tests._sockets import idle_connections
 from tests.lighthouse._helpers import T, free_port, get, wait_serving, wait_until
 from torchtitan_ft.lighthouse import LighthouseClient, LighthouseServer, Quorum
+from torchtitan_ft.lighthouse.server import connection_limits
 from torchtitan_ft.lighthouse.status import HEAD_TIMEOUT_S, KillRefused, kill_target
 from torchtitan_ft.lighthouse.types import QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
@@ -380,3 +381,17 @@ def test_a_manager_server_sends_its_job_token_to_the_lighthouse(servers, group_t
     finally:
         client.close()
         manager.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("fd_limit", "expected"),
+    [
+        (256, (128, 32)),  # the case: status 32 (twice in a burst) + 64 spare
+        (1024, (832, 64)),
+        (20_000, (19_808, 64)),
+        (resource.RLIM_INFINITY, ((1 << 20) - 192, 64)),
+        (64, (8, 8)),  # tiny limits still leave each server a few connections
+    ],
+)
+def test_connection_limits_fit_the_descriptor_limit(fd_limit, expected) -> None:
+    assert connection_limits(fd_limit) == expected

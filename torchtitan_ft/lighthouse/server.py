@@ -380,6 +380,8 @@ def connection_limits(fd_limit: int) -> tuple[int, int]:
     hold twice its cap (a burst of accepts, and the connections they evict, closed one loop
     iteration later; see ``status.serve``). Returns ``(grpc, status)``.
     """
+    if fd_limit == resource.RLIM_INFINITY:
+        fd_limit = 1 << 20  # Linux's default ceiling on descriptors per process
     status_connections = max(4, min(64, fd_limit // 8))
     return max(8, fd_limit - 2 * status_connections - _FD_RESERVE), status_connections
 
