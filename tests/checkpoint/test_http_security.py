@@ -185,7 +185,6 @@ class LyingDonor:
         self._hold_s = hold_s
         self._server = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}/checkpoint"
-        self.requests: list[str] = []
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -201,10 +200,11 @@ class LyingDonor:
             head = b""
             while b"\r\n\r\n" not in head and (chunk := conn.recv(4096)):
                 head += chunk
-            lines = head.decode("latin-1").split("\r\n")
-            self.requests.append(lines[0])
+            request_line = head.decode("latin-1").split("\r\n")[0].split(" ")
+            if len(request_line) != 3:  # the receiver gave up before asking
+                return
             with contextlib.suppress(OSError):
-                conn.sendall(self._respond(lines[0].split(" ")[1]))
+                conn.sendall(self._respond(request_line[1]))
                 time.sleep(self._hold_s)
 
     def close(self) -> None:
