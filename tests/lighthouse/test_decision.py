@@ -240,3 +240,28 @@ def test_newcomer_ahead_of_the_previous_quorum_is_flagged(rid, step, previous_ma
     if warns:
         assert f"joins at step {step}" in warning and "--auth_token" in warning
         assert "http://evil:1" in warning
+
+
+def test_the_state_logs_a_wait_for_stragglers_once(caplog) -> None:
+    """~600 lines per wait before: the countdown changed the reason at every tick."""
+    import asyncio
+
+    from torchtitan_ft.lighthouse.state import LighthouseState
+
+    now = [0.0]
+    state = LighthouseState(OPTS, clock=lambda: now[0])
+
+    async def wait_with_a_straggler() -> None:
+        state.heartbeat("c")  # healthy, never asks
+        for rid in ("a", "b"):
+            state.request(member(rid), member(rid).to_proto())
+        for _ in range(50):  # 5 s of 100 ms ticks, inside the 10 s join timeout
+            now[0] += 0.1
+            state.heartbeat("c")
+            state.tick()
+
+    with caplog.at_level("INFO", logger="torchtitan_ft.lighthouse.state"):
+        asyncio.run(wait_with_a_straggler())
+    waits = [r for r in caplog.records if "have not asked" in r.getMessage()]
+    assert len(waits) == 1, [r.getMessage() for r in waits]
+    assert "issuing without them in" in state.reason  # the status page still counts down
