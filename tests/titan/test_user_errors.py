@@ -30,8 +30,8 @@ def test_lighthouse_port_in_use_is_exactly_one_line() -> None:
         )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr == (
-        f"torchft_lighthouse: error: cannot bind the lighthouse to 127.0.0.1:{port} (port in "
-        "use? another lighthouse?); pick a free port with --bind (see --help)\n"
+        f"torchft_lighthouse: error: cannot bind the lighthouse to 127.0.0.1:{port}: port {port} "
+        "is in use on 127.0.0.1 (another lighthouse?); pick another --bind (see --help)\n"
     )
 
 
