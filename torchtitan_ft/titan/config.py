@@ -1,50 +1,13 @@
-"""The ``fault_tolerance`` config section: TorchTitan 0.2.2's own section, extended.
+"""The ``[fault_tolerance]`` config section (TorchTitan 0.2.2's, extended) and the reading and
+checking of TOML and command line, run by the entry point in every trainer process before any
+process group exists (docs/configuration.md; how fields map onto the Manager: docs/titan.md).
 
-TorchTitan 0.2.2's ``JobConfig`` already has a ``fault_tolerance`` section (read by outside code,
-e.g. the metrics component puts TensorBoard logs under ``replica_<id>``). :class:`FaultTolerance`
-subclasses it: the seven existing fields keep their names (some get a ``Literal`` type and a
-fuller docstring), the new ones follow. :class:`JobConfig` is TorchTitan's ``JobConfig`` with
-this section type; the entry point owns the parse, so no ``--job.custom_config_module`` is
-needed and methods / ``isinstance`` survive (a custom config module still merges on top).
-The module does not use ``from __future__ import annotations``: TorchTitan's TOML loader reads
-``dataclasses.Field.type`` and needs real classes there.
-
-Every field reads from TOML (``[fault_tolerance]`` in ``--job.config_file``) and from the CLI
-(``--fault_tolerance.<field>``; booleans as ``--fault_tolerance.enable`` /
-``--fault_tolerance.no-enable``). Precedence: CLI > TOML > the defaults below. For
-``lighthouse_addr`` an empty value falls back to the ``TORCHFT_LIGHTHOUSE`` env var, then to
-``http://localhost:29510`` (an explicit value is never overridden by the env var).
-
-:func:`parse_job_config` reads the TOML file and checks it (:func:`load_toml`,
-:func:`check_toml_values`) before TorchTitan's parser (tyro) sees it, has tyro read the
-command line with its errors reworded (:func:`parse_cli`), then :func:`validate_job_config`
-checks the values;
-:func:`check_local_paths` checks the files a run needs on this machine (the tokenizer). The
-entry point runs all of them before any process group exists; each raises one
-:class:`ConfigError` naming the bad file, key, flag or value and what to do (for timeouts,
-which one to raise).
-
-Mapping onto the runtime (``torchtitan_ft.manager.Manager`` and the sync strategies):
-
-=====================================  ===========================================
-config field                           runtime argument
-=====================================  ===========================================
-``min_replica_size``                   ``Manager(min_replica_size)``
-``step_timeout_ms``                    ``Manager(timeout)``
-``quorum_timeout_ms``                  ``Manager(quorum_timeout)``
-``connect_timeout_ms``                 ``Manager(connect_timeout)``
-``world_size_mode``                    ``Manager(world_size_mode=WorldSizeMode.X)``
-``lighthouse_addr``                    ``Manager(lighthouse_addr)`` ("" -> None)
-``replica_id``                         ``Manager(replica_id=f"{prefix}{replica_id}")``
-``init_sync``                          ``Manager(init_sync)``
-``max_retries`` / ``quorum_retries``   ``Manager(max_retries / quorum_retries)``
-``checkpoint_transport``               ``Manager(checkpoint_transport)`` ("pg": ``PGTransport``)
-``auth_token``                         ``Manager(auth_token)`` ("" -> None)
-``hostname``                           ``Manager(hostname)`` ("" -> socket.gethostname())
-``quorum_mode``                        ``Manager(use_async_quorum = quorum_mode == "async")``
-``process_group*``                     ``ProcessGroupGloo|NCCL(timeout)``
-``semi_sync_method`` and below         ``LocalSGD`` / ``DiLoCo`` arguments
-=====================================  ===========================================
+:class:`FaultTolerance` subclasses TorchTitan's own section, which outside code reads (e.g.
+TensorBoard logs go under ``replica_<id>``): its seven fields keep their names, the new ones
+follow. :class:`JobConfig` is TorchTitan's with this section type; the entry point owns the
+parse, so no ``--job.custom_config_module`` is needed and methods and ``isinstance`` survive
+(a custom config module still merges on top). No ``from __future__ import annotations`` here:
+TorchTitan's TOML loader reads ``dataclasses.Field.type`` and needs real classes there.
 """
 
 import contextlib

@@ -1,24 +1,6 @@
-"""Make TorchTitan 0.2.2 run on a CPU-only torch (gloo), without editing TorchTitan.
-
-TorchTitan assumes CUDA in four places. Each fix below is a runtime patch of a module attribute
-or a public torch API call; TorchTitan's files stay untouched. On a machine where CUDA is
-available every function here is a no-op, so the same entry point runs on GPUs unchanged.
-
-1. Device type. ``torchtitan.tools.utils`` computes ``device_type`` once, at import time, and
-   falls back to ``"cuda"``; other modules copy the value with ``from ... import device_type``.
-   :func:`apply_before_torchtitan_import` makes torch report ``"cpu"`` while that module is
-   imported (then restores torch), which gives ``torch.cpu`` as device module and gloo as the
-   default backend. It must run before anything imports TorchTitan; that is why the plugin has
-   its own entry module (``python -m torchtitan_ft.train``).
-2. Memory monitor. ``DeviceMemoryMonitor`` calls CUDA-only functions; it is looked up at call
-   time in ``torchtitan.components.metrics``, so :class:`RSSMemoryMonitor` replaces it.
-3. ``set_pg_timeouts`` calls ``barrier(device_ids=[...])``, which gloo rejects; the replacement
-   uses a plain barrier.
-4. FSDP2 reduces with ``ReduceOp.PREMUL_SUM`` when TorchTitan sets the gradient divide factor to
-   1.0, and gloo rejects it; :func:`force_sum_reduction` switches every FSDP module to a plain
-   sum (public API ``FSDPModule.set_force_sum_reduction_for_comms``). With a divide factor of
-   1.0 the result is the same sum.
-"""
+"""Runtime fixes that make TorchTitan 0.2.2 run on a CPU-only torch (gloo), applied in every
+trainer process before TorchTitan is imported; TorchTitan stays unedited (docs/titan.md,
+"TorchTitan on a CPU-only torch", fixes 1-4)."""
 
 from __future__ import annotations
 
