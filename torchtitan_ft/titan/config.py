@@ -667,7 +667,10 @@ def _tyro_errors_reworded(args: list[str]) -> Iterator[None]:
         return
 
     def reword(event: Any) -> None:
-        message = cli_error_message(event, args)
+        try:
+            message = cli_error_message(event, args)
+        except AttributeError:  # an event of another shape (private API): tyro's box, squeezed
+            return
         if message is not None:
             raise ConfigError(message)
 
