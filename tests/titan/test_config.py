@@ -245,13 +245,15 @@ def test_flags_of_a_custom_config_module_parse(
         parse_job_config([*module, "--custom.flag=x"])
 
 
-def test_bad_cli_value_exits_with_one_line() -> None:
-    """Through the entry point, in a subprocess: nothing but the one line, exit status 1."""
+@pytest.mark.parametrize("entry", ["torchtitan_ft.titan.train", "torchtitan_ft.train"])
+def test_bad_cli_value_exits_with_one_line(entry: str) -> None:
+    """Through the entry point (and its old name), in a subprocess: nothing but the one line,
+    exit status 2."""
     import subprocess
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "torchtitan_ft.train", "--fault_tolerance.quorum_mode=bogus"],
+        [sys.executable, "-m", entry, "--fault_tolerance.quorum_mode=bogus"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -414,7 +416,7 @@ def test_entry_point_reports_config_error_before_any_process_group(
 ) -> None:
     import torch.distributed as dist
 
-    from torchtitan_ft.train import main
+    from torchtitan_ft.titan.train import main
 
     with pytest.raises(SystemExit) as stop:
         main(["--fault_tolerance.enable"])
@@ -513,7 +515,7 @@ def test_missing_tokenizer_stops_the_entry_point_before_any_process_group(
 ) -> None:
     import torch.distributed as dist
 
-    from torchtitan_ft.train import main
+    from torchtitan_ft.titan.train import main
 
     with pytest.raises(SystemExit) as stop:
         main([f"--model.hf_assets_path={tmp_path / 'missing'}"])
