@@ -14,8 +14,8 @@ import pytest
 @pytest.fixture(autouse=True)
 def _restore_root_log_handlers() -> Iterator[None]:
     """Removes root-logger handlers a test added (TorchTitan's ``init_logger``, run by
-    ``torchtitan_ft.train.main``, adds one bound to the test's captured stderr, which is closed
-    afterwards: a later log line from a server thread would fail to write)."""
+    ``torchtitan_ft.titan.train.main``, adds one bound to the test's captured stderr, which is
+    closed afterwards: a later log line from a server thread would fail to write)."""
     before = list(logging.getLogger().handlers)
     yield
     root = logging.getLogger()

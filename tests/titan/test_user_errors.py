@@ -78,7 +78,7 @@ def test_unreachable_lighthouse_stops_the_group_with_one_line(tmp_path: Path) ->
 
 @pytest.mark.multiprocess
 def test_config_error_through_run_train_sh_is_the_workers_only_line(tmp_path: Path) -> None:
-    """The worker's one line is all there is: torchtitan_ft.launch leaves out torchrun's own
+    """The worker's one line is all there is: torchtitan_ft.titan.launch leaves out torchrun's own
     failure report (its ERROR line and ChildFailedError traceback)."""
     env = {
         **os.environ,
