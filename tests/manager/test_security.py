@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import resource
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -20,6 +23,7 @@ from datetime import timedelta
 import grpc
 import pytest
 
+from tests._sockets import idle_connections
 from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.manager import ManagerClient, ManagerServer, QuorumResult
 from torchtitan_ft.manager.server import connection_cap
@@ -300,3 +304,59 @@ def test_without_a_token_malformed_requests_are_invalid_argument_too(group) -> N
 )
 def test_connection_cap_fits_the_descriptor_limit(fd_limit, expected) -> None:
     assert connection_cap(fd_limit) == expected
+
+
+_FD_LIMIT = 256
+"""The flood test's ManagerServer process runs with this many descriptors: a cap of 64."""
+_SERVER = """
+import resource, sys, time
+from datetime import timedelta
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), int(sys.argv[2])))
+from torchtitan_ft.manager import ManagerServer
+server = ManagerServer(
+    "group", sys.argv[1], hostname="127.0.0.1", bind="127.0.0.1:0", store_addr="127.0.0.1:1",
+    world_size=2, heartbeat_interval=timedelta(milliseconds=100),
+    connect_timeout=timedelta(seconds=5),
+)
+print(server.address(), flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_flood_of_idle_connections_starves_neither_ranks_nor_healers(lighthouse) -> None:
+    """300 idle connections to a ManagerServer with 256 descriptors: the ranks' connections
+    keep working (they vote at once), and a healer gets in once the flood's connections miss
+    their HTTP/2 handshake (5 s)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, lighthouse.address(), str(_FD_LIMIT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    flood: list[socket.socket] = []
+    ranks: list[ManagerClient] = []
+    try:
+        address = proc.stdout.readline().strip()
+        assert address.startswith("http://127.0.0.1:"), proc.stderr.read()
+        ranks += [ManagerClient(address, connect_timeout=T) for _ in range(2)]
+        _in_parallel(*[lambda r=r: _ask(ranks[r], r, 1, f"real-{r}-1") for r in range(2)])
+
+        flood += idle_connections(int(address.rpartition(":")[2]), 300)
+        time.sleep(1.0)  # let the server accept (and refuse) them
+        assert _in_parallel(*[lambda r=r: ranks[r].should_commit(r, 1, True, T) for r in (0, 1)])
+        healer = ManagerClient(address, connect_timeout=T)
+        try:
+            assert healer._checkpoint_metadata(1, T) == "real-1-1"
+        finally:
+            healer.close()
+        assert proc.poll() is None
+    finally:
+        for s in flood:
+            s.close()
+        for client in ranks:
+            client.close()
+        proc.kill()
+        _, stderr = proc.communicate()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert len(stderr) < 10_000, stderr[-3000:]
