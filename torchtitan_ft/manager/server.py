@@ -82,15 +82,13 @@ class _RpcFailure(Exception):
         self.details = details
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, frozen=True)
 class _Registration:
-    """One group rank's call in a quorum round."""
+    """One group rank's call in a quorum round (compared by identity: one per call)."""
 
     request: pb.ManagerQuorumRequest
     peer: str
     """The call's connection, ``context.peer()``."""
-    call: object
-    """Identifies the call (a new object per call)."""
 
 
 @dataclass
@@ -418,7 +416,7 @@ class ManagerServer:
         await self._refuse_impostor(
             context, "join the quorum", group_rank, waiting.peer if waiting else None
         )
-        registration = _Registration(request, context.peer(), object())
+        registration = _Registration(request, context.peer())
         rnd.requests[group_rank] = registration
         logger.debug(
             "replica %s: group rank %d joined quorum round (%d/%d)",
