@@ -52,6 +52,8 @@ class WorkerConfig:
     """Append one JSON line per iteration to this file (see ``_log_iteration``): the step,
     whether it committed, participants, a hash of the parameters and optimizer state, the
     training loss and the loss on a fixed evaluation batch."""
+    auth_token: str | None = None
+    """The job token, given to the Manager and the checkpoint transport."""
 
 
 def free_port() -> int:
@@ -185,7 +187,10 @@ def train_worker(cfg: WorkerConfig) -> None:
         lighthouse_addr=cfg.lighthouse_addr,
         replica_id=f"replica_{cfg.replica}",
         hostname="127.0.0.1",
-        checkpoint_transport=HTTPTransport(timeout=timeout, num_chunks=0, hostname="127.0.0.1"),
+        checkpoint_transport=HTTPTransport(
+            timeout=timeout, num_chunks=0, hostname="127.0.0.1", auth_token=cfg.auth_token
+        ),
+        auth_token=cfg.auth_token,
     )
     marks["manager"] = time.time()
     if cfg.fail_first_heal:

@@ -121,21 +121,21 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 
 
 class RefusalLog:
-    """Logs the first request refused for lacking the token from each peer host; later ones
-    from that host are not logged (a flood of them stays one line per host)."""
+    """Logs the first refused request from each peer host; later ones from that host are not
+    logged (a flood of them stays one line per host)."""
 
     def __init__(self, server_name: str) -> None:
         self._server_name = server_name
         self._hosts: set[str] = set()
 
-    def refused(self, host: str, what: str) -> None:
+    def refused(self, host: str, what: str, reason: str = "no valid job token") -> None:
         if host in self._hosts or len(self._hosts) >= _MAX_LOGGED_PEERS:
             return
         self._hosts.add(host)
         logger.warning(
-            "%s refused %s from %s: no valid job token (further refusals from this host are "
-            "not logged)",
+            "%s refused %s from %s: %s (further refusals from this host are not logged)",
             self._server_name,
             what,
             host,
+            reason,
         )

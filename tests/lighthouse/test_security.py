@@ -367,7 +367,7 @@ def test_a_manager_server_sends_its_job_token_to_the_lighthouse(servers, group_t
         store_addr="127.0.0.1:1", world_size=1, heartbeat_interval=timedelta(milliseconds=50),
         connect_timeout=timedelta(seconds=5), auth_token=group_token,
     )  # fmt: skip
-    client = ManagerClient(manager.address(), timedelta(seconds=5))
+    client = ManagerClient(manager.address(), timedelta(seconds=5), auth_token=group_token)
     try:
         ask = lambda: client._quorum(  # noqa: E731
             group_rank=0, step=1, checkpoint_metadata="", shrink_only=False, timeout=T

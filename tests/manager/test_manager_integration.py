@@ -26,13 +26,14 @@ from torchtitan_ft.lighthouse import LighthouseServer
 pytestmark = pytest.mark.multiprocess
 
 
-def _lighthouse(min_replicas: int) -> LighthouseServer:
+def _lighthouse(min_replicas: int, auth_token: str | None = None) -> LighthouseServer:
     return LighthouseServer(
         bind="127.0.0.1:0",
         min_replicas=min_replicas,
         join_timeout_ms=500,
         quorum_tick_ms=50,
         heartbeat_timeout_ms=3000,
+        auth_token=auth_token,
     )
 
 
@@ -229,6 +230,53 @@ def test_group_heals_all_or_nothing_when_one_rank_fetch_fails(
     for result in joiner:
         assert result["commits"][0][1] is False
     assert [c[:2] for c in joiner[0]["commits"]] == [c[:2] for c in joiner[1]["commits"]]
+
+
+def test_a_job_with_a_token_trains_and_a_late_group_heals(tmp_path: Path, procs: list[Any]) -> None:
+    """Lighthouse, ManagerServers and checkpoint servers all require the job token: every rank
+    presents it (quorum, vote), and a 2-rank group that joins late heals through them (the
+    donor group's CheckpointMetadata, the transfer) to the same state as the first group."""
+    token = "s3cret-job-token"
+    lighthouse = _lighthouse(min_replicas=1, auth_token=token)
+    try:
+        outs: dict[tuple[int, int], Path] = {}
+        progress = tmp_path / "r0_g0.jsonl"
+        for replica in (0, 1):
+            port = free_port()
+            for rank in range(2):
+                outs[(replica, rank)] = tmp_path / f"r{replica}_g{rank}.pt"
+                cfg = WorkerConfig(
+                    lighthouse_addr=lighthouse.address(),
+                    replica=replica,
+                    group_rank=rank,
+                    group_world_size=2,
+                    store_port=port,
+                    out_path=str(outs[(replica, rank)]),
+                    stop_step=8,
+                    stop_participants=2,
+                    step_sleep_s=0.02,
+                    max_iterations=1500,
+                    auth_token=token,
+                    commit_log=str(progress) if (replica, rank) == (0, 0) else None,
+                )
+                procs.append(spawn_rank(cfg))
+            if replica == 0:  # the second group joins a group that has committed steps
+                _wait_for(
+                    lambda: sum(line["committed"] for line in _lines(progress)) >= 2,
+                    90,
+                    "the first group to commit 2 steps",
+                )
+        for proc in procs:
+            assert _wait_exit(proc, 120) == 0
+    finally:
+        lighthouse.shutdown()
+
+    for rank in range(2):
+        first, joiner = _load(outs[(0, rank)]), _load(outs[(1, rank)])
+        _assert_identical([first, joiner])
+        step, _, _, participating, _ = joiner["commits"][0]
+        assert step >= 2 and not participating, joiner["commits"][:3]  # healed, then joined
+        assert joiner["commits"][-1][3]
 
 
 def test_fixed_with_spares_spare_stays_in_sync(tmp_path: Path, procs: list[Any]) -> None:

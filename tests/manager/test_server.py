@@ -217,8 +217,9 @@ def test_lighthouse_down_gives_a_timeout(cleanup) -> None:
     with pytest.raises(TimeoutError, match="lighthouse"):
         _quorum(client, 0, timeout=timedelta(seconds=1))
     assert time.monotonic() - started < 3
-    # The server is still up and answers other calls.
-    assert client._checkpoint_metadata(0, SHORT) == "metadata-0"
+    # The server is still up and answers other calls; the failed call recorded nothing.
+    with pytest.raises(RuntimeError, match=r"NOT_FOUND.*not completed a Quorum call"):
+        client._checkpoint_metadata(0, SHORT)
 
 
 def test_lighthouse_error_reaches_every_rank_and_server_recovers(recording, cleanup) -> None:
@@ -301,11 +302,13 @@ def test_kill_refused_without_token(lighthouse, cleanup) -> None:
     _, client = _start(cleanup, lighthouse.address())
     with pytest.raises(RuntimeError, match=r"PERMISSION_DENIED.*no auth_token"):
         client.kill("go away", auth_token="anything")
-    _, guarded = _start(cleanup, lighthouse.address(), replica_id="guarded", auth_token=TOKEN)
+    server, stranger = _start(cleanup, lighthouse.address(), replica_id="guarded", auth_token=TOKEN)
     for token in (None, "wrong"):
-        with pytest.raises(RuntimeError, match="PERMISSION_DENIED"):
-            guarded.kill("go away", auth_token=token)
-    assert guarded.should_commit(0, 1, True, SHORT)  # still serving
+        with pytest.raises(RuntimeError, match=r"UNAUTHENTICATED.*ManagerService/Kill refused"):
+            stranger.kill("go away", auth_token=token)
+    member = ManagerClient(server.address(), connect_timeout=SHORT, auth_token=TOKEN)
+    cleanup.append(member.close)
+    assert member.should_commit(0, 1, True, SHORT)  # still serving
 
 
 _VICTIM = """

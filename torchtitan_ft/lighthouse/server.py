@@ -11,7 +11,7 @@ N serializations of an N-member message.
 With a job token every ``LighthouseService`` call must carry it (``TokenInterceptor``): they
 all change what the next quorum is (who asks, who is healthy). Connections are capped to fit the
 process's file-descriptor limit, idle ones are closed, requests are at most
-``MAX_REQUEST_BYTES`` (see ``connection_limits`` and ``_grpc_options``).
+``rpc_server.MAX_REQUEST_BYTES`` (see ``connection_limits`` and ``rpc_server.server_options``).
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ import resource
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError, Message
 
 from torchtitan_ft.auth import TokenInterceptor, check_token
 from torchtitan_ft.lighthouse import status
@@ -35,42 +34,19 @@ from torchtitan_ft.lighthouse.state import LighthouseState
 from torchtitan_ft.lighthouse.types import QuorumMember
 from torchtitan_ft.netaddr import advertised_host, bind_problem, join_host_port, split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
+from torchtitan_ft.rpc_server import Malformed, parser, server_options
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "torchft.LighthouseService"
 METHODS = ("Quorum", "Heartbeat", "HeartbeatStream")
-M = TypeVar("M", bound=Message)
 
-MAX_REQUEST_BYTES = 1 << 20
-"""Largest request accepted (RESOURCE_EXHAUSTED beyond). A member's request is a few hundred
-bytes plus its ``data``; every member's ``data`` goes to every member in each quorum."""
-_HANDSHAKE_TIMEOUT_MS = 5_000
-"""A connection that has not completed the HTTP/2 handshake by then is closed (gRPC's default
-is 120 s, long enough for a flood of idle connections to hold every descriptor)."""
 _IDLE_CONNECTION_MS = 30_000
 """A connection with no call for this long is closed; clients reconnect when they next call.
 Members never idle that long: a heartbeat stream or torchft's 100 ms heartbeats keep theirs
 busy."""
 _FD_RESERVE = 64
 """Descriptors kept for everything but client connections (event loops, logs, kill calls)."""
-
-
-class _Malformed:
-    """Stands in for a request whose bytes did not parse, so the handler can say so."""
-
-    def __init__(self, kind: str, error: Exception) -> None:
-        self.message = f"malformed {kind}: {error}"
-
-
-def _parser(cls: type[M]) -> Callable[[bytes], M | _Malformed]:
-    def parse(data: bytes) -> M | _Malformed:
-        try:
-            return cls.FromString(data)
-        except DecodeError as e:
-            return _Malformed(cls.__name__, e)
-
-    return parse
 
 
 def _identity(payload: bytes) -> bytes:
@@ -88,7 +64,7 @@ class _Service:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
     async def quorum(self, request: Any, context: grpc.aio.ServicerContext) -> bytes:
-        if isinstance(request, _Malformed):
+        if isinstance(request, Malformed):
             await self._reject(context, request.message)
         if not request.HasField("requester"):
             await self._reject(context, "LighthouseQuorumRequest.requester is missing")
@@ -112,7 +88,7 @@ class _Service:
                 )
 
     async def heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> bytes:
-        if isinstance(request, _Malformed):
+        if isinstance(request, Malformed):
             await self._reject(context, request.message)
         if not request.replica_id:
             await self._reject(context, "LighthouseHeartbeatRequest.replica_id is empty")
@@ -123,7 +99,7 @@ class _Service:
         replica_id: str | None = None
         try:
             async for request in requests:
-                if isinstance(request, _Malformed) or not request.replica_id:
+                if isinstance(request, Malformed) or not request.replica_id:
                     self.state.metrics.bad_requests += 1
                     continue
                 if replica_id is None:
@@ -148,17 +124,17 @@ class _Service:
             {
                 "Quorum": grpc.unary_unary_rpc_method_handler(
                     self.quorum,
-                    request_deserializer=_parser(pb.LighthouseQuorumRequest),
+                    request_deserializer=parser(pb.LighthouseQuorumRequest),
                     response_serializer=_identity,
                 ),
                 "Heartbeat": grpc.unary_unary_rpc_method_handler(
                     self.heartbeat,
-                    request_deserializer=_parser(pb.LighthouseHeartbeatRequest),
+                    request_deserializer=parser(pb.LighthouseHeartbeatRequest),
                     response_serializer=_identity,
                 ),
                 "HeartbeatStream": grpc.stream_unary_rpc_method_handler(
                     self.heartbeat_stream,
-                    request_deserializer=_parser(pb.LighthouseHeartbeatRequest),
+                    request_deserializer=parser(pb.LighthouseHeartbeatRequest),
                     response_serializer=_identity,
                 ),
             },
@@ -282,7 +258,9 @@ class LighthouseServer:
                     on_refused=self._count_unauthenticated,
                 )
             )
-        server = grpc.aio.server(interceptors=interceptors, options=_grpc_options(grpc_connections))
+        server = grpc.aio.server(
+            interceptors=interceptors, options=server_options(grpc_connections, _IDLE_CONNECTION_MS)
+        )
         server.add_generic_rpc_handlers((_Service(self.state).handler(),))
         status_server: asyncio.Server | None = None
         try:
@@ -384,19 +362,6 @@ def connection_limits(fd_limit: int) -> tuple[int, int]:
         fd_limit = 1 << 20  # Linux's default ceiling on descriptors per process
     status_connections = max(4, min(64, fd_limit // 8))
     return max(8, fd_limit - 2 * status_connections - _FD_RESERVE), status_connections
-
-
-def _grpc_options(max_connections: int) -> list[tuple[str, int]]:
-    return [
-        ("grpc.max_concurrent_streams", 1 << 20),
-        ("grpc.so_reuseport", 0),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_ping_interval_without_data_ms", 1000),
-        ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-        ("grpc.max_allowed_incoming_connections", max_connections),
-        ("grpc.server_handshake_timeout_ms", _HANDSHAKE_TIMEOUT_MS),
-        ("grpc.max_connection_idle_ms", _IDLE_CONNECTION_MS),
-    ]
 
 
 def validate_options(

@@ -9,10 +9,18 @@ from typing import Any
 
 import grpc
 
+from torchtitan_ft.auth import check_token, grpc_metadata
 from torchtitan_ft.lighthouse.client import CHANNEL_OPTIONS, grpc_target
 from torchtitan_ft.manager.decisions import QuorumResult
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
+
+_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    # A connection of its own: gRPC otherwise shares one among a process's channels to the
+    # same server, and the server binds a group rank to its client's connection.
+    ("grpc.use_local_subchannel_pool", 1),
+]
 
 
 class ReplicaGroupMismatchError(RuntimeError):
@@ -40,15 +48,27 @@ class ManagerClient:
         addr: server URL, ``http://host:port`` (a bare ``host:port`` also works).
         connect_timeout: how long the constructor waits for the server to be reachable; also
             the deadline of ``kill`` when it is given none.
+        auth_token: the job token, sent with every call (``authorization: Bearer <token>``);
+            a server with a token refuses calls without it (UNAUTHENTICATED), one without
+            ignores it. Default ``None``: sends none. Every rank uses the ``auth_token`` its
+            ``Manager`` got, the same one the group's ManagerServer checks.
+
+    A server binds each group rank to the connection of its Quorum call, and this client holds
+    one connection: make a rank's ``_quorum`` and ``should_commit`` calls through one client.
 
     Raises:
         TimeoutError: the server was not reachable within ``connect_timeout``.
+        ValueError: ``auth_token`` is empty.
     """
 
-    def __init__(self, addr: str, connect_timeout: timedelta) -> None:
+    def __init__(
+        self, addr: str, connect_timeout: timedelta, auth_token: str | None = None
+    ) -> None:
+        check_token(auth_token, "auth_token")
         self._addr = addr
         self._connect_timeout = connect_timeout
-        self._channel = grpc.insecure_channel(grpc_target(addr), options=CHANNEL_OPTIONS)
+        self._metadata = list(grpc_metadata(auth_token))
+        self._channel = grpc.insecure_channel(grpc_target(addr), options=_OPTIONS)
         self._stub = pb_grpc.ManagerServiceStub(self._channel)
         try:
             grpc.channel_ready_future(self._channel).result(timeout=connect_timeout.total_seconds())
@@ -105,8 +125,9 @@ class ManagerClient:
     def kill(
         self, msg: str, auth_token: str | None = None, timeout: timedelta | None = None
     ) -> None:
-        """Asks the server's process to exit; it logs ``msg``. Needs the server's auth token."""
-        metadata = [("authorization", f"Bearer {auth_token}")] if auth_token is not None else []
+        """Asks the server's process to exit; it logs ``msg``. Needs the server's job token:
+        ``auth_token``, else the client's."""
+        metadata = list(grpc_metadata(auth_token)) if auth_token is not None else None
         self._call(
             "Kill",
             self._stub.Kill,
@@ -131,7 +152,7 @@ class ManagerClient:
             return method(
                 request,
                 timeout=timeout.total_seconds(),
-                metadata=metadata,
+                metadata=self._metadata if metadata is None else metadata,
                 wait_for_ready=True,
             )
         except grpc.RpcError as e:

@@ -162,6 +162,31 @@ def _must_recover(
     return init_sync and max_step == 0 and member.replica_id != init_source.replica_id
 
 
+# ------------------------------------------------------------------ who may act as a group rank
+# On group rank 0's ManagerServer: a group rank's Quorum registration and its ShouldCommit vote
+# are bound to the gRPC connection (``context.peer()``, ``ipv4:host:port``) the rank registered
+# from, so that another client cannot act in its name.
+
+
+def impostor_refusal(
+    action: str, replica_id: str, group_rank: int, bound_peer: str | None, peer: str
+) -> str | None:
+    """Why a call from connection ``peer`` may not ``action`` as ``group_rank``, or None.
+
+    ``bound_peer`` is the connection the rank is bound to (None: not bound yet, anyone may):
+    for a vote, the connection of the rank's last successful Quorum call; for a Quorum call,
+    the connection of a call already waiting in the same round as that rank.
+    """
+    if bound_peer is None or bound_peer == peer:
+        return None
+    return (
+        f"{action} as group rank {group_rank} of replica {replica_id!r} refused: that rank is "
+        f"bound to the connection {bound_peer} (its Quorum call), and this call came from "
+        f"{peer}; only the rank's own client may {action} for it (another process is using "
+        "this group rank, or the rank reconnected between its Quorum and this call)"
+    )
+
+
 # ------------------------------------------------------------------------------ step decisions
 # On every rank: what the Manager decides from its QuorumResult.
 

@@ -32,6 +32,8 @@ class Healing:
             ManagerServer where the donor's rank with the same group rank serves its state.
         timeout: for the donor's ``CheckpointMetadata`` RPC and each transfer.
         connect_timeout: for connecting to the donor group's ManagerServer.
+        auth_token: the job token, presented to the donor group's ManagerServer; ``None``
+            presents none.
         counters: where heal bytes and times are counted.
         log: the Manager's logger (level, message).
     """
@@ -43,6 +45,7 @@ class Healing:
         group_rank: int,
         timeout: timedelta,
         connect_timeout: timedelta,
+        auth_token: str | None,
         counters: Counters,
         log: Callable[[int, str], None],
     ) -> None:
@@ -50,6 +53,7 @@ class Healing:
         self._group_rank = group_rank
         self._timeout = timeout
         self._connect_timeout = connect_timeout
+        self._auth_token = auth_token
         self._counters = counters
         self._log = log
         self._load_fns: dict[str, Callable[[Any], None]] = {}
@@ -129,7 +133,9 @@ class Healing:
             f"({result.recover_src_manager_address})",
         )
         source = ManagerClient(
-            result.recover_src_manager_address, connect_timeout=self._connect_timeout
+            result.recover_src_manager_address,
+            connect_timeout=self._connect_timeout,
+            auth_token=self._auth_token,
         )
         try:
             metadata = source._checkpoint_metadata(self._group_rank, timeout=self._timeout)

@@ -103,8 +103,11 @@ class Manager:
             ``should_commit``. ``None`` (default) retries forever.
         quorum_retries: retries (with backoff) of a failed lighthouse quorum request by group
             rank 0's ManagerServer before the quorum fails (default 0).
-        auth_token: optional job token; the ManagerServer's Kill RPC and the default
-            checkpoint transport only answer requests carrying it. Not read from env.
+        auth_token: the job token (default ``None``: none), the same in every group and the
+            lighthouse. With one, the group's ManagerServer answers only calls carrying it
+            (every rank's client sends it; its Kill RPC is enabled), it presents it to the
+            lighthouse and to donor groups' ManagerServers, and the default checkpoint
+            transport serves and fetches state only with it. Not read from env.
         model_fingerprint: what model this group trains (``model_fingerprint(model)``) or a
             function returning it, called once at the first ``start_quorum``; a group whose
             fingerprint differs from a live group's fails its first quorum with
@@ -200,6 +203,7 @@ class Manager:
             group_rank=self._group_rank,
             timeout=timeout,
             connect_timeout=connect_timeout,
+            auth_token=auth_token,
             counters=self._counters,
             log=self._log,
         )

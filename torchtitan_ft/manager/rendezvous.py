@@ -109,7 +109,9 @@ def join_replica_group(
             store.set(key_prefix + REPLICA_ID_KEY, full_id)
         manager_address = store.get(key_prefix + MANAGER_ADDR_KEY).decode()
         replica_id = store.get(key_prefix + REPLICA_ID_KEY).decode()
-        client = ManagerClient(manager_address, connect_timeout=connect_timeout)
+        client = ManagerClient(
+            manager_address, connect_timeout=connect_timeout, auth_token=auth_token
+        )
         if transport is None:
             transport = HTTPTransport(
                 timeout=transport_timeout, num_chunks=0, hostname=hostname, auth_token=auth_token

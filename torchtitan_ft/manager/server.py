@@ -5,6 +5,16 @@ What each RPC does is in docs/architecture.md ("The pieces", "One step" and "Gro
 consistency"). Wire-compatible with torchft 0.2.0 in both directions. It runs grpc.aio on its
 own event-loop thread, so it keeps answering while the training thread is busy; blocking
 lighthouse calls run on short-lived daemon threads so that shutdown never waits for a long poll.
+
+Who may call what (docs/operations.md, "Security"): with a job token every call that changes
+or reveals the group's state (``Quorum``, ``ShouldCommit``, ``CheckpointMetadata``, ``Kill``)
+must carry it (``TokenInterceptor``, UNAUTHENTICATED before the request is parsed). Token or
+not, a group rank is bound to the connection it joins the quorum from: a second connection
+cannot join the same round as that rank, a vote for it from another connection is refused
+(PERMISSION_DENIED), and its checkpoint metadata (where healers fetch its state) is recorded
+only from its own Quorum call once that call succeeds. Malformed requests get
+INVALID_ARGUMENT; connections are capped, idle ones closed, requests at most
+``rpc_server.MAX_REQUEST_BYTES``.
 """
 
 from __future__ import annotations
@@ -12,9 +22,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import hmac
 import logging
 import os
+import resource
 import socket
 import sys
 import threading
@@ -27,13 +37,14 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 from grpc import aio
 
+from torchtitan_ft.auth import RefusalLog, TokenInterceptor, check_token, peer_host
 from torchtitan_ft.lighthouse import LighthouseClient
 from torchtitan_ft.lighthouse.types import Quorum
-from torchtitan_ft.manager.decisions import compute_quorum_results
+from torchtitan_ft.manager.decisions import compute_quorum_results, impostor_refusal
 from torchtitan_ft.manager.identity import GroupIdentity, identity_conflict
 from torchtitan_ft.netaddr import port_in_use, split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
-from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
+from torchtitan_ft.rpc_server import Malformed, parser, server_options
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +55,14 @@ T = TypeVar("T")
 _ERROR_MARGIN_S = 0.2
 _RETRY_BACKOFF_S = (0.1, 1.0)  # first, max
 _KILL_EXIT_FALLBACK_S = 1.0
+
+SERVICE = "torchft.ManagerService"
+GUARDED_METHODS = ("Quorum", "ShouldCommit", "CheckpointMetadata", "Kill")
+"""What needs the job token when one is set: everything the service has."""
+_IDLE_CONNECTION_MS = 60 * 60 * 1000
+"""A connection with no call for an hour is closed. Much longer than the lighthouse's 30 s: a
+rank's vote must come on the connection of its Quorum call (see the module doc), and between
+the two lies a whole step, so the server must not close it in between."""
 
 
 class AddressInUseError(RuntimeError):
@@ -63,14 +82,32 @@ class _RpcFailure(Exception):
         self.details = details
 
 
+@dataclass(eq=False, frozen=True)
+class _Registration:
+    """One group rank's call in a quorum round (compared by identity: one per call)."""
+
+    request: pb.ManagerQuorumRequest
+    peer: str
+    """The call's connection, ``context.peer()``."""
+
+
 @dataclass
 class _QuorumRound:
     """Group ranks waiting for the next lighthouse quorum."""
 
     result: asyncio.Future[Quorum]
-    requests: dict[int, tuple[pb.ManagerQuorumRequest, object]] = field(default_factory=dict)
-    """group rank -> (request, token of the call that registered it)."""
+    requests: dict[int, _Registration] = field(default_factory=dict)
+    """group rank -> the call that registered it."""
     started: bool = False
+
+
+@dataclass(frozen=True)
+class _RankRecord:
+    """What a group rank's last successful Quorum call left behind."""
+
+    checkpoint_metadata: str
+    peer: str
+    """The connection it came from; the rank's votes must come from it too."""
 
 
 @dataclass
@@ -107,8 +144,12 @@ class ManagerServer:
         quorum_retries: how many times a failed lighthouse quorum request is retried (with a
             short backoff, within the waiting ranks' deadline) before the ranks get the error.
             Default 0.
-        auth_token: job token required by ``Kill`` (metadata ``authorization: Bearer <token>``).
-            Default ``None``: ``Kill`` is refused.
+        auth_token: the job token. When set, every call (``Quorum``, ``ShouldCommit``,
+            ``CheckpointMetadata``, ``Kill``) must carry ``authorization: Bearer <auth_token>``
+            (UNAUTHENTICATED otherwise; ``ManagerClient(auth_token=...)`` sends it), and this
+            server presents it to the lighthouse. Default ``None``: anyone who reaches the port
+            may call everything but ``Kill``, which is refused (torchft 0.2.0's clients send no
+            token and work only in this mode).
 
     Raises:
         ValueError: an argument is out of range.
@@ -138,8 +179,7 @@ class ManagerServer:
             raise ValueError(f"quorum_retries must be >= 0, got {quorum_retries}")
         if heartbeat_interval <= timedelta(0):
             raise ValueError(f"heartbeat_interval must be positive, got {heartbeat_interval}")
-        if auth_token == "":
-            raise ValueError("auth_token must be None (Kill disabled) or a non-empty string")
+        check_token(auth_token, "auth_token")
 
         self._replica_id = replica_id
         self._lighthouse_addr = lighthouse_addr
@@ -151,7 +191,8 @@ class ManagerServer:
         self._identity: GroupIdentity | None = None
 
         # Only touched on the event-loop thread.
-        self._checkpoint_metadata: dict[int, str] = {}
+        self._ranks: dict[int, _RankRecord] = {}
+        self._impostors = RefusalLog(f"the manager server of replica {replica_id!r}")
         self._loop = asyncio.new_event_loop()
         self._quorum_round = _QuorumRound(self._new_future())
         self._commit_rounds: dict[int, _CommitRound] = {}
@@ -233,8 +274,21 @@ class ManagerServer:
         self._loop.close()
 
     async def _start(self, bind: str) -> int:
-        server = aio.server(options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_ManagerServiceServicer_to_server(_Servicer(self), server)
+        interceptors = []
+        if self._auth_token is not None:
+            interceptors.append(
+                TokenInterceptor(
+                    self._auth_token,
+                    [f"/{SERVICE}/{name}" for name in GUARDED_METHODS],
+                    f"the manager server of replica {self._replica_id!r}",
+                )
+            )
+        fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        server = aio.server(
+            interceptors=interceptors,
+            options=server_options(connection_cap(fd_limit), _IDLE_CONNECTION_MS),
+        )
+        server.add_generic_rpc_handlers((self._handler(),))
         try:
             port = server.add_insecure_port(bind)
         except RuntimeError as e:
@@ -298,6 +352,26 @@ class ManagerServer:
         threading.Thread(target=run, name="manager-lighthouse-call", daemon=True).start()
         return await fut
 
+    def _handler(self) -> grpc.GenericRpcHandler:
+        """``torchft.ManagerService``, with requests parsed by ``rpc_server.parser``."""
+        methods = {
+            "Quorum": (self.quorum, pb.ManagerQuorumRequest),
+            "ShouldCommit": (self.should_commit, pb.ShouldCommitRequest),
+            "CheckpointMetadata": (self.checkpoint_metadata, pb.CheckpointMetadataRequest),
+            "Kill": (self.kill, pb.KillRequest),
+        }
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                name: grpc.unary_unary_rpc_method_handler(
+                    method,
+                    request_deserializer=parser(request_type),
+                    response_serializer=lambda response: response.SerializeToString(),
+                )
+                for name, (method, request_type) in methods.items()
+            },
+        )
+
     # ------------------------------------------------------------------------------ validation
 
     def _group_rank_error(self, group_rank: int) -> str | None:
@@ -310,9 +384,22 @@ class ManagerServer:
 
     # ---------------------------------------------------------------------------------- quorum
 
+    async def _refuse_impostor(
+        self, context: aio.ServicerContext, action: str, group_rank: int, bound: str | None
+    ) -> None:
+        """Aborts with PERMISSION_DENIED if this call may not ``action`` as ``group_rank``."""
+        peer = context.peer()
+        refusal = impostor_refusal(action, self._replica_id, group_rank, bound, peer)
+        if refusal is not None:
+            what = f"a call to {action} as group rank {group_rank}"
+            self._impostors.refused(peer_host(peer), what, f"that rank is bound to {bound}")
+            await _abort(context, grpc.StatusCode.PERMISSION_DENIED, refusal)
+
     async def quorum(
-        self, request: pb.ManagerQuorumRequest, context: aio.ServicerContext
+        self, request: pb.ManagerQuorumRequest | Malformed, context: aio.ServicerContext
     ) -> pb.ManagerQuorumResponse:
+        if isinstance(request, Malformed):
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
         remaining = context.time_remaining()
         if remaining is None:
             await _abort(
@@ -324,10 +411,13 @@ class ManagerServer:
         if (error := self._group_rank_error(group_rank)) is not None:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, error)
 
-        self._checkpoint_metadata[group_rank] = request.checkpoint_metadata
         rnd = self._quorum_round
-        token = object()
-        rnd.requests[group_rank] = (request, token)
+        waiting = rnd.requests.get(group_rank)
+        await self._refuse_impostor(
+            context, "join the quorum", group_rank, waiting.peer if waiting else None
+        )
+        registration = _Registration(request, context.peer())
+        rnd.requests[group_rank] = registration
         logger.debug(
             "replica %s: group rank %d joined quorum round (%d/%d)",
             self._replica_id,
@@ -347,13 +437,18 @@ class ManagerServer:
             await _abort(context, e.code, e.details)
         finally:
             # A rank that gives up before its round started no longer counts towards it.
-            if not rnd.started and rnd.requests.get(group_rank, (None, None))[1] is token:
+            if not rnd.started and rnd.requests.get(group_rank) is registration:
                 del rnd.requests[group_rank]
 
         try:
             result = compute_quorum_results(self._replica_id, group_rank, quorum, request.init_sync)
         except ValueError as e:
             await _abort(context, grpc.StatusCode.INTERNAL, str(e))
+        if rnd.requests.get(group_rank) is registration:
+            # Only now, and only from the call the round counted (a same-connection retry
+            # replaces an earlier one): a call that failed or was not counted leaves the
+            # previous record, and so where healers fetch from, as it was.
+            self._ranks[group_rank] = _RankRecord(request.checkpoint_metadata, registration.peer)
         if result.heal:
             logger.info(
                 "replica %s group rank %d: heals from replica rank %s (step %d -> max_step %d)",
@@ -366,7 +461,7 @@ class ManagerServer:
         return result.to_proto()
 
     async def _run_lighthouse_quorum(self, rnd: _QuorumRound, budget_s: float) -> None:
-        requests = [req for req, _ in rnd.requests.values()]
+        requests = [registration.request for registration in rnd.requests.values()]
         try:
             quorum = await self._lighthouse_quorum(
                 step=max(r.step for r in requests),
@@ -474,27 +569,35 @@ class ManagerServer:
     # ------------------------------------------------------------------- checkpoint metadata
 
     async def checkpoint_metadata(
-        self, request: pb.CheckpointMetadataRequest, context: aio.ServicerContext
+        self, request: pb.CheckpointMetadataRequest | Malformed, context: aio.ServicerContext
     ) -> pb.CheckpointMetadataResponse:
-        metadata = self._checkpoint_metadata.get(request.rank)
-        if metadata is None:
+        if isinstance(request, Malformed):
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        record = self._ranks.get(request.rank)
+        if record is None:
             await _abort(
                 context,
                 grpc.StatusCode.NOT_FOUND,
                 f"no checkpoint metadata for group rank {request.rank} of replica "
-                f"{self._replica_id!r}: it has not called Quorum yet "
-                f"(known ranks: {sorted(self._checkpoint_metadata)})",
+                f"{self._replica_id!r}: it has not completed a Quorum call yet "
+                f"(known ranks: {sorted(self._ranks)})",
             )
-        return pb.CheckpointMetadataResponse(checkpoint_metadata=metadata)
+        return pb.CheckpointMetadataResponse(checkpoint_metadata=record.checkpoint_metadata)
 
     # ---------------------------------------------------------------------------- should_commit
 
     async def should_commit(
-        self, request: pb.ShouldCommitRequest, context: aio.ServicerContext
+        self, request: pb.ShouldCommitRequest | Malformed, context: aio.ServicerContext
     ) -> pb.ShouldCommitResponse:
+        if isinstance(request, Malformed):
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
         group_rank, step = request.group_rank, request.step
         if (error := self._group_rank_error(group_rank)) is not None:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, error)
+        # A rank that never completed a Quorum call is bound to nothing yet: nothing of a
+        # quorum can be committed before every rank has, since a round needs them all.
+        record = self._ranks.get(group_rank)
+        await self._refuse_impostor(context, "vote", group_rank, record.peer if record else None)
 
         rnd = self._commit_rounds.get(step)
         if rnd is None:
@@ -527,7 +630,10 @@ class ManagerServer:
 
     # ------------------------------------------------------------------------------------ kill
 
-    async def kill(self, request: pb.KillRequest, context: aio.ServicerContext) -> pb.KillResponse:
+    async def kill(
+        self, request: pb.KillRequest | Malformed, context: aio.ServicerContext
+    ) -> pb.KillResponse:
+        # With a token, TokenInterceptor has already refused calls without it.
         if self._auth_token is None:
             await _abort(
                 context,
@@ -535,20 +641,8 @@ class ManagerServer:
                 f"Kill is disabled on the manager server of replica {self._replica_id!r}: "
                 "no auth_token is configured",
             )
-        metadata = dict(context.invocation_metadata() or ())
-        presented = str(metadata.get("authorization", ""))
-        expected = f"Bearer {self._auth_token}"
-        if not hmac.compare_digest(presented.encode(), expected.encode()):
-            logger.warning(
-                "replica %s: refused Kill from %s without a valid token",
-                self._replica_id,
-                context.peer(),
-            )
-            await _abort(
-                context,
-                grpc.StatusCode.PERMISSION_DENIED,
-                "Kill refused: missing or wrong 'authorization: Bearer <token>' metadata",
-            )
+        if isinstance(request, Malformed):
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
         logger.warning(
             "replica %s: killed on request from %s: %s",
             self._replica_id,
@@ -559,6 +653,18 @@ class ManagerServer:
         context.add_done_callback(lambda _: _exit_process())
         self._loop.call_later(_KILL_EXIT_FALLBACK_S, _exit_process)
         return pb.KillResponse()
+
+
+def connection_cap(fd_limit: int) -> int:
+    """How many connections the ManagerServer accepts with ``fd_limit`` file descriptors.
+
+    Its callers are the group's ranks, one healing rank per group rank of each group that
+    heals, and the lighthouse's kill: far fewer than 1024. It shares the process with the
+    training (gloo, TCPStore, data loaders), so it takes at most a quarter of the descriptors.
+    """
+    if fd_limit == resource.RLIM_INFINITY:
+        fd_limit = 1 << 20
+    return max(16, min(1024, fd_limit // 4))
 
 
 def _address_in_use(bind: str) -> bool:
@@ -579,22 +685,3 @@ def _exit_process() -> NoReturn:
 async def _abort(context: aio.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
     await context.abort(code, details)
     raise AssertionError("unreachable: ServicerContext.abort() raises")
-
-
-class _Servicer(pb_grpc.ManagerServiceServicer):
-    """Routes the generated service methods to the server."""
-
-    def __init__(self, server: ManagerServer) -> None:
-        self._server = server
-
-    async def Quorum(self, request, context):  # generated name
-        return await self._server.quorum(request, context)
-
-    async def CheckpointMetadata(self, request, context):
-        return await self._server.checkpoint_metadata(request, context)
-
-    async def ShouldCommit(self, request, context):
-        return await self._server.should_commit(request, context)
-
-    async def Kill(self, request, context):
-        return await self._server.kill(request, context)

@@ -231,7 +231,8 @@ class FaultTolerance(TitanFaultTolerance):
     the ManagerServer refuses every Kill request (the lighthouse's kill action cannot stop this
     group) and the HTTP checkpoint server answers anyone who reaches its port. When set, group
     rank 0 presents it to the lighthouse (a lighthouse with a token refuses groups without
-    it), Kill requests (forwarded by the lighthouse) must carry it, and with
+    it), every call to the group's ManagerServer must carry it (each rank's quorum, vote and
+    Kill, and a healing group's CheckpointMetadata; its ranks send it), and with
     ``checkpoint_transport = "http"`` so must every checkpoint request, so groups with
     different tokens cannot heal from each other (401). What it does not protect: see the
     security section of docs/operations.md. It travels in clear text (no TLS) and

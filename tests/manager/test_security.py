@@ -1,0 +1,362 @@
+"""Strangers against a real ManagerServer (with a real lighthouse): refused with a clear error,
+and the job unharmed.
+
+The attacks of issue 15 that concern the ManagerServer: a forged ``ShouldCommit`` vote in a
+group rank's name (attack 1), a forged ``Quorum`` call rewriting where healers fetch a rank's
+state (attack 2), calls without the job token, and malformed requests. The group's ranks are
+``ManagerClient``s, one per rank as in a job (each holds its own connection); the stranger is
+one more client, or raw bytes on a channel of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from datetime import timedelta
+
+import grpc
+import pytest
+
+from tests._sockets import idle_connections
+from torchtitan_ft.lighthouse import LighthouseServer
+from torchtitan_ft.manager import ManagerClient, ManagerServer, QuorumResult
+from torchtitan_ft.manager.server import connection_cap
+from torchtitan_ft.proto import torchft_pb2 as pb
+
+TOKEN = "s3cret-job-token"
+T = timedelta(seconds=10)
+"""Deadline of every call that should succeed: far beyond what one costs on a busy machine."""
+SERVICE = "/torchft.ManagerService"
+EVIL = "http://stranger.example:1/checkpoint"
+
+
+class Group:
+    """One replica group's ManagerServer and one ``ManagerClient`` per group rank."""
+
+    def __init__(self, lighthouse: LighthouseServer, world_size: int, token: str | None) -> None:
+        self.token = token
+        self.server = ManagerServer(
+            "group",
+            lighthouse.address(),
+            hostname="127.0.0.1",
+            bind="127.0.0.1:0",
+            store_addr="127.0.0.1:1",
+            world_size=world_size,
+            heartbeat_interval=timedelta(milliseconds=100),
+            connect_timeout=T,
+            auth_token=token,
+        )
+        self.ranks = [self.client(token) for _ in range(world_size)]
+
+    def client(self, token: str | None) -> ManagerClient:
+        return ManagerClient(self.server.address(), connect_timeout=T, auth_token=token)
+
+    def quorum(self, step: int) -> list[QuorumResult]:
+        """Every rank joins the quorum of ``step`` with metadata ``real-<rank>-<step>``."""
+        return _in_parallel(
+            *[
+                lambda rank=rank, client=client: _ask(client, rank, step, f"real-{rank}-{step}")
+                for rank, client in enumerate(self.ranks)
+            ]
+        )
+
+    def commit(self, step: int, *votes: bool) -> list[object]:
+        return _in_parallel(
+            *[
+                lambda rank=rank, vote=vote: self.ranks[rank].should_commit(rank, step, vote, T)
+                for rank, vote in enumerate(votes)
+            ]
+        )
+
+    def close(self) -> None:
+        for client in self.ranks:
+            client.close()
+        self.server.shutdown()
+
+
+def _ask(
+    client: ManagerClient, rank: int, step: int, metadata: str, timeout: timedelta = T
+) -> QuorumResult:
+    return client._quorum(
+        group_rank=rank,
+        step=step,
+        checkpoint_metadata=metadata,
+        shrink_only=False,
+        timeout=timeout,
+    )
+
+
+def _waiting_ranks(server: ManagerServer) -> list[int]:
+    """The group ranks waiting in the server's current quorum round (read on its loop)."""
+
+    async def read() -> list[int]:
+        return sorted(server._quorum_round.requests)
+
+    return asyncio.run_coroutine_threadsafe(read(), server._loop).result(timeout=5)
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout} s")
+        time.sleep(0.01)
+
+
+def _in_parallel(*calls: Callable[[], object]) -> list[object]:
+    with futures.ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result(timeout=30) for f in [pool.submit(call) for call in calls]]
+
+
+@pytest.fixture
+def lighthouse() -> Iterator[LighthouseServer]:
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=100)
+    yield server
+    server.shutdown()
+
+
+@pytest.fixture
+def group(lighthouse) -> Iterator[Callable[..., Group]]:
+    groups: list[Group] = []
+
+    def make(world_size: int = 2, token: str | None = None) -> Group:
+        groups.append(Group(lighthouse, world_size, token))
+        return groups[-1]
+
+    yield make
+    for g in groups:
+        g.close()
+
+
+def _raw(server: ManagerServer, method: str, request: bytes, metadata=()) -> grpc.RpcError:
+    """One call of ``method`` with ``request`` bytes on a channel of its own; its error."""
+    target = server.address().removeprefix("http://")
+    with grpc.insecure_channel(target) as channel, pytest.raises(grpc.RpcError) as info:
+        channel.unary_unary(f"{SERVICE}/{method}")(request, timeout=5, metadata=metadata)
+    return info.value
+
+
+_REQUESTS = {
+    "Quorum": pb.ManagerQuorumRequest(group_rank=1, step=10**12, checkpoint_metadata=EVIL),
+    "ShouldCommit": pb.ShouldCommitRequest(group_rank=1, step=1, should_commit=True),
+    "CheckpointMetadata": pb.CheckpointMetadataRequest(rank=0),
+    "Kill": pb.KillRequest(msg="stranger"),
+}
+
+
+# ------------------------------------------------------------------------------- job token
+
+
+@pytest.mark.parametrize("metadata", [(), (("authorization", "Bearer wrong"),)])
+def test_every_manager_call_needs_the_token(group, metadata) -> None:
+    g = group(token=TOKEN)
+    g.quorum(step=1)
+    for method, request in _REQUESTS.items():
+        error = _raw(g.server, method, request.SerializeToString(), metadata)
+        assert error.code() is grpc.StatusCode.UNAUTHENTICATED, (method, error.details())
+        assert f"ManagerService/{method} refused" in error.details()
+        assert "auth_token" in error.details()
+    # Nothing the stranger sent reached the group: the real ranks carry on.
+    assert [r.max_step for r in g.quorum(step=2)] == [2, 2]
+    assert g.commit(2, True, True) == [True, True]
+    assert g.ranks[0]._checkpoint_metadata(1, T) == "real-1-2"
+
+
+@pytest.mark.parametrize("client_token", [None, "wrong"])
+def test_our_client_without_the_token_gets_a_clear_error(group, client_token) -> None:
+    g = group(world_size=1, token=TOKEN)
+    stranger = g.client(client_token)
+    try:
+        with pytest.raises(RuntimeError, match=r"UNAUTHENTICATED: .*job token.*auth_token"):
+            _ask(stranger, 0, 1, EVIL)
+        with pytest.raises(RuntimeError, match="UNAUTHENTICATED"):
+            stranger.should_commit(0, 1, True, T)
+    finally:
+        stranger.close()
+    assert g.quorum(step=1)[0].max_step == 1
+
+
+def test_a_kill_with_the_token_reaches_the_handler(group) -> None:
+    """The token is checked once, by the interceptor: a caller with it reaches Kill (refused
+    here only for a malformed request, so that the test process survives)."""
+    g = group(world_size=1, token=TOKEN)
+    error = _raw(g.server, "Kill", b"\xff", (("authorization", f"Bearer {TOKEN}"),))
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
+
+
+# ----------------------------------------------------------------- attack 1: a forged vote
+
+
+@pytest.mark.parametrize("token", [None, TOKEN])
+def test_forged_vote_is_refused_and_the_real_vote_counts(group, token) -> None:
+    """The stranger votes "yes" as rank 1 while rank 0 waits at the commit barrier; with the
+    job token too (a misconfigured process of the job), its vote is not rank 1's."""
+    g = group(token=token)
+    g.quorum(step=1)
+    stranger = g.client(token)
+    with futures.ThreadPoolExecutor(1) as pool:
+        rank0 = pool.submit(g.ranks[0].should_commit, 0, 1, True, T)
+        try:
+            with pytest.raises(RuntimeError, match="PERMISSION_DENIED") as refused:
+                stranger.should_commit(1, 1, True, T)
+            message = str(refused.value)
+            assert "vote as group rank 1 of replica 'group' refused" in message
+            assert "bound to the connection ipv4:127.0.0.1:" in message
+            # Rank 0 still waits for the real rank 1, whose "no" decides the step.
+            with pytest.raises(futures.TimeoutError):
+                rank0.result(timeout=0.3)
+            assert g.ranks[1].should_commit(1, 1, False, T) is False
+            assert rank0.result(timeout=30) is False
+        finally:
+            stranger.close()
+    # The job carries on: the next step commits.
+    g.quorum(step=1)
+    assert g.commit(1, True, True) == [True, True]
+
+
+def test_a_rank_that_reconnects_is_refused_until_its_next_quorum(group) -> None:
+    """The binding is per connection: a rank's new client (a new connection) votes again once
+    it has joined a quorum through it."""
+    g = group()
+    g.quorum(step=1)
+    g.ranks[1].close()
+    g.ranks[1] = g.client(None)
+    with pytest.raises(RuntimeError, match=r"PERMISSION_DENIED.*rank reconnected"):
+        g.ranks[1].should_commit(1, 1, True, timedelta(seconds=1))
+    g.quorum(step=1)
+    assert g.commit(1, True, True) == [True, True]
+
+
+# -------------------------------------------------------------- attack 2: a forged quorum
+
+
+@pytest.mark.parametrize("token", [None, TOKEN])
+def test_failed_forged_quorum_leaves_the_metadata(group, token) -> None:
+    """A stranger's Quorum call as rank 1 that fails (here: its round never completes) does not
+    change where healers fetch rank 1's state from."""
+    g = group(token=token)
+    g.quorum(step=1)
+    stranger = g.client(token)
+    try:
+        with pytest.raises(TimeoutError):
+            _ask(stranger, 1, 10**12, EVIL, timeout=timedelta(milliseconds=300))
+    finally:
+        stranger.close()
+    assert [g.ranks[0]._checkpoint_metadata(r, T) for r in (0, 1)] == ["real-0-1", "real-1-1"]
+    # The stranger's call gave up and left the round: the real ranks' next quorum completes.
+    assert [r.max_step for r in g.quorum(step=2)] == [2, 2]
+    assert g.commit(2, True, True) == [True, True]
+
+
+@pytest.mark.parametrize("token", [None, TOKEN])
+def test_forged_quorum_beside_the_real_rank_is_refused(group, token) -> None:
+    """While the real rank 1 waits in a round, a stranger joining that round as rank 1 is
+    refused, and the round completes with the real ranks' metadata."""
+    g = group(token=token)
+    g.quorum(step=1)
+    stranger = g.client(token)
+    with futures.ThreadPoolExecutor(1) as pool:
+        rank1 = pool.submit(_ask, g.ranks[1], 1, 2, "real-1-2")
+        try:
+            _wait_until(lambda: _waiting_ranks(g.server) == [1])
+            with pytest.raises(RuntimeError, match="PERMISSION_DENIED") as refused:
+                _ask(stranger, 1, 2, EVIL)
+            assert "join the quorum as group rank 1 of replica 'group' refused" in str(
+                refused.value
+            )
+            assert _ask(g.ranks[0], 0, 2, "real-0-2").max_step == 2
+            assert rank1.result(timeout=30).max_step == 2
+        finally:
+            stranger.close()
+    assert g.ranks[0]._checkpoint_metadata(1, T) == "real-1-2"
+    assert g.commit(2, True, True) == [True, True]
+
+
+# ------------------------------------------------------------------------- bad requests
+
+
+@pytest.mark.parametrize("method", list(_REQUESTS))
+def test_malformed_request_is_invalid_argument_and_the_server_stays_up(group, method) -> None:
+    g = group(world_size=1, token=TOKEN)
+    error = _raw(g.server, method, b"\xff\xff\xff", (("authorization", f"Bearer {TOKEN}"),))
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    request_type = type(_REQUESTS[method]).__name__
+    assert error.details().startswith(f"malformed {request_type}: "), error.details()
+    assert g.quorum(step=1)[0].max_step == 1
+
+
+def test_without_a_token_malformed_requests_are_invalid_argument_too(group) -> None:
+    g = group(world_size=1)
+    error = _raw(g.server, "ShouldCommit", b"\x0a")
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert g.commit(1, True) == [True]
+
+
+@pytest.mark.parametrize(
+    ("fd_limit", "expected"),
+    [(64, 16), (256, 64), (1024, 256), (1 << 20, 1024), (resource.RLIM_INFINITY, 1024)],
+)
+def test_connection_cap_fits_the_descriptor_limit(fd_limit, expected) -> None:
+    assert connection_cap(fd_limit) == expected
+
+
+_FD_LIMIT = 256
+"""The flood test's ManagerServer process runs with this many descriptors: a cap of 64."""
+_SERVER = """
+import resource, sys, time
+from datetime import timedelta
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), int(sys.argv[2])))
+from torchtitan_ft.manager import ManagerServer
+server = ManagerServer(
+    "group", sys.argv[1], hostname="127.0.0.1", bind="127.0.0.1:0", store_addr="127.0.0.1:1",
+    world_size=2, heartbeat_interval=timedelta(milliseconds=100),
+    connect_timeout=timedelta(seconds=5),
+)
+print(server.address(), flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_flood_of_idle_connections_starves_neither_ranks_nor_healers(lighthouse) -> None:
+    """300 idle connections to a ManagerServer with 256 descriptors: the ranks' connections
+    keep working (they vote at once), and a healer gets in once the flood's connections miss
+    their HTTP/2 handshake (5 s)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, lighthouse.address(), str(_FD_LIMIT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    flood: list[socket.socket] = []
+    ranks: list[ManagerClient] = []
+    try:
+        address = proc.stdout.readline().strip()
+        assert address.startswith("http://127.0.0.1:"), proc.stderr.read()
+        ranks += [ManagerClient(address, connect_timeout=T) for _ in range(2)]
+        _in_parallel(*[lambda r=r: _ask(ranks[r], r, 1, f"real-{r}-1") for r in range(2)])
+
+        flood += idle_connections(int(address.rpartition(":")[2]), 300)
+        time.sleep(1.0)  # let the server accept (and refuse) them
+        assert _in_parallel(*[lambda r=r: ranks[r].should_commit(r, 1, True, T) for r in (0, 1)])
+        healer = ManagerClient(address, connect_timeout=T)
+        try:
+            assert healer._checkpoint_metadata(1, T) == "real-1-1"
+        finally:
+            healer.close()
+        assert proc.poll() is None
+    finally:
+        for s in flood:
+            s.close()
+        for client in ranks:
+            client.close()
+        proc.kill()
+        _, stderr = proc.communicate()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert len(stderr) < 10_000, stderr[-3000:]
