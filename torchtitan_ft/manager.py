@@ -51,6 +51,7 @@ import torch
 from torch.distributed import ReduceOp, TCPStore
 from torch.distributed.distributed_c10d import AllreduceOptions
 
+from torchtitan_ft.addresses import advertised_store_host
 from torchtitan_ft.checkpoint import CheckpointTransport, HTTPTransport
 from torchtitan_ft.config_env import (
     MANAGER_PORT_ENV,
@@ -263,7 +264,9 @@ class Manager:
             world_size: ranks in the replica group. Argument > env ``WORLD_SIZE`` > 1.
             world_size_mode: ``WorldSizeMode.DYNAMIC`` (default) or ``FIXED_WITH_SPARES``.
             store_addr: host of the replica group's TCPStore. Argument > env ``MASTER_ADDR``
-                > ``hostname``. Other replica groups dial it, so it must be reachable by them.
+                > ``hostname``. Other replica groups dial it, so it must be reachable by them;
+                a loopback name (torchrun sets ``MASTER_ADDR=localhost`` on many machines) is
+                advertised to them as ``hostname`` unless that is loopback too.
             store_port: port of that store. Argument > env ``MASTER_PORT`` > 0 (group rank 0
                 hosts a store on a free port; allowed only for 1-rank groups).
             lighthouse_addr: lighthouse URL, used by group rank 0. Argument > env
@@ -367,13 +370,16 @@ class Manager:
             max_workers=1, thread_name_prefix="torchft_quorum"
         )
 
+        # torchrun's MASTER_ADDR is often "localhost": the store is then on this machine, and
+        # other machines must be told to dial `hostname` (torchtitan_ft.addresses).
+        store_host = advertised_store_host(settings.store_addr.value, hostname)
         self._store = _open_store(
-            settings.store_addr.value,
+            store_host,
             settings.store_port.value,
             host_it=self._group_rank == 0,
             timeout=connect_timeout,
         )
-        store_address = f"{settings.store_addr.value}:{self._store.port}"
+        store_address = f"{store_host}:{self._store.port}"
         key_prefix = store_key_prefix(os.environ)
 
         self._server: ManagerServer | None = None

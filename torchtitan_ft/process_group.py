@@ -69,6 +69,7 @@ from torch.distributed.distributed_c10d import (
 )
 from torch.futures import Future
 
+from torchtitan_ft.addresses import GLOO_SOCKET_IFNAME_ENV, gloo_bind_address
 from torchtitan_ft.futures import completed_future
 
 if TYPE_CHECKING:
@@ -149,10 +150,6 @@ def create_store_client(store_addr: str, timeout: timedelta) -> dist.Store:
     return dist.PrefixStore(prefix, client)
 
 
-def _is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
 # TCPStore connections are reused: each ProcessGroupGloo keeps one client per store address
 # (its own: a TCPStore client serializes its operations, and a rendezvous ``wait`` holds it).
 # torchft opens a new connection per configure, but with torch 2.13 on this platform the store
@@ -185,17 +182,24 @@ def _gloo_device(store_host: str) -> Any:
     """The gloo device for groups whose store is on ``store_host``.
 
     Binds 127.0.0.1 when the store is on a loopback address (then every peer is on this host);
-    otherwise gloo's default device (this host's name, or ``GLOO_SOCKET_IFNAME``).
+    otherwise this host's address on the route towards the store (the network its peers
+    share), or the interface named by ``GLOO_SOCKET_IFNAME``
+    (:func:`torchtitan_ft.addresses.gloo_bind_address`). gloo's default, the address of this
+    machine's name, is often loopback and would be told to peers on other machines.
     """
-    bind = "127.0.0.1" if _is_loopback(store_host) else ""
+    bind = gloo_bind_address(store_host, os.environ)
+    ifname = "" if bind else os.environ.get(GLOO_SOCKET_IFNAME_ENV, "").split(",")[0]
+    key = bind or (f"interface {ifname}" if ifname else "")
     with _cache_lock:
-        device = _gloo_devices.get(bind)
+        device = _gloo_devices.get(key)
         if device is None:
             if bind:
                 device = dist.ProcessGroupGloo.create_device(hostname=bind)
+            elif ifname:
+                device = dist.ProcessGroupGloo.create_device(interface=ifname)
             else:
                 device = dist.ProcessGroupGloo.create_default_device()
-            _gloo_devices[bind] = device
+            _gloo_devices[key] = device
         return device
 
 
@@ -802,8 +806,9 @@ class ProcessGroupGloo(ProcessGroup):
     here, not swallowed: wrap the group in :class:`ErrorSwallowingProcessGroupWrapper` (or use a
     Manager) to turn them into data.
 
-    The gloo transport binds 127.0.0.1 when the store host is a loopback address; otherwise it
-    uses gloo's default device (the address of this host's name, or ``GLOO_SOCKET_IFNAME``).
+    The gloo transport binds 127.0.0.1 when the store host is a loopback address; otherwise
+    this host's address on the route towards the store, or the interface ``GLOO_SOCKET_IFNAME``
+    names.
     Successive groups reuse one TCPStore connection per store address; all groups of the process
     share one gloo device.
 

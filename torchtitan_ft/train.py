@@ -7,7 +7,8 @@ Order matters, which is why this is a separate module and not ``-m torchtitan.tr
 2. the project's corpora are registered in TorchTitan's ``DATASETS``;
 3. TOML + CLI are parsed into the extended ``JobConfig`` and validated, and the tokenizer
    directory is checked, before any process group exists: a missing or malformed config file,
-   an unknown key or flag, a bad value or a missing tokenizer stops every rank with one line
+   an unknown key or flag, a bad value, a missing tokenizer or a ``fault_tolerance.hostname``
+   that is not an address of this machine stops every rank with one line
    (``torchtitan_ft: config error: ...``, exit status ``USER_ERROR_EXIT``, 2, which
    ``torchtitan_ft.launch`` recognises so that torchrun adds no report of its own);
 4. TorchTitan's own ``Trainer`` (subclassed as ``FaultTolerantTrainer``) trains. Mistakes that
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     )
     from torchtitan_ft.titan.config import (
         ConfigError,
+        check_local_address,
         check_local_paths,
         check_model_fragments,
         parse_job_config,
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     try:
         config = parse_job_config(args)
         check_local_paths(config)
+        check_local_address(config)
         check_model_fragments(config)
     except ConfigError as e:
         _config_error(str(e))
