@@ -10,7 +10,7 @@
 # spans NNODES machines runs this script on each with RDZV_ENDPOINT=<node 0's address>:<port>
 # and its own LOCAL_ADDR (see docs/operations.md, "Running on several machines").
 # MAX_RESTARTS: how often torchrun restarts the group's workers after one fails (default 0).
-# torchtitan_ft.launch is torchrun, minus torchrun's traceback after a one-line config error.
+# torchtitan_ft.titan.launch is torchrun, minus torchrun's traceback after a one-line config error.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,16 +18,16 @@ NGPU=${NGPU:-"1"}
 export LOG_RANK=${LOG_RANK:-0}
 PYTHON=${PYTHON:-python3}
 # A config by name, as TorchTitan's later launch commands spell it (MODEL or MODULE, and CONFIG;
-# see torchtitan_ft/named_configs.py); CONFIG_FILE wins when both are given.
+# see torchtitan_ft/titan/named_configs.py); CONFIG_FILE wins when both are given.
 if [ -n "${MODEL:-}${MODULE:-}${CONFIG:-}" ]; then
     if [ -n "${CONFIG_FILE:-}" ]; then
         echo "run_train.sh: CONFIG_FILE=$CONFIG_FILE is set, so MODEL/MODULE/CONFIG are not used" >&2
     else
-        CONFIG_FILE="$("$PYTHON" -m torchtitan_ft.named_configs)" || exit $?
+        CONFIG_FILE="$("$PYTHON" -m torchtitan_ft.titan.named_configs)" || exit $?
     fi
 fi
 CONFIG_FILE=${CONFIG_FILE:-"$root/configs/debug_cpu.toml"}
-TRAIN_FILE=${TRAIN_FILE:-"torchtitan_ft.train"}
+TRAIN_FILE=${TRAIN_FILE:-"torchtitan_ft.titan.train"}
 export TORCHFT_LIGHTHOUSE=${TORCHFT_LIGHTHOUSE:-"http://localhost:29510"}
 export MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
 # No network: datasets and tokenizers are local files.
@@ -50,7 +50,7 @@ if [ -n "${LOCAL_ADDR:-}" ]; then
 fi
 
 PYTORCH_ALLOC_CONF="expandable_segments:True" \
-exec "$PYTHON" -m torchtitan_ft.launch \
+exec "$PYTHON" -m torchtitan_ft.titan.launch \
     --nnodes="$NNODES" --nproc_per_node="$NGPU" --max-restarts="$MAX_RESTARTS" \
     --rdzv_backend c10d --rdzv_endpoint="$RDZV_ENDPOINT" ${node[@]+"${node[@]}"} \
     --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \

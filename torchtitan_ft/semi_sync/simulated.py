@@ -212,6 +212,11 @@ class SimulatedReplicaGroups:
             if coll.done:
                 fut.set_exception(CollectiveError("collective already failed"))
                 return fut
+            if mgr._error is not None:
+                # Checked under the lock report_error takes: a member that errored after its
+                # caller last looked must not join (its peers no longer would).
+                fut.set_exception(CollectiveError(f"replica {mgr.replica_id} already errored"))
+                return fut
             coll.values[mgr.replica_id] = value
             coll.futures[mgr.replica_id] = fut
             self._counters[mgr.replica_id].add(count_bytes)
@@ -380,10 +385,11 @@ class SimulatedManager:
 
     def report_error(self, e: Exception) -> None:
         """Records ``e``; later collectives are no-ops and the commit vote says no."""
-        first = self._error is None
-        self._error = e
-        if first:
-            self._groups._abort(self)
+        with self._groups._cond:  # the lock _collect checks the error under
+            first = self._error is None
+            self._error = e
+            if first:
+                self._groups._abort(self)
 
     def errored(self) -> Exception | None:
         """The error recorded since the last quorum, if any."""
