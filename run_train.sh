@@ -46,6 +46,10 @@ if [ -n "${LOCAL_ADDR:-}" ]; then
         is_host=0
         if [ "${RDZV_ENDPOINT%:*}" = "$LOCAL_ADDR" ]; then is_host=1; fi
         node+=(--rdzv-conf "is_host=$is_host")
+        # By default the workers' store is the rendezvous store, the same server in every
+        # round and without a per-round prefix: after a restart, a node reads the gloo
+        # addresses of the other node's previous workers and fails. A store per round instead.
+        export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
     fi
 fi
 

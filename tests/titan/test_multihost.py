@@ -102,8 +102,8 @@ def joint_commits(run: LoggedProcess, after: float = 0.0) -> int:
     return sum(1 for c in commits(run) if c.committed and c.participants == 2 and c.time > after)
 
 
-def lighthouse(host: Host) -> str:
-    """``torchft_lighthouse`` on ``host`` (min_replicas 1); its URL once it serves."""
+def lighthouse(host: Host) -> tuple[LoggedProcess, str]:
+    """``torchft_lighthouse`` on ``host`` (min_replicas 1) and its URL, once it serves."""
     run = LoggedProcess(
         f"lighthouse on {host.name}",
         host.command(
@@ -117,7 +117,7 @@ def lighthouse(host: Host) -> str:
         dict(os.environ),
     )
     run.wait_for("lighthouse serving on", 60)
-    return f"http://{host.address}:{LIGHTHOUSE_PORT}"
+    return run, f"http://{host.address}:{LIGHTHOUSE_PORT}"
 
 
 def group(
@@ -183,6 +183,28 @@ def _ready_pid(out: Path, rank: int) -> int | None:
     return int(path.read_text()) if path.exists() and path.read_text() else None
 
 
+_LOG_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d{3}")
+
+
+def logged_between(
+    run: LoggedProcess,
+    start: float,
+    end: float,
+    pattern: str = r" (WARNING|ERROR) ",
+    limit: int = 8,
+) -> str:
+    """The first ``limit`` lines matching ``pattern`` that ``run`` logged between two times
+    (printed, so that docs/operations.md can show what a partition looks like in the logs)."""
+    found = []
+    for line in run.output.splitlines():
+        stamp = _LOG_TIME.search(line)
+        if stamp and re.search(pattern, line):
+            when = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
+            if start - 1 <= when <= end + 1:
+                found.append(f"  {run.name}: {line[:300]}")
+    return "\n".join(found[:limit])
+
+
 def median_step_s(run: TrainRun) -> float:
     times = [c.time for c in commits(run) if c.committed]
     gaps = [b - a for a, b in itertools.pairwise(times)]
@@ -192,6 +214,7 @@ def median_step_s(run: TrainRun) -> float:
 # ------------------------------------------------------------------------------ the tests
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(330)
 def test_groups_on_two_hosts_heal_across_hosts_and_ride_out_partitions(tmp_path: Path) -> None:
     """Groups 0 and 1 (2 ranks each) on hosts A and B, the lighthouse on L.
@@ -207,7 +230,7 @@ def test_groups_on_two_hosts_heal_across_hosts_and_ride_out_partitions(tmp_path:
     5. Both groups end bitwise identical, rank by rank.
     """
     with HostNetwork(["L", "A", "B"]) as net:
-        url = lighthouse(net["L"])
+        lh, url = lighthouse(net["L"])
         a = group("group 0 on A", 0, net["A"], tmp_path, url)
         b = group("group 1 on B", 1, net["B"], tmp_path, url)
 
@@ -251,6 +274,9 @@ def test_groups_on_two_hosts_heal_across_hosts_and_ride_out_partitions(tmp_path:
             f"heartbeat timeout {HEARTBEAT_TIMEOUT_S} s)"
         )
         assert stall_a < PG_TIMEOUT_S + HEARTBEAT_TIMEOUT_S + 15 * step_s
+        print("logged while B was cut off:")
+        print("\n".join(logged_between(run, cut, back) for run in (a, b)))
+        print(logged_between(lh, cut, back, "lighthouse: "))
 
         # 3. B rejoins and heals from A.
         wait_until(lambda: joint_commits(b, after=back) >= 2, "group 1 commits with group 0 again")
@@ -273,6 +299,9 @@ def test_groups_on_two_hosts_heal_across_hosts_and_ride_out_partitions(tmp_path:
             "both groups commit again once L is back",
             QUORUM_TIMEOUT_S,
         )
+        print("logged while L was cut off:")
+        print("\n".join(logged_between(run, cut, back) for run in (a, b)))
+        print(logged_between(lh, cut, back, "lighthouse: "))
         for run in (a, b):
             around = [c for c in commits(run) if c.time > cut - 3 * step_s]
             assert all(c.committed for c in around), f"{run.name} discarded a step: {around}"
@@ -291,6 +320,7 @@ def test_groups_on_two_hosts_heal_across_hosts_and_ride_out_partitions(tmp_path:
         assert_identical_states(tmp_path, [0, 1], ranks=2, step=stop)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_group_across_two_hosts_is_restarted_by_torchrun_and_heals(tmp_path: Path) -> None:
     """Group 0 has its 2 ranks on hosts A and C (torchrun ``--nnodes 2``, c10d rendezvous on
@@ -298,7 +328,7 @@ def test_group_across_two_hosts_is_restarted_by_torchrun_and_heals(tmp_path: Pat
     whole group on both hosts, the new incarnation heals from group 1, and both groups end
     identical."""
     with HostNetwork(["L", "A", "B", "C"]) as net:
-        url = lighthouse(net["L"])
+        _, url = lighthouse(net["L"])
         rdzv = f"{net['A'].address}:{RDZV_PORT}"
         nodes = [
             group(
@@ -355,7 +385,7 @@ def test_group_advertising_loopback_while_peers_are_remote_is_told_what_to_set(
     misconfigured groups stop at their first quorum with one line naming the address to set;
     group 0 warns about the peer it cannot reach and carries on."""
     with HostNetwork(["L", "A", "B", "C"]) as net:
-        url = lighthouse(net["L"])
+        _, url = lighthouse(net["L"])
         three = "--fault_tolerance.group_size=3"
         good = group("group 0 on A", 0, net["A"], tmp_path, url, three, ngpu=1)
         bad = [
