@@ -171,7 +171,8 @@ class CountingProcessGroupGloo(ProcessGroupGloo):
     """``ProcessGroupGloo`` that adds up the bytes of the tensors handed to its collectives.
 
     The Manager's cross-group collectives are ``allreduce`` (full precision) and, with
-    ``should_quantize``, ``alltoall_base`` + ``allgather`` (``torchtitan_ft.quantization``).
+    ``should_quantize``, ``alltoall_base`` + ``allgather``
+    (``torchtitan_ft.process_group.quantized``).
     ``sent_bytes_estimate`` applies each algorithm's bytes per rank to the measured payload,
     for N ranks: ring allreduce ``2 (N-1)/N`` of it; alltoall with equal splits ``(N-1)/N``
     of its input (the rest stays here); allgather ``N-1`` times its input. Framing and

@@ -1,8 +1,11 @@
 """The main job on its embedded default: a local lighthouse and two replica groups training
 TorchTitan's llama3 debug model with fault tolerance on CPU (``configs/debug_ft_cpu.toml``).
 
-Each replica group is its own ``run_train.sh`` (torchrun) job; their log lines are shown with
-the group's name in front. The lighthouse's status page is on http://127.0.0.1:29511/.
+Each replica group is its own ``run_train.sh`` (torchrun) job. Every log line names its source
+once: the trainer's ``[replica=<id> rank=<r> train_step=<n> committed_steps=<m>]`` (the
+Manager's ``[<replica id>:<uuid> group_rank=<r> committed_steps=<m>]`` before training starts),
+else ``[replica=<id>]`` (torchrun's lines, TorchTitan's start-up) or ``[lighthouse]``. The
+lighthouse's status page is on http://127.0.0.1:29511/.
 
     python scripts/local_job.py [--steps 20] [--ngpu 1] [extra trainer flags...]
 """
@@ -23,9 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 GROUPS = 2
 
 
-def relay(name: str, proc: subprocess.Popen) -> None:
+def relay(label: str, proc: subprocess.Popen) -> None:
+    """Prints ``proc``'s lines with ``[label]`` in front, unless the trainer's or the Manager's
+    prefix (both name the committed steps) already names the source."""
     for line in proc.stdout:
-        print(f"[{name}] {line}", end="", flush=True)
+        print(line if "committed_steps=" in line else f"[{label}] {line}", end="", flush=True)
 
 
 def main() -> None:
@@ -38,12 +43,17 @@ def main() -> None:
     lighthouse = subprocess.Popen(
         [sys.executable, "-m", "torchtitan_ft.lighthouse.cli", "--min_replicas", "1",
          "--bind", f"127.0.0.1:{args.port}", "--join_timeout_ms", "20000"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+    threading.Thread(target=relay, args=("lighthouse", lighthouse), daemon=True).start()
     addr = f"http://127.0.0.1:{args.port}"
     groups: list[subprocess.Popen] = []
     try:
         LighthouseClient(addr).heartbeat("local-job-probe", timedelta(seconds=30))
-        print(f"lighthouse at {addr}; status page http://127.0.0.1:{args.port + 1}/", flush=True)
+        print(
+            f"[run_local] lighthouse at {addr}; status page http://127.0.0.1:{args.port + 1}/",
+            flush=True,
+        )
         env = {
             **os.environ,
             "NGPU": str(args.ngpu),
@@ -59,7 +69,8 @@ def main() -> None:
                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )  # fmt: skip
             groups.append(proc)
-            threading.Thread(target=relay, args=(f"group {replica}", proc), daemon=True).start()
+            label = f"replica={replica}"
+            threading.Thread(target=relay, args=(label, proc), daemon=True).start()
         codes = [proc.wait() for proc in groups]
     finally:
         for proc in groups:
@@ -69,7 +80,9 @@ def main() -> None:
         lighthouse.wait(timeout=10)
     if any(codes):
         raise SystemExit(f"replica groups exited with {codes}")
-    print(f"done: {GROUPS} replica groups trained {args.steps} steps with fault tolerance")
+    print(
+        f"[run_local] done: {GROUPS} replica groups trained {args.steps} steps with fault tolerance"
+    )
 
 
 if __name__ == "__main__":

@@ -1,26 +1,36 @@
-"""Per-step fault tolerance for TorchTitan.
+"""Per-step fault tolerance for TorchTitan: ``lighthouse/`` (one per job), ``manager/`` and
+``process_group/`` (every rank of a replica group; the ManagerServer on group rank 0),
+``checkpoint/`` (live healing), ``semi_sync/`` and ``titan/`` (the trainer), and torchft's
+training-loop wrappers ``ddp``, ``optim`` and ``data``.
 
 The public names of torchft 0.2.0 are importable from here (``from torchtitan_ft import Manager``)
 and from their modules; see docs/torchft_mapping.md. Attributes load lazily so that the
 lighthouse (which needs no torch) starts fast.
 """
 
+import os
 from importlib import import_module
 from typing import Any
+
+# grpc's C core logs through absl, which by default prints INFO lines such as
+# "chttp2_transport.cc ... Got goaway" whenever a peer closes a channel (routine at shutdown)
+# into the training log. Errors only, unless the user chose a verbosity; grpc reads it once when
+# it is imported, so it is set here, before any module of this package imports grpc.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 _PUBLIC = {
     "LighthouseServer": "torchtitan_ft.lighthouse",
     "LighthouseClient": "torchtitan_ft.lighthouse",
     "Quorum": "torchtitan_ft.lighthouse",
     "QuorumMember": "torchtitan_ft.lighthouse",
-    "ManagerServer": "torchtitan_ft.manager_server",
-    "ManagerClient": "torchtitan_ft.manager_server",
-    "QuorumResult": "torchtitan_ft.manager_server",
+    "ManagerServer": "torchtitan_ft.manager",
+    "ManagerClient": "torchtitan_ft.manager",
+    "QuorumResult": "torchtitan_ft.manager",
     "Manager": "torchtitan_ft.manager",
     "WorldSizeMode": "torchtitan_ft.manager",
     "ManagerStats": "torchtitan_ft.manager",
-    "ReplicaGroupMismatchError": "torchtitan_ft.manager_server",
-    "AddressInUseError": "torchtitan_ft.manager_server",
+    "ReplicaGroupMismatchError": "torchtitan_ft.manager",
+    "AddressInUseError": "torchtitan_ft.manager",
     "DistributedDataParallel": "torchtitan_ft.ddp",
     "Optimizer": "torchtitan_ft.optim",
     "OptimizerWrapper": "torchtitan_ft.optim",

@@ -1,4 +1,5 @@
-"""Data sharding across replica groups.
+"""In the training loop of every rank: data sharding across replica groups (torchft's
+``DistributedSampler``).
 
 The dataset is cut into ``num_replica_groups * num_replicas`` shards; the rank ``group_rank``
 of replica group ``replica_rank`` reads shard ``replica_rank * num_replicas + group_rank``.

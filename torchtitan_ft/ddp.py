@@ -1,4 +1,5 @@
-"""DistributedDataParallel across replica groups, through the Manager.
+"""In the training loop of every rank: ``DistributedDataParallel`` across replica groups,
+averaging gradients through the Manager.
 
 Gradients live in flat buffers allocated once, one per bucket (parameters of one dtype and
 device, up to ``bucket_cap_mb``): after a backward each parameter's ``.grad`` is a view into its

@@ -1,4 +1,5 @@
-"""An optimizer wrapper that ties the optimizer to the Manager's step protocol.
+"""In the training loop of every rank: an optimizer wrapper that ties the optimizer to the
+Manager's step protocol.
 
 ``zero_grad()`` starts the step's quorum (so it overlaps with the forward) and ``step()``
 applies the update only when ``Manager.should_commit()`` says the step may commit. Nothing else

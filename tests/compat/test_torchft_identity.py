@@ -14,8 +14,8 @@ import pytest
 
 from benchmarks._reference import load_reference
 from torchtitan_ft.lighthouse import LighthouseServer
-from torchtitan_ft.manager_server import ManagerClient, ManagerServer, ReplicaGroupMismatchError
-from torchtitan_ft.quorum_results import GroupIdentity
+from torchtitan_ft.manager import ManagerClient, ManagerServer, ReplicaGroupMismatchError
+from torchtitan_ft.manager.identity import GroupIdentity
 
 torchft = load_reference()
 pytestmark = pytest.mark.skipif(torchft is None, reason="scripts/install_reference.sh not run")

@@ -104,7 +104,7 @@ def test_torchft_manager_server_uses_our_lighthouse() -> None:
 
 
 def test_our_manager_server_uses_torchft_lighthouse_and_torchft_client() -> None:
-    from torchtitan_ft.manager_server import ManagerServer
+    from torchtitan_ft.manager import ManagerServer
 
     lighthouse = torchft.LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
     manager = ManagerServer(

@@ -359,7 +359,7 @@ def test_a_reset_mid_request_is_not_an_error(servers, caplog) -> None:
 def test_a_manager_server_sends_its_job_token_to_the_lighthouse(servers, group_token) -> None:
     """The group's ManagerServer asks the lighthouse with the job token it was given; without
     it its ranks' quorum fails with the lighthouse's refusal in the message."""
-    from torchtitan_ft.manager_server import ManagerClient, ManagerServer
+    from torchtitan_ft.manager import ManagerClient, ManagerServer
 
     lighthouse = servers(min_replicas=1, auth_token=TOKEN)
     manager = ManagerServer(

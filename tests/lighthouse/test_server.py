@@ -317,7 +317,7 @@ def test_kill_action_needs_the_token(servers) -> None:
 _KILLABLE_MANAGER = """
 import sys, time
 from datetime import timedelta
-from torchtitan_ft.manager_server import ManagerServer
+from torchtitan_ft.manager import ManagerServer
 server = ManagerServer(
     "victim", sys.argv[1], hostname="127.0.0.1", bind="127.0.0.1:0",
     store_addr="127.0.0.1:1", world_size=1, heartbeat_interval=timedelta(milliseconds=100),

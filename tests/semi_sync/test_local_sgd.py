@@ -22,9 +22,9 @@ from torchtitan_ft.semi_sync import (
     split_model,
 )
 from torchtitan_ft.semi_sync.local_sgd import initial_optimizer_state
-from torchtitan_ft.semi_sync.simulated import SimulatedReplicaGroups
 
 from ._helpers import loss_fn, make_model, params_of, run_threads, train_steps
+from ._simulated import SimulatedReplicaGroups
 
 INNER_LR = 0.1
 OUTER = OuterOptimizerConfig(lr=0.7, momentum=0.9, nesterov=True)

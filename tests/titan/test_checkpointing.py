@@ -283,8 +283,8 @@ def _strategy_checkpoint_worker(rank: int, port: int, folder: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from tests.semi_sync._helpers import make_model, train_steps
+    from tests.semi_sync._simulated import SimulatedReplicaGroups
     from torchtitan_ft.semi_sync import DiLoCo, LocalSGD, OuterOptimizerConfig, split_model
-    from torchtitan_ft.semi_sync.simulated import SimulatedReplicaGroups
     from torchtitan_ft.semi_sync.strategy import local_tensor
     from torchtitan_ft.titan import cpu_compat
     from torchtitan_ft.titan.semi_sync import StrategyState

@@ -101,8 +101,8 @@ def test_mismatched_shard_is_refused() -> None:
 
 def _sharded_diloco(seed: int):
     from tests.semi_sync._helpers import loss_fn, make_model
+    from tests.semi_sync._simulated import SimulatedReplicaGroups
     from torchtitan_ft.semi_sync import DiLoCo, OuterOptimizerConfig, split_model
-    from torchtitan_ft.semi_sync.simulated import SimulatedReplicaGroups
 
     model = shard_on_single_rank(make_model(seed), "cpu")
     inner = torch.optim.SGD(model.parameters(), lr=0.1)  # stateless: nothing else to heal

@@ -47,7 +47,8 @@ def test_per_step_scalars_come_from_manager_stats() -> None:
         "ft/quorum_id": 5.0,
         "ft/committed_step": 2.0,
         "ft/batches_committed": 4.0,
-        "ft/commit_failures": 1.0,
+        "ft/commit_failures": 0.0,
+        "ft/steps_discarded": 1.0,
         "ft/heal_count": 1.0,
         "ft/heal_seconds": 0.75,
         "ft/bytes_healed": 40.0,
@@ -62,9 +63,10 @@ def test_semi_sync_commit_scalars_come_from_strategy_stats() -> None:
     strategy = SimpleNamespace(
         stats=CommStats(allreduce_calls=3, payload_bytes=1234, syncs_committed=2, syncs_failed=1)
     )
-    scalars = FTMetrics(FakeManager(_stats(steps_discarded=0)), strategy=strategy).scalars()
-    assert scalars["ft/commit_failures"] == 1
-    assert scalars["ft/syncs_committed"] == 2
+    scalars = FTMetrics(FakeManager(_stats(commit_failures=2)), strategy=strategy).scalars()
+    assert scalars["ft/commit_failures"] == 2  # the Manager's, consecutive
+    assert scalars["ft/steps_discarded"] == 1  # the Manager's, cumulative
+    assert (scalars["ft/syncs_committed"], scalars["ft/syncs_failed"]) == (2, 1)
     assert scalars["ft/bytes_synced"] == 300  # what the Manager's allreduce was handed
 
 
@@ -83,11 +85,20 @@ def test_log_prefix_names_replica_rank_and_step(caplog: pytest.LogCaptureFixture
     logger.addHandler(handler)
     step = [3]
     try:
-        install_log_prefix(1, 0, lambda: step[0], logger)
+        install_log_prefix(1, 0, lambda: step[0], lambda: 2, logger)
         logger.warning("hello %s", "world")
+        # A Manager record: the process prefix replaces the Manager's own.
+        logger.warning(
+            "[r:uuid group_rank=0 committed_steps=2] %s",
+            "vote 50%",
+            extra={"ft_message": "vote 50%"},
+        )
     finally:
         logger.removeHandler(handler)
-    assert records == ["[replica 1 rank 0 step 3] hello world"]
+    assert records == [
+        "[replica=1 rank=0 train_step=3 committed_steps=2] hello world",
+        "[replica=1 rank=0 train_step=3 committed_steps=2] vote 50%",
+    ]
 
 
 @pytest.mark.multiprocess
@@ -103,7 +114,10 @@ def test_ft_job_writes_ft_scalars_per_replica_group(tmp_path: Path) -> None:
     outputs = run_ft_groups(tmp_path, 1, steps, "debug_ft_cpu.toml", "--metrics.enable_tensorboard")
     scalars = []
     for r, output in enumerate(outputs):
-        assert f"[replica {r} rank 0 step {steps}]" in output, output[-4000:]
+        # The last step's vote: TorchTitan's step 3, the Manager's 2 committed steps before it.
+        prefix = f"[replica={r} rank=0 train_step={steps} committed_steps={steps - 1}]"
+        assert f"{prefix} should_commit=True" in output, output[-4000:]
+        assert "group_rank=0 committed_steps=" not in output  # the Manager's own prefix
         (run_dir,) = (tmp_path / f"replica{r}" / "outputs" / "tb").glob(f"*/replica_{r}")
         events = EventAccumulator(str(run_dir))
         events.Reload()
@@ -114,6 +128,7 @@ def test_ft_job_writes_ft_scalars_per_replica_group(tmp_path: Path) -> None:
             "ft/quorum_size",
             "ft/committed_step",
             "ft/commit_failures",
+            "ft/steps_discarded",
             "ft/heal_count",
             "ft/heal_seconds",
             "ft/bytes_healed",
@@ -128,6 +143,7 @@ def test_ft_job_writes_ft_scalars_per_replica_group(tmp_path: Path) -> None:
         assert values["ft/quorum_size"] == [2.0] * steps
         assert values["ft/committed_step"] == [1.0, 2.0, 3.0]
         assert values["ft/commit_failures"] == [0.0] * steps
+        assert values["ft/steps_discarded"] == [0.0] * steps
         synced = values["ft/bytes_synced"]
         # every step hands the same gradient shards (fp32, >= 6.2 M) to the allreduce
         # (TensorBoard keeps float32: compare approximately)

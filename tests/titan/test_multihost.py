@@ -65,9 +65,12 @@ HEAL_FROM_0 = r"healing to step (\d+) from replica rank 0 \(http://([\d.]+):"
 """What a group logs when it heals from group 0 (the donor's step and address)."""
 HEAL_FROM_ANY = r"healing to step \d+ from replica rank \d+ \(http://([\d.]+):"
 _COMMIT = re.compile(
-    r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - torchtitan_ft\.manager - .*?/0 step "
-    r"(\d+)\] should_commit=(True|False) \(local vote \w+: (\d+) participants"
+    r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - torchtitan_ft\.manager[\w.]* - .*?"
+    r"rank=0 train_step=\d+ committed_steps=(\d+)\] should_commit=(True|False) "
+    r"\(local vote \w+: (\d+) participants"
 )
+"""A group rank 0's commit decision (its time, the Manager's step, the decision and how many
+groups took part), under TorchTitan's log prefix (``torchtitan_ft.titan.metrics``)."""
 
 
 @dataclass(frozen=True)

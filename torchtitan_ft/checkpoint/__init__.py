@@ -1,4 +1,5 @@
-"""Live healing: a healthy replica's rank sends its committed state to a recovering peer.
+"""Live healing transports, in every rank: a healthy replica's rank sends its committed state
+to a recovering peer.
 
 torchft 0.2.0 names, importable from here (``torchft.checkpointing`` maps to this package):
 ``CheckpointTransport``, ``HTTPTransport``, ``PGTransport``. ``CheckpointTransferError`` is what

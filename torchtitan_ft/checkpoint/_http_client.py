@@ -26,6 +26,7 @@ from torchtitan_ft.checkpoint._staging import (
     set_io_timeout,
     writable_view,
 )
+from torchtitan_ft.netaddr import url_host
 
 _READ_PIECE = 32 << 20
 """Receivers check their deadline (and cancellation) between reads of at most this size."""
@@ -307,7 +308,3 @@ def _split(total: int, n: int) -> list[tuple[int, int]]:
     n = max(1, min(n, -(-total // _CHUNK_ALIGN)))
     size = -(-total // n // _CHUNK_ALIGN) * _CHUNK_ALIGN
     return [(a, min(a + size, total)) for a in range(0, total, size)]
-
-
-def url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host

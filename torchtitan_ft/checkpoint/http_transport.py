@@ -40,8 +40,6 @@ network; the token travels in clear text).
 
 from __future__ import annotations
 
-import contextlib
-import ipaddress
 import logging
 import secrets
 import socket
@@ -50,7 +48,7 @@ from datetime import timedelta
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from torchtitan_ft.checkpoint._http_client import Source, allocate, url_host
+from torchtitan_ft.checkpoint._http_client import Source, allocate
 from torchtitan_ft.checkpoint._http_server import CheckpointServer, Snapshot
 from torchtitan_ft.checkpoint._serialization import Header, flatten, layout, unflatten
 from torchtitan_ft.checkpoint.transport import (
@@ -58,6 +56,7 @@ from torchtitan_ft.checkpoint.transport import (
     CheckpointTransport,
     log_received,
 )
+from torchtitan_ft.netaddr import is_loopback, url_host
 
 logger = logging.getLogger(__name__)
 
@@ -202,10 +201,7 @@ def _resolve(hostname: str) -> str:
             f"server to it ({e}); pass hostname= or bind="
         ) from e
     address = str(infos[0][4][0])
-    if ipaddress.ip_address(address).is_loopback and hostname != "localhost":
-        with contextlib.suppress(ValueError):
-            if ipaddress.ip_address(hostname).is_loopback:
-                return address
+    if is_loopback(address) and not is_loopback(hostname):
         logger.warning(
             "hostname %r resolves to loopback address %s here: replicas on other machines "
             "cannot reach this checkpoint server; pass hostname= (the address peers dial) "

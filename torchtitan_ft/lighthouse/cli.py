@@ -17,8 +17,8 @@ import sys
 from collections.abc import Mapping
 from typing import NoReturn
 
-from torchtitan_ft.lighthouse.netaddr import parse_bind
 from torchtitan_ft.lighthouse.server import LighthouseServer, validate_options
+from torchtitan_ft.netaddr import join_host_port, split_host_port
 
 PROG = "torchft_lighthouse"
 AUTH_TOKEN_ENV = "TORCHFT_AUTH_TOKEN"
@@ -106,7 +106,7 @@ def default_status_bind(host: str, port: int) -> str:
             "--bind port 65535 leaves no port for the status page (it defaults to port + 1); "
             "pass --status_bind host:port, or --status_bind off"
         )
-    return f"{host}:{port + 1 if port else 0}"
+    return join_host_port(host, port + 1 if port else 0)
 
 
 def _raise_fd_limit() -> None:
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         parser.error(str(e))
     try:
-        host, port = parse_bind(args.bind)
+        host, port = split_host_port(args.bind, "bind address")
     except ValueError as e:
         parser.error(f"--bind: {e}")
     if args.status_bind is None:
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(str(e))
     elif args.status_bind != "off":
         try:
-            parse_bind(args.status_bind)
+            split_host_port(args.status_bind, "bind address")
         except ValueError as e:
             parser.error(f"--status_bind: {e}")
     try:

@@ -31,9 +31,9 @@ from google.protobuf.message import DecodeError, Message
 from torchtitan_ft.auth import TokenInterceptor, check_token
 from torchtitan_ft.lighthouse import status
 from torchtitan_ft.lighthouse.decision import DecisionOptions
-from torchtitan_ft.lighthouse.netaddr import advertised_host, bind_problem, parse_bind
 from torchtitan_ft.lighthouse.state import LighthouseState
 from torchtitan_ft.lighthouse.types import QuorumMember
+from torchtitan_ft.netaddr import advertised_host, bind_problem, join_host_port, split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -203,9 +203,9 @@ class LighthouseServer:
     ) -> None:
         validate_options(min_replicas, join_timeout_ms, quorum_tick_ms, heartbeat_timeout_ms)
         check_token(auth_token, "auth_token")
-        self._host, _ = parse_bind(bind)
+        self._host, _ = split_host_port(bind, "bind address")
         if status_bind is not None:
-            parse_bind(status_bind)
+            split_host_port(status_bind, "bind address")
         self._bind = bind
         self._status_bind = status_bind
         self._tick_s = quorum_tick_ms / 1000
@@ -232,14 +232,14 @@ class LighthouseServer:
 
     def address(self) -> str:
         """The URL clients use: ``http://host:port``."""
-        return f"http://{advertised_host(self._host)}:{self._port}"
+        return f"http://{join_host_port(advertised_host(self._host), self._port)}"
 
     def status_address(self) -> str | None:
         """The status page URL, or None when not served."""
         if self._status_port is None or self._status_bind is None:
             return None
-        host, _ = parse_bind(self._status_bind)
-        return f"http://{advertised_host(host)}:{self._status_port}"
+        host, _ = split_host_port(self._status_bind)
+        return f"http://{join_host_port(advertised_host(host), self._status_port)}"
 
     def run_in_loop(self, fn: Callable[[], Any]) -> Any:
         """Runs ``fn`` on the server's loop and returns its result (for tests and views)."""
@@ -315,7 +315,7 @@ class LighthouseServer:
 
     def _add_port(self, server: grpc.aio.Server) -> int:
         # Diagnose first: gRPC's own failure says neither why nor quietly (a raw log line).
-        problem = bind_problem(*parse_bind(self._bind))
+        problem = bind_problem(*split_host_port(self._bind, "bind address"))
         if problem is None:
             try:
                 port = server.add_insecure_port(self._bind)
@@ -328,7 +328,7 @@ class LighthouseServer:
 
     async def _serve_status(self, max_connections: int) -> asyncio.Server:
         status_bind = str(self._status_bind)
-        problem = bind_problem(*parse_bind(status_bind))
+        problem = bind_problem(*split_host_port(status_bind, "bind address"))
         if problem is None:
             try:
                 return await status.serve(

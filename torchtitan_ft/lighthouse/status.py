@@ -24,9 +24,9 @@ from urllib.parse import unquote, urlsplit
 import grpc
 
 from torchtitan_ft.auth import AUTHORIZATION, grpc_metadata, presents
-from torchtitan_ft.lighthouse.netaddr import parse_bind
 from torchtitan_ft.lighthouse.state import DECISION_BUCKETS, LighthouseState
 from torchtitan_ft.lighthouse.types import Quorum
+from torchtitan_ft.netaddr import split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -85,8 +85,8 @@ class _Connections:
 async def serve(
     bind: str, state: LighthouseState, auth_token: str | None, max_connections: int
 ) -> asyncio.Server:
-    host, port = parse_bind(bind)
-    host = host.strip("[]") or None
+    bind_host, port = split_host_port(bind, "bind address")
+    host = bind_host or None
     connections = _Connections(max_connections)
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

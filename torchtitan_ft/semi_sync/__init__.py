@@ -1,4 +1,5 @@
-"""Sync strategies across replica groups: per-step (FT-HSDP), LocalSGD, DiLoCo, Streaming DiLoCo.
+"""Sync strategies across replica groups, in the trainer of every rank: per-step (FT-HSDP),
+LocalSGD, DiLoCo, Streaming DiLoCo.
 
 torchft 0.2.0's ``torchft.local_sgd.LocalSGD`` and ``DiLoCo`` map to the classes of the same
 name here. The trainer builds one with ``build_strategy(SyncConfig(...), manager, model,

@@ -1,4 +1,4 @@
-"""Building the configured sync strategy for a model (what the trainer calls)."""
+"""Building the configured sync strategy for a model, in the trainer of every rank."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torchtitan_ft.semi_sync.config import QuorumMode, SyncConfig, SyncMethod
 from torchtitan_ft.semi_sync.fragments import fragments_from_fqns, split_model
 from torchtitan_ft.semi_sync.local_sgd import DiLoCo, LocalSGD
 from torchtitan_ft.semi_sync.per_step import PerStepSync
-from torchtitan_ft.semi_sync.strategy import ManagerLike, SyncStrategy, manager_quorum_mode
+from torchtitan_ft.semi_sync.strategy import ManagerLike, SyncStrategy, quorum_mode_of
 
 
 def build_strategy(
@@ -25,13 +25,7 @@ def build_strategy(
             ``config.quorum_mode``.
     """
     config.validate()
-    declared = manager_quorum_mode(manager)
-    if declared is not None and declared is not QuorumMode(config.quorum_mode):
-        raise ValueError(
-            f"config.quorum_mode is {QuorumMode(config.quorum_mode).value!r} but the Manager "
-            f"uses {declared.value!r} quorums (use_async_quorum must be "
-            f"{QuorumMode(config.quorum_mode) is QuorumMode.ASYNC})"
-        )
+    quorum_mode_of(manager, config.quorum_mode)
     backup_device = torch.device(config.backup_device) if config.backup_device else None
     method = SyncMethod(config.method)
     if method is SyncMethod.PER_STEP:

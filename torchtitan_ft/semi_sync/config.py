@@ -1,4 +1,5 @@
-"""Configuration of the sync strategies: which one, how often, and the outer optimizer.
+"""Configuration of the sync strategies (pure): which one, how often, the quorum mode and the
+outer optimizer.
 
 Everything a user may choose is a field here with its meaning, unit and default, so that the
 TorchTitan config (``fault_tolerance`` section) can map onto it one to one. ``SyncConfig.validate``
@@ -30,10 +31,10 @@ class SyncMethod(StrEnum):
 
 
 class QuorumMode(StrEnum):
-    """When the Manager's quorum (and healing) completes relative to the step.
-
-    Explicit instead of inferred: the Manager is built with ``use_async_quorum`` =
-    ``quorum_mode is ASYNC`` and the strategies check that they agree with it.
+    """When the Manager's quorum (and healing) completes relative to the step: the one
+    spelling of the choice everywhere but torchft's ``Manager(use_async_quorum=...)`` bool,
+    which is ``quorum_mode is ASYNC``. The strategies check that they agree with it
+    (``semi_sync.strategy.quorum_mode_of``).
     """
 
     SYNC = "sync"
@@ -42,6 +43,11 @@ class QuorumMode(StrEnum):
     ASYNC = "async"
     """``start_quorum`` returns at once; the quorum (and healing) overlaps the forward pass.
     Lower per-step overhead for per-step sync; a healing replica sits out that step."""
+
+    @classmethod
+    def of(cls, use_async_quorum: bool) -> QuorumMode:
+        """The mode of a ``Manager(use_async_quorum=...)``."""
+        return cls.ASYNC if use_async_quorum else cls.SYNC
 
 
 class OuterOptimizerType(StrEnum):
@@ -144,18 +150,11 @@ class SyncConfig:
     def validate(self) -> None:
         """Raises ``ValueError`` naming the first invalid field or combination."""
         method = SyncMethod(self.method)
-        quorum_mode = QuorumMode(self.quorum_mode)
+        check_quorum_mode(method, QuorumMode(self.quorum_mode))
         if method is SyncMethod.PER_STEP:
             return
         if self.sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {self.sync_every}")
-        if quorum_mode is not QuorumMode.SYNC:
-            raise ValueError(
-                f"{method.value} requires quorum_mode='sync' (Manager(use_async_quorum=False)): "
-                "a replica must heal (global parameters, outer-optimizer state, step counter) "
-                "and join its peers' sync before it trains; got "
-                f"quorum_mode={quorum_mode.value!r}"
-            )
         if method is SyncMethod.LOCAL_SGD:
             return
         num_fragments = len(self.fragment_fqns) if self.fragment_fqns else self.num_fragments
@@ -163,6 +162,20 @@ class SyncConfig:
             self.sync_every, num_fragments, self.fragment_sync_delay, self.fragment_update_alpha
         )
         self.outer_optimizer.validate()
+
+
+def check_quorum_mode(method: SyncMethod, mode: QuorumMode, name: str | None = None) -> None:
+    """Raises ``ValueError`` unless ``method`` can run with quorum ``mode``: LocalSGD and
+    DiLoCo need a synchronous one. ``name`` says what chose the method in the message
+    (default: the method's own name)."""
+    if method is SyncMethod.PER_STEP or mode is QuorumMode.SYNC:
+        return
+    raise ValueError(
+        f"{name or method.value} needs a synchronous quorum (quorum_mode='sync', "
+        "Manager(use_async_quorum=False)): a replica must heal (global parameters, "
+        "outer-optimizer state, step counter) and join its peers' sync before it trains; "
+        f"got {mode.value!r}"
+    )
 
 
 def validate_diloco_schedule(

@@ -1,4 +1,4 @@
-"""Splitting a model into fragments for Streaming DiLoCo.
+"""Splitting a model into fragments for Streaming DiLoCo, in the trainer.
 
 A fragment is an ``nn.Module`` that holds some of the model's submodules (shared, not copied),
 so ``fragment.parameters()`` are the model's own parameters. Two ways to get them:

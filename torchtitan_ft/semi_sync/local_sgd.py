@@ -1,4 +1,5 @@
-"""LocalSGD and (Streaming) DiLoCo: replica groups step alone and sync every few steps.
+"""LocalSGD and (Streaming) DiLoCo, in the trainer of every rank: replica groups step alone and
+sync every few steps.
 
 Names and arguments follow torchft 0.2.0 (``torchft.local_sgd``), so
 ``from torchtitan_ft.semi_sync import LocalSGD, DiLoCo`` is a drop-in import.
@@ -61,10 +62,12 @@ import torch
 from torch import nn, optim
 from torch.distributed.tensor import DTensor
 
-from torchtitan_ft.quantization import DEFAULT_BLOCK_SIZE, quantized_nbytes
+from torchtitan_ft.process_group.quantized import DEFAULT_BLOCK_SIZE, quantized_nbytes
 from torchtitan_ft.semi_sync.config import (
     OuterOptimizerConfig,
     QuorumMode,
+    SyncMethod,
+    check_quorum_mode,
     validate_diloco_schedule,
 )
 from torchtitan_ft.semi_sync.strategy import (
@@ -73,8 +76,8 @@ from torchtitan_ft.semi_sync.strategy import (
     SyncStrategy,
     _OptimizerHooks,
     local_tensor,
-    manager_quorum_mode,
     param_data,
+    quorum_mode_of,
     wait_future,
 )
 
@@ -154,6 +157,7 @@ class _SemiSync(SyncStrategy, _OptimizerHooks):
     """
 
     _state_key = "semi_sync"
+    _method: SyncMethod
 
     def __init__(
         self,
@@ -162,7 +166,7 @@ class _SemiSync(SyncStrategy, _OptimizerHooks):
         params: Iterable[nn.Parameter],
         quorum_mode: QuorumMode | None,
     ) -> None:
-        _check_sync_quorum(type(self).__name__, manager, quorum_mode)
+        _check_sync_quorum(type(self).__name__, self._method, manager, quorum_mode)
         _OptimizerHooks.__init__(self, optimizer, params)
         self._manager = manager
         self._local_step = 0
@@ -279,11 +283,12 @@ class LocalSGD(_SemiSync):
             context-manager mode.
         sync_every: inner steps between two averages (>= 1).
         backup_device: where the backup lives (default cpu).
-        quorum_mode: the Manager's quorum mode, when the Manager does not expose it; must be
-            ``QuorumMode.SYNC``.
+        quorum_mode: ``QuorumMode.SYNC``, when the Manager does not say (its
+            ``use_async_quorum``); checked against it when it does.
     """
 
     _state_key = "local_sgd"
+    _method = SyncMethod.LOCAL_SGD
 
     def __init__(
         self,
@@ -439,14 +444,15 @@ class DiLoCo(_SemiSync):
             applying it; ``0 <= tau < sync_every / F``.
         fragment_update_alpha: alpha in [0, 1]; weight of the local parameters when mixing
             them with the new global ones after a sync.
-        quorum_mode: the Manager's quorum mode, when the Manager does not expose it; must be
-            ``QuorumMode.SYNC``.
+        quorum_mode: ``QuorumMode.SYNC``, when the Manager does not say (its
+            ``use_async_quorum``); checked against it when it does.
         pin_memory, use_bucketization, bucket_cap_mb: accepted for torchft compatibility;
             pinning is automatic when CUDA is present and each fragment is always sent as one
             buffer per dtype.
     """
 
     _state_key = "diloco"
+    _method = SyncMethod.DILOCO
 
     def __init__(
         self,
@@ -711,24 +717,16 @@ def _scalar_dtype() -> torch.dtype:
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
-def _check_sync_quorum(strategy: str, manager: ManagerLike, quorum_mode: QuorumMode | None) -> None:
-    declared = manager_quorum_mode(manager)
-    if quorum_mode is not None and declared is not None and QuorumMode(quorum_mode) != declared:
-        raise ValueError(
-            f"quorum_mode={QuorumMode(quorum_mode).value!r} but the Manager uses "
-            f"{declared.value!r} quorums"
-        )
-    mode = declared if quorum_mode is None else QuorumMode(quorum_mode)
+def _check_sync_quorum(
+    strategy: str, method: SyncMethod, manager: ManagerLike, quorum_mode: QuorumMode | None
+) -> None:
+    mode = quorum_mode_of(manager, quorum_mode)
     if mode is None:
         raise ValueError(
             f"{strategy} requires a synchronous quorum and cannot tell the Manager's quorum "
             "mode; pass quorum_mode=QuorumMode.SYNC"
         )
-    if mode is not QuorumMode.SYNC:
-        raise ValueError(
-            f"{strategy} requires a synchronous quorum: build the Manager with "
-            "use_async_quorum=False (quorum_mode='sync'); got an asynchronous one"
-        )
+    check_quorum_mode(method, mode, name=strategy)
 
 
 def _outer_optimizers(

@@ -1,4 +1,5 @@
-"""Per-step sync (FT-HSDP): gradients averaged across replica groups every step, commit per step.
+"""Per-step sync (FT-HSDP), in the trainer of every rank: gradients averaged across replica
+groups every step, commit per step.
 
 The default strategy and a thin one: the Manager does the work. ``start_step`` starts the
 quorum (overlapped with the forward in async mode), ``before_step`` averages the gradients

@@ -1,4 +1,4 @@
-"""The interface the trainer drives, and what every sync strategy shares.
+"""The interface the trainer drives on every rank, and what every sync strategy shares.
 
 A training step with any strategy::
 
@@ -74,20 +74,24 @@ class ManagerLike(Protocol):
     ) -> None: ...
 
 
-def manager_quorum_mode(manager: object) -> QuorumMode | None:
-    """The quorum mode ``manager`` was built with, or ``None`` if it does not say.
+def quorum_mode_of(manager: object, declared: QuorumMode | str | None = None) -> QuorumMode | None:
+    """The quorum mode a strategy runs with: ``declared`` if given, else the Manager's (its
+    public ``use_async_quorum`` bool); None when neither says (e.g. a mock of the Manager).
 
-    Reads, in order, a ``quorum_mode`` attribute, ``use_async_quorum``, then torchft's private
-    ``_use_async_quorum``.
+    Raises:
+        ValueError: ``declared`` disagrees with the Manager.
     """
-    mode = getattr(manager, "quorum_mode", None)
-    if mode is not None:
-        return QuorumMode(mode.value if hasattr(mode, "value") else mode)
-    for attr in ("use_async_quorum", "_use_async_quorum"):
-        value = getattr(manager, attr, None)
-        if isinstance(value, bool):
-            return QuorumMode.ASYNC if value else QuorumMode.SYNC
-    return None
+    says = getattr(manager, "use_async_quorum", None)
+    actual = QuorumMode.of(says) if isinstance(says, bool) else None
+    if declared is None:
+        return actual
+    mode = QuorumMode(declared)
+    if actual is not None and actual is not mode:
+        raise ValueError(
+            f"quorum_mode is {mode.value!r} but the Manager uses {actual.value!r} quorums "
+            f"(use_async_quorum={says})"
+        )
+    return mode
 
 
 @dataclass

@@ -28,8 +28,12 @@ from torchtitan.config import ConfigManager
 from torchtitan.config import FaultTolerance as TitanFaultTolerance
 from torchtitan.config import JobConfig as TitanJobConfig
 
-from torchtitan_ft.config_env import DEFAULT_LIGHTHOUSE_ADDR, LIGHTHOUSE_ENV, is_lighthouse_url
-from torchtitan_ft.semi_sync.config import QuorumMode, SyncMethod
+from torchtitan_ft.manager.settings import (
+    DEFAULT_LIGHTHOUSE_ADDR,
+    LIGHTHOUSE_ENV,
+    is_lighthouse_url,
+)
+from torchtitan_ft.semi_sync.config import QuorumMode, SyncMethod, check_quorum_mode
 from torchtitan_ft.titan.compute_dtype import (
     DtypeChoice,
     choose_param_dtype,
@@ -48,7 +52,7 @@ except ImportError:  # pragma: no cover
     tyro_errors = None
 
 ProcessGroupBackend = Literal["gloo", "nccl"]
-QuorumModeName = Literal["async", "sync"]
+QuorumModeName = Literal[tuple(sorted(m.value for m in QuorumMode))]  # QuorumMode, as TOML text
 WorldSizeModeName = Literal["dynamic", "fixed_with_spares"]
 CheckpointTransportName = Literal["http", "pg"]
 OuterOptimizerName = Literal["sgd", "adamw"]
@@ -473,11 +477,11 @@ def _check_enabled_relations(ft: Any, job_config: Any) -> None:
     check_timeout_order(ft)
     check_lighthouse_addr(ft)
     if sync_method(ft) is not SyncMethod.PER_STEP:
-        _require(
-            quorum_mode(ft) is QuorumMode.SYNC,
-            f"{SECTION}.semi_sync_method={ft.semi_sync_method!r} needs a synchronous quorum: "
-            f"{SECTION}.quorum_mode='sync' or unset (got {ft.quorum_mode!r})",
-        )
+        try:
+            name = f"{SECTION}.semi_sync_method={ft.semi_sync_method!r}"
+            check_quorum_mode(sync_method(ft), quorum_mode(ft), name)
+        except ValueError as e:
+            raise ConfigError(f"{e}; set {SECTION}.quorum_mode='sync' or leave it unset") from None
         check_semi_sync_schedule(ft)
     if job_config is not None:
         replicate = job_config.parallelism.data_parallel_replicate_degree

@@ -1,13 +1,15 @@
 """Observability of one replica group: FT scalars beside TorchTitan's own, and log-line prefixes.
 
-:func:`attach_ft_metrics` (called once at the end of ``FaultTolerantTrainer.__init__``; a no-op
-when FT is off) does two things:
+:func:`attach_ft_metrics` (called once at the end of ``FaultTolerantTrainer.__init__``) and
+:func:`attach_log_prefix` (called before the replica axis and its Manager are built), both
+no-ops when FT is off:
 
-* wraps TorchTitan's metric logger (TensorBoard under ``<dump>/tb/<time>/replica_<id>``, and
+* wrap TorchTitan's metric logger (TensorBoard under ``<dump>/tb/<time>/replica_<id>``, and
   wandb) so that each of TorchTitan's log calls also writes the ``ft/*`` scalars of
   :meth:`FTMetrics.scalars` at the same step;
-* prefixes every log line of this process with ``[replica <id> rank <rank> step <step>]``
-  (:class:`ReplicaLogPrefix`).
+* prefix every log line of this process with ``[replica=<id> rank=<rank>
+  train_step=<TorchTitan's step> committed_steps=<the Manager's>]`` (:class:`ReplicaLogPrefix`),
+  instead of the Manager's own prefix on its lines.
 
 Every scalar is read from ``Manager.stats()`` (a snapshot that never waits for the quorum), or
 for a semi-sync strategy from its ``stats``:
@@ -20,16 +22,18 @@ scalar                     source
 ``ft/quorum_id``           ``quorum_id``
 ``ft/committed_step``      ``step``
 ``ft/batches_committed``   ``Manager.batches_committed()``
-``ft/commit_failures``     per-step: ``steps_discarded``; semi-sync: ``strategy.stats.syncs_failed``
+``ft/commit_failures``     ``commit_failures``: consecutive failed commits now (0 after a commit)
+``ft/steps_discarded``     ``steps_discarded``: steps that did not commit, cumulative
 ``ft/heal_count``          ``heal_count``: healed states this rank applied
 ``ft/heal_seconds``        ``heal_seconds``: transfer + load time of those heals (cumulative)
 ``ft/bytes_healed``        ``heal_bytes_received``: tensor bytes received from donors
 ``ft/bytes_served``        ``heal_bytes_sent``: tensor bytes served to healing peers
 ``ft/bytes_synced``        ``allreduce_bytes``: tensor bytes handed to the cross-group allreduce
 ``ft/syncs_committed``     semi-sync only: ``strategy.stats.syncs_committed``
+``ft/syncs_failed``        semi-sync only: ``strategy.stats.syncs_failed``, cumulative
 =========================  ======================================================================
 
-Sizes are payload (tensor bytes of this rank's shards), not bytes on the wire; all counters are
+Sizes are payload (tensor bytes of this rank's shards), not bytes on the wire; the counters are
 cumulative since the process started.
 """
 
@@ -64,7 +68,8 @@ class FTMetrics:
             "ft/quorum_id": float(stats.quorum_id),
             "ft/committed_step": float(stats.step),
             "ft/batches_committed": float(self._manager.batches_committed()),
-            "ft/commit_failures": float(stats.steps_discarded),
+            "ft/commit_failures": float(stats.commit_failures),
+            "ft/steps_discarded": float(stats.steps_discarded),
             "ft/heal_count": float(stats.heal_count),
             "ft/heal_seconds": stats.heal_seconds,
             "ft/bytes_healed": float(stats.heal_bytes_received),
@@ -73,8 +78,8 @@ class FTMetrics:
         }
         strategy_stats = getattr(self._strategy, "stats", None)
         if strategy_stats is not None:
-            values["ft/commit_failures"] = float(strategy_stats.syncs_failed)
             values["ft/syncs_committed"] = float(strategy_stats.syncs_committed)
+            values["ft/syncs_failed"] = float(strategy_stats.syncs_failed)
         return values
 
 
@@ -98,27 +103,44 @@ class FTMetricLogger:
 
 
 class ReplicaLogPrefix(logging.Filter):
-    """Prefixes log records with ``[replica <id> rank <rank> step <step>]`` (once per record)."""
+    """Prefixes log records with ``[replica=<id> rank=<rank> train_step=<n>
+    committed_steps=<m>]`` (once per record); a Manager record (``ft_message``) gets it instead
+    of the Manager's own prefix, so every line has one."""
 
-    def __init__(self, replica_id: int, rank: int, step: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        replica_id: int,
+        rank: int,
+        train_step: Callable[[], int],
+        committed: Callable[[], int],
+    ) -> None:
         super().__init__()
-        self._head = f"[replica {replica_id} rank {rank} step "
-        self._step = step
+        self._head = f"[replica={replica_id} rank={rank} train_step="
+        self._train_step = train_step
+        self._committed = committed
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Adds the prefix; never drops a record."""
         if not getattr(record, "ft_prefixed", False):
-            record.msg = f"{self._head}{self._step()}] {record.msg}"
+            message = getattr(record, "ft_message", None)
+            if message is not None:
+                record.msg, record.args = message, ()
+            head = f"{self._head}{self._train_step()} committed_steps={self._committed()}]"
+            record.msg = f"{head} {record.msg}"
             record.ft_prefixed = True
         return True
 
 
 def install_log_prefix(
-    replica_id: int, rank: int, step: Callable[[], int], logger: logging.Logger | None = None
+    replica_id: int,
+    rank: int,
+    train_step: Callable[[], int],
+    committed: Callable[[], int],
+    logger: logging.Logger | None = None,
 ) -> ReplicaLogPrefix:
     """Adds a :class:`ReplicaLogPrefix` to every handler of ``logger`` (default: the root
     logger, TorchTitan's); returns it (``handler.removeFilter`` undoes it)."""
-    prefix = ReplicaLogPrefix(replica_id, rank, step)
+    prefix = ReplicaLogPrefix(replica_id, rank, train_step, committed)
     for handler in (logger or logging.getLogger()).handlers:
         handler.addFilter(prefix)
     return prefix
@@ -133,6 +155,20 @@ def attach_ft_metrics(trainer: Any) -> FTMetrics | None:
     metrics = FTMetrics(manager, strategy=getattr(axis, "strategy", None))
     processor = trainer.metrics_processor
     processor.logger = FTMetricLogger(processor.logger, metrics.scalars)
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    install_log_prefix(axis.replica_id, rank, lambda: trainer.step)
     return metrics
+
+
+def attach_log_prefix(trainer: Any) -> ReplicaLogPrefix | None:
+    """Prefixes this process's log lines for ``trainer`` (see the module docstring); None if FT
+    is off. Called before the replica axis is built, so that the Manager's start-up lines get
+    the prefix too (``committed_steps=0`` until the axis has a Manager)."""
+    ft = trainer.job_config.fault_tolerance
+    if not ft.enable:
+        return None
+
+    def committed() -> int:
+        manager = getattr(getattr(trainer, "replica_axis", None), "manager", None)
+        return manager.current_step() if manager is not None else 0
+
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    return install_log_prefix(ft.replica_id, rank, lambda: getattr(trainer, "step", 0), committed)

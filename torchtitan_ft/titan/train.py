@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     import torch
     from torchtitan.tools.logging import init_logger, logger
 
-    from torchtitan_ft.manager_server import (
+    from torchtitan_ft.manager import (
         AddressInUseError,
         QuorumTimeoutError,
         ReplicaGroupMismatchError,

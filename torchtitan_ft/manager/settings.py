@@ -1,15 +1,9 @@
-"""Where the Manager's connection settings come from: arguments, then env vars, then defaults.
+"""Where the Manager's connection settings come from, on every rank: argument, then env var,
+then default (pure).
 
-torchft 0.2.0 let some env vars silently override explicit constructor arguments
-(torchtitan #2899). Here the order is the same for every setting and lives in one place:
-
-1. an explicit argument (anything not ``None``) wins;
-2. otherwise the env var fills it in;
-3. otherwise the documented default applies (or a ``ValueError`` says what is missing).
-
-``resolve_manager_settings`` is a pure function of the arguments and an env mapping, so the
-precedence table is unit-tested without touching ``os.environ``; ``ManagerSettings.describe``
-is the single log line the Manager writes once at start-up, naming the source of every value.
+torchft 0.2.0 let some env vars silently override explicit arguments (torchtitan #2899); here
+the order is the same for every setting and lives in ``resolve_manager_settings``, unit-tested
+with an env mapping. ``ManagerSettings.describe`` is the one line the Manager logs at start-up.
 """
 
 from __future__ import annotations
@@ -202,3 +196,17 @@ def store_key_prefix(env: Mapping[str, str]) -> str:
     if env.get(PER_ROUND_STORE_ENV) == "1":
         return "torchft/"
     return f"torchft/{env.get(RESTART_COUNT_ENV) or '0'}/"
+
+
+def port_in_use_message(port: Resolved[int], bind: str) -> str:
+    """One line for a ManagerServer port that is taken: which port, where it was set, what to
+    do."""
+    if port.source is Source.ENV:
+        origin = f"from {port.env_var}={port.value}"
+    else:
+        origin = f"from the Manager's port={port.value} argument"
+    return (
+        f"manager server port {port.value} ({origin}) is already in use ({bind}); stop the "
+        f"process listening there or choose a free port (leave {MANAGER_PORT_ENV} unset and "
+        "port=None to pick one automatically)"
+    )

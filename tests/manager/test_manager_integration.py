@@ -279,8 +279,7 @@ def identity_worker(cfg: IdentityWorker) -> None:
     import logging
 
     from torchtitan_ft.checkpoint import HTTPTransport
-    from torchtitan_ft.manager import Manager, model_fingerprint
-    from torchtitan_ft.manager_server import ReplicaGroupMismatchError
+    from torchtitan_ft.manager import Manager, ReplicaGroupMismatchError, model_fingerprint
     from torchtitan_ft.process_group import ProcessGroupGloo
 
     logged: list[str] = []

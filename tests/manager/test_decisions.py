@@ -1,19 +1,29 @@
-"""Table tests of compute_quorum_results (pure: no processes, no sockets)."""
+"""The step's pure decisions (``torchtitan_ft.manager.decisions``), from hand-built quorums and
+quorum results: no processes, no sockets."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
-from torchtitan_ft.proto import torchft_pb2 as pb
-from torchtitan_ft.quorum_results import (
-    GroupIdentity,
+from torchtitan_ft.manager.decisions import (
+    Participation,
     QuorumResult,
+    WorldSizeMode,
+    check_commit_failures,
+    compute_participation,
     compute_quorum_results,
-    identity_conflict,
+    global_ranks,
+    heal_needs_group_agreement,
+    local_commit_vote,
+    quorum_store_address,
 )
+from torchtitan_ft.proto import torchft_pb2 as pb
+
+# ------------------------------------------------------------------------------ quorum results
 
 
 def _quorum(*steps: tuple[str, int], commit_failures: dict[str, int] | None = None) -> Quorum:
@@ -226,80 +236,143 @@ def test_proto_round_trip_keeps_optional_zero() -> None:
     assert not a.HasField("recover_src_replica_rank")
 
 
-# ------------------------------------------------------------------------------ group identity
+# ------------------------------------------------------------------------------ step decisions
 
 
-def _members(*identities: tuple[str, dict | None]) -> Quorum:
-    return Quorum(
-        quorum_id=3,
-        participants=tuple(QuorumMember(replica_id=rid, data=data) for rid, data in identities),
-        created=datetime.now(UTC),
+def _result(**overrides: Any) -> QuorumResult:
+    fields: dict[str, Any] = dict(
+        quorum_id=1,
+        recover_src_manager_address="",
+        recover_src_replica_rank=None,
+        recover_dst_replica_ranks=[],
+        store_address="127.0.0.1:1",
+        max_step=5,
+        max_replica_rank=1,
+        max_world_size=3,
+        replica_rank=2,
+        replica_world_size=4,
+        heal=False,
+        commit_failures=0,
+        replica_ids=["a", "b", "c", "d"],
     )
+    fields.update(overrides)
+    return QuorumResult(**fields)
 
 
-FP_A = "ab12cd34: 10 params / 6.1M elements"
-FP_B = "9f3e0a11: 10 params / 7.2M elements"
-
-
-def test_identity_round_trips_through_member_data() -> None:
-    identity = GroupIdentity(replica="ft_0", model=FP_A, group_size=2)
-    data = identity.to_data()
-    assert data == {"replica": "ft_0", "model": FP_A, "group_size": 2}
-    assert GroupIdentity.from_data(data) == identity
-    # torchft members send no data or data of their own: not an identity
-    for foreign in (None, {}, {"from": "a"}, [1, 2], "text", {"replica": 3}):
-        assert GroupIdentity.from_data(foreign) is None
-    # unknown fields ignored, wrongly typed optional fields read as unknown
-    partial = {"replica": "x", "model": 5, "group_size": "2", "extra": True}
-    assert GroupIdentity.from_data(partial) == GroupIdentity("x", None, None)
-
-
-def _ident(replica: str, model: str | None = FP_A, group_size: int | None = 2) -> dict:
-    return GroupIdentity(replica, model, group_size).to_data()
+DYN, SPARES = WorldSizeMode.DYNAMIC, WorldSizeMode.FIXED_WITH_SPARES
+# step 0 with init_sync: 3 members at step 0; the primary does not heal, the others do
+STEP0_PRIMARY = _result(max_step=0, max_replica_rank=0, replica_rank=0, replica_world_size=3)
+STEP0_HEALER = _result(
+    max_step=0, max_replica_rank=2, replica_rank=2, replica_world_size=3, heal=True
+)
 
 
 @pytest.mark.parametrize(
-    ("quorum", "me", "expected"),
+    ("result", "async_", "heal", "init_sync", "mode", "min_size", "expected"),
     [
-        # consistent
-        (_members(("ft_0:u1", _ident("ft_0")), ("ft_1:u2", _ident("ft_1"))), "ft_1:u2", None),
-        # a model mismatch, from either side (names are the configured ids)
-        (
-            _members(("ft_0:u1", _ident("ft_0")), ("ft_1:u2", _ident("ft_1", FP_B))),
-            "ft_1:u2",
-            f"replica group 'ft_1' runs a different model than 'ft_0' (fingerprint {FP_B} vs "
-            f"{FP_A}); start every group with the same model config",
-        ),
-        # the same configured id twice
-        (
-            _members(("ft_0:u1", _ident("ft_0")), ("ft_0:u2", _ident("ft_0"))),
-            "ft_0:u2",
-            "replica_id 'ft_0' is already used by a live replica group; give each group a "
-            "distinct --fault_tolerance.replica_id (Manager replica_id / REPLICA_GROUP_ID)",
-        ),
-        # a different planned number of groups
-        (
-            _members(("ft_0:u1", _ident("ft_0")), ("ft_1:u2", _ident("ft_1", group_size=3))),
-            "ft_1:u2",
-            "replica group 'ft_1' expects group_size=3 but 'ft_0' expects 2; give every group "
-            "the same --fault_tolerance.group_size",
-        ),
-        # unknown values are not compared
-        (
-            _members(("a:u1", _ident("a", None, None)), ("b:u2", _ident("b", FP_B, 3))),
-            "b:u2",
-            None,
-        ),
-        # no configured id (uuid only): never a duplicate
-        (_members(("u1", _ident("")), ("u2", _ident(""))), "u2", None),
-        # a torchft member (no identity) is not checked, nor is a member without one
-        (_members(("ft_0:u1", None), ("ft_1:u2", _ident("ft_1", FP_B))), "ft_1:u2", None),
-        (_members(("ft_0:u1", _ident("ft_0")), ("ft_1:u2", None)), "ft_1:u2", None),
-        # alone
-        (_members(("ft_0:u1", _ident("ft_0"))), "ft_0:u1", None),
+        # async quorum: only up-to-date members count
+        (_result(), True, True, True, DYN, 1, Participation(1, 3, 3)),
+        # sync quorum with healing: everyone (heal completes before the forward)
+        (_result(), False, True, True, DYN, 1, Participation(2, 4, 4)),
+        # sync quorum without healing: like async
+        (_result(), False, False, True, DYN, 1, Participation(1, 3, 3)),
+        # behind and healing: not a participant
+        (_result(max_replica_rank=None), True, True, True, DYN, 1, Participation(None, 3, 3)),
+        # fixed with spares: capped, rank beyond the cap is a spare
+        (_result(), True, True, True, SPARES, 2, Participation(1, 2, 2)),
+        (_result(), True, True, True, SPARES, 1, Participation(None, 1, 1)),
+        (_result(), True, True, True, SPARES, 5, Participation(1, 3, 3)),
+        # step 0 with init_sync, async: only the primary's gradient is averaged, but every
+        # member counts for min_replica_size (all finish the step with the primary's state)
+        (STEP0_PRIMARY, True, True, True, DYN, 1, Participation(0, 1, 3)),
+        (STEP0_HEALER, True, True, True, DYN, 1, Participation(None, 1, 3)),
+        (STEP0_HEALER, True, True, True, SPARES, 2, Participation(None, 1, 2)),
+        # ... not without init_sync, without healing, or with a sync quorum (healed first)
+        (STEP0_PRIMARY, True, True, False, DYN, 1, Participation(0, 3, 3)),
+        (STEP0_HEALER, True, False, True, DYN, 1, Participation(2, 3, 3)),
+        (STEP0_HEALER, False, True, True, DYN, 1, Participation(2, 3, 3)),
     ],
 )
-def test_identity_conflict(quorum: Quorum, me: str, expected: str | None) -> None:
-    conflict = identity_conflict(me, quorum)
-    assert conflict == expected
-    assert conflict is None or "\n" not in conflict
+def test_compute_participation(
+    result: QuorumResult,
+    async_: bool,
+    heal: bool,
+    init_sync: bool,
+    mode: WorldSizeMode,
+    min_size: int,
+    expected: Participation,
+) -> None:
+    got = compute_participation(
+        result,
+        use_async_quorum=async_,
+        allow_heal=heal,
+        init_sync=init_sync,
+        world_size_mode=mode,
+        min_replica_size=min_size,
+    )
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("error", "participants", "min_size", "vote"),
+    [
+        (None, 2, 2, True),
+        (None, 3, 2, True),
+        (None, 1, 2, False),
+        (RuntimeError("allreduce failed"), 3, 2, False),
+        (RuntimeError("x"), 1, 2, False),
+    ],
+)
+def test_local_commit_vote(
+    error: Exception | None, participants: int, min_size: int, vote: bool
+) -> None:
+    got = local_commit_vote(error, participants, min_size)
+    assert got.should_commit is vote
+    if error is not None:
+        assert "allreduce failed" in got.reason or "x" in got.reason
+    elif not vote:
+        assert "min_replica_size=2" in got.reason
+
+
+def test_check_commit_failures() -> None:
+    check_commit_failures(100, None)
+    check_commit_failures(2, 2)
+    with pytest.raises(RuntimeError, match="max_retries=2"):
+        check_commit_failures(3, 2)
+    with pytest.raises(RuntimeError, match="max_retries=0"):
+        check_commit_failures(1, 0)
+
+
+def test_quorum_store_address_and_global_ranks() -> None:
+    assert quorum_store_address("h:1", 7, 2) == "h:1/torchft/7/2"
+    ids = ["train_0:u1", "train_3:u2", "noid:u3", "7"]
+    assert global_ranks(ids, group_world_size=2, group_rank=1) == [1, 7, 1, 15]
+
+
+@pytest.mark.parametrize(
+    ("step", "max_step", "init_sync", "replicas", "expected"),
+    [
+        (3, 7, True, 2, True),  # behind: every rank of the group heals
+        (7, 7, True, 2, False),  # up to date
+        (0, 0, True, 2, True),  # step 0 with init_sync: all but one group heal
+        (0, 0, False, 2, False),  # no init_sync: nobody heals at step 0
+        (0, 0, True, 1, False),  # alone: nothing to sync from
+    ],
+)
+def test_heal_needs_group_agreement(step, max_step, init_sync, replicas, expected) -> None:
+    result = QuorumResult(
+        quorum_id=1,
+        recover_src_manager_address="",
+        recover_src_replica_rank=None,
+        recover_dst_replica_ranks=[],
+        store_address="127.0.0.1:1",
+        max_step=max_step,
+        max_replica_rank=0,
+        max_world_size=replicas,
+        replica_rank=0,
+        replica_world_size=replicas,
+        heal=False,
+        commit_failures=0,
+        replica_ids=[f"r{i}" for i in range(replicas)],
+    )
+    assert heal_needs_group_agreement(step, result, init_sync) is expected

@@ -21,15 +21,16 @@ import grpc
 import pytest
 
 from torchtitan_ft.lighthouse import LighthouseServer
-from torchtitan_ft.manager_server import (
+from torchtitan_ft.manager import (
     AddressInUseError,
     ManagerClient,
     ManagerServer,
+    QuorumResult,
     ReplicaGroupMismatchError,
 )
+from torchtitan_ft.manager.identity import GroupIdentity
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
-from torchtitan_ft.quorum_results import GroupIdentity, QuorumResult
 
 SHORT = timedelta(seconds=5)
 TOKEN = "s3cret-job-token"
@@ -310,7 +311,7 @@ def test_kill_refused_without_token(lighthouse, cleanup) -> None:
 _VICTIM = """
 import sys, time
 from datetime import timedelta
-from torchtitan_ft.manager_server import ManagerServer
+from torchtitan_ft.manager import ManagerServer
 server = ManagerServer(
     "victim", sys.argv[1], hostname="127.0.0.1", bind="127.0.0.1:0", store_addr="127.0.0.1:1",
     world_size=1, heartbeat_interval=timedelta(milliseconds=100),
@@ -484,7 +485,7 @@ def _two_groups(cleanup, a: GroupIdentity, b: GroupIdentity):
 def test_newcomer_with_another_model_fails_and_running_group_carries_on(
     cleanup, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="torchtitan_ft.manager_server")
+    caplog.set_level(logging.ERROR, logger="torchtitan_ft.manager.server")
     b_error, a_result = _two_groups(
         cleanup, GroupIdentity("ft_0", model="aaaa: 2 params / 10 elements"),
         GroupIdentity("ft_1", model="bbbb: 2 params / 12 elements"),

@@ -1,9 +1,14 @@
-"""Int8 per-block quantization and the quantized allreduce (torchtitan_ft/quantization.py)."""
+"""Int8 per-block quantization and the quantized allreduce
+(``torchtitan_ft.process_group.quantized``): the format in process, the allreduce over real gloo
+groups (threads of this process, and two spawned processes)."""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
+from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
@@ -11,17 +16,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed import ReduceOp
 
-from torchtitan_ft.quantization import (
-    BytesCounter,
+from torchtitan_ft.process_group import ProcessGroupGloo
+from torchtitan_ft.process_group.quantized import (
     dequantize_int8,
     quantize_int8,
     quantized_allreduce,
-    quantized_allreduce_with,
     quantized_nbytes,
 )
-from torchtitan_ft.semi_sync.simulated import SimulatedReplicaGroups
-
-from ._helpers import run_threads
 
 
 @pytest.mark.parametrize("numel", [1, 255, 256, 257, 5000])
@@ -61,26 +62,59 @@ def test_rejects_bad_input() -> None:
         quantize_int8(torch.randn(4), 0)
 
 
+class CountingGroup:
+    """Forwards ``quantized_allreduce``'s calls to a process group, adding up the bytes that
+    leave this rank: an alltoall's ``N-1`` chunks for the others, an allgather's ``N-1``
+    copies of this rank's tensor (what a direct or ring allgather sends)."""
+
+    def __init__(self, pg: Any) -> None:
+        self.pg = pg
+        self.sent = 0
+
+    def rank(self) -> int:
+        return self.pg.rank()
+
+    def size(self) -> int:
+        return self.pg.size()
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, *args: Any) -> Any:
+        n = self.size()
+        self.sent += (n - 1) * input.numel() * input.element_size() // n
+        return self.pg.alltoall_base(output, input, *args)
+
+    def allgather(self, outputs: Any, inputs: list[torch.Tensor], *args: Any) -> Any:
+        self.sent += (self.size() - 1) * sum(t.numel() * t.element_size() for t in inputs)
+        return self.pg.allgather(outputs, inputs, *args)
+
+
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("op", [ReduceOp.AVG, ReduceOp.SUM])
-def test_quantized_allreduce_in_process(world: int, op: ReduceOp.RedOpType) -> None:
+def test_quantized_allreduce_over_gloo_groups_in_threads(
+    world: int, op: ReduceOp.RedOpType
+) -> None:
     """Every rank gets the same result, close to the exact reduction; bytes are ~1/4."""
-    groups = SimulatedReplicaGroups(world)
-    managers = [groups.manager(str(r)) for r in range(world)]
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    groups = [CountingGroup(ProcessGroupGloo(timedelta(seconds=30))) for _ in range(world)]
     numel = 3000
     inputs = [torch.randn(numel, generator=torch.Generator().manual_seed(r)) for r in range(world)]
     outputs = [t.clone() for t in inputs]
-    counters = [BytesCounter() for _ in range(world)]
+    errors: list[BaseException] = []
 
-    def replica(r: int) -> None:
-        managers[r].start_quorum()
-        from torchtitan_ft.semi_sync.simulated import _ThreadExchange
+    def rank(r: int) -> None:
+        try:
+            groups[r].pg.configure(f"127.0.0.1:{store.port}/q", f"replica_{r}", r, world)
+            quantized_allreduce(outputs[r], groups[r], op, 256).wait()
+        except BaseException as e:  # re-raised in the test thread
+            errors.append(e)
 
-        quantized_allreduce_with(
-            outputs[r], _ThreadExchange(groups, managers[r]), op, 256, counters[r]
-        )
-
-    run_threads([lambda r=r: replica(r) for r in range(world)])
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for g in groups:
+        g.pg.shutdown()
+    assert not errors, errors
     exact = torch.stack(inputs).sum(0) / (world if op == ReduceOp.AVG else 1)
     for out in outputs[1:]:
         assert torch.equal(out, outputs[0])
@@ -90,9 +124,9 @@ def test_quantized_allreduce_in_process(world: int, op: ReduceOp.RedOpType) -> N
     assert (outputs[0] - exact).abs().max() <= bound
     padded = -(-numel // (world * 256)) * world * 256
     expected = 2 * (world - 1) * quantized_nbytes(padded, 256) // world
-    assert all(c.total == expected for c in counters)
+    assert all(g.sent == expected for g in groups)
     fp32_ring = 2 * (world - 1) * numel * 4 / world
-    assert counters[0].total / fp32_ring == pytest.approx(0.254, abs=0.03)
+    assert groups[0].sent / fp32_ring == pytest.approx(0.254, abs=0.03)
 
 
 def _free_port() -> int:
@@ -105,16 +139,16 @@ def _gloo_worker(rank: int, world: int, port: int, queue: mp.Queue) -> None:
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0)
     pg = dist.ProcessGroupGloo(store, rank, world)
     t = torch.full((1000,), float(rank + 1))
-    counter = BytesCounter()
-    fut = quantized_allreduce(t, pg, ReduceOp.AVG, 256, counter)
+    counting = CountingGroup(pg)
+    fut = quantized_allreduce(t, counting, ReduceOp.AVG, 256)
     fut.wait()
-    queue.put((rank, t.clone(), counter.total))
+    queue.put((rank, t.clone(), counting.sent))
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_quantized_allreduce_over_gloo() -> None:
-    """The process-group path (alltoall_base + allgather over gloo) gives the same answer."""
+    """Over torch's own gloo group in two processes: the same answer and bytes."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     world, port = 2, _free_port()
     ctx = mp.get_context("spawn")

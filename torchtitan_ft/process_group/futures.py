@@ -1,5 +1,6 @@
-"""Futures with deadlines: ``future_with_timeout`` completes a future with TimeoutError when the
-wrapped one takes too long, served by one daemon thread for every deadline of the process."""
+"""Futures of collectives, in every rank: completed ones, and ``future_with_timeout``, which
+completes with TimeoutError when the wrapped one takes too long (one daemon thread serves every
+deadline of the process, started on first use)."""
 
 from __future__ import annotations
 

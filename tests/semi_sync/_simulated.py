@@ -1,31 +1,24 @@
-"""In-process replica groups: a stand-in for the Manager, to test and benchmark sync strategies.
+"""In-process replica groups for the sync-strategy tests: a stand-in for the lighthouse, the
+Managers and the cross-group process group of n replica groups running as threads.
 
-``SimulatedReplicaGroups(n)`` plays the lighthouse and the cross-group process group for n
-replica groups that run as threads of one process; ``.manager(replica_id)`` returns a
-``SimulatedManager`` that speaks the ``Manager`` contract the strategies use (torchft 0.2.0
-names: ``start_quorum``, ``allreduce``, ``should_commit``, ``register_state_dict_fn``, ...).
-
-What it models, and how:
+``SimulatedReplicaGroups(n).manager(replica_id)`` returns a ``SimulatedManager`` with the
+``Manager`` methods the strategies use (torchft 0.2.0 names). What it models:
 
 - **Quorum**: ``start_quorum`` waits until every live member of the previous quorum has asked
-  (the first quorum: ``min_replicas`` replicas), and includes newcomers already waiting — like
-  the lighthouse's fast quorum. Members behind the highest step heal from a member at that step
-  (all registered state-dict functions, deep-copied); at step 0 with ``init_sync`` every member
-  but the first heals from it.
+  (the first quorum: ``min_replicas`` replicas), and includes newcomers already waiting. Members
+  behind the highest step heal from a member at that step (all registered state-dict
+  functions, deep-copied); at step 0 with ``init_sync`` every member but the first heals.
 - **Allreduce**: completes when every quorum member has contributed; the sum is taken in member
   order, so all members get bit-identical results. ``should_quantize`` runs the real int8
-  algorithm of ``torchtitan_ft.quantization`` over an in-process exchange.
+  algorithm of ``torchtitan_ft.process_group.quantized`` over a process group made of threads.
 - **Failures**: ``fail_next_collective()`` / ``fail_collective_at(n)`` make the next (or the
   n-th) collective fail on every member; ``kill(replica_id)`` fails the collectives the dead
   member was part of, and later quorums drop it. A member that records an error fails the
-  collectives it had pending (as an aborted process group would) and skips later ones. A
-  failed collective is recorded (``errored()``) and ``should_commit()`` says False.
-- **Bytes**: ``wire_bytes(replica_id)`` counts what a member sent: ``2 (N-1)/N`` of the tensor
-  size per fp32 allreduce (a ring allreduce), the exact buffers of the quantized algorithm
-  otherwise.
+  collectives it had pending (as an aborted process group would) and skips later ones.
+- **Bytes**: ``wire_bytes(replica_id)``: ``2 (N-1)/N`` of the tensor per fp32 allreduce (a ring
+  allreduce), the exact buffers of the quantized algorithm otherwise.
 
-It is a simulation (threads, no sockets, no timeouts beyond ``timeout``); the real Manager is
-tested in ``tests/test_manager.py``.
+The real Manager is tested in ``tests/manager/``.
 """
 
 from __future__ import annotations
@@ -38,7 +31,8 @@ from typing import Any
 import torch
 from torch.distributed import ReduceOp
 
-from torchtitan_ft.quantization import BytesCounter, quantized_allreduce_with
+from torchtitan_ft.process_group.futures import completed_future
+from torchtitan_ft.process_group.quantized import quantized_allreduce
 from torchtitan_ft.semi_sync.config import QuorumMode
 
 
@@ -63,8 +57,8 @@ class SimulatedReplicaGroups:
 
     Args:
         min_replicas: replica groups the first quorum waits for.
-        quorum_mode: what the managers report as their quorum mode (the simulation itself
-            always forms quorums synchronously).
+        quorum_mode: what the managers report as their quorum mode (``use_async_quorum``;
+            the simulation itself always forms quorums synchronously).
         init_sync: at step 0 every member but the first heals from it (as torchft's
             ``init_sync``), so all start from the same parameters.
         timeout: seconds any wait may take before ``TimeoutError``.
@@ -94,7 +88,7 @@ class SimulatedReplicaGroups:
         self._fail_next = 0
         self._fail_at: set[int] = set()
         self._created = 0
-        self._counters: dict[str, BytesCounter] = {}
+        self._bytes_sent: dict[str, int] = {}
 
     def manager(
         self,
@@ -111,7 +105,7 @@ class SimulatedReplicaGroups:
             if replica_id in self._managers and replica_id not in self._killed:
                 raise ValueError(f"replica {replica_id!r} already has a live manager")
             self._killed.discard(replica_id)
-            self._counters[replica_id] = BytesCounter()
+            self._bytes_sent[replica_id] = 0
             mgr = SimulatedManager(self, replica_id)
             self._managers[replica_id] = mgr
         if load_state_dict is not None and state_dict is not None:
@@ -120,7 +114,8 @@ class SimulatedReplicaGroups:
 
     def wire_bytes(self, replica_id: str) -> int:
         """Bytes replica group ``replica_id`` has sent to other groups."""
-        return self._counters[replica_id].total
+        with self._cond:
+            return self._bytes_sent[replica_id]
 
     def fail_next_collective(self, count: int = 1) -> None:
         """Makes the next ``count`` collectives fail on every member."""
@@ -200,6 +195,11 @@ class SimulatedReplicaGroups:
         """Contributes ``value`` to the member's next collective; the future gets all values."""
         fut: torch.futures.Future[dict[str, Any]] = torch.futures.Future()
         with self._cond:
+            if mgr._error is not None:
+                # Checked under the lock that report_error takes: a member that errored after
+                # its caller last looked must not join (its peers no longer would).
+                fut.set_exception(CollectiveError(f"replica {mgr.replica_id} already errored"))
+                return fut
             key = (mgr._generation, mgr._seq)
             mgr._seq += 1
             coll = self._collections.get(key)
@@ -219,7 +219,7 @@ class SimulatedReplicaGroups:
                 return fut
             coll.values[mgr.replica_id] = value
             coll.futures[mgr.replica_id] = fut
-            self._counters[mgr.replica_id].add(count_bytes)
+            self._bytes_sent[mgr.replica_id] += count_bytes
             dead = [m for m in coll.members if m in self._killed]
             if dead:
                 self._finish(coll, CollectiveError(f"replicas {dead} died"))
@@ -255,29 +255,40 @@ class SimulatedReplicaGroups:
         self._cond.notify_all()
 
 
-class _ThreadExchange:
-    """``quantization.Exchange`` across the members of a simulated quorum."""
+class _ThreadGroup:
+    """The two collectives ``quantized_allreduce`` uses (``alltoall_base``, ``allgather``), across
+    the members of a simulated quorum, counting what leaves this member: an alltoall its
+    ``N-1`` chunks for the others, an allgather ``N-1`` copies of its own tensor."""
 
     def __init__(self, groups: SimulatedReplicaGroups, mgr: SimulatedManager) -> None:
         self._groups = groups
         self._mgr = mgr
         self._members = list(mgr._members)
 
-    @property
     def rank(self) -> int:
         return self._members.index(self._mgr.replica_id)
 
-    @property
-    def world_size(self) -> int:
+    def size(self) -> int:
         return len(self._members)
 
-    def alltoall(self, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
-        values = self._groups._collect(self._mgr, [c.clone() for c in chunks]).wait()
-        return [values[m][self.rank] for m in self._members]
+    def alltoall_base(
+        self, output: torch.Tensor, input: torch.Tensor, *_: Any
+    ) -> torch.futures.Future[Any]:
+        chunks = input.chunk(self.size())
+        sent = sum(c.numel() * c.element_size() for i, c in enumerate(chunks) if i != self.rank())
+        values = self._groups._collect(self._mgr, [c.clone() for c in chunks], sent).wait()
+        output.copy_(torch.cat([values[m][self.rank()] for m in self._members]))
+        return completed_future(None)
 
-    def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        values = self._groups._collect(self._mgr, tensor.clone()).wait()
-        return [values[m] for m in self._members]
+    def allgather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], *_: Any
+    ) -> torch.futures.Future[Any]:
+        (tensor,) = inputs
+        sent = (self.size() - 1) * tensor.numel() * tensor.element_size()
+        values = self._groups._collect(self._mgr, tensor.clone(), sent).wait()
+        for out, member in zip(outputs[0], self._members, strict=True):
+            out.copy_(values[member])
+        return completed_future(None)
 
 
 class SimulatedManager:
@@ -286,7 +297,7 @@ class SimulatedManager:
     def __init__(self, groups: SimulatedReplicaGroups, replica_id: str) -> None:
         self._groups = groups
         self.replica_id = replica_id
-        self.quorum_mode = groups.quorum_mode
+        self.use_async_quorum = groups.quorum_mode is QuorumMode.ASYNC
         self._fns: dict[str, tuple[Callable[[Any], None], Callable[[], Any]]] = {}
         self._step = 0
         self._quorum_id = -1
@@ -340,13 +351,9 @@ class SimulatedManager:
             return done
         n = len(self._members)
         if should_quantize:
+            fut = quantized_allreduce(tensor, _ThreadGroup(self._groups, self), reduce_op)
             try:
-                quantized_allreduce_with(
-                    tensor,
-                    _ThreadExchange(self._groups, self),
-                    reduce_op,
-                    counter=self._groups._counters[self.replica_id],
-                )
+                fut.wait()
             except CollectiveError as e:
                 self.report_error(e)
             done.set_result(tensor)

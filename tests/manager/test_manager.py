@@ -1,6 +1,6 @@
 """Manager unit tests.
 
-The step's pure decisions are tested in ``test_step_decisions.py``. The Manager runs against a
+The step's pure decisions are tested in ``test_decisions.py``. The Manager runs against a
 real in-process lighthouse and ManagerServer (cheap, and the quorum protocol is the point);
 only the cross-group process group and the checkpoint transport are fakes here, since their
 real implementations are tested in their own modules and across processes in
@@ -22,97 +22,15 @@ import pytest
 import torch
 from torch.distributed import ReduceOp
 
-from torchtitan_ft.config_env import (
-    DEFAULT_LIGHTHOUSE_ADDR,
-    Source,
-    resolve_manager_settings,
-    store_key_prefix,
-)
 from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.manager import (
+    AddressInUseError,
     Manager,
     ManagerStats,
+    ReplicaGroupMismatchError,
     WorldSizeMode,
     model_fingerprint,
-    port_in_use_message,
-    tensor_bytes,
 )
-from torchtitan_ft.manager_server import AddressInUseError, ReplicaGroupMismatchError
-
-# ------------------------------------------------------------------------------ config_env
-
-_ENV = {
-    "TORCHFT_LIGHTHOUSE": "http://env-lh:1",
-    "TORCHFT_MANAGER_PORT": "1234",
-    "REPLICA_GROUP_ID": "env_group",
-    "MASTER_ADDR": "env-host",
-    "MASTER_PORT": "2345",
-    "RANK": "1",
-    "WORLD_SIZE": "2",
-}
-
-
-@pytest.mark.parametrize(
-    ("name", "arg_name", "arg", "env_value", "default"),
-    [
-        ("lighthouse_addr", "lighthouse_addr", "http://arg:9", "http://env-lh:1", None),
-        ("manager_port", "port", 7, 1234, 0),
-        ("replica_id", "replica_id", "arg_group", "env_group", ""),
-        ("store_addr", "store_addr", "arg-host", "env-host", "127.0.0.1"),
-        ("store_port", "store_port", 3456, 2345, 0),
-        ("group_rank", "rank", 0, 1, 0),
-        ("group_world_size", "world_size", 3, 2, 1),
-    ],
-)
-def test_config_precedence(
-    name: str, arg_name: str, arg: Any, env_value: Any, default: Any
-) -> None:
-    # argument beats env
-    got = getattr(resolve_manager_settings(env=_ENV, **{arg_name: arg}), name)
-    assert (got.value, got.source) == (arg, Source.ARGUMENT)
-    # env fills what is not given
-    got = getattr(resolve_manager_settings(env=_ENV), name)
-    assert (got.value, got.source, got.env_var is not None) == (env_value, Source.ENV, True)
-    # default when neither
-    got = getattr(resolve_manager_settings(env={}), name)
-    expected_default = DEFAULT_LIGHTHOUSE_ADDR if default is None else default
-    assert (got.value, got.source) == (expected_default, Source.DEFAULT)
-
-
-def test_config_empty_env_counts_as_unset_and_describe_names_sources() -> None:
-    settings = resolve_manager_settings(env={"MASTER_PORT": "", "RANK": ""}, port=5)
-    assert settings.store_port.source is Source.DEFAULT
-    line = settings.describe()
-    assert "manager_port=5 (argument)" in line
-    assert "group_rank=0 (default)" in line
-    assert "env MASTER_PORT" in resolve_manager_settings(env=_ENV).describe()
-
-
-def test_store_key_prefix_follows_torchrun_restarts() -> None:
-    assert store_key_prefix({}) == "torchft/0/"
-    assert store_key_prefix({"TORCHELASTIC_RESTART_COUNT": "3"}) == "torchft/3/"
-    # A new store per incarnation: the nodes' differing restart counts must not matter.
-    per_round = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    assert store_key_prefix({**per_round, "TORCHELASTIC_RESTART_COUNT": "1"}) == "torchft/"
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "env", "match"),
-    [
-        ({}, {"MASTER_PORT": "abc"}, "MASTER_PORT must be an integer"),
-        ({"rank": 2, "world_size": 2}, {}, r"rank must be in \[0, 2\)"),
-        ({"world_size": 2}, {}, "needs a shared TCPStore"),
-        ({"world_size": 0}, {}, "world_size must be >= 1"),
-        ({"port": 70000}, {}, "port must be in"),
-        ({"lighthouse_addr": "htp://x:1"}, {}, r"'htp://x:1' \(argument\) is not http://host:port"),
-        ({}, {"TORCHFT_LIGHTHOUSE": "127.0.0.1:29510"}, r"\(env TORCHFT_LIGHTHOUSE\) is not"),
-        ({"lighthouse_addr": "http://127.0.0.1"}, {}, "is not http://host:port"),
-    ],
-)
-def test_config_errors(kwargs: dict[str, Any], env: dict[str, str], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        resolve_manager_settings(env=env, **kwargs)
-
 
 # ------------------------------------------------------------------------------ fakes
 
@@ -593,17 +511,26 @@ def test_errored_spare_still_joins_with_zeros(lighthouse2: LighthouseServer) -> 
 def test_quantized_allreduce_through_real_process_groups(lighthouse2: LighthouseServer) -> None:
     """should_quantize: int8 blocks over real gloo groups; replicas agree bit for bit, the
     average is within the quantization bound and a quarter of the fp32 bytes is sent."""
-    from torchtitan_ft import quantization
     from torchtitan_ft.process_group import ProcessGroupGloo
 
-    managers = [
-        _manager(lighthouse2, f"q{i}", pg=ProcessGroupGloo(timedelta(seconds=10)), init_sync=False)
-        for i in range(2)
-    ]
+    class CountingGloo(ProcessGroupGloo):
+        """Adds up the bytes its collectives send to the other rank of two."""
+
+        sent = 0
+
+        def alltoall_base(self, output: Any, input: torch.Tensor, *args: Any) -> Any:
+            self.sent += input.numel() * input.element_size() // 2  # the other rank's half
+            return super().alltoall_base(output, input, *args)
+
+        def allgather(self, outputs: Any, inputs: list[torch.Tensor], *args: Any) -> Any:
+            self.sent += sum(t.numel() * t.element_size() for t in inputs)  # one copy
+            return super().allgather(outputs, inputs, *args)
+
+    pgs = [CountingGloo(timedelta(seconds=10)) for _ in range(2)]
+    managers = [_manager(lighthouse2, f"q{i}", pg=pgs[i], init_sync=False) for i in range(2)]
     torch.manual_seed(0)
     inputs = [torch.randn(4096) for _ in managers]
     tensors = [t.clone() for t in inputs]
-    sent_before = quantization.bytes_sent()
     try:
         for m in managers:
             m.start_quorum()
@@ -629,25 +556,11 @@ def test_quantized_allreduce_through_real_process_groups(lighthouse2: Lighthouse
     bound = 2 * max(float(inputs[0].abs().max()), float(inputs[1].abs().max())) / 127
     assert float((tensors[0] - expected).abs().max()) <= bound
     fp32_ring_bytes = 2 * 4096 * 4 * (2 - 1) / 2  # per replica, ring allreduce of fp32
-    sent = (quantization.bytes_sent() - sent_before) / 2
+    sent = pgs[0].sent
     assert 0.2 < sent / fp32_ring_bytes < 0.35
 
 
 # ------------------------------------------------------------------------------ stats
-
-
-def test_tensor_bytes_and_model_fingerprint() -> None:
-    tree = {"a": torch.zeros(4), "b": [torch.zeros(2, dtype=torch.float64), 3], "c": "x"}
-    assert tensor_bytes(tree) == 4 * 4 + 2 * 8
-    torch.manual_seed(0)
-    first = model_fingerprint(torch.nn.Linear(1000, 2000))
-    torch.manual_seed(1)  # other values, same architecture
-    assert model_fingerprint(torch.nn.Linear(1000, 2000)) == first
-    assert first.endswith(": 2 params / 2.0M elements") and len(first.split(":")[0]) == 8
-    with torch.device("meta"):  # no memory needed
-        assert model_fingerprint([torch.nn.Linear(1000, 2000)]) == first
-        assert model_fingerprint(torch.nn.Linear(1000, 2001)) != first
-        assert model_fingerprint(torch.nn.Linear(1000, 2000, dtype=torch.float64)) != first
 
 
 def test_stats_count_allreduce_bytes_and_discarded_steps(lighthouse: LighthouseServer) -> None:
@@ -833,16 +746,3 @@ def test_manager_port_in_use_is_one_clear_line(
     assert f"manager server port {port} (from " in message and origin in message
     assert "already in use" in message and "choose a free port" in message
     assert "\n" not in message and excinfo.value.__suppress_context__
-
-
-def test_port_in_use_message() -> None:
-    from torchtitan_ft.config_env import Resolved, Source
-
-    env = port_in_use_message(Resolved(29512, Source.ENV, "TORCHFT_MANAGER_PORT"), "[::]:29512")
-    assert env == (
-        "manager server port 29512 (from TORCHFT_MANAGER_PORT=29512) is already in use "
-        "([::]:29512); stop the process listening there or choose a free port (leave "
-        "TORCHFT_MANAGER_PORT unset and port=None to pick one automatically)"
-    )
-    arg = port_in_use_message(Resolved(7, Source.ARGUMENT), "127.0.0.1:7")
-    assert "(from the Manager's port=7 argument)" in arg

@@ -1,4 +1,4 @@
-"""``torchtitan_ft.futures``: a future with a deadline."""
+"""``torchtitan_ft.process_group.futures``: a future with a deadline."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from torchtitan_ft.futures import future_with_timeout
+from torchtitan_ft.process_group.futures import future_with_timeout
 
 
 def test_future_with_timeout() -> None:

@@ -1,0 +1,100 @@
+"""Where the Manager's settings come from (``torchtitan_ft.manager.settings``): arguments, env
+vars and defaults, with a mapping for the env (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from torchtitan_ft.manager.settings import (
+    DEFAULT_LIGHTHOUSE_ADDR,
+    Resolved,
+    Source,
+    port_in_use_message,
+    resolve_manager_settings,
+    store_key_prefix,
+)
+
+_ENV = {
+    "TORCHFT_LIGHTHOUSE": "http://env-lh:1",
+    "TORCHFT_MANAGER_PORT": "1234",
+    "REPLICA_GROUP_ID": "env_group",
+    "MASTER_ADDR": "env-host",
+    "MASTER_PORT": "2345",
+    "RANK": "1",
+    "WORLD_SIZE": "2",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "arg_name", "arg", "env_value", "default"),
+    [
+        ("lighthouse_addr", "lighthouse_addr", "http://arg:9", "http://env-lh:1", None),
+        ("manager_port", "port", 7, 1234, 0),
+        ("replica_id", "replica_id", "arg_group", "env_group", ""),
+        ("store_addr", "store_addr", "arg-host", "env-host", "127.0.0.1"),
+        ("store_port", "store_port", 3456, 2345, 0),
+        ("group_rank", "rank", 0, 1, 0),
+        ("group_world_size", "world_size", 3, 2, 1),
+    ],
+)
+def test_config_precedence(
+    name: str, arg_name: str, arg: Any, env_value: Any, default: Any
+) -> None:
+    # argument beats env
+    got = getattr(resolve_manager_settings(env=_ENV, **{arg_name: arg}), name)
+    assert (got.value, got.source) == (arg, Source.ARGUMENT)
+    # env fills what is not given
+    got = getattr(resolve_manager_settings(env=_ENV), name)
+    assert (got.value, got.source, got.env_var is not None) == (env_value, Source.ENV, True)
+    # default when neither
+    got = getattr(resolve_manager_settings(env={}), name)
+    expected_default = DEFAULT_LIGHTHOUSE_ADDR if default is None else default
+    assert (got.value, got.source) == (expected_default, Source.DEFAULT)
+
+
+def test_config_empty_env_counts_as_unset_and_describe_names_sources() -> None:
+    settings = resolve_manager_settings(env={"MASTER_PORT": "", "RANK": ""}, port=5)
+    assert settings.store_port.source is Source.DEFAULT
+    line = settings.describe()
+    assert "manager_port=5 (argument)" in line
+    assert "group_rank=0 (default)" in line
+    assert "env MASTER_PORT" in resolve_manager_settings(env=_ENV).describe()
+
+
+def test_store_key_prefix_follows_torchrun_restarts() -> None:
+    assert store_key_prefix({}) == "torchft/0/"
+    assert store_key_prefix({"TORCHELASTIC_RESTART_COUNT": "3"}) == "torchft/3/"
+    # A new store per incarnation: the nodes' differing restart counts must not matter.
+    per_round = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    assert store_key_prefix({**per_round, "TORCHELASTIC_RESTART_COUNT": "1"}) == "torchft/"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "env", "match"),
+    [
+        ({}, {"MASTER_PORT": "abc"}, "MASTER_PORT must be an integer"),
+        ({"rank": 2, "world_size": 2}, {}, r"rank must be in \[0, 2\)"),
+        ({"world_size": 2}, {}, "needs a shared TCPStore"),
+        ({"world_size": 0}, {}, "world_size must be >= 1"),
+        ({"port": 70000}, {}, "port must be in"),
+        ({"lighthouse_addr": "htp://x:1"}, {}, r"'htp://x:1' \(argument\) is not http://host:port"),
+        ({}, {"TORCHFT_LIGHTHOUSE": "127.0.0.1:29510"}, r"\(env TORCHFT_LIGHTHOUSE\) is not"),
+        ({"lighthouse_addr": "http://127.0.0.1"}, {}, "is not http://host:port"),
+    ],
+)
+def test_config_errors(kwargs: dict[str, Any], env: dict[str, str], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        resolve_manager_settings(env=env, **kwargs)
+
+
+def test_port_in_use_message() -> None:
+    env = port_in_use_message(Resolved(29512, Source.ENV, "TORCHFT_MANAGER_PORT"), "[::]:29512")
+    assert env == (
+        "manager server port 29512 (from TORCHFT_MANAGER_PORT=29512) is already in use "
+        "([::]:29512); stop the process listening there or choose a free port (leave "
+        "TORCHFT_MANAGER_PORT unset and port=None to pick one automatically)"
+    )
+    arg = port_in_use_message(Resolved(7, Source.ARGUMENT), "127.0.0.1:7")
+    assert "(from the Manager's port=7 argument)" in arg

@@ -1,0 +1,34 @@
+"""The runtime of a replica group, on every rank: the Manager and the pieces it drives (group
+rank 0 also runs the group's ManagerServer, ``server.py``).
+
+Bottom to top: ``decisions``, ``identity``, ``settings`` and ``stats`` are pure;
+``client``/``server`` speak ``torchft.ManagerService``; ``rendezvous`` (start-up),
+``collectives``, ``healing`` and ``quorum`` (the quorum thread) hold one rank's state;
+``manager`` is the façade a training loop calls. torchft 0.2.0's names are importable here.
+"""
+
+from torchtitan_ft.manager.client import (
+    ManagerClient,
+    QuorumTimeoutError,
+    ReplicaGroupMismatchError,
+)
+from torchtitan_ft.manager.collectives import ExceptionWithTraceback
+from torchtitan_ft.manager.decisions import QuorumResult, WorldSizeMode
+from torchtitan_ft.manager.identity import model_fingerprint
+from torchtitan_ft.manager.manager import Manager
+from torchtitan_ft.manager.server import AddressInUseError, ManagerServer
+from torchtitan_ft.manager.stats import ManagerStats
+
+__all__ = [
+    "AddressInUseError",
+    "ExceptionWithTraceback",
+    "Manager",
+    "ManagerClient",
+    "ManagerServer",
+    "ManagerStats",
+    "QuorumResult",
+    "QuorumTimeoutError",
+    "ReplicaGroupMismatchError",
+    "WorldSizeMode",
+    "model_fingerprint",
+]

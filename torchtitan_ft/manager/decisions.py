@@ -1,0 +1,313 @@
+"""Pure decisions of one step: a rank's view of a quorum (made on group rank 0's server) and
+what every rank decides from it.
+
+The rules are in docs/architecture.md ("One step", steps 3, 4, 8 and 9); tested without servers
+in ``tests/manager/test_decisions.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
+from torchtitan_ft.proto import torchft_pb2 as pb
+
+# ---------------------------------------------------------------------------- quorum results
+# On group rank 0's ManagerServer: one group rank's view of the lighthouse's quorum.
+
+
+@dataclass(frozen=True)
+class QuorumResult:
+    """One group rank's view of a quorum; mirrors ``torchft.ManagerQuorumResponse``."""
+
+    quorum_id: int
+    """Lighthouse quorum id; changes when membership changes or a member reports failures."""
+    recover_src_manager_address: str
+    """Manager URL of the member to heal from; ``""`` when not healing."""
+    recover_src_replica_rank: int | None
+    """Replica rank to heal from; ``None`` when not healing."""
+    recover_dst_replica_ranks: list[int] = field(hash=False)
+    """Replica ranks that heal from this member, ascending."""
+    store_address: str
+    """``host:port`` of the primary's TCPStore for this group rank."""
+    max_step: int
+    """Highest step reported by any member."""
+    max_replica_rank: int | None
+    """Index of this member among the members at ``max_step``; ``None`` when behind."""
+    max_world_size: int
+    """Number of members at ``max_step``."""
+    replica_rank: int
+    """Index of this member among all members ordered by replica id."""
+    replica_world_size: int
+    """Number of members in the quorum."""
+    heal: bool
+    """Whether this member must load state from ``recover_src_replica_rank`` before training."""
+    commit_failures: int
+    """Highest ``commit_failures`` reported by any member."""
+    replica_ids: list[str] = field(hash=False)
+    """Member replica ids in replica-rank order."""
+
+    def to_proto(self) -> pb.ManagerQuorumResponse:
+        msg = pb.ManagerQuorumResponse(
+            quorum_id=self.quorum_id,
+            recover_src_manager_address=self.recover_src_manager_address,
+            recover_dst_replica_ranks=self.recover_dst_replica_ranks,
+            store_address=self.store_address,
+            max_step=self.max_step,
+            max_world_size=self.max_world_size,
+            replica_rank=self.replica_rank,
+            replica_world_size=self.replica_world_size,
+            heal=self.heal,
+            commit_failures=self.commit_failures,
+            replica_ids=self.replica_ids,
+        )
+        # proto3 ``optional``: presence must be explicit, also when the value is 0.
+        if self.recover_src_replica_rank is not None:
+            msg.recover_src_replica_rank = self.recover_src_replica_rank
+        if self.max_replica_rank is not None:
+            msg.max_replica_rank = self.max_replica_rank
+        return msg
+
+    @classmethod
+    def from_proto(cls, msg: pb.ManagerQuorumResponse) -> QuorumResult:
+        return cls(
+            quorum_id=msg.quorum_id,
+            recover_src_manager_address=msg.recover_src_manager_address,
+            recover_src_replica_rank=(
+                msg.recover_src_replica_rank if msg.HasField("recover_src_replica_rank") else None
+            ),
+            recover_dst_replica_ranks=list(msg.recover_dst_replica_ranks),
+            store_address=msg.store_address,
+            max_step=msg.max_step,
+            max_replica_rank=(msg.max_replica_rank if msg.HasField("max_replica_rank") else None),
+            max_world_size=msg.max_world_size,
+            replica_rank=msg.replica_rank,
+            replica_world_size=msg.replica_world_size,
+            heal=msg.heal,
+            commit_failures=msg.commit_failures,
+            replica_ids=list(msg.replica_ids),
+        )
+
+
+def compute_quorum_results(
+    replica_id: str, group_rank: int, quorum: Quorum, init_sync: bool
+) -> QuorumResult:
+    """Returns group rank ``group_rank`` of replica ``replica_id``'s view of ``quorum``.
+
+    Args:
+        replica_id: the replica group asking; must be a member of ``quorum``.
+        group_rank: rank inside the replica group (>= 0); selects the primary store and offsets
+            the recovery source assignment.
+        quorum: the quorum issued by the lighthouse (members in any order).
+        init_sync: at step 0, make every member except the first up-to-date one heal from it
+            so all replicas start from identical weights. With ``False`` nobody heals at step 0
+            (the caller guarantees identical initialisation, e.g. a fixed seed).
+
+    Raises:
+        ValueError: ``replica_id`` is not a member, or ``group_rank`` is negative.
+    """
+    if group_rank < 0:
+        raise ValueError(f"group_rank must be >= 0, got {group_rank}")
+    members = sorted(quorum.participants, key=lambda m: m.replica_id)
+    replica_ids = [m.replica_id for m in members]
+    if replica_id not in replica_ids:
+        raise ValueError(
+            f"replica {replica_id!r} is not a member of quorum {quorum.quorum_id} "
+            f"(members: {replica_ids})"
+        )
+    replica_rank = replica_ids.index(replica_id)
+
+    max_step = max(m.step for m in members)
+    max_members = [m for m in members if m.step == max_step]
+    max_ids = [m.replica_id for m in max_members]
+    max_replica_rank = max_ids.index(replica_id) if replica_id in max_ids else None
+    primary = max_members[group_rank % len(max_members)]
+
+    recovering = [
+        rank
+        for rank, member in enumerate(members)
+        if _must_recover(member, max_members[0], max_step, init_sync)
+    ]
+    recovering_set = set(recovering)
+    up_to_date = [rank for rank in range(len(members)) if rank not in recovering_set]
+    sources = {
+        dst: up_to_date[(k + group_rank) % len(up_to_date)] for k, dst in enumerate(recovering)
+    }
+
+    src = sources.get(replica_rank)
+    return QuorumResult(
+        quorum_id=quorum.quorum_id,
+        recover_src_manager_address=members[src].address if src is not None else "",
+        recover_src_replica_rank=src,
+        recover_dst_replica_ranks=[dst for dst in recovering if sources[dst] == replica_rank],
+        store_address=primary.store_address,
+        max_step=max_step,
+        max_replica_rank=max_replica_rank,
+        max_world_size=len(max_members),
+        replica_rank=replica_rank,
+        replica_world_size=len(members),
+        heal=src is not None,
+        commit_failures=max(m.commit_failures for m in members),
+        replica_ids=replica_ids,
+    )
+
+
+def _must_recover(
+    member: QuorumMember, init_source: QuorumMember, max_step: int, init_sync: bool
+) -> bool:
+    if member.step != max_step:
+        return True
+    return init_sync and max_step == 0 and member.replica_id != init_source.replica_id
+
+
+# ------------------------------------------------------------------------------ step decisions
+# On every rank: what the Manager decides from its QuorumResult.
+
+
+class WorldSizeMode(Enum):
+    """How many replica groups take part in a step when more than ``min_replica_size`` are up.
+
+    DYNAMIC: every up-to-date replica group participates; gradients are averaged over all of
+        them, so the effective batch grows and shrinks with membership.
+    FIXED_WITH_SPARES: exactly ``min_replica_size`` groups participate (the lowest replica ranks
+        among the up-to-date ones); the others are spares that contribute zero gradients but
+        apply the same averaged update, so they stay in sync and can take over at once.
+    """
+
+    DYNAMIC = 0
+    FIXED_WITH_SPARES = 1
+
+
+@dataclass(frozen=True)
+class Participation:
+    """Which slot this replica group takes in the step's gradient average."""
+
+    rank: int | None
+    """Rank among the participants; ``None`` for a spare or a replica still healing."""
+    world_size: int
+    """Number of participants: the divisor of the gradient average."""
+    vote_size: int
+    """Groups counted against ``min_replica_size`` in the commit vote: the participants, and
+    at step 0 with ``init_sync`` also the groups taking the step-0 source's state (they
+    contribute no gradient but finish the step identical to the source)."""
+
+
+def compute_participation(
+    result: QuorumResult,
+    *,
+    use_async_quorum: bool,
+    allow_heal: bool,
+    init_sync: bool,
+    world_size_mode: WorldSizeMode,
+    min_replica_size: int,
+) -> Participation:
+    """Who participates in this step, from one group rank's quorum result.
+
+    With an async quorum (or without healing) only the members already at ``max_step``
+    participate: a healing member's state arrives during the forward and is applied after the
+    backward, so its gradients are stale and it contributes zeros. That includes step 0 with
+    ``init_sync``, where every member but one (the step-0 source, see
+    ``compute_quorum_results``) heals from it although all are at ``max_step``: the source is
+    the only participant, so the step's average is its own gradient rather than that gradient
+    divided by the number of members.
+    With a sync quorum and healing, the heal completes before the forward and everyone
+    participates. FIXED_WITH_SPARES caps the participants at ``min_replica_size``.
+    """
+    if use_async_quorum or not allow_heal:
+        rank, size = result.max_replica_rank, result.max_world_size
+    else:
+        rank, size = result.replica_rank, result.replica_world_size
+    vote_size = size
+    if use_async_quorum and allow_heal and init_sync and result.max_step == 0 and size > 1:
+        # The step-0 source is the one member that does not heal (compute_quorum_results).
+        rank, size = (None if result.heal else 0), 1
+    if world_size_mode is WorldSizeMode.FIXED_WITH_SPARES:
+        size = min(size, min_replica_size)
+        vote_size = min(vote_size, min_replica_size)
+        if rank is not None and rank >= min_replica_size:
+            rank = None
+    return Participation(rank=rank, world_size=size, vote_size=vote_size)
+
+
+@dataclass(frozen=True)
+class CommitVote:
+    """This rank's local vote on committing the step, with the reason (logged)."""
+
+    should_commit: bool
+    reason: str
+
+
+def local_commit_vote(
+    error: BaseException | None, num_participants: int, min_replica_size: int
+) -> CommitVote:
+    """Votes to commit only when no error was recorded and enough replicas took part."""
+    if error is not None:
+        return CommitVote(False, f"error this step: {error}")
+    if num_participants < min_replica_size:
+        return CommitVote(
+            False, f"{num_participants} participants < min_replica_size={min_replica_size}"
+        )
+    return CommitVote(True, f"{num_participants} participants, no error")
+
+
+def heal_needs_group_agreement(step: int, result: QuorumResult, init_sync: bool) -> bool:
+    """Whether this group's ranks might heal this quorum (sync quorum only).
+
+    Every rank of a replica group computes the same answer: the group is behind the quorum's
+    max step, or it is step 0 with ``init_sync`` (our ManagerServer heals whole groups then,
+    but torchft's picks the source per group rank, so behind it some ranks of a group may heal
+    while others do not). Healed state is then
+    applied only if every rank of the group received its state (all or nothing), so the ranks
+    of a group never end up at different steps.
+    """
+    return step < result.max_step or (
+        init_sync and result.max_step == 0 and result.replica_world_size > 1
+    )
+
+
+def check_step_arguments(
+    min_replica_size: int, world_size_mode: WorldSizeMode, max_retries: int | None
+) -> None:
+    """Raises ``ValueError``/``TypeError`` for the Manager arguments these decisions reject."""
+    if min_replica_size < 1:
+        raise ValueError(f"min_replica_size must be >= 1, got {min_replica_size}")
+    if not isinstance(world_size_mode, WorldSizeMode):
+        raise TypeError(f"world_size_mode must be a WorldSizeMode, got {world_size_mode!r}")
+    if max_retries is not None and max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0 or None, got {max_retries}")
+
+
+def check_commit_failures(commit_failures: int, max_retries: int | None) -> None:
+    """Raises RuntimeError once ``commit_failures`` consecutive failures exceed ``max_retries``.
+
+    ``max_retries=None`` retries forever; ``max_retries=0`` raises on the first failed commit.
+    """
+    if max_retries is not None and commit_failures > max_retries:
+        raise RuntimeError(
+            f"should_commit failed {commit_failures} times in a row, exceeding "
+            f"max_retries={max_retries}; giving up on this replica group"
+        )
+
+
+def quorum_store_address(store_address: str, quorum_id: int, group_rank: int) -> str:
+    """``host:port/prefix`` under which one quorum's process group for a group rank meets."""
+    return f"{store_address}/torchft/{quorum_id}/{group_rank}"
+
+
+_TRAILING_DIGITS = re.compile(r"(\d+)$")
+
+
+def global_ranks(replica_ids: list[str], group_world_size: int, group_rank: int) -> list[int]:
+    """Global ranks of this group rank's peers, one per quorum member (in replica-rank order).
+
+    The replica group number is the trailing digits of the replica id before the uuid suffix
+    (``"train_3:<uuid>"`` -> 3; none -> 0); global rank = group number * group size + rank.
+    """
+    ranks = []
+    for replica_id in replica_ids:
+        match = _TRAILING_DIGITS.search(replica_id.split(":")[0])
+        group = int(match.group(1)) if match else 0
+        ranks.append(group * group_world_size + group_rank)
+    return ranks

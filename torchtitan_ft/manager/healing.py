@@ -1,0 +1,211 @@
+"""Live healing on every rank: offer this rank's state to peers and receive a donor's on the
+quorum thread, then apply the received state on the training thread, all or nothing.
+
+Docs: architecture.md, "One step" (steps 6, 8 and 10) and "Why the healed state is applied
+where it is".
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, cast
+
+from torchtitan_ft.checkpoint import CheckpointTransport
+from torchtitan_ft.manager.client import ManagerClient
+from torchtitan_ft.manager.decisions import QuorumResult
+from torchtitan_ft.manager.stats import Counters, tensor_bytes
+
+
+class Healing:
+    """The user state one rank heals with, and the heal transfer of the current step.
+
+    Threads: ``new_step`` runs on the training thread before the quorum thread starts,
+    ``exchange`` on the quorum thread, ``apply_all_or_nothing`` and ``withdraw_stale_offer`` on
+    the training thread once the quorum thread is done.
+
+    Args:
+        transport: moves the state between ranks (``HTTPTransport``, ``PGTransport``, ...).
+        group_rank: this rank in its replica group; a healer asks the donor group's
+            ManagerServer where the donor's rank with the same group rank serves its state.
+        timeout: for the donor's ``CheckpointMetadata`` RPC and each transfer.
+        connect_timeout: for connecting to the donor group's ManagerServer.
+        counters: where heal bytes and times are counted.
+        log: the Manager's logger (level, message).
+    """
+
+    def __init__(
+        self,
+        transport: CheckpointTransport[Any],
+        *,
+        group_rank: int,
+        timeout: timedelta,
+        connect_timeout: timedelta,
+        counters: Counters,
+        log: Callable[[int, str], None],
+    ) -> None:
+        self.transport = transport
+        self._group_rank = group_rank
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        self._counters = counters
+        self._log = log
+        self._load_fns: dict[str, Callable[[Any], None]] = {}
+        self._save_fns: dict[str, Callable[[], Any]] = {}
+        self._pending: dict[str, Any] | None = None
+        self._receive_seconds = 0.0
+        self._served = False
+
+    # ---------------------------------------------------------------- user state
+
+    def register(
+        self, key: str, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]
+    ) -> None:
+        """Adds one named piece of user state to what healing sends and loads."""
+        if key in self._load_fns:
+            raise ValueError(f"state dict fn {key!r} is already registered")
+        self._load_fns[key] = load_state_dict
+        self._save_fns[key] = state_dict
+
+    def replace(
+        self, key: str, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]
+    ) -> None:
+        """Registers ``key``, replacing what was registered under it."""
+        self._load_fns.pop(key, None)
+        self._save_fns.pop(key, None)
+        self.register(key, load_state_dict, state_dict)
+
+    # ---------------------------------------------------------------- one step
+
+    def new_step(self) -> None:
+        """Forgets the previous step's transfer (training thread, before the quorum thread)."""
+        self._pending = None
+        self._served = False
+
+    def exchange(self, result: QuorumResult, manager_state: dict[str, int]) -> None:
+        """Offers our state to the peers healing from us and, if we heal, receives the donor's
+        into a pending buffer (not applied). Quorum thread; raises what the transport raised."""
+        if result.recover_dst_replica_ranks:
+            self._log(
+                logging.INFO,
+                f"serving step {result.max_step} to replica ranks "
+                f"{result.recover_dst_replica_ranks}",
+            )
+            self._served = True
+            state = self._state_to_send(manager_state)
+            self.transport.send_checkpoint(
+                dst_ranks=result.recover_dst_replica_ranks,
+                step=result.max_step,
+                state_dict=state,
+                timeout=self._timeout,
+            )
+            sent = tensor_bytes(state) * len(result.recover_dst_replica_ranks)
+            self._counters.add(heal_bytes_sent=sent)
+        if result.heal:
+            start = time.perf_counter()
+            self._pending = self._receive(result)
+            self._receive_seconds = time.perf_counter() - start
+
+    def _state_to_send(self, manager_state: dict[str, int]) -> dict[str, Any]:
+        if not self._save_fns:
+            raise RuntimeError(
+                "a peer needs to heal from this replica but no state_dict function is "
+                "registered (pass state_dict= or call register_state_dict_fn)"
+            )
+        return {
+            "user": {key: fn() for key, fn in self._save_fns.items()},
+            "torchft": manager_state,
+        }
+
+    def _receive(self, result: QuorumResult) -> dict[str, Any]:
+        src_rank = result.recover_src_replica_rank
+        if src_rank is None:
+            raise RuntimeError(f"quorum {result.quorum_id} says heal but names no source rank")
+        self._log(
+            logging.INFO,
+            f"healing to step {result.max_step} from replica rank {src_rank} "
+            f"({result.recover_src_manager_address})",
+        )
+        source = ManagerClient(
+            result.recover_src_manager_address, connect_timeout=self._connect_timeout
+        )
+        try:
+            metadata = source._checkpoint_metadata(self._group_rank, timeout=self._timeout)
+        finally:
+            source.close()
+        state = self.transport.recv_checkpoint(
+            src_rank=src_rank, metadata=metadata, step=result.max_step, timeout=self._timeout
+        )
+        self._counters.add(heal_bytes_received=tensor_bytes(state))
+        _check_healed_state(state, self._load_fns.keys(), result.max_step)
+        return cast(dict[str, Any], state)
+
+    def apply_all_or_nothing(
+        self,
+        *,
+        healing: bool,
+        group_and: Callable[[bool], bool],
+        report_error: Callable[[BaseException], None],
+        load_manager_state: Callable[[dict[str, int]], None],
+    ) -> None:
+        """Applies the received state if every rank of the replica group received its own
+        (training thread, when the group may heal this step): ``group_and`` of "I received my
+        state, or had none to receive"; the user state, then the Manager's step
+        (``load_manager_state``). Otherwise nothing is applied and ``report_error`` records
+        why.
+
+        All or nothing, so a group's ranks never end up at different steps; and independent of
+        the step's commit vote, so replicas behind can catch up even while too few replicas are
+        at the max step for any step to commit (otherwise a livelock).
+
+        Raises:
+            RuntimeError: a load failed; the other ranks applied theirs, so this group can no
+                longer be made consistent.
+        """
+        received = not healing or self._pending is not None
+        if not group_and(received):
+            if received:
+                report_error(RuntimeError("another rank of this replica group failed to heal"))
+            return
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        start = time.perf_counter()
+        try:
+            for key, load in self._load_fns.items():
+                load(pending["user"][key])
+            load_manager_state(pending["torchft"])
+        except Exception as e:
+            raise RuntimeError(
+                f"every rank of the replica group received its healed state but this rank "
+                f"could not load it: {e}; is the model the same in every group?"
+            ) from e
+        seconds = self._receive_seconds + time.perf_counter() - start
+        self._counters.heal_applied(seconds)
+        step = pending["torchft"]["step"]
+        self._log(logging.INFO, f"applied healed state of step {step} ({seconds:.3f} s)")
+
+    def withdraw_stale_offer(self) -> None:
+        """Withdraws the offer of an earlier step unless this step served one (training thread,
+        at the commit vote).
+
+        An offer is withdrawn one step late: healers of the quorum that made it may still be
+        fetching after the donor commits (the donor does not wait for them), and none can join
+        the next quorum (which this commit needed) before finishing.
+        """
+        if not self._served:
+            self.transport.disallow_checkpoint()
+
+
+def _check_healed_state(state: Any, keys: Any, step: int) -> None:
+    """Rejects a received state that cannot be applied whole (before anything is loaded)."""
+    if not isinstance(state, dict) or "user" not in state or "torchft" not in state:
+        raise RuntimeError("received checkpoint lacks the 'user' and 'torchft' parts")
+    missing = [k for k in keys if k not in state["user"]]
+    if missing:
+        raise RuntimeError(f"received checkpoint lacks user state {missing}")
+    got = state["torchft"].get("step")
+    if got != step:
+        raise RuntimeError(f"received checkpoint of step {got}, expected step {step}")

@@ -1,0 +1,489 @@
+"""The Manager, one per rank of a replica group: the training loop's side of each step's
+quorum, healing and commit vote (a façade over the modules beside it).
+
+The step protocol is in docs/architecture.md ("One step"). Who writes which field (the training
+thread reads the quorum thread's after ``_quorum.wait_ready()``/``wait()``; ``stats()`` reads
+any field at any time):
+
+==============================================================  ===============================
+field                                                           written on
+==============================================================  ===============================
+``_step``, ``_batches_committed``, ``_commit_failures``,        the training thread
+``_identity``, ``_quorum``'s futures, ``_collectives``'
+pending futures
+``_quorum.result``, ``.participation``, ``.healing``,           the quorum thread (``healing``
+``._quorum_id``; ``_heal``'s received state, receive time and   and ``_heal`` are reset by
+served flag                                                     ``start_quorum`` first)
+``_collectives.usable``                                         the quorum thread, the training
+                                                                thread, a failed allreduce's
+                                                                callback
+``_collectives``' error, ``_counters``                          any thread, under their locks
+everything else                                                 ``__init__`` only
+==============================================================  ===============================
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+from torch.distributed import ReduceOp
+
+from torchtitan_ft.checkpoint import CheckpointTransport
+from torchtitan_ft.manager.collectives import ExceptionWithTraceback, StepCollectives
+from torchtitan_ft.manager.decisions import (
+    WorldSizeMode,
+    check_commit_failures,
+    check_step_arguments,
+    heal_needs_group_agreement,
+    local_commit_vote,
+)
+from torchtitan_ft.manager.healing import Healing
+from torchtitan_ft.manager.identity import GroupIdentity
+from torchtitan_ft.manager.quorum import QuorumRequest, QuorumThread
+from torchtitan_ft.manager.rendezvous import join_replica_group
+from torchtitan_ft.manager.settings import ManagerSettings, resolve_manager_settings
+from torchtitan_ft.manager.stats import Counters, ManagerStats
+from torchtitan_ft.process_group.futures import completed_future
+
+logger: logging.Logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Manager:
+    """Drives one replica-group rank through quorum, reconfiguration, healing and commit.
+
+    Group rank 0 hosts the replica group's ManagerServer (which talks to the lighthouse) and,
+    unless one is already listening there (torchrun's agent store), the group's TCPStore;
+    other ranks find the server in that store. Save and restore ``Manager.state_dict()`` with
+    periodic checkpoints: it holds the committed step count.
+
+    Args (torchft 0.2.0's, then three of ours; "A > B > C": argument, else env var, else default):
+        pg: the reconfigurable cross-replica-group process group (e.g. ``ProcessGroupGloo``),
+            reconfigured whenever the quorum id changes.
+        load_state_dict: loads user state received when healing, on the training thread at a
+            safe point. ``None``: ``register_state_dict_fn`` later.
+        state_dict: returns the user state offered to healing peers (quorum thread).
+        min_replica_size: minimum participating replica groups for a step to commit (and the
+            participant cap under FIXED_WITH_SPARES).
+        use_async_quorum: run the quorum on a worker thread overlapped with the forward
+            (default True). With False, ``start_quorum`` blocks and a healing replica applies
+            the received state before its forward and participates at once.
+        timeout: collectives, ``wrap_future``, ShouldCommit and CheckpointMetadata RPCs and
+            checkpoint transfers (default 60 s).
+        quorum_timeout: how long ``start_quorum`` waits for the lighthouse (default 60 s);
+            raise it for LocalSGD/DiLoCo with long sync intervals.
+        connect_timeout: connecting to the ManagerServer, lighthouse and TCPStore (60 s).
+        rank: rank in the replica group: argument > ``RANK`` > 0.
+        world_size: ranks in the replica group: argument > ``WORLD_SIZE`` > 1.
+        world_size_mode: ``WorldSizeMode.DYNAMIC`` (default) or ``FIXED_WITH_SPARES``.
+        store_addr: host of the group's TCPStore, dialled by the other groups: argument >
+            ``MASTER_ADDR`` > ``hostname``. A loopback name (torchrun sets
+            ``MASTER_ADDR=localhost`` on many machines) is advertised to them as ``hostname``
+            unless that is loopback too.
+        store_port: its port: argument > ``MASTER_PORT`` > 0 (a free port; 1-rank groups only).
+        lighthouse_addr: lighthouse URL (group rank 0): argument > ``TORCHFT_LIGHTHOUSE`` >
+            ``http://localhost:29510``.
+        replica_id: the group's id (group rank 0): argument > ``REPLICA_GROUP_ID`` > "". A
+            per-process uuid is appended (a restarted group joins as a new member); trailing
+            digits number the group's global ranks.
+        port: ManagerServer port (group rank 0): argument > ``TORCHFT_MANAGER_PORT`` > 0 (free).
+        hostname: the name other groups dial for this one's ManagerServer and checkpoint
+            server (default ``socket.gethostname()``); a loopback name keeps both on loopback.
+        heartbeat_interval: how often group rank 0 heartbeats the lighthouse (default 100 ms).
+        checkpoint_transport: how state moves to healing peers; default ``HTTPTransport`` with
+            ``timeout``, ``hostname`` and ``auth_token``.
+        init_sync: at step 0 every replica group loads the primary's state so all start
+            identical (default True); False only when all groups initialise identically.
+        max_retries: consecutive failed commits allowed; one more raises RuntimeError from
+            ``should_commit``. ``None`` (default) retries forever.
+        quorum_retries: retries (with backoff) of a failed lighthouse quorum request by group
+            rank 0's ManagerServer before the quorum fails (default 0).
+        auth_token: optional job token; the ManagerServer's Kill RPC and the default
+            checkpoint transport only answer requests carrying it. Not read from env.
+        model_fingerprint: what model this group trains (``model_fingerprint(model)``) or a
+            function returning it, called once at the first ``start_quorum``; a group whose
+            fingerprint differs from a live group's fails its first quorum with
+            ``ReplicaGroupMismatchError``. Default ``None``: not checked.
+        num_replica_groups: the planned number of replica groups (TorchTitan's
+            ``fault_tolerance.group_size``), checked the same way; default ``None``. A replica
+            id that a live group already uses is always refused.
+
+    Raises:
+        ValueError: bad settings (see ``settings``), ``min_replica_size < 1``.
+        AddressInUseError: the ManagerServer's port is taken; the message says where it was set.
+    """
+
+    def __init__(
+        self,
+        pg: Any,
+        load_state_dict: Callable[[Any], None] | None,
+        state_dict: Callable[[], Any] | None,
+        min_replica_size: int,
+        use_async_quorum: bool = True,
+        timeout: timedelta = timedelta(seconds=60),
+        quorum_timeout: timedelta = timedelta(seconds=60),
+        connect_timeout: timedelta = timedelta(seconds=60),
+        rank: int | None = None,
+        world_size: int | None = None,
+        world_size_mode: WorldSizeMode = WorldSizeMode.DYNAMIC,
+        store_addr: str | None = None,
+        store_port: int | None = None,
+        lighthouse_addr: str | None = None,
+        replica_id: str | None = None,
+        port: int | None = None,
+        hostname: str = socket.gethostname(),
+        heartbeat_interval: timedelta = timedelta(milliseconds=100),
+        checkpoint_transport: CheckpointTransport | None = None,
+        init_sync: bool = True,
+        max_retries: int | None = None,
+        quorum_retries: int = 0,
+        auth_token: str | None = None,
+        model_fingerprint: str | Callable[[], str] | None = None,
+        num_replica_groups: int | None = None,
+    ) -> None:
+        check_step_arguments(min_replica_size, world_size_mode, max_retries)
+        if (load_state_dict is None) != (state_dict is None):
+            raise ValueError("pass both load_state_dict and state_dict, or neither")
+        settings = resolve_manager_settings(
+            env=os.environ,
+            lighthouse_addr=lighthouse_addr,
+            port=port,
+            replica_id=replica_id,
+            store_addr=store_addr,
+            store_port=store_port,
+            rank=rank,
+            world_size=world_size,
+            default_store_host=hostname,
+        )
+        self._settings: ManagerSettings = settings
+        self._group_rank: int = settings.group_rank.value
+        self._group_world_size: int = settings.group_world_size.value
+        self._min_replica_size = min_replica_size
+        self._use_async_quorum = use_async_quorum
+        self._timeout = timeout
+        self._quorum_timeout = quorum_timeout
+        self._init_sync = init_sync
+        self._max_retries = max_retries
+        self._pg = pg
+        self._step = 0
+        self._batches_committed = 0
+        self._commit_failures = 0
+        self._identity: Callable[[], GroupIdentity] | None = lambda: GroupIdentity.resolve(
+            settings.replica_id.value, model_fingerprint, num_replica_groups
+        )
+        self._counters = Counters()
+        self._collectives = StepCollectives(
+            pg, timeout=timeout, counters=self._counters, log=self._log
+        )
+
+        group = join_replica_group(
+            settings,
+            env=os.environ,
+            hostname=hostname,
+            heartbeat_interval=heartbeat_interval,
+            connect_timeout=connect_timeout,
+            quorum_retries=quorum_retries,
+            auth_token=auth_token,
+            transport=checkpoint_transport,
+            transport_timeout=timeout,
+        )
+        self._store, self._server, self._client = group.store, group.server, group.client
+        self._replica_id: str = group.replica_id
+        self._checkpoint_transport: CheckpointTransport = group.transport
+        self._heal = Healing(
+            group.transport,
+            group_rank=self._group_rank,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            counters=self._counters,
+            log=self._log,
+        )
+        self._quorum = QuorumThread(
+            group,
+            settings,
+            pg=pg,
+            healing=self._heal,
+            collectives=self._collectives,
+            init_sync=init_sync,
+            use_async_quorum=use_async_quorum,
+            world_size_mode=world_size_mode,
+            min_replica_size=min_replica_size,
+            log=self._log,
+        )
+        if load_state_dict is not None and state_dict is not None:
+            self.register_state_dict_fn("default", load_state_dict, state_dict)
+        self._log(
+            logging.INFO,
+            f"settings: {settings.describe()}; manager server {group.manager_address}, "
+            f"store {group.store_address}",
+        )
+
+    def register_state_dict_fn(
+        self, key: str, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]
+    ) -> None:
+        """Adds one named piece of user state to what healing sends and loads."""
+        self._heal.register(key, load_state_dict, state_dict)
+
+    def set_state_dict_fns(
+        self, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]
+    ) -> None:
+        """Sets the ``"default"`` user state functions (torchft compatibility)."""
+        self._heal.replace("default", load_state_dict, state_dict)
+
+    # ---------------------------------------------------------------- quorum
+
+    def start_quorum(
+        self, allow_heal: bool = True, shrink_only: bool = False, timeout: timedelta | None = None
+    ) -> None:
+        """Starts this step's quorum; call at the start of every step (``OptimizerWrapper``
+        calls it from ``zero_grad``).
+
+        Args:
+            allow_heal: heal this replica if it is behind (all replicas must pass the same).
+            shrink_only: ask for a quorum of the previous members only (no newcomers).
+            timeout: how long to wait for the lighthouse; default ``quorum_timeout``.
+        """
+        self._quorum.finish_previous()
+        identity, self._identity = self._identity, None
+        if identity is not None and self._server is not None:
+            # Once, on the caller's thread: the fingerprint function needs the model.
+            self._server.set_identity(identity())
+        self._collectives.new_step()
+        self._heal.new_step()
+        self._quorum.start(
+            QuorumRequest(
+                step=self._step,
+                commit_failures=self._commit_failures,
+                allow_heal=allow_heal,
+                shrink_only=shrink_only,
+                timeout=timeout or self._quorum_timeout,
+                manager_state=self.state_dict(),
+            )
+        )
+        if not self._use_async_quorum:
+            self.wait_quorum()
+            self._heal_all_or_nothing()  # safe point: the forward has not started
+
+    def wait_quorum(self) -> None:
+        """Blocks until this step's quorum, reconfiguration and heal transfer are done.
+
+        Raises:
+            RuntimeError: ``start_quorum`` was never called.
+            Exception: the quorum itself failed (e.g. TimeoutError: no lighthouse answer).
+        """
+        self._quorum.wait()
+
+    def _heal_all_or_nothing(self) -> None:
+        """Applies a received state at a safe point if the whole group received (training
+        thread; ``Healing.apply_all_or_nothing``), when the group may heal this step."""
+        result = self._quorum.result
+        if result is not None and heal_needs_group_agreement(self._step, result, self._init_sync):
+            self._heal.apply_all_or_nothing(
+                healing=self._quorum.healing,
+                group_and=lambda received: self._group_and(received, self._timeout),
+                report_error=self.report_error,
+                load_manager_state=self.load_state_dict,
+            )
+
+    # ---------------------------------------------------------------- collectives and errors
+
+    def allreduce(
+        self,
+        tensor: torch.Tensor,
+        should_quantize: bool = False,
+        reduce_op: ReduceOp.RedOpType = ReduceOp.AVG,
+    ) -> torch.futures.Future[torch.Tensor]:
+        """Fault-tolerant in-place allreduce across the participating replica groups.
+
+        Waits for the quorum and reconfiguration (not for a heal transfer), zeroes ``tensor``
+        if this replica does not participate (spare or healing), sums across all members and,
+        for ``ReduceOp.AVG`` (default), divides by the number of participants. The returned
+        future never carries an error: on failure (now or later, including ``timeout``) the
+        error is recorded, the future completes with ``tensor`` (contents undefined) and later
+        collectives of the step are no-ops.
+
+        Args:
+            tensor: the tensor to reduce in place.
+            should_quantize: send int8 blocks with fp32 scales (``process_group.quantized``:
+                about a quarter of the bytes, error bounded by half a quantization step per
+                block); ``SUM`` and ``AVG`` only.
+            reduce_op: ``ReduceOp.AVG`` (floating point only), ``SUM``, ``MAX`` or ``MIN``.
+        """
+        if reduce_op == ReduceOp.AVG and not torch.is_floating_point(tensor):
+            raise TypeError(f"ReduceOp.AVG needs a floating point tensor, got {tensor.dtype}")
+        if should_quantize and reduce_op not in (ReduceOp.SUM, ReduceOp.AVG):
+            raise ValueError(f"should_quantize supports ReduceOp.SUM and AVG, got {reduce_op}")
+        try:
+            self._quorum.wait_ready()
+        except Exception as e:  # recorded: the step is discarded, the future completes
+            self.report_error(e)
+            return completed_future(tensor)
+        return self._collectives.allreduce(
+            tensor,
+            participants=self._quorum.participation.world_size,
+            participating=self.is_participating(),
+            should_quantize=should_quantize,
+            reduce_op=reduce_op,
+        )
+
+    def report_error(self, e: BaseException) -> None:
+        """Records an error for this step: the step will not commit and the process group is
+        rebuilt on the next quorum. The first error of a step is kept (the root cause)."""
+        self._collectives.report_error(e)
+
+    def errored(self) -> ExceptionWithTraceback | None:
+        """The error recorded this step, or None."""
+        return self._collectives.error
+
+    def wrap_future(
+        self, fut: torch.futures.Future[T], default: T, timeout: timedelta | None = None
+    ) -> torch.futures.Future[T]:
+        """A future that completes like ``fut``, or with ``default`` if ``fut`` fails or does
+        not complete within ``timeout`` (default: the manager's ``timeout``); the error is
+        recorded with ``report_error``. ``should_commit`` waits for these futures."""
+        return self._collectives.wrap_future(fut, default, timeout)
+
+    # ---------------------------------------------------------------- commit
+
+    def should_commit(self, timeout: timedelta | None = None) -> bool:
+        """Decides whether this step's optimizer update may be applied; call once per step
+        after backward and before ``optimizer.step()`` on every rank of the group.
+
+        Waits for outstanding collectives, applies a healed state (safe point: before the
+        optimizer step), votes locally (no error, enough participants) and ANDs the vote
+        over the replica group. On commit the step and ``batches_committed`` advance.
+
+        Args:
+            timeout: for the group-wide vote; default the manager's ``timeout``.
+
+        Raises:
+            RuntimeError: ``start_quorum`` was never called, or ``max_retries`` consecutive
+                failures were exceeded.
+            Exception: the quorum failed, or the group-wide vote could not be taken.
+        """
+        self.wait_quorum()
+        self._collectives.wait_pending()
+        pg_error = self._pg.errored()
+        if pg_error is not None:
+            self.report_error(pg_error)
+        if self._use_async_quorum:
+            # Safe point: after the backward, before the optimizer step; on commit the
+            # averaged gradient applies to the healed weights.
+            self._heal_all_or_nothing()
+        participation = self._quorum.participation
+        vote = local_commit_vote(self.errored(), participation.vote_size, self._min_replica_size)
+        decision = self._group_and(vote.should_commit, timeout or self._timeout)
+        self._heal.withdraw_stale_offer()
+        self._log(
+            logging.INFO,
+            f"should_commit={decision} (local vote {vote.should_commit}: {vote.reason})",
+        )
+        if decision:
+            self._step += 1
+            self._batches_committed += participation.world_size
+            self._commit_failures = 0
+        else:
+            self._commit_failures += 1
+            self._counters.add(steps_discarded=1)
+            check_commit_failures(self._commit_failures, self._max_retries)
+        return decision
+
+    def _group_and(self, vote: bool, timeout: timedelta) -> bool:
+        """The logical AND of this vote over the replica group's ranks (a barrier); a group
+        of one rank needs no round trip to its ManagerServer."""
+        if self._group_world_size == 1:
+            return vote
+        return self._client.should_commit(self._group_rank, self._step, vote, timeout=timeout)
+
+    # ---------------------------------------------------------------- state and queries
+
+    def state_dict(self) -> dict[str, int]:
+        """The manager's own state (committed step, batches committed) for checkpoints."""
+        return {"step": self._step, "batches_committed": self._batches_committed}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """Restores ``state_dict()`` output (e.g. from a disk checkpoint)."""
+        self._step = int(state_dict["step"])
+        self._batches_committed = int(state_dict["batches_committed"])
+
+    def current_step(self) -> int:
+        """Number of committed steps."""
+        return self._step
+
+    def batches_committed(self) -> int:
+        """Sum over committed steps of the participants (2 groups x 5 steps = 10 batches)."""
+        return self._batches_committed
+
+    def participating_rank(self) -> int | None:
+        """This group's rank among the step's participants (None: spare/healing/no quorum
+        yet). Waits for the quorum, not for a heal transfer."""
+        if not self._quorum.started:
+            return None
+        self._quorum.wait_ready()
+        return self._quorum.participation.rank
+
+    def num_participants(self) -> int:
+        """Number of replica groups participating this step (0 before the first quorum).
+        Waits for the quorum, not for a heal transfer."""
+        if not self._quorum.started:
+            return 0
+        self._quorum.wait_ready()
+        return self._quorum.participation.world_size
+
+    def is_participating(self) -> bool:
+        """Whether this group contributes its gradients this step (not a spare, not healing
+        with an async quorum)."""
+        if self._quorum.participation.rank is None:
+            return False
+        return not (self._quorum.healing and self._use_async_quorum)
+
+    def stats(self) -> ManagerStats:
+        """A snapshot of what this rank did so far (see ``ManagerStats``). Cheap and safe from
+        any thread: it never waits for the quorum (quorum fields are the last completed one's)
+        and takes no lock held across I/O."""
+        result = self._quorum.result
+        return ManagerStats(
+            step=self._step,
+            quorum_id=result.quorum_id if result is not None else -1,
+            replica_world_size=result.replica_world_size if result is not None else 0,
+            num_participants=self._quorum.participation.world_size,
+            participating=self.is_participating(),
+            commit_failures=self._commit_failures,
+            **self._counters.snapshot(),
+        )
+
+    @property
+    def use_async_quorum(self) -> bool:
+        """Whether the quorum overlaps the forward (``start_quorum`` returns at once)."""
+        return self._use_async_quorum
+
+    @property
+    def replica_id(self) -> str:
+        """This replica group's id including the per-process uuid suffix."""
+        return self._replica_id
+
+    @property
+    def settings(self) -> ManagerSettings:
+        """The resolved connection settings and where each came from."""
+        return self._settings
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stops the checkpoint transport, the ManagerServer (group rank 0) and the quorum
+        worker. The process group is the caller's."""
+        self._checkpoint_transport.shutdown(wait=wait)
+        if self._server is not None:
+            self._server.shutdown()
+        self._quorum.shutdown(wait=wait)
+        self._client.close()
+
+    def _log(self, level: int, msg: str) -> None:
+        # ft_message: a process-wide prefix (TorchTitan's, titan/metrics.py) replaces this one.
+        prefix = f"[{self._replica_id} group_rank={self._group_rank} committed_steps={self._step}]"
+        logger.log(level, "%s %s", prefix, msg, extra={"ft_message": msg})

@@ -1,0 +1,200 @@
+"""The quorum thread of every rank: asks the group's ManagerServer for the step's quorum,
+decides participation, reconfigures the cross-group process group, then runs the heal transfer.
+
+Docs: architecture.md, "One step" (steps 1 to 6).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from torchtitan_ft.manager.collectives import StepCollectives
+from torchtitan_ft.manager.decisions import (
+    Participation,
+    QuorumResult,
+    WorldSizeMode,
+    compute_participation,
+    global_ranks,
+    quorum_store_address,
+)
+from torchtitan_ft.manager.healing import Healing
+from torchtitan_ft.manager.rendezvous import GroupRendezvous
+from torchtitan_ft.manager.settings import ManagerSettings
+
+
+@dataclass(frozen=True)
+class QuorumRequest:
+    """What one step asks the quorum thread for (all taken on the training thread)."""
+
+    step: int
+    """Committed steps of this rank."""
+    commit_failures: int
+    """Consecutive failed commits, told to the lighthouse."""
+    allow_heal: bool
+    shrink_only: bool
+    timeout: timedelta
+    manager_state: dict[str, int]
+    """The Manager's ``state_dict()``, offered with the user state to healing peers."""
+
+
+class QuorumThread:
+    """One worker thread running one quorum at a time; its results are read on the training
+    thread once ``wait_ready`` (collectives may start) or ``wait`` (heal transfer done too)
+    returned, and by ``Manager.stats()`` at any time.
+
+    Args:
+        group: this rank's client of the group's ManagerServer, the group's replica id and the
+            checkpoint transport whose ``metadata()`` goes with every request.
+        settings: this rank's place in its group (for ``pg.configure``).
+        pg: the cross-replica-group process group, reconfigured when the quorum id changes.
+        healing: runs the heal transfer after the collectives are released.
+        collectives: where errors are recorded and the process group is marked usable.
+        init_sync, use_async_quorum, world_size_mode, min_replica_size: the Manager's
+            arguments of these names.
+        log: the Manager's logger (level, message).
+    """
+
+    def __init__(
+        self,
+        group: GroupRendezvous,
+        settings: ManagerSettings,
+        *,
+        pg: Any,
+        healing: Healing,
+        collectives: StepCollectives,
+        init_sync: bool,
+        use_async_quorum: bool,
+        world_size_mode: WorldSizeMode,
+        min_replica_size: int,
+        log: Callable[[int, str], None],
+    ) -> None:
+        self._client = group.client
+        self._transport = group.transport
+        self._replica_id = group.replica_id
+        self._group_rank = settings.group_rank.value
+        self._group_world_size = settings.group_world_size.value
+        self._pg = pg
+        self._healing = healing
+        self._collectives = collectives
+        self._init_sync = init_sync
+        self._use_async_quorum = use_async_quorum
+        self._world_size_mode = world_size_mode
+        self._min_replica_size = min_replica_size
+        self._log = log
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="torchft_quorum"
+        )
+        self._future: concurrent.futures.Future[None] | None = None
+        self._ready: concurrent.futures.Future[None] | None = None
+        self._quorum_id = -1
+        self.result: QuorumResult | None = None
+        """The last quorum's result for this rank (None before the first)."""
+        self.participation = Participation(rank=None, world_size=0, vote_size=0)
+        """This group's slot in the last quorum's gradient average."""
+        self.healing = False
+        """Whether this rank heals in the current step."""
+
+    @property
+    def started(self) -> bool:
+        """Whether a quorum was ever started."""
+        return self._future is not None
+
+    def finish_previous(self) -> None:
+        """Waits until the previous quorum is over (its failure was already raised to the
+        caller of ``wait``; a fresh quorum is the retry)."""
+        if self._future is not None:
+            concurrent.futures.wait([self._future])
+
+    def start(self, request: QuorumRequest) -> None:
+        """Starts the step's quorum on the worker thread and returns at once."""
+        self.healing = False
+        self._ready = concurrent.futures.Future()
+        self._future = self._executor.submit(self._run, request, self._ready)
+
+    def wait_ready(self) -> None:
+        """Blocks until the quorum and reconfiguration (not the heal transfer) are done;
+        raises what the quorum raised."""
+        if self._ready is None:
+            raise RuntimeError("a collective was started before start_quorum()")
+        self._ready.result()
+
+    def wait(self) -> None:
+        """Blocks until the quorum, reconfiguration and heal transfer are done; raises what
+        the quorum raised."""
+        if self._future is None:
+            raise RuntimeError("wait_quorum() called before start_quorum()")
+        self._future.result()
+
+    def shutdown(self, wait: bool) -> None:
+        """Stops the worker thread (a quorum in flight is not interrupted)."""
+        self._executor.shutdown(wait=wait, cancel_futures=True)
+
+    def _run(self, request: QuorumRequest, ready: concurrent.futures.Future[None]) -> None:
+        """Two phases. Phase 1 (quorum, participation, reconfigure) releases the step's
+        collectives; phase 2 (the heal transfer) runs while they proceed, so neither a donor
+        nor a healing replica waits for the transfer before its allreduce. Errors other than
+        the quorum RPC's are recorded, not raised."""
+        try:
+            result = self._client._quorum(
+                group_rank=self._group_rank,
+                step=request.step,
+                checkpoint_metadata=self._transport.metadata(),
+                shrink_only=request.shrink_only,
+                init_sync=self._init_sync,
+                commit_failures=request.commit_failures,
+                timeout=request.timeout,
+            )
+            self.result = result
+            self.participation = compute_participation(
+                result,
+                use_async_quorum=self._use_async_quorum,
+                allow_heal=request.allow_heal,
+                init_sync=self._init_sync,
+                world_size_mode=self._world_size_mode,
+                min_replica_size=self._min_replica_size,
+            )
+            self.healing = request.allow_heal and result.heal
+            self._collectives.usable = True
+            if result.quorum_id != self._quorum_id and not self._reconfigure(result):
+                self._collectives.usable = False
+                return
+        except BaseException as e:
+            ready.set_exception(e)
+            raise
+        finally:
+            if not ready.done():
+                ready.set_result(None)
+        if request.allow_heal:
+            try:
+                self._healing.exchange(result, request.manager_state)
+            except Exception as e:  # recorded: a failed heal discards the step; next quorum retries
+                self._collectives.report_error(e)
+
+    def _reconfigure(self, result: QuorumResult) -> bool:
+        prefixed = quorum_store_address(result.store_address, result.quorum_id, self._group_rank)
+        self._log(
+            logging.INFO,
+            f"reconfiguring for quorum {result.quorum_id}: replica rank "
+            f"{result.replica_rank}/{result.replica_world_size}, store {prefixed}",
+        )
+        try:
+            self._pg.configure(
+                prefixed,
+                self._replica_id,
+                result.replica_rank,
+                result.replica_world_size,
+                result.quorum_id,
+                self._group_rank,
+                self._group_world_size,
+                global_ranks(result.replica_ids, self._group_world_size, self._group_rank),
+            )
+        except Exception as e:  # recorded: the step is discarded, the next quorum retries
+            self._collectives.report_error(e)
+            return False
+        self._quorum_id = result.quorum_id
+        return True

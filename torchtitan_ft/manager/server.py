@@ -1,0 +1,617 @@
+"""The replica group's ManagerServer, on group rank 0: ``torchft.ManagerService`` over gRPC,
+speaking to the lighthouse once for the whole group.
+
+What each RPC does is in docs/architecture.md ("The pieces", "One step" and "Group
+consistency"). Wire-compatible with torchft 0.2.0 in both directions. It runs grpc.aio on its
+own event-loop thread, so it keeps answering while the training thread is busy; blocking
+lighthouse calls run on short-lived daemon threads so that shutdown never waits for a long poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hmac
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+from grpc import aio
+
+from torchtitan_ft.addresses import AddressProblem, Advertised, QuorumAddressCheck, Severity
+from torchtitan_ft.lighthouse import LighthouseClient
+from torchtitan_ft.lighthouse.types import Quorum
+from torchtitan_ft.manager.decisions import compute_quorum_results
+from torchtitan_ft.manager.identity import GroupIdentity, identity_conflict
+from torchtitan_ft.netaddr import port_in_use, split_host_port
+from torchtitan_ft.proto import torchft_pb2 as pb
+from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Our own lighthouse budget ends this much before the waiting ranks' deadline, so that they
+# receive the server's explanation rather than a bare client-side deadline.
+_ERROR_MARGIN_S = 0.2
+_RETRY_BACKOFF_S = (0.1, 1.0)  # first, max
+_KILL_EXIT_FALLBACK_S = 1.0
+
+
+class AddressInUseError(RuntimeError):
+    """The manager server's port is already taken by another process."""
+
+    def __init__(self, bind: str, message: str | None = None) -> None:
+        super().__init__(message or f"manager server cannot listen on {bind!r}: address in use")
+        self.bind = bind
+
+
+class _RpcFailure(Exception):
+    """A failure to report to waiting callers as a gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+@dataclass
+class _QuorumRound:
+    """Group ranks waiting for the next lighthouse quorum."""
+
+    result: asyncio.Future[Quorum]
+    requests: dict[int, tuple[pb.ManagerQuorumRequest, object]] = field(default_factory=dict)
+    """group rank -> (request, token of the call that registered it)."""
+    started: bool = False
+
+
+@dataclass
+class _CommitRound:
+    """Votes of the group ranks for one step."""
+
+    result: asyncio.Future[bool]
+    votes: dict[int, tuple[bool, object]] = field(default_factory=dict)
+    started: bool = False
+
+
+class ManagerServer:
+    """Serves ``torchft.ManagerService`` for one replica group (normally on group rank 0).
+
+    Starts serving before the constructor returns and keeps a streaming heartbeat to the
+    lighthouse, so the lighthouse notices at once when this process dies.
+
+    Args:
+        replica_id: this replica group's id in the lighthouse (unique per group and
+            incarnation, e.g. ``"train_0:<uuid>"``).
+        lighthouse_addr: lighthouse URL, ``http://host:port``.
+        hostname: host name advertised in ``address()`` (and so to other replica groups that
+            heal from this one). Default: ``socket.gethostname()``. Set it when that name
+            resolves to a slow or unreachable network.
+        bind: ``host:port`` to listen on; port 0 picks a free port. Default ``"[::]:0"`` (all
+            interfaces).
+        store_addr: ``host:port`` of this replica group's TCPStore, advertised to the lighthouse;
+            when this group is the primary for a group rank, the cross-group process group of
+            that rank rendezvouses there.
+        world_size: number of group ranks in this replica group; a ``Quorum`` round and a
+            ``ShouldCommit`` round complete when this many distinct ranks have called.
+        heartbeat_interval: interval between heartbeats on the lighthouse stream.
+        connect_timeout: how long the lighthouse client waits to (re)connect.
+        quorum_retries: how many times a failed lighthouse quorum request is retried (with a
+            short backoff, within the waiting ranks' deadline) before the ranks get the error.
+            Default 0.
+        auth_token: job token required by ``Kill`` (metadata ``authorization: Bearer <token>``).
+            Default ``None``: ``Kill`` is refused.
+
+    Raises:
+        ValueError: an argument is out of range.
+        AddressInUseError: the port of ``bind`` is taken.
+        RuntimeError: ``bind`` cannot be listened on for another reason.
+    """
+
+    def __init__(
+        self,
+        replica_id: str,
+        lighthouse_addr: str,
+        hostname: str = socket.gethostname(),
+        bind: str = "[::]:0",
+        *,
+        store_addr: str,
+        world_size: int,
+        heartbeat_interval: timedelta,
+        connect_timeout: timedelta,
+        quorum_retries: int = 0,
+        auth_token: str | None = None,
+    ) -> None:
+        if not replica_id:
+            raise ValueError("replica_id must be a non-empty string")
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if quorum_retries < 0:
+            raise ValueError(f"quorum_retries must be >= 0, got {quorum_retries}")
+        if heartbeat_interval <= timedelta(0):
+            raise ValueError(f"heartbeat_interval must be positive, got {heartbeat_interval}")
+        if auth_token == "":
+            raise ValueError("auth_token must be None (Kill disabled) or a non-empty string")
+
+        self._replica_id = replica_id
+        self._lighthouse_addr = lighthouse_addr
+        self._hostname = hostname
+        self._store_addr = store_addr
+        self._world_size = world_size
+        self._quorum_retries = quorum_retries
+        self._auth_token = auth_token
+        self._identity: GroupIdentity | None = None
+
+        # Only touched on the event-loop thread.
+        self._checkpoint_metadata: dict[int, str] = {}
+        self._loop = asyncio.new_event_loop()
+        self._quorum_round = _QuorumRound(self._new_future())
+        self._commit_rounds: dict[int, _CommitRound] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._accepted_quorum = False
+        """Whether a quorum passed the identity check: until then this group is a newcomer."""
+        self._last_conflict: str | None = None
+        self._address_check = QuorumAddressCheck()
+        self._last_address_warning: str | None = None
+
+        self._closed = False
+        self._lighthouse = LighthouseClient(lighthouse_addr, connect_timeout, auth_token)
+        self._server: aio.Server | None = None
+        started: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._run_loop,
+            args=(bind, started),
+            name=f"manager-server-{replica_id}",
+            daemon=True,
+        )
+        self._thread.start()
+        try:
+            self._port = started.result()
+        except BaseException:
+            self._thread.join()
+            self._lighthouse.close()
+            raise
+        try:
+            self._heartbeat = self._lighthouse.heartbeat_stream(
+                replica_id, interval=heartbeat_interval
+            )
+        except BaseException:
+            self._closed = True
+            self._stop_loop()
+            self._lighthouse.close()
+            raise
+        logger.info(
+            "manager server of replica %s listening on %s (world_size=%d, lighthouse %s)",
+            replica_id,
+            self.address(),
+            world_size,
+            lighthouse_addr,
+        )
+
+    def address(self) -> str:
+        """This server's URL, ``http://{hostname}:{port}``."""
+        return f"http://{self._hostname}:{self._port}"
+
+    def set_identity(self, identity: GroupIdentity) -> None:
+        """What this group sends in ``QuorumMember.data`` from the next lighthouse request on,
+        and checks the other members against (see the module doc)."""
+        self._identity = identity
+
+    def shutdown(self) -> None:
+        """Stops serving (in-flight calls are cancelled) and leaves the lighthouse. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._heartbeat.close()
+        self._stop_loop()
+        self._lighthouse.close()
+        logger.info("manager server of replica %s stopped", self._replica_id)
+
+    def _stop_loop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+
+    # ----------------------------------------------------------------------------- event loop
+
+    def _run_loop(self, bind: str, started: concurrent.futures.Future[int]) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            port = self._loop.run_until_complete(self._start(bind))
+        except BaseException as e:  # handed to the constructor, which re-raises it
+            started.set_exception(e)
+            self._loop.close()
+            return
+        started.set_result(port)
+        self._loop.run_forever()
+        self._loop.close()
+
+    async def _start(self, bind: str) -> int:
+        server = aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_ManagerServiceServicer_to_server(_Servicer(self), server)
+        try:
+            port = server.add_insecure_port(bind)
+        except RuntimeError as e:
+            if _address_in_use(bind):
+                raise AddressInUseError(bind) from None
+            raise RuntimeError(f"manager server cannot listen on {bind!r}: {e}") from e
+        if port == 0:
+            if _address_in_use(bind):
+                raise AddressInUseError(bind)
+            raise RuntimeError(f"manager server cannot listen on {bind!r}")
+        await server.start()
+        self._server = server
+        return port
+
+    async def _stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=None)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _new_future(self) -> asyncio.Future[Any]:
+        fut = self._loop.create_future()
+        # Every waiter may have given up already; don't warn about an unretrieved error.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return fut
+
+    def _spawn(self, coro: Any) -> None:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            logger.error(
+                "replica %s: manager server task failed",
+                self._replica_id,
+                exc_info=(type(error), error, error.__traceback__),
+            )
+
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
+        """Runs blocking ``fn`` on a daemon thread (never delays shutdown or process exit)."""
+        fut: asyncio.Future[T] = self._new_future()
+
+        def deliver(setter: Callable[[Any], object], value: Any) -> None:
+            if not fut.done():
+                setter(value)
+
+        def run() -> None:
+            try:
+                result = fn()
+            except BaseException as e:  # handed to the awaiting coroutine, which re-raises it
+                outcome: tuple[Callable[[Any], object], Any] = (fut.set_exception, e)
+            else:
+                outcome = (fut.set_result, result)
+            # RuntimeError: the server shut down meanwhile and nobody is waiting any more.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(deliver, *outcome)
+
+        threading.Thread(target=run, name="manager-lighthouse-call", daemon=True).start()
+        return await fut
+
+    # ------------------------------------------------------------------------------ validation
+
+    def _group_rank_error(self, group_rank: int) -> str | None:
+        if 0 <= group_rank < self._world_size:
+            return None
+        return (
+            f"group_rank {group_rank} is out of range for replica {self._replica_id!r} "
+            f"with world_size {self._world_size} (expected 0..{self._world_size - 1})"
+        )
+
+    # ---------------------------------------------------------------------------------- quorum
+
+    async def quorum(
+        self, request: pb.ManagerQuorumRequest, context: aio.ServicerContext
+    ) -> pb.ManagerQuorumResponse:
+        remaining = context.time_remaining()
+        if remaining is None:
+            await _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "ManagerService/Quorum requires a deadline (set a timeout on the call)",
+            )
+        group_rank = request.group_rank
+        if (error := self._group_rank_error(group_rank)) is not None:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, error)
+
+        self._checkpoint_metadata[group_rank] = request.checkpoint_metadata
+        rnd = self._quorum_round
+        token = object()
+        rnd.requests[group_rank] = (request, token)
+        logger.debug(
+            "replica %s: group rank %d joined quorum round (%d/%d)",
+            self._replica_id,
+            group_rank,
+            len(rnd.requests),
+            self._world_size,
+        )
+        if len(rnd.requests) == self._world_size:
+            rnd.started = True
+            self._quorum_round = _QuorumRound(self._new_future())
+            budget = max(remaining - min(_ERROR_MARGIN_S, 0.1 * remaining), 0.0)
+            self._spawn(self._run_lighthouse_quorum(rnd, budget))
+
+        try:
+            quorum = await asyncio.shield(rnd.result)
+        except _RpcFailure as e:
+            await _abort(context, e.code, e.details)
+        finally:
+            # A rank that gives up before its round started no longer counts towards it.
+            if not rnd.started and rnd.requests.get(group_rank, (None, None))[1] is token:
+                del rnd.requests[group_rank]
+
+        try:
+            result = compute_quorum_results(self._replica_id, group_rank, quorum, request.init_sync)
+        except ValueError as e:
+            await _abort(context, grpc.StatusCode.INTERNAL, str(e))
+        if result.heal:
+            logger.info(
+                "replica %s group rank %d: heals from replica rank %s (step %d -> max_step %d)",
+                self._replica_id,
+                group_rank,
+                result.recover_src_replica_rank,
+                request.step,
+                result.max_step,
+            )
+        return result.to_proto()
+
+    async def _run_lighthouse_quorum(self, rnd: _QuorumRound, budget_s: float) -> None:
+        requests = [req for req, _ in rnd.requests.values()]
+        try:
+            quorum = await self._lighthouse_quorum(
+                step=max(r.step for r in requests),
+                shrink_only=any(r.shrink_only for r in requests),
+                commit_failures=max(r.commit_failures for r in requests),
+                budget_s=budget_s,
+            )
+            members = [
+                Advertised(m.replica_id, m.address, m.store_address) for m in quorum.participants
+            ]
+            me = Advertised(self._replica_id, self.address(), self._store_addr)
+            addresses = await self._in_thread(lambda: self._address_check(me, members))
+            self._check_identities(quorum, addresses)
+        except _RpcFailure as e:
+            log = logger.error if e.code is grpc.StatusCode.FAILED_PRECONDITION else logger.warning
+            log("replica %s: %s", self._replica_id, e.details)
+            rnd.result.set_exception(e)
+        else:
+            rnd.result.set_result(quorum)
+        finally:
+            if not rnd.result.done():  # cancelled by shutdown, or an unexpected error
+                rnd.result.set_exception(
+                    _RpcFailure(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"manager server of replica {self._replica_id!r} stopped or failed "
+                        "while asking the lighthouse for a quorum; see its log",
+                    )
+                )
+
+    def _check_identities(self, quorum: Quorum, addresses: AddressProblem | None) -> None:
+        """Fails the round of a newcomer that conflicts with a peer (identity, or an address
+        the peer cannot reach); a group that is already training logs the conflict (when it
+        changes) and goes on. An address warning is logged when it changes."""
+        conflict = identity_conflict(self._replica_id, quorum)
+        if conflict is None and addresses is not None and addresses.severity is Severity.ERROR:
+            conflict = addresses.message
+        warning = (
+            addresses.message if addresses and addresses.severity is Severity.WARNING else None
+        )
+        if warning is not None and warning != self._last_address_warning:
+            logger.warning("replica %s: %s", self._replica_id, warning)
+        self._last_address_warning = warning
+        if conflict is None:
+            self._accepted_quorum = True
+            self._last_conflict = None
+            return
+        if not self._accepted_quorum:
+            raise _RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, conflict)
+        if conflict != self._last_conflict:
+            logger.error(
+                "replica %s: quorum %d: %s (this group carries on; the step may be discarded)",
+                self._replica_id,
+                quorum.quorum_id,
+                conflict,
+            )
+        self._last_conflict = conflict
+
+    async def _lighthouse_quorum(
+        self, step: int, shrink_only: bool, commit_failures: int, budget_s: float
+    ) -> Quorum:
+        """One lighthouse quorum for the whole group, retried ``quorum_retries`` times."""
+        deadline = time.monotonic() + budget_s
+        backoff, max_backoff = _RETRY_BACKOFF_S
+        attempts = 0
+        logger.info(
+            "replica %s: all %d group ranks joined; asking lighthouse for a quorum at step %d",
+            self._replica_id,
+            self._world_size,
+            step,
+        )
+        identity = self._identity
+        data = identity.to_data() if identity is not None else None
+        while True:
+            attempts += 1
+            remaining = max(deadline - time.monotonic(), 0.0)
+            try:
+                quorum = await self._in_thread(
+                    lambda remaining=remaining: self._lighthouse.quorum(
+                        replica_id=self._replica_id,
+                        timeout=timedelta(seconds=remaining),
+                        address=self.address(),
+                        store_address=self._store_addr,
+                        step=step,
+                        world_size=self._world_size,
+                        shrink_only=shrink_only,
+                        data=data,
+                        commit_failures=commit_failures,
+                    )
+                )
+            except TimeoutError as e:
+                code, error = grpc.StatusCode.DEADLINE_EXCEEDED, e
+            except (OSError, RuntimeError, ValueError, grpc.RpcError) as e:
+                code, error = grpc.StatusCode.UNAVAILABLE, e
+            else:
+                logger.info(
+                    "replica %s: lighthouse issued quorum %d with %d members",
+                    self._replica_id,
+                    quorum.quorum_id,
+                    len(quorum.participants),
+                )
+                return quorum
+            left = deadline - time.monotonic()
+            if attempts > self._quorum_retries or left <= backoff:
+                raise _RpcFailure(
+                    code,
+                    f"lighthouse quorum at {self._lighthouse_addr} failed after {attempts} "
+                    f"attempt(s) within {budget_s:.3f} s: {type(error).__name__}: {error}",
+                )
+            logger.warning(
+                "replica %s: lighthouse quorum attempt %d failed (%s); retrying in %.2f s",
+                self._replica_id,
+                attempts,
+                error,
+                backoff,
+            )
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, max_backoff)
+
+    # ------------------------------------------------------------------- checkpoint metadata
+
+    async def checkpoint_metadata(
+        self, request: pb.CheckpointMetadataRequest, context: aio.ServicerContext
+    ) -> pb.CheckpointMetadataResponse:
+        metadata = self._checkpoint_metadata.get(request.rank)
+        if metadata is None:
+            await _abort(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"no checkpoint metadata for group rank {request.rank} of replica "
+                f"{self._replica_id!r}: it has not called Quorum yet "
+                f"(known ranks: {sorted(self._checkpoint_metadata)})",
+            )
+        return pb.CheckpointMetadataResponse(checkpoint_metadata=metadata)
+
+    # ---------------------------------------------------------------------------- should_commit
+
+    async def should_commit(
+        self, request: pb.ShouldCommitRequest, context: aio.ServicerContext
+    ) -> pb.ShouldCommitResponse:
+        group_rank, step = request.group_rank, request.step
+        if (error := self._group_rank_error(group_rank)) is not None:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, error)
+
+        rnd = self._commit_rounds.get(step)
+        if rnd is None:
+            rnd = self._commit_rounds[step] = _CommitRound(self._new_future())
+        previous = rnd.votes.get(group_rank)
+        vote = request.should_commit and (previous is None or previous[0])  # a "no" sticks
+        token = object()
+        rnd.votes[group_rank] = (vote, token)
+        if len(rnd.votes) == self._world_size:
+            rnd.started = True
+            del self._commit_rounds[step]
+            decision = all(v for v, _ in rnd.votes.values())
+            logger.info(
+                "replica %s: step %d should_commit=%s (votes %s)",
+                self._replica_id,
+                step,
+                decision,
+                {rank: v for rank, (v, _) in sorted(rnd.votes.items())},
+            )
+            rnd.result.set_result(decision)
+
+        try:
+            decision = await asyncio.shield(rnd.result)
+        finally:
+            if not rnd.started and rnd.votes.get(group_rank, (None, None))[1] is token:
+                del rnd.votes[group_rank]
+                if not rnd.votes and self._commit_rounds.get(step) is rnd:
+                    del self._commit_rounds[step]
+        return pb.ShouldCommitResponse(should_commit=decision)
+
+    # ------------------------------------------------------------------------------------ kill
+
+    async def kill(self, request: pb.KillRequest, context: aio.ServicerContext) -> pb.KillResponse:
+        if self._auth_token is None:
+            await _abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"Kill is disabled on the manager server of replica {self._replica_id!r}: "
+                "no auth_token is configured",
+            )
+        metadata = dict(context.invocation_metadata() or ())
+        presented = str(metadata.get("authorization", ""))
+        expected = f"Bearer {self._auth_token}"
+        if not hmac.compare_digest(presented.encode(), expected.encode()):
+            logger.warning(
+                "replica %s: refused Kill from %s without a valid token",
+                self._replica_id,
+                context.peer(),
+            )
+            await _abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                "Kill refused: missing or wrong 'authorization: Bearer <token>' metadata",
+            )
+        logger.warning(
+            "replica %s: killed on request from %s: %s",
+            self._replica_id,
+            context.peer(),
+            request.msg,
+        )
+        # Exit once the reply is on its way; the timer covers a callback that never runs.
+        context.add_done_callback(lambda _: _exit_process())
+        self._loop.call_later(_KILL_EXIT_FALLBACK_S, _exit_process)
+        return pb.KillResponse()
+
+
+def _address_in_use(bind: str) -> bool:
+    """Whether binding ``host:port`` fails because the address is taken (gRPC does not say)."""
+    try:
+        host, port = split_host_port(bind)
+    except ValueError:  # not host:port at all
+        return False
+    return port_in_use(host, port)
+
+
+def _exit_process() -> NoReturn:
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(1)
+
+
+async def _abort(context: aio.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
+    await context.abort(code, details)
+    raise AssertionError("unreachable: ServicerContext.abort() raises")
+
+
+class _Servicer(pb_grpc.ManagerServiceServicer):
+    """Routes the generated service methods to the server."""
+
+    def __init__(self, server: ManagerServer) -> None:
+        self._server = server
+
+    async def Quorum(self, request, context):  # generated name
+        return await self._server.quorum(request, context)
+
+    async def CheckpointMetadata(self, request, context):
+        return await self._server.checkpoint_metadata(request, context)
+
+    async def ShouldCommit(self, request, context):
+        return await self._server.should_commit(request, context)
+
+    async def Kill(self, request, context):
+        return await self._server.kill(request, context)

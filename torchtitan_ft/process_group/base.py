@@ -1,0 +1,488 @@
+"""The reconfigurable process group's base class and the Work types its collectives return,
+in every rank (the cross-replica-group axis).
+
+The replica groups of a job form a process group whose membership may change at every step. A
+torch process group is fixed at construction, so the classes of this package wrap one and
+rebuild it on every :meth:`ProcessGroup.configure`, under a fresh TCPStore key prefix (the
+Manager passes one per quorum id). They subclass ``torch.distributed.ProcessGroup``, so they
+can be passed to ``torch.distributed`` collectives and, once registered
+(:meth:`ProcessGroup.register`), to functional collectives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+from torch.distributed.distributed_c10d import (
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    ReduceOp,
+    ReduceScatterOptions,
+    Work,
+)
+from torch.futures import Future
+
+from torchtitan_ft.process_group.futures import completed_future
+
+if TYPE_CHECKING:
+    from torchtitan_ft.process_group.gloo import ProcessGroupGloo
+
+logger = logging.getLogger(__name__)
+
+# Errors that a failed or timed-out collective raises (DistError and its subclasses are
+# RuntimeErrors; TimeoutError and ConnectionError are OSErrors). API misuse (TypeError,
+# ValueError, NotImplementedError) is deliberately not in this list.
+COLLECTIVE_ERRORS = (RuntimeError, OSError)
+
+NO_TIMEOUT = timedelta(0)
+"""What ``Work.wait()`` receives when the caller gave no timeout (also from C++ callers)."""
+
+
+def is_collective_error(e: BaseException) -> bool:
+    """Whether ``e`` is a collective's failure (data) rather than API misuse (raised)."""
+    return isinstance(e, COLLECTIVE_ERRORS) and not isinstance(e, NotImplementedError)
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """What :meth:`ProcessGroup.configure` builds the next group from."""
+
+    store_addr: str
+    """``"host:port/prefix"`` of a TCPStore served elsewhere (by the replica group's primary).
+    The prefix must be fresh for every call (one per quorum id): the group's rendezvous keys
+    live under it."""
+    replica_id: str
+    """Id of this process's replica group (for logs)."""
+    rank: int
+    """This process's rank in the new group, in ``[0, world_size)``."""
+    world_size: int
+    """Number of processes in the new group."""
+    quorum_id: int | None = None
+    """Id of the quorum this group belongs to (for logs), if known."""
+    group_rank: int | None = None
+    """This process's rank inside its replica group, if known."""
+    group_world_size: int | None = None
+    """Number of ranks in each replica group, if known."""
+    global_ranks: list[int] | None = field(default=None, hash=False)
+    """Global ranks of the new group's members, if known (informational)."""
+
+    def describe(self) -> str:
+        """One line for logs and errors."""
+        return (
+            f"replica_id={self.replica_id} quorum_id={self.quorum_id} "
+            f"rank={self.rank}/{self.world_size} "
+            f"group_rank={self.group_rank}/{self.group_world_size} store={self.store_addr}"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Works
+# --------------------------------------------------------------------------------------------
+
+
+class CompletedWork(Work):
+    """A Work that is already done, with ``value`` as its future's result."""
+
+    def __init__(self, value: object) -> None:
+        super().__init__()
+        self._value = value
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> Future[Any]:
+        return completed_future(self._value)
+
+
+class FailedWork(Work):
+    """A Work that already failed with ``error`` (raised by ``wait()`` and the future)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self._error = error
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        raise self._error
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> Future[Any]:
+        fut: Future[Any] = Future()
+        fut.set_exception(self._error)
+        return fut
+
+
+class TimedWork(Work):
+    """A collective in flight on a :class:`ProcessGroupGloo`, with a timeout and abort.
+
+    Completion is tracked on our own future, set from the backend future's callback (on a gloo
+    worker thread) or failed by :meth:`ProcessGroupGloo.abort`, whichever comes first. So a
+    caller blocked in ``wait()`` is released by an abort even though gloo itself cannot cancel
+    the collective.
+    """
+
+    def __init__(self, pg: ProcessGroupGloo, op: str, timeout: timedelta) -> None:
+        super().__init__()
+        self._pg = pg
+        self._op = op
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._future: Future[Any] = Future()
+
+    def _attach(self, backend_work: Work, result: object) -> None:
+        try:
+            fut = backend_work.get_future()
+        except RuntimeError:
+            # gloo's reduce_scatter, send and recv works have no future (torch 2.13): wait for
+            # them on a helper thread, which blocks without holding the GIL.
+            threading.Thread(
+                target=self._wait_backend,
+                args=(backend_work, result),
+                name=f"torchtitan_ft-{self._op}",
+            ).start()
+        else:
+            fut.add_done_callback(self._on_backend_done)
+
+    def _wait_backend(self, backend_work: Work, result: object) -> None:
+        try:
+            backend_work.wait()
+        except COLLECTIVE_ERRORS as e:
+            self._fail(e)
+        else:
+            self._finish(result, None)
+
+    def _on_backend_done(self, fut: Future[Any]) -> None:
+        try:
+            value = fut.value()
+        except COLLECTIVE_ERRORS as e:
+            self._fail(e)
+        else:
+            self._finish(value, None)
+
+    def _fail(self, error: BaseException) -> None:
+        self._finish(None, error)
+
+    def _finish(self, value: object, error: BaseException | None) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._error = error
+            # Record the error on the group before waking waiters: they may ask errored().
+            self._pg._work_done(self, error)
+            self._done.set()
+        # Outside the lock: completing the future runs the caller's callbacks.
+        if error is None:
+            self._future.set_result(value)
+        else:
+            self._future.set_exception(error)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        limit = self._timeout if timeout is None or timeout == NO_TIMEOUT else timeout
+        if not self._done.wait(limit.total_seconds()):
+            error = TimeoutError(
+                f"{self._pg.getBackendName()} {self._op} did not complete within {limit}"
+            )
+            # The group is unusable once a collective hangs: fail everything in flight.
+            self._pg.abort(error)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def get_future(self) -> Future[Any]:
+        return self._future
+
+
+# --------------------------------------------------------------------------------------------
+# Base class
+# --------------------------------------------------------------------------------------------
+
+
+def allreduce_options(opts: AllreduceOptions | ReduceOp | ReduceOp.RedOpType | None) -> Any:
+    """Accept what callers pass for an allreduce: options, a ReduceOp, or nothing (SUM)."""
+    if isinstance(opts, AllreduceOptions):
+        return opts
+    options = AllreduceOptions()
+    if opts is not None:
+        options.reduceOp = opts
+    return options
+
+
+def reduce_op_of(opts: AllreduceOptions | ReduceOp | ReduceOp.RedOpType | None) -> Any:
+    """The reduce op of ``opts`` as a plain ``ReduceOp.RedOpType`` (``ReduceOp.SUM`` etc.)."""
+    op = allreduce_options(opts).reduceOp
+    for known in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT):
+        if op == known:
+            return known
+    return op
+
+
+class ProcessGroup(dist.ProcessGroup):
+    """Base class of the reconfigurable process groups.
+
+    A subclass of ``torch.distributed.ProcessGroup``, so ``dist.all_reduce(t, group=pg)`` calls
+    :meth:`allreduce` here. The c10d-level rank and size given to the C++ base are placeholders
+    (0 and 1); :meth:`size` is overridden. Collectives not implemented by a subclass raise
+    ``NotImplementedError``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(0, 1)
+        self._registered_name: str | None = None
+
+    # ---- lifecycle ----
+
+    def configure(
+        self,
+        store_addr: str,
+        replica_id: str,
+        rank: int,
+        world_size: int,
+        quorum_id: int | None = None,
+        group_rank: int | None = None,
+        group_world_size: int | None = None,
+        global_ranks: list[int] | None = None,
+    ) -> None:
+        """Rebuild the group for a new quorum; blocks until the group is built. torchft's
+        signature; the arguments are :class:`GroupConfig`'s fields. Subclasses implement
+        :meth:`_configure`."""
+        self._configure(
+            GroupConfig(
+                store_addr,
+                replica_id,
+                rank,
+                world_size,
+                quorum_id,
+                group_rank,
+                group_world_size,
+                global_ranks,
+            )
+        )
+
+    def _configure(self, config: GroupConfig) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not implement configure")
+
+    def errored(self) -> Exception | None:
+        """The error that makes this group unusable until the next ``configure``, if any."""
+        return None
+
+    def abort(self) -> None:
+        """Abandon the current group: collectives in flight fail, later ones fail fast."""
+
+    def shutdown(self) -> None:
+        """Release the current group; the object can be configured again."""
+
+    # ---- collectives ----
+
+    def allreduce(
+        self,
+        tensors: list[torch.Tensor],
+        opts: AllreduceOptions | ReduceOp | ReduceOp.RedOpType | None = None,
+    ) -> Work:
+        """Reduce ``tensors`` in place across the group (``dist.all_reduce``).
+
+        Args:
+            tensors: tensors to reduce; each is overwritten with the result.
+            opts: ``AllreduceOptions`` or a ``ReduceOp``; ``None`` means SUM.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement allreduce")
+
+    def allreduce_coalesced(
+        self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
+    ) -> Work:
+        """Reduce several tensors in one collective (``dist.all_reduce_coalesced``).
+
+        Args:
+            tensors: tensors to reduce; each is overwritten with the result.
+            opts: reduce op (default SUM) and timeout.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement allreduce_coalesced")
+
+    def allgather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        """Gather every rank's input into ``output_tensors`` (``dist.all_gather``).
+
+        Args:
+            output_tensors: ``output_tensors[i][r]`` receives rank ``r``'s ``input_tensors[i]``.
+            input_tensors: this rank's contribution.
+            opts: collective options (timeout).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement allgather")
+
+    def broadcast(
+        self, tensor_list: list[torch.Tensor], opts: BroadcastOptions | None = None
+    ) -> Work:
+        """Copy the root's tensors to every rank (``dist.broadcast``).
+
+        Args:
+            tensor_list: tensors sent by the root and overwritten on the other ranks.
+            opts: ``rootRank`` (default 0) and timeout.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement broadcast")
+
+    def broadcast_one(self, tensor: torch.Tensor, root: int) -> Work:
+        """Broadcast a single tensor from ``root``.
+
+        Args:
+            tensor: sent by ``root``, overwritten on the other ranks.
+            root: rank that sends.
+        """
+        opts = BroadcastOptions()
+        opts.rootRank = root
+        return self.broadcast([tensor], opts)
+
+    def reduce_scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: ReduceScatterOptions | None = None,
+    ) -> Work:
+        """Reduce ``input_tensors[i][r]`` over ranks into rank ``r``'s ``output_tensors[i]``.
+
+        Args:
+            output_tensors: receive this rank's reduced chunk.
+            input_tensors: ``input_tensors[i]`` has one chunk per rank.
+            opts: reduce op (default SUM) and timeout.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement reduce_scatter")
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: AllToAllOptions | None = None,
+    ) -> Work:
+        """Rank ``r`` receives every rank's ``r``-th slice of ``input`` into ``output``
+        (``dist.all_to_all_single``); empty split sizes mean equal slices.
+
+        Args:
+            output: receives one slice from each rank, in rank order.
+            input: split along dim 0 into one slice per rank.
+            output_split_sizes: rows received from each rank; [] for equal slices.
+            input_split_sizes: rows sent to each rank; [] for equal slices.
+            opts: timeout.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement alltoall_base")
+
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
+        """Send ``tensors`` to ``dst_rank`` (``dist.send``).
+
+        Args:
+            tensors: tensors to send.
+            dst_rank: receiving rank in this group.
+            tag: matches the receiver's tag.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement send")
+
+    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> Work:
+        """Receive into ``tensors`` from ``src_rank`` (``dist.recv``).
+
+        Args:
+            tensors: overwritten with the received data.
+            src_rank: sending rank in this group.
+            tag: matches the sender's tag.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement recv")
+
+    def barrier(self, opts: BarrierOptions | None = None) -> Work:
+        """Complete once every rank has entered the barrier.
+
+        Args:
+            opts: collective options (timeout).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement barrier")
+
+    def size(self) -> int:
+        """Number of processes in the current group."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement size")
+
+    def getBackendName(self) -> str:
+        """Name of the backend, e.g. ``"torchft-gloo"``."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement getBackendName")
+
+    # ---- c10d registration ----
+
+    def register(self, name: str) -> ProcessGroup:
+        """Register this group with c10d under ``name`` and return it.
+
+        Functional collectives (``torch.distributed._functional_collectives``, used by
+        TorchTitan's ``dist_sum``/``dist_max``) look groups up by name in c10d's registry; an
+        unregistered Python process group is rejected. A group has at most one name: registering
+        again moves it to the new name.
+
+        Args:
+            name: a name no other registered group uses.
+
+        Raises:
+            ValueError: if ``name`` is empty or taken by another group.
+        """
+        if not name:
+            raise ValueError("register() needs a non-empty name")
+        if self._registered_name == name:
+            return self
+        owner = next((pg for pg, n in c10d._world.pg_names.items() if n == name), None)
+        if owner is not None and owner is not self:
+            raise ValueError(f"a process group is already registered under the name {name!r}")
+        self.unregister()
+        c10d._register_process_group(name, self)
+        c10d._world.pg_names[self] = name
+        self._registered_name = name
+        return self
+
+    def unregister(self) -> None:
+        """Remove this group from c10d's registry; a no-op when it is not registered."""
+        name = self._registered_name
+        if name is None:
+            return
+        self._registered_name = None
+        c10d._world.pg_names.pop(self, None)
+        try:
+            c10d._unregister_process_group(name)
+        except RuntimeError:
+            logger.debug("process group %r was already unregistered", name)
+
+    @property
+    def group_name(self) -> str:
+        """The name given to :meth:`register` (c10d's ``ProcessGroup.group_name``)."""
+        if self._registered_name is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no group name: call register(name) first"
+            )
+        return self._registered_name
+
+    def _set_group_name(self, name: str) -> None:
+        self.register(name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,37 @@
+"""The reconfigurable NCCL process group, in every rank, for CUDA tensors (untested here: no
+GPU). torchft's baby process groups (collectives in a child process) are not implemented; they
+would belong here."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from torchtitan_ft.process_group.gloo import ProcessGroupGloo
+
+
+class ProcessGroupNCCL(ProcessGroupGloo):
+    """The same reconfigurable group over NCCL, for CUDA tensors.
+
+    UNTESTED: this platform has no GPU, and ``torch.distributed.ProcessGroupNCCL`` does not
+    exist in CPU builds of torch (``configure`` then raises ``RuntimeError``). It only swaps the
+    backend; timeouts rely on the work's future completing, and abort does not call
+    ``ncclCommAbort``.
+
+    Args:
+        timeout: as for :class:`ProcessGroupGloo`. Default 60 s.
+    """
+
+    _BACKEND_NAME = "torchft-nccl"
+
+    def _create_pg(
+        self, store: dist.Store, host: str, rank: int, world_size: int
+    ) -> dist.ProcessGroup:
+        backend_class = getattr(dist, "ProcessGroupNCCL", None)
+        if backend_class is None:
+            raise RuntimeError("this torch build has no NCCL support")
+        backend = backend_class(store, rank, world_size)
+        pg = dist.ProcessGroup(store, rank, world_size)
+        pg._set_default_backend(dist.ProcessGroup.BackendType.NCCL)
+        pg._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, backend)
+        return pg
