@@ -4,7 +4,12 @@
 # an optional override, and extra arguments are passed through to the trainer, e.g.
 #   NGPU=2 ./run_train.sh --training.steps 20
 #   ./run_train.sh --fault_tolerance.enable --fault_tolerance.replica_id=0 --fault_tolerance.group_size=2
-# On CPU, NGPU is the number of processes (gloo). Everything binds/connects 127.0.0.1.
+# On CPU, NGPU is the number of processes (gloo) on this node. By default everything binds and
+# connects 127.0.0.1. A replica group on another machine than its peers sets LOCAL_ADDR (this
+# machine's address, torchrun's --local-addr) and --fault_tolerance.hostname to it; one that
+# spans NNODES machines runs this script on each with RDZV_ENDPOINT=<node 0's address>:<port>
+# and its own LOCAL_ADDR (see docs/operations.md, "Running on several machines").
+# MAX_RESTARTS: how often torchrun restarts the group's workers after one fails (default 0).
 # torchtitan_ft.titan.launch is torchrun, minus torchrun's traceback after a one-line config error.
 set -euo pipefail
 
@@ -29,8 +34,28 @@ export MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
 export HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1}
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
 
+NNODES=${NNODES:-"1"}
+RDZV_ENDPOINT=${RDZV_ENDPOINT:-"${MASTER_ADDR}:0"}
+MAX_RESTARTS=${MAX_RESTARTS:-"0"}
+node=()
+if [ -n "${LOCAL_ADDR:-}" ]; then
+    node=(--local-addr "$LOCAL_ADDR")
+    if [ "$NNODES" != 1 ]; then
+        # torchrun guesses whether this node hosts the rendezvous from the machine's host
+        # name, which fails where that name maps to loopback; LOCAL_ADDR says it.
+        is_host=0
+        if [ "${RDZV_ENDPOINT%:*}" = "$LOCAL_ADDR" ]; then is_host=1; fi
+        node+=(--rdzv-conf "is_host=$is_host")
+        # By default the workers' store is the rendezvous store, the same server in every
+        # round and without a per-round prefix: after a restart, a node reads the gloo
+        # addresses of the other node's previous workers and fails. A store per round instead.
+        export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
+    fi
+fi
+
 PYTORCH_ALLOC_CONF="expandable_segments:True" \
 exec "$PYTHON" -m torchtitan_ft.titan.launch \
-    --nproc_per_node="$NGPU" --rdzv_backend c10d --rdzv_endpoint="${MASTER_ADDR}:0" \
+    --nnodes="$NNODES" --nproc_per_node="$NGPU" --max-restarts="$MAX_RESTARTS" \
+    --rdzv_backend c10d --rdzv_endpoint="$RDZV_ENDPOINT" ${node[@]+"${node[@]}"} \
     --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
     -m "$TRAIN_FILE" --job.config_file "$CONFIG_FILE" "$@"

@@ -1,12 +1,15 @@
 """One replica group of ``benchmarks.semi_sync``: its own process, the real Manager, gloo.
 
 ``replica_group(job)`` is the target of a process started from a forkserver (the benchmark's
-main process runs the lighthouse's gRPC threads, so it must not fork itself). The process builds
-the model from the run's seed (the same in every group), a ``torchtitan_ft.manager.Manager``
-(sync quorum, talking to the lighthouse at ``job.lighthouse``) over a
+main process runs the lighthouse's gRPC threads, so it must not fork itself), or of
+``python -m benchmarks._semi_sync_worker JOB.pickle`` (``benchmarks.wan`` starts it on a host
+of a ``torchtitan_ft.testing.netns.HostNetwork``). The process builds the model from the run's
+seed (the same in every group), a ``torchtitan_ft.manager.Manager`` (sync quorum, talking to
+the lighthouse at ``job.lighthouse``, its servers on ``job.host``) over a
 ``CountingProcessGroupGloo``, and the run's sync strategy; trains ``job.setup.steps`` inner
 steps on its shard of the batches; and writes a JSON result (bytes handed to the cross-group
-process group, losses, a hash of the final parameters) to ``job.out_path``.
+process group, losses, a hash of the final parameters, where the time of the steps went) to
+``job.out_path``.
 """
 
 from __future__ import annotations
@@ -141,6 +144,13 @@ class ReplicaJob:
     """torch intra-op threads."""
     timeout_s: float
     """The Manager's collective timeout; its quorum timeout is twice that."""
+    host: str = HOST
+    """The address this group's servers listen on and advertise (its host's address when the
+    groups run on different hosts)."""
+    tx_bytes_path: str | None = None
+    """A counter of the bytes this group's host has sent (e.g.
+    ``/sys/class/net/eth0/statistics/tx_bytes`` inside its network namespace), read before and
+    after the first step and at the end; ``None``: not read."""
 
 
 # ------------------------------------------------------------------ byte counting
@@ -229,6 +239,18 @@ def _build_strategy(spec: StrategySpec, manager: Any, model: nn.Module, opt: Any
     )
 
 
+PHASES = ("start_step", "forward_backward", "before_step", "optimizer", "after_step")
+"""Where a step's time goes, in loop order; ``forward_backward`` + ``optimizer`` is compute,
+the others the sync strategy's (quorum, allreduce, commit vote, outer step)."""
+
+
+def _read_counter(path: str | None) -> int | None:
+    if path is None:
+        return None
+    with open(path) as f:
+        return int(f.read())
+
+
 def _params_sha1(model: nn.Module) -> str:
     digest = hashlib.sha1()
     for p in model.parameters():
@@ -270,26 +292,47 @@ def replica_group(job: ReplicaJob) -> None:
         connect_timeout=timeout,
         rank=0,
         world_size=1,
-        store_addr=HOST,
+        store_addr=job.host,
         store_port=0,
         lighthouse_addr=job.lighthouse,
         replica_id=f"replica_{job.replica}",
-        hostname=HOST,
+        hostname=job.host,
     )
     strategy = _build_strategy(job.strategy, manager, model, opt)
 
     losses = []
-    start = time.perf_counter()
+    tx_bytes = [_read_counter(job.tx_bytes_path)]
+    phases = dict.fromkeys(PHASES, 0.0)
+    clock = time.perf_counter
+    start = clock()
+    first_step_s, steady_start = 0.0, start
     for step in range(setup.steps):
+        t0 = clock()
         strategy.start_step()
+        t1 = clock()
         loss = lm_loss(model, train[step])
         loss.backward()
-        if strategy.before_step():
+        t2 = clock()
+        commit = strategy.before_step()
+        t3 = clock()
+        if commit:
             opt.step()
+        t4 = clock()
         strategy.after_step()
         opt.zero_grad()
+        t5 = clock()
         losses.append(loss.item())
-    train_s = time.perf_counter() - start
+        if step == 0:  # the first quorum and the init_sync heal: not a steady step
+            first_step_s = t5 - t0
+            steady_start = t5
+            tx_bytes.append(_read_counter(job.tx_bytes_path))
+            continue
+        times = (t0, t1, t2, t3, t4, t5)
+        for i, phase in enumerate(PHASES):
+            phases[phase] += times[i + 1] - times[i]
+    end = clock()
+    train_s = end - start
+    tx_bytes.append(_read_counter(job.tx_bytes_path))
 
     with torch.no_grad():
         validation_loss = lm_loss(model, validation).item()
@@ -304,7 +347,20 @@ def replica_group(job: ReplicaJob) -> None:
         "train_loss_last_10pct": sum(losses[-tail:]) / tail,
         "params_sha1": _params_sha1(model),
         "train_seconds": train_s,
+        "first_step_seconds": first_step_s,
+        "steady_steps": setup.steps - 1,
+        "steady_seconds": end - steady_start,
+        "phase_seconds": phases,
+        "host_tx_bytes": tx_bytes,
     }
     with open(job.out_path, "w") as f:
         json.dump(result, f)
     manager.shutdown()
+
+
+if __name__ == "__main__":
+    import pickle
+    import sys
+
+    with open(sys.argv[1], "rb") as f:
+        replica_group(pickle.load(f))

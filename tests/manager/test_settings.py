@@ -66,6 +66,9 @@ def test_config_empty_env_counts_as_unset_and_describe_names_sources() -> None:
 def test_store_key_prefix_follows_torchrun_restarts() -> None:
     assert store_key_prefix({}) == "torchft/0/"
     assert store_key_prefix({"TORCHELASTIC_RESTART_COUNT": "3"}) == "torchft/3/"
+    # A new store per incarnation: the nodes' differing restart counts must not matter.
+    per_round = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    assert store_key_prefix({**per_round, "TORCHELASTIC_RESTART_COUNT": "1"}) == "torchft/"
 
 
 @pytest.mark.parametrize(

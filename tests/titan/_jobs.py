@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -70,44 +70,18 @@ def _process_tree(root: int) -> list[int]:
     return tree
 
 
-class TrainRun:
-    """One ``run_train.sh`` (a torchrun job: one replica group with FT), its output collected
-    by a thread. ``args`` go to the trainer; ``env`` is added to this process's environment."""
+class LoggedProcess:
+    """A process of a test (a run, a lighthouse), its output collected by a thread and shown
+    when the test fails (it is registered in :data:`RUNS`). ``command`` runs in the
+    repository root with ``env`` (the full environment)."""
 
-    def __init__(
-        self,
-        name: str,
-        steps: int,
-        dump_folder: Path,
-        *args: str,
-        ngpu: int = 1,
-        env: dict[str, str] | None = None,
-        log_rank: str = "0",
-    ) -> None:
-        # One OpenMP thread per process (torchrun does this itself for NGPU > 1): on 2 shared
-        # cores a 2-thread process spin-waits behind other jobs.
-        full_env = {
-            **os.environ,
-            "NGPU": str(ngpu),
-            "LOG_RANK": log_rank,
-            "PYTHON": sys.executable,
-            "OMP_NUM_THREADS": "1",
-            **(env or {}),
-        }
-        command = [
-            str(ROOT / "run_train.sh"),
-            "--training.steps",
-            str(steps),
-            "--job.dump_folder",
-            str(dump_folder),
-            *args,
-        ]
+    def __init__(self, name: str, command: Sequence[str], env: dict[str, str]) -> None:
         self.name = name
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            command,
+            list(command),
             cwd=ROOT,
-            env=full_env,
+            env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -180,6 +154,45 @@ class TrainRun:
                 when = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
                 lines.append((int(step.group(2)), when))
         return lines
+
+
+class TrainRun(LoggedProcess):
+    """One ``run_train.sh`` (a torchrun job: one replica group with FT). ``args`` go to the
+    trainer; ``env`` is added to this process's environment; ``prefix`` is put before the
+    command (e.g. ``Host.command([])`` of ``torchtitan_ft.testing.netns`` runs it on that
+    host)."""
+
+    def __init__(
+        self,
+        name: str,
+        steps: int,
+        dump_folder: Path,
+        *args: str,
+        ngpu: int = 1,
+        env: dict[str, str] | None = None,
+        log_rank: str = "0",
+        prefix: Sequence[str] = (),
+    ) -> None:
+        # One OpenMP thread per process (torchrun does this itself for NGPU > 1): on 2 shared
+        # cores a 2-thread process spin-waits behind other jobs.
+        full_env = {
+            **os.environ,
+            "NGPU": str(ngpu),
+            "LOG_RANK": log_rank,
+            "PYTHON": sys.executable,
+            "OMP_NUM_THREADS": "1",
+            **(env or {}),
+        }
+        command = [
+            *prefix,
+            str(ROOT / "run_train.sh"),
+            "--training.steps",
+            str(steps),
+            "--job.dump_folder",
+            str(dump_folder),
+            *args,
+        ]
+        super().__init__(name, command, full_env)
 
 
 def step_durations(run: TrainRun, first: int, last: int) -> list[float]:

@@ -12,6 +12,7 @@ from torchtitan_ft.titan.config import (
     FaultTolerance,
     JobConfig,
     check_lighthouse_addr,
+    check_local_address,
     check_local_paths,
     check_timeout_order,
     parse_job_config,
@@ -530,6 +531,30 @@ def test_missing_tokenizer_stops_the_entry_point_before_any_process_group(
     err = capsys.readouterr().err
     assert re.match(r"torchtitan_ft: config error: model.hf_assets_path=.* is not a directory", err)
     assert not dist.is_initialized()
+
+
+def test_hostname_of_another_machine_stops_the_entry_point_with_the_address_to_use(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import torch.distributed as dist
+
+    from torchtitan_ft.titan.train import main
+
+    ft = ["--fault_tolerance.enable", "--fault_tolerance.group_size=1"]
+    lighthouse = "--fault_tolerance.lighthouse_addr=http://127.0.0.1:29510"
+    with pytest.raises(SystemExit) as stop:
+        main([*ft, lighthouse, "--fault_tolerance.hostname=192.0.2.77"])  # TEST-NET-1
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (
+        "torchtitan_ft: config error: fault_tolerance.hostname='192.0.2.77' resolves to "
+        "192.0.2.77, which is not an address of this host; the other replica groups dial it "
+        "and this group's servers listen on it: set it to an address of this host (e.g. "
+        "127.0.0.1, this host's address towards the lighthouse at http://127.0.0.1:29510)\n"
+    )
+    assert not dist.is_initialized()
+    for hostname in ("127.0.0.1", ""):  # unset: this machine's name, an address of it
+        check_local_address(parse_job_config([*ft, f"--fault_tolerance.hostname={hostname}"]))
+    check_local_address(parse_job_config(["--fault_tolerance.hostname=192.0.2.77"]))  # FT off
 
 
 # --- TorchTitan's FT doc: semi-sync spelling, fragments, global batch ------------------------

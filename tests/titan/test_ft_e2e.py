@@ -18,7 +18,10 @@ the test-only hooks live here, not in the product. Environment of a run:
   ``group_size``, so the survivor is still training when the restarted group is back;
 * ``FT_E2E_MAX_ALONE``: after this many such steps the survivor waits (at most
   ``ALONE_WAIT_S``) for the other groups' ``ready`` files, so that a restart slowed down by a
-  busy machine still leaves steps to train together after the heal.
+  busy machine still leaves steps to train together after the heal;
+* ``FT_E2E_STOP_FILE``: once this file exists, training ends after the step it names (the
+  test decides when every group has done what it watches for; ``--training.steps`` is then
+  only an upper bound).
 """
 
 from __future__ import annotations
@@ -85,6 +88,12 @@ def _worker_main() -> None:
                 self._alone_steps += 1
                 if self._alone_steps >= int(os.environ.get("FT_E2E_MAX_ALONE", "1000000")):
                     self._wait_for_the_others()
+
+        def should_continue_training(self) -> bool:
+            stop = os.environ.get("FT_E2E_STOP_FILE")
+            if stop and os.path.exists(stop):
+                return self.step < int(Path(stop).read_text())
+            return super().should_continue_training()
 
         def _wait_for_the_others(self) -> None:
             others = [

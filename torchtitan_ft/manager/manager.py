@@ -84,7 +84,9 @@ class Manager:
         world_size: ranks in the replica group: argument > ``WORLD_SIZE`` > 1.
         world_size_mode: ``WorldSizeMode.DYNAMIC`` (default) or ``FIXED_WITH_SPARES``.
         store_addr: host of the group's TCPStore, dialled by the other groups: argument >
-            ``MASTER_ADDR`` > ``hostname``.
+            ``MASTER_ADDR`` > ``hostname``. A loopback name (torchrun sets
+            ``MASTER_ADDR=localhost`` on many machines) is advertised to them as ``hostname``
+            unless that is loopback too.
         store_port: its port: argument > ``MASTER_PORT`` > 0 (a free port; 1-rank groups only).
         lighthouse_addr: lighthouse URL (group rank 0): argument > ``TORCHFT_LIGHTHOUSE`` >
             ``http://localhost:29510``.

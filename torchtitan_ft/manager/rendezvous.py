@@ -14,6 +14,7 @@ from typing import Any
 
 from torch.distributed import TCPStore
 
+from torchtitan_ft.addresses import advertised_store_host
 from torchtitan_ft.checkpoint import CheckpointTransport, HTTPTransport
 from torchtitan_ft.manager.client import ManagerClient
 from torchtitan_ft.manager.server import AddressInUseError, ManagerServer
@@ -74,13 +75,16 @@ def join_replica_group(
         TimeoutError: the store or the ManagerServer was not reachable in time.
     """
     group_rank = settings.group_rank.value
+    # torchrun's MASTER_ADDR is often "localhost": the store is then on this machine, and
+    # other machines must be told to dial `hostname` (torchtitan_ft.addresses).
+    store_host = advertised_store_host(settings.store_addr.value, hostname)
     store = open_store(
-        settings.store_addr.value,
+        store_host,
         settings.store_port.value,
         host_it=group_rank == 0,
         timeout=connect_timeout,
     )
-    store_address = f"{settings.store_addr.value}:{store.port}"
+    store_address = f"{store_host}:{store.port}"
     key_prefix = store_key_prefix(env)
     server = None
     if group_rank == 0:

@@ -37,6 +37,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 from grpc import aio
 
+from torchtitan_ft.addresses import AddressProblem, Advertised, QuorumAddressCheck, Severity
 from torchtitan_ft.auth import RefusalLog, TokenInterceptor, check_token, peer_host
 from torchtitan_ft.lighthouse import LighthouseClient
 from torchtitan_ft.lighthouse.types import Quorum
@@ -200,6 +201,8 @@ class ManagerServer:
         self._accepted_quorum = False
         """Whether a quorum passed the identity check: until then this group is a newcomer."""
         self._last_conflict: str | None = None
+        self._address_check = QuorumAddressCheck()
+        self._last_address_warning: str | None = None
 
         self._closed = False
         self._lighthouse = LighthouseClient(lighthouse_addr, connect_timeout, auth_token)
@@ -469,7 +472,12 @@ class ManagerServer:
                 commit_failures=max(r.commit_failures for r in requests),
                 budget_s=budget_s,
             )
-            self._check_identities(quorum)
+            members = [
+                Advertised(m.replica_id, m.address, m.store_address) for m in quorum.participants
+            ]
+            me = Advertised(self._replica_id, self.address(), self._store_addr)
+            addresses = await self._in_thread(lambda: self._address_check(me, members))
+            self._check_identities(quorum, addresses)
         except _RpcFailure as e:
             log = logger.error if e.code is grpc.StatusCode.FAILED_PRECONDITION else logger.warning
             log("replica %s: %s", self._replica_id, e.details)
@@ -486,10 +494,19 @@ class ManagerServer:
                     )
                 )
 
-    def _check_identities(self, quorum: Quorum) -> None:
-        """Fails the round of a newcomer that conflicts with a peer; a group that is already
-        training logs the conflict (when it changes) and goes on."""
+    def _check_identities(self, quorum: Quorum, addresses: AddressProblem | None) -> None:
+        """Fails the round of a newcomer that conflicts with a peer (identity, or an address
+        the peer cannot reach); a group that is already training logs the conflict (when it
+        changes) and goes on. An address warning is logged when it changes."""
         conflict = identity_conflict(self._replica_id, quorum)
+        if conflict is None and addresses is not None and addresses.severity is Severity.ERROR:
+            conflict = addresses.message
+        warning = (
+            addresses.message if addresses and addresses.severity is Severity.WARNING else None
+        )
+        if warning is not None and warning != self._last_address_warning:
+            logger.warning("replica %s: %s", self._replica_id, warning)
+        self._last_address_warning = warning
         if conflict is None:
             self._accepted_quorum = True
             self._last_conflict = None

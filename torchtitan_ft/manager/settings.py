@@ -178,12 +178,23 @@ def check_lighthouse_url(addr: Resolved[str]) -> None:
         )
 
 
+PER_ROUND_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""torchrun: "1" gives every incarnation of the workers a new store (run_train.sh sets it for
+a replica group that spans machines)."""
+
+
 def store_key_prefix(env: Mapping[str, str]) -> str:
     """Prefix of the Manager's keys in the replica group's TCPStore.
 
     torchrun's agent store outlives the workers it restarts; keying by its restart count keeps
-    ranks of a new incarnation from reading the previous incarnation's manager address.
+    ranks of a new incarnation from reading the previous incarnation's manager address. With
+    a new store per incarnation (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``) there is nothing to
+    keep apart, and the restart count must not be used: the nodes of a multi-node group count
+    differently (the node whose worker failed counts a restart, the others restart for the
+    membership change and do not), so their ranks would look under different keys.
     """
+    if env.get(PER_ROUND_STORE_ENV) == "1":
+        return "torchft/"
     return f"torchft/{env.get(RESTART_COUNT_ENV) or '0'}/"
 
 

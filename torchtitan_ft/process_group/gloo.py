@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -48,7 +49,7 @@ from torch.distributed.distributed_c10d import (
     Work,
 )
 
-from torchtitan_ft.netaddr import is_loopback
+from torchtitan_ft.addresses import GLOO_SOCKET_IFNAME_ENV, gloo_bind_address
 from torchtitan_ft.process_group import lifecycle
 from torchtitan_ft.process_group.base import (
     COLLECTIVE_ERRORS,
@@ -158,8 +159,9 @@ class ProcessGroupGloo(ProcessGroup):
     here, not swallowed: wrap the group in :class:`ErrorSwallowingProcessGroupWrapper` (or use a
     Manager) to turn them into data.
 
-    The gloo transport binds 127.0.0.1 when the store host is a loopback address; otherwise it
-    uses gloo's default device (the address of this host's name, or ``GLOO_SOCKET_IFNAME``).
+    The gloo transport binds 127.0.0.1 when the store host is a loopback address; otherwise
+    this host's address on the route towards the store, or the interface ``GLOO_SOCKET_IFNAME``
+    names (:func:`torchtitan_ft.addresses.gloo_bind_address`).
     Successive groups reuse one TCPStore connection per store address; all groups of the process
     share one gloo device.
 
@@ -243,8 +245,12 @@ class ProcessGroupGloo(ProcessGroup):
         options = dist.ProcessGroupGloo._Options()
         options._timeout = self._timeout
         # Peers dial the address the device binds: loopback when the store is on loopback
-        # (then every peer is on this host), else this host's name or GLOO_SOCKET_IFNAME.
-        options._devices = [lifecycle.gloo_device("127.0.0.1" if is_loopback(host) else "")]
+        # (then every peer is on this host), else this host's address on the route towards the
+        # store (gloo's default, the address of this machine's name, is often loopback and
+        # would be told to peers on other machines), or GLOO_SOCKET_IFNAME's interface.
+        bind = gloo_bind_address(host, os.environ)
+        interface = "" if bind else os.environ.get(GLOO_SOCKET_IFNAME_ENV, "").split(",")[0]
+        options._devices = [lifecycle.gloo_device(bind or "", interface)]
         backend = dist.ProcessGroupGloo(store, rank, world_size, options)
         pg = dist.ProcessGroup(store, rank, world_size)
         pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)

@@ -49,17 +49,21 @@ def keep_forever(*objects: object) -> None:
     _kept_forever.extend(objects)
 
 
-def gloo_device(bind: str) -> Any:
-    """The process's gloo device bound to ``bind`` (``""``: gloo's default device, this host's
-    name or ``GLOO_SOCKET_IFNAME``), created on first use."""
+def gloo_device(bind: str, interface: str = "") -> Any:
+    """The process's gloo device bound to the address ``bind``, else to the network interface
+    ``interface``, else gloo's default device (the address of this host's name; it does not
+    read ``GLOO_SOCKET_IFNAME``), created on first use."""
+    key = bind or (f"interface {interface}" if interface else "")
     with _cache_lock:
-        device = _gloo_devices.get(bind)
+        device = _gloo_devices.get(key)
         if device is None:
             if bind:
                 device = dist.ProcessGroupGloo.create_device(hostname=bind)
+            elif interface:
+                device = dist.ProcessGroupGloo.create_device(interface=interface)
             else:
                 device = dist.ProcessGroupGloo.create_default_device()
-            _gloo_devices[bind] = device
+            _gloo_devices[key] = device
         return device
 
 

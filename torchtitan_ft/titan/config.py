@@ -139,7 +139,10 @@ class FaultTolerance(TitanFaultTolerance):
     decides where the servers listen: a loopback name ("127.0.0.1", "localhost", "::1") keeps
     the ManagerServer on loopback (otherwise it listens on all interfaces); the checkpoint
     server listens on the address ``hostname`` resolves to. Use "127.0.0.1" for single-machine
-    runs and tests. Applies when ``enable``.
+    runs and tests; with groups on several machines, each machine's address on the network
+    they share. It must be an address of this machine (checked at start-up), and a loopback
+    one while another group runs on another machine stops this group at its first quorum,
+    naming the address to set. Applies when ``enable``.
     """
 
     step_timeout_ms: int = 60000
@@ -989,6 +992,27 @@ def check_local_paths(job_config: Any) -> None:
         raise ConfigError(f"{where} is not a directory: {fix}")
     if not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
         raise ConfigError(f"{where} holds no {' / '.join(_TOKENIZER_FILES)}: {fix}")
+
+
+def check_local_address(job_config: Any, env: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`ConfigError` when ``fault_tolerance.hostname`` (empty: this machine's
+    name) is not an address of this machine: the group's servers listen on it, so a config
+    written for another machine would fail there with a bare socket error. The error suggests
+    this machine's address towards the lighthouse (``env``: default ``os.environ``)."""
+    import socket
+
+    from torchtitan_ft.addresses import hostname_problem
+
+    ft = job_config.fault_tolerance
+    if not ft.enable:
+        return
+    env = os.environ if env is None else env
+    lighthouse = ft.lighthouse_addr or env.get(LIGHTHOUSE_ENV) or DEFAULT_LIGHTHOUSE_ADDR
+    problem = hostname_problem(
+        ft.hostname or socket.gethostname(), lighthouse, unset=not ft.hostname
+    )
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def check_model_fragments(job_config: Any) -> None:

@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     )
     from torchtitan_ft.titan.config import (
         ConfigError,
+        check_local_address,
         check_local_paths,
         check_model_fragments,
         parse_job_config,
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     try:
         config = parse_job_config(args)
         check_local_paths(config)
+        check_local_address(config)
         check_model_fragments(config)
     except ConfigError as e:
         _config_error(str(e))

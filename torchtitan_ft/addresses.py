@@ -1,0 +1,292 @@
+"""Which address a replica group advertises, and whether the groups can reach each other.
+
+A replica group is reached by the other groups at three addresses, all advertised to the
+lighthouse by its ManagerServer: the ManagerServer itself (``http://<hostname>:<port>``), the
+checkpoint servers of its ranks (``http://<hostname>:<port>/checkpoint``) and its TCPStore
+(``<store host>:<port>``, where the cross-group process groups rendezvous). On one machine
+everything may be loopback; across machines a loopback address names the dialer's own machine,
+and a group advertising one cannot be reached. Nothing fails at once then: the quorum forms,
+and every reconfiguration with that group times out. The functions here turn that into one
+clear line at the group's first quorum, naming the address to set:
+
+- :func:`advertised_store_host`: the TCPStore host to advertise. torchrun gives its workers
+  ``MASTER_ADDR`` = the node's ``--local-addr``, else its FQDN, which is often ``localhost``;
+  the store (torchrun's agent store) then runs on this machine and listens on every interface,
+  so it is advertised under ``hostname`` instead.
+- :func:`quorum_address_problem` (pure; resolution and routing are passed in): after every
+  quorum, a group that advertises loopback while a member runs on another host gets an error
+  (fatal for a newcomer, see ``ManagerServer``); a group seeing a member that advertises
+  loopback gets a warning naming it. :class:`QuorumAddressCheck` runs it with the real
+  resolver, once per set of member addresses.
+- :func:`hostname_problem`: at start-up, a ``hostname`` that is not an address of this host
+  (the checkpoint server could not listen on it).
+- :func:`gloo_bind_address`: the local address the cross-group gloo transport listens on and
+  advertises: the one the kernel routes towards the quorum's store, unless
+  ``GLOO_SOCKET_IFNAME`` names an interface.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from urllib.parse import urlsplit
+
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+GLOO_SOCKET_IFNAME_ENV = "GLOO_SOCKET_IFNAME"
+HOSTNAME_SETTING = "fault_tolerance.hostname"
+"""How the setting is named in messages (the Manager's ``hostname`` argument)."""
+_DISCARD_PORT = 9
+"""Any port: connecting a UDP socket only picks a route, it sends nothing."""
+
+
+def _literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host.strip("[]"))
+    return None
+
+
+def is_loopback_name(host: str) -> bool:
+    """Whether ``host`` is a loopback address or a loopback name, without resolving it."""
+    literal = _literal(host)
+    return literal.is_loopback if literal is not None else host.lower() in LOOPBACK_NAMES
+
+
+def resolve(host: str) -> list[str]:
+    """The addresses ``host`` resolves to here (``[]`` if it does not resolve)."""
+    literal = _literal(host)
+    if literal is not None:
+        return [str(literal)]
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return []
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def resolves_to_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback (by name, or every address it resolves
+    to is loopback, e.g. a host name mapped to 127.0.1.1 in /etc/hosts)."""
+    if is_loopback_name(host):
+        return True
+    addresses = resolve(host)
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
+
+
+def is_local_address(address: str) -> bool:
+    """Whether ``address`` (an IP literal) belongs to this host: a socket can bind it."""
+    literal = _literal(address)
+    if literal is None:
+        return False
+    family = socket.AF_INET6 if literal.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((str(literal), 0))
+        except OSError:
+            return False
+    return True
+
+
+def runs_here(host: str) -> bool:
+    """Whether ``host`` (a name or address) resolves to an address of this host."""
+    return any(is_local_address(a) for a in resolve(host))
+
+
+def route_source(host: str) -> str | None:
+    """This host's address on the route towards ``host``: the address peers there can dial
+    back. ``None`` if ``host`` does not resolve or is unreachable. Sends nothing."""
+    for address in resolve(host):
+        literal = ipaddress.ip_address(address)
+        family = socket.AF_INET6 if literal.version == 6 else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.connect((address, _DISCARD_PORT))
+            except OSError:
+                continue
+            return str(probe.getsockname()[0])
+    return None
+
+
+def url_hostname(url: str) -> str:
+    """The host of ``http://host:port`` (or of a bare ``host:port``)."""
+    return urlsplit(url if "://" in url else f"//{url}").hostname or ""
+
+
+# ---------------------------------------------------------------------------- what to advertise
+
+
+def advertised_store_host(store_host: str, hostname: str) -> str:
+    """The host to advertise for the replica group's TCPStore, found at ``store_host``
+    (``MASTER_ADDR``): ``hostname`` when ``store_host`` is a loopback name and ``hostname``
+    is not (the store is on this machine, and peers on other machines dial ``hostname``),
+    else ``store_host``."""
+    if is_loopback_name(store_host) and not is_loopback_name(hostname):
+        return hostname
+    return store_host
+
+
+def gloo_bind_address(store_host: str, env: Mapping[str, str]) -> str | None:
+    """The address a cross-group gloo group whose store is at ``store_host`` listens on (and
+    tells its peers): ``127.0.0.1`` for a loopback store (every peer is on this machine),
+    else this host's address on the route towards the store, which is the network the peers
+    share. ``None`` when ``GLOO_SOCKET_IFNAME`` is set (gloo then uses that interface) or
+    there is no route (gloo's default: this machine's host name)."""
+    if is_loopback_name(store_host):
+        return "127.0.0.1"
+    if env.get(GLOO_SOCKET_IFNAME_ENV):
+        return None
+    return route_source(store_host)
+
+
+def hostname_problem(hostname: str, lighthouse_addr: str, unset: bool = False) -> str | None:
+    """Why this group cannot listen on ``hostname`` (it is not an address of this host), or
+    ``None``. ``unset``: ``hostname`` is the machine's name, used because the setting is
+    empty. The message suggests this host's address towards the lighthouse."""
+    addresses = resolve(hostname)
+    if not addresses:
+        what = "does not resolve to an address here"
+    elif any(is_local_address(a) for a in addresses):
+        return None
+    else:
+        what = f"resolves to {', '.join(addresses)}, which is not an address of this host"
+    suggestion = route_source(url_hostname(lighthouse_addr))
+    towards = (
+        f"e.g. {suggestion}, this host's address towards the lighthouse at {lighthouse_addr}"
+        if suggestion
+        else "one the other replica groups can reach"
+    )
+    setting = (
+        f"{HOSTNAME_SETTING} is unset and this machine's name {hostname!r}"
+        if unset
+        else f"{HOSTNAME_SETTING}={hostname!r}"
+    )
+    return (
+        f"{setting} {what}; the other replica groups dial it and this "
+        f"group's servers listen on it: set it to an address of this host ({towards})"
+    )
+
+
+# ------------------------------------------------------------------------ checks after a quorum
+
+
+class Severity(Enum):
+    ERROR = "error"
+    """This group cannot be reached by a member: it cannot train with it."""
+    WARNING = "warning"
+    """A member advertises loopback: it cannot be reached unless it runs on this host."""
+
+
+@dataclass(frozen=True)
+class Advertised:
+    """What one member of a quorum advertises (``QuorumMember.address`` / ``store_address``)."""
+
+    replica_id: str
+    manager_address: str
+    """``http://host:port`` of its ManagerServer."""
+    store_address: str
+    """``host:port`` of its TCPStore."""
+
+    def hosts(self) -> list[str]:
+        return list(
+            dict.fromkeys([url_hostname(self.manager_address), url_hostname(self.store_address)])
+        )
+
+
+@dataclass(frozen=True)
+class AddressProblem:
+    severity: Severity
+    message: str
+
+
+def quorum_address_problem(
+    me: Advertised,
+    members: Sequence[Advertised],
+    loopback: Callable[[str], bool],
+    here: Callable[[str], bool],
+    towards: Callable[[str], str | None],
+) -> AddressProblem | None:
+    """Whether the members of a quorum can reach each other at what they advertise.
+
+    Args:
+        me: this replica group.
+        members: every member of the quorum (``me`` may be among them; it is skipped).
+        loopback: whether a host names loopback (:func:`resolves_to_loopback`).
+        here: whether a host is an address of this machine (:func:`runs_here`).
+        towards: this machine's address on the route to a host (:func:`route_source`).
+
+    Returns:
+        an ERROR when this group advertises a loopback host and some member runs on another
+        machine (its host is neither loopback nor one of this machine's), naming the address
+        to set; else a WARNING when some member advertises a loopback host while this group
+        does not (fine if that member runs on this machine, fatal for it otherwise); else
+        ``None``.
+    """
+    peers = [m for m in members if m.replica_id != me.replica_id]
+    mine = [h for h in me.hosts() if loopback(h)]
+    if mine:
+        for peer in peers:
+            remote = [h for h in peer.hosts() if not loopback(h) and not here(h)]
+            if remote:
+                return AddressProblem(
+                    Severity.ERROR, _unreachable(me, mine, peer, remote[0], towards)
+                )
+        return None
+    for peer in peers:
+        theirs = [h for h in peer.hosts() if loopback(h)]
+        if theirs:
+            return AddressProblem(
+                Severity.WARNING,
+                f"replica group {peer.replica_id!r} advertises loopback ({', '.join(theirs)}: "
+                f"manager {peer.manager_address}, store {peer.store_address}); unless it runs "
+                f"on this host no other group can reach it: set its {HOSTNAME_SETTING} to "
+                "its host's address",
+            )
+    return None
+
+
+def _unreachable(
+    me: Advertised,
+    mine: list[str],
+    peer: Advertised,
+    peer_host: str,
+    towards: Callable[[str], str | None],
+) -> str:
+    address = towards(peer_host)
+    target = (
+        f"{address} (this host's address towards {peer_host})"
+        if address
+        else (f"an address of this host that {peer_host} can reach")
+    )
+    store = ""
+    if url_hostname(me.store_address) in mine:
+        store = (
+            "; the TCPStore follows it unless MASTER_ADDR is a loopback address set by hand "
+            "(with torchrun, pass --local-addr, run_train.sh: LOCAL_ADDR)"
+        )
+    return (
+        f"replica group {me.replica_id!r} advertises loopback ({', '.join(mine)}: manager "
+        f"{me.manager_address}, store {me.store_address}) but replica group "
+        f"{peer.replica_id!r} runs on another host ({peer_host}) and cannot reach it; set "
+        f"{HOSTNAME_SETTING} to {target}{store}"
+    )
+
+
+class QuorumAddressCheck:
+    """:func:`quorum_address_problem` with this machine's resolver, computed again only when
+    the members' addresses change (resolving names may be slow)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[object, ...] | None = None
+        self._problem: AddressProblem | None = None
+
+    def __call__(self, me: Advertised, members: Sequence[Advertised]) -> AddressProblem | None:
+        key = (me, tuple(sorted(members, key=lambda m: m.replica_id)))
+        if key != self._key:
+            self._problem = quorum_address_problem(
+                me, members, resolves_to_loopback, runs_here, route_source
+            )
+            self._key = key
+        return self._problem
