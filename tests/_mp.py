@@ -48,6 +48,9 @@ class WorkerConfig:
     shared_batches: bool = False
     """Every replica group and rank trains on the same batch at a given step (the data depends
     on the step only), so equal progress means equal samples whatever the membership."""
+    ddp: str = "bucketed"
+    """Which wrapper averages the gradients: ``"bucketed"`` (``DistributedDataParallel``) or
+    ``"pure"`` (``PureDistributedDataParallel``)."""
     commit_log: str | None = None
     """Append one JSON line per iteration to this file (see ``_log_iteration``): the step,
     whether it committed, participants, a hash of the parameters and optimizer state, the
@@ -145,7 +148,7 @@ def train_worker(cfg: WorkerConfig) -> None:
     from torch import nn
 
     from torchtitan_ft.checkpoint import HTTPTransport
-    from torchtitan_ft.ddp import DistributedDataParallel
+    from torchtitan_ft.ddp import DistributedDataParallel, PureDistributedDataParallel
     from torchtitan_ft.manager import Manager, WorldSizeMode
     from torchtitan_ft.optim import OptimizerWrapper
     from torchtitan_ft.process_group import ProcessGroupGloo
@@ -211,7 +214,8 @@ def train_worker(cfg: WorkerConfig) -> None:
 
         pg.allreduce = allreduce_then_die  # type: ignore[method-assign]
 
-    ddp = DistributedDataParallel(manager, model)
+    wrappers = {"bucketed": DistributedDataParallel, "pure": PureDistributedDataParallel}
+    ddp = wrappers[cfg.ddp](manager, model)
     optim = OptimizerWrapper(manager, inner)
     commits: list[tuple[int, bool, int, bool, float]] = []
     for _ in range(cfg.max_iterations):
