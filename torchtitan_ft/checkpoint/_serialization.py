@@ -5,12 +5,13 @@ tuples, plain values) with every tensor replaced by an index into a tensor table
 byte size), and then the tensors' raw bytes in table order. The header is JSON, never pickle: a
 receiver does not execute anything a peer sends it.
 
-Supported leaves: ``torch.Tensor`` (dense, any device; sent as its contiguous bytes), ``None``,
-``bool``, ``int``, ``float`` (including nan/inf), ``str``, ``bytes``, ``torch.Size``. Containers:
-``dict`` (any supported, hashable key; ``OrderedDict`` comes back as ``dict`` in the same order),
-``list``, ``tuple``. Anything else raises ``TypeError`` naming its path. Not supported yet:
-``DTensor`` (send the local shard), tensor aliasing (two entries sharing storage arrive as two
-tensors), ``requires_grad`` (tensors arrive detached).
+Supported leaves: ``torch.Tensor`` (dense, any device; sent as its contiguous bytes),
+``DTensor`` (its local shard is sent as a tensor and its layout as JSON; the receiver rebuilds it
+on its own process groups, see ``_dtensor``), ``None``, ``bool``, ``int``, ``float`` (including
+nan/inf), ``str``, ``bytes``, ``torch.Size``. Containers: ``dict`` (any supported, hashable key;
+``OrderedDict`` comes back as ``dict`` in the same order), ``list``, ``tuple``. Anything else
+raises ``TypeError`` naming its path. Not supported yet: tensor aliasing (two entries sharing
+storage arrive as two tensors), ``requires_grad`` (tensors arrive detached).
 """
 
 from __future__ import annotations
@@ -141,9 +142,24 @@ def unflatten(tree: Any, tensors: list[torch.Tensor]) -> Any:
     Raises ValueError when the tree is malformed (e.g. indexes a tensor that does not exist).
     """
     try:
-        return _decode(tree, tensors)
+        return _decode(tree, tensors, _MeshesOnDemand())
     except (IndexError, TypeError, KeyError, ValueError) as e:
         raise ValueError(f"malformed checkpoint header tree: {e}") from e
+
+
+class _MeshesOnDemand:
+    """The device meshes of one state dict's DTensors, rebuilt on first use (torch's DTensor
+    modules are imported only when a state dict holds DTensors)."""
+
+    def __init__(self) -> None:
+        self._cache: Any = None
+
+    def decode(self, layout: Any, local: torch.Tensor) -> torch.Tensor:
+        from torchtitan_ft.checkpoint import _dtensor
+
+        if self._cache is None:
+            self._cache = _dtensor.MeshCache()
+        return _dtensor.decode(layout, local, self._cache)
 
 
 def _encode(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:
@@ -152,10 +168,10 @@ def _encode(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:
         return obj
     if isinstance(obj, torch.Tensor):
         if _is_dtensor(obj):
-            raise TypeError(
-                f"{path} is a DTensor; checkpoint transports do not send DTensors yet "
-                "(send obj.to_local() and rebuild the DTensor on the receiver)"
-            )
+            from torchtitan_ft.checkpoint import _dtensor
+
+            layout = _dtensor.encode_layout(obj, path)  # type: ignore[arg-type]
+            return {"DT": [layout, _encode(obj.to_local(), tensors, f"{path} local shard")]}
         if obj.is_sparse or obj.layout != torch.strided:
             raise TypeError(f"{path} is a {obj.layout} tensor; only dense tensors are supported")
         tensors.append(obj)
@@ -181,7 +197,7 @@ def _encode(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:
     )
 
 
-def _decode(node: Any, tensors: list[torch.Tensor]) -> Any:
+def _decode(node: Any, tensors: list[torch.Tensor], meshes: _MeshesOnDemand) -> Any:
     if node is None or isinstance(node, bool | int | float | str):
         return node
     if not isinstance(node, dict) or len(node) != 1:
@@ -195,11 +211,17 @@ def _decode(node: Any, tensors: list[torch.Tensor]) -> Any:
         case "S":
             return torch.Size(value)
         case "D":
-            return {_decode(k, tensors): _decode(v, tensors) for k, v in value}
+            return {_decode(k, tensors, meshes): _decode(v, tensors, meshes) for k, v in value}
         case "L":
-            return [_decode(v, tensors) for v in value]
+            return [_decode(v, tensors, meshes) for v in value]
         case "U":
-            return tuple(_decode(v, tensors) for v in value)
+            return tuple(_decode(v, tensors, meshes) for v in value)
+        case "DT":
+            layout, local = value
+            local_tensor = _decode(local, tensors, meshes)
+            if not isinstance(layout, dict) or not isinstance(local_tensor, torch.Tensor):
+                raise ValueError(f"malformed DTensor node {node!r}")
+            return meshes.decode(layout, local_tensor)
     raise ValueError(f"malformed checkpoint header node tag {tag!r}")
 
 

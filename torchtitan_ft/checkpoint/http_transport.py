@@ -29,7 +29,8 @@ Routes (``metadata()`` is ``http://<hostname>:<port>/checkpoint``):
 - anything else -> 404; with ``auth_token`` set, any request without
   ``Authorization: Bearer <token>`` -> 401.
 
-Not supported yet: DTensor leaves (send local shards), TLS (use ``auth_token`` and a private
+DTensor leaves travel as their local shard plus their layout, and are rebuilt on the receiver's
+own device mesh (see ``_dtensor``). Not supported yet: TLS (use ``auth_token`` and a private
 network; the token travels in clear text).
 """
 

@@ -6,7 +6,8 @@ donor and the receivers (gloo on CPU; NCCL would take the same calls with ``devi
 Messages, in order: the header length (one int64), the header bytes (uint8), then every
 non-empty tensor as uint8 bytes. Unlike ``HTTPTransport``, ``send_checkpoint`` blocks until
 the destinations received everything (the process group's ``send`` is the transport), so the
-donor stalls for the transfer; prefer ``HTTPTransport`` where that matters.
+donor stalls for the transfer; prefer ``HTTPTransport`` where that matters. DTensors are sent
+as their local shard and rebuilt on the receiver's device mesh, as by ``HTTPTransport``.
 """
 
 from __future__ import annotations
