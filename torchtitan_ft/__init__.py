@@ -1,7 +1,7 @@
 """Per-step fault tolerance for TorchTitan: ``lighthouse/`` (one per job), ``manager/`` and
 ``process_group/`` (every rank of a replica group; the ManagerServer on group rank 0),
-``checkpoint/`` (live healing), ``semi_sync/`` and ``titan/`` (the trainer), and torchft's
-training-loop wrappers ``ddp``, ``optim`` and ``data``.
+``checkpoint/`` (live healing), ``semi_sync/`` and ``titan/`` (the trainer), torchft's
+training-loop wrappers ``ddp``, ``optim`` and ``data``, and its ``parameter_server``.
 
 The public names of torchft 0.2.0 are importable from here (``from torchtitan_ft import Manager``)
 and from their modules; see docs/torchft_mapping.md. Attributes load lazily so that the
@@ -48,6 +48,7 @@ _PUBLIC = {
     "CheckpointTransport": "torchtitan_ft.checkpoint",
     "HTTPTransport": "torchtitan_ft.checkpoint",
     "PGTransport": "torchtitan_ft.checkpoint",
+    "ParameterServer": "torchtitan_ft.parameter_server",
     "LocalSGD": "torchtitan_ft.semi_sync",
     "DiLoCo": "torchtitan_ft.semi_sync",
 }
