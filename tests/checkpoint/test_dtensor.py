@@ -89,6 +89,26 @@ def test_dtensor_on_a_mesh_the_receiver_lacks_is_a_clear_error(world_of_one: Non
         unflatten(tree, tensors)
 
 
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [
+        ("mesh", "zero"),
+        ("mesh", [0, 0]),  # a rank twice
+        ("shape", [-1]),
+        ("groups", [3]),
+        ("placements", [["shard", "x"]]),
+        ("placements", [["exploding"]]),
+    ],
+)
+def test_a_malformed_dtensor_layout_is_refused(world_of_one: None, field: str, bad: Any) -> None:
+    """A header comes from a peer: a layout the sender could not have produced is a ValueError."""
+    mesh = DeviceMesh("cpu", [0])
+    tree, tensors = flatten({"w": distribute_tensor(torch.ones(2), mesh, [Replicate()])})
+    tree["D"][0][1]["DT"][0][field] = bad
+    with pytest.raises(ValueError, match="malformed checkpoint header tree"):
+        unflatten(tree, tensors)
+
+
 def test_dtensor_without_torch_distributed_is_a_clear_error(world_of_one: None) -> None:
     mesh = DeviceMesh("cpu", [0])
     tree, tensors = flatten({"w": distribute_tensor(torch.ones(2), mesh, [Replicate()])})

@@ -1,4 +1,4 @@
-"""``torchtitan_ft.futures``: a future with a deadline."""
+"""``torchtitan_ft.process_group.futures``: a future with a deadline."""
 
 from __future__ import annotations
 

@@ -67,6 +67,35 @@ def encode_layout(t: DTensor, path: str) -> dict[str, Any]:
     }
 
 
+def _check_layout(layout: dict[str, Any]) -> None:
+    """ValueError unless ``layout`` has the shape ``encode_layout`` gives (it comes from a peer)."""
+
+    def ints(value: Any) -> bool:
+        return isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)
+
+    def nested_ints(value: Any) -> bool:
+        return type(value) is int or (
+            isinstance(value, list) and all(nested_ints(v) for v in value)
+        )
+
+    names = layout.get("dim_names")
+    ok = (
+        isinstance(layout.get("device_type"), str)
+        and isinstance(layout.get("mesh"), list)
+        and nested_ints(layout["mesh"])
+        and (names is None or (isinstance(names, list) and all(isinstance(n, str) for n in names)))
+        and isinstance(layout.get("groups"), list)
+        and all(isinstance(g, str) for g in layout["groups"])
+        and isinstance(layout.get("placements"), list)
+        and ints(layout.get("shape"))
+        and ints(layout.get("stride"))
+        and len(layout["shape"]) == len(layout["stride"])
+    )
+    if not ok:
+        text = repr(layout)
+        raise ValueError(f"malformed DTensor layout {text[:200]}")
+
+
 class MeshCache:
     """Meshes rebuilt while decoding one state dict: DTensors on the same mesh share one."""
 
@@ -90,12 +119,16 @@ def _rebuild_mesh(layout: dict[str, Any]) -> DeviceMesh:
             "init_device_mesh before receiving)"
         )
     names = layout["dim_names"]
-    mesh = DeviceMesh(
-        str(layout["device_type"]),
-        layout["mesh"],
-        mesh_dim_names=tuple(names) if names else None,
-        _init_backend=False,
-    )
+    try:
+        mesh = DeviceMesh(
+            layout["device_type"],
+            layout["mesh"],
+            mesh_dim_names=tuple(names) if names else None,
+            _init_backend=False,
+        )
+    except (AssertionError, RuntimeError, TypeError, ValueError) as e:  # torch's own checks
+        mesh_text = repr(layout["mesh"])[:200]
+        raise ValueError(f"DTensor layout has an invalid device mesh {mesh_text}: {e}") from e
     groups = [str(g) for g in layout["groups"]]
     for name in groups:
         try:
@@ -111,7 +144,13 @@ def _rebuild_mesh(layout: dict[str, Any]) -> DeviceMesh:
 
 
 def decode(layout: dict[str, Any], local: torch.Tensor, meshes: MeshCache) -> DTensor:
-    """The DTensor described by ``layout`` around the received ``local`` shard."""
+    """The DTensor described by ``layout`` around the received ``local`` shard.
+
+    Raises:
+        ValueError: if the layout is malformed.
+        RuntimeError: if this process lacks the mesh's process groups.
+    """
+    _check_layout(layout)
     placements = tuple(decode_placement(p) for p in layout["placements"])
     meta = TensorMeta(
         torch.Size(int(d) for d in layout["shape"]),
