@@ -44,6 +44,13 @@ def test_dummy_completes_every_collective_as_one_rank_would() -> None:
     pg.reduce_scatter(rs_out, [[t + 1]]).wait()
     torch.testing.assert_close(rs_out[0], t + 1)
 
+    coalesced = [torch.zeros(3)]
+    pg.allgather_into_tensor_coalesced(coalesced, [t + 2]).wait()
+    torch.testing.assert_close(coalesced[0], t + 2)
+    pg.reduce_scatter_tensor_coalesced(coalesced, [t + 3]).wait()
+    torch.testing.assert_close(coalesced[0], t + 3)
+    pg.set_timeout(timedelta(seconds=1))
+
     a2a = torch.zeros(3)
     pg.alltoall_base(a2a, t * 2, [], []).wait()
     torch.testing.assert_close(a2a, t * 2)

@@ -42,8 +42,11 @@ from torch.distributed.distributed_c10d import (
     AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
+    GatherOptions,
     ReduceOp,
+    ReduceOptions,
     ReduceScatterOptions,
+    ScatterOptions,
     Work,
 )
 from torch.futures import Future
@@ -67,7 +70,10 @@ _OPTION_TYPES = (
     AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
+    GatherOptions,
+    ReduceOptions,
     ReduceScatterOptions,
+    ScatterOptions,
 )
 
 
@@ -646,6 +652,75 @@ class ProcessGroupBaby(ProcessGroup):
     def barrier(self, opts: BarrierOptions | None = None) -> Work:
         """See :meth:`ProcessGroup.barrier`."""
         return self._run("barrier", (opts,), None)
+
+    # The collectives below run on the child's group by name: each works where that group
+    # (ProcessGroupGloo / ProcessGroupNCCL) implements it.
+
+    def allgather_into_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        """Several dim-0 all-gathers in one collective, in the child."""
+        return self._run(
+            "allgather_into_tensor_coalesced", (output_tensors, input_tensors, opts), output_tensors
+        )
+
+    def reduce_scatter_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: ReduceScatterOptions | None = None,
+    ) -> Work:
+        """Several dim-0 reduce-scatters in one collective, in the child."""
+        return self._run(
+            "reduce_scatter_tensor_coalesced", (output_tensors, input_tensors, opts), output_tensors
+        )
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
+    ) -> Work:
+        """``dist.all_gather_into_tensor``, in the child."""
+        return self._run("all_gather_single", (output, input, opts), [output])
+
+    def _allgather_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
+    ) -> Work:
+        return self.all_gather_single(output, input, opts)
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
+    ) -> Work:
+        """``dist.reduce_scatter_tensor``, in the child."""
+        return self._run("reduce_scatter_single", (output, input, opts), [output])
+
+    def _reduce_scatter_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
+    ) -> Work:
+        return self.reduce_scatter_single(output, input, opts)
+
+    def gather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: GatherOptions | None = None,
+    ) -> Work:
+        """``dist.gather``, in the child."""
+        return self._run("gather", (output_tensors, input_tensors, opts), output_tensors)
+
+    def scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: ScatterOptions | None = None,
+    ) -> Work:
+        """``dist.scatter``, in the child."""
+        return self._run("scatter", (output_tensors, input_tensors, opts), output_tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions | None = None) -> Work:
+        """``dist.reduce``, in the child."""
+        return self._run("reduce", (tensors, opts), tensors)
 
 
 class ProcessGroupBabyGloo(ProcessGroupBaby):

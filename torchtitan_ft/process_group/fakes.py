@@ -58,6 +58,9 @@ class ProcessGroupDummy(ProcessGroup):
     def _configure(self, config: GroupConfig) -> None:
         self.configure_count += 1
 
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Nothing to time out: accepted and ignored."""
+
     def size(self) -> int:
         """Always 1."""
         return self._world
@@ -123,6 +126,28 @@ class ProcessGroupDummy(ProcessGroup):
         """Copies ``input`` to ``output``."""
         output.copy_(input)
         return CompletedWork([output])
+
+    def allgather_into_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        """Copies each input to its output."""
+        for output, tensor in zip(output_tensors, input_tensors, strict=True):
+            output.copy_(tensor)
+        return CompletedWork(output_tensors)
+
+    def reduce_scatter_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: ReduceScatterOptions | None = None,
+    ) -> Work:
+        """Copies each input to its output."""
+        for output, tensor in zip(output_tensors, input_tensors, strict=True):
+            output.copy_(tensor)
+        return CompletedWork(output_tensors)
 
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
         """Does nothing."""
@@ -197,6 +222,9 @@ class FakeProcessGroupWrapper(ProcessGroup):
     def shutdown(self) -> None:
         self._pg.shutdown()
 
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._pg.set_timeout(timeout)
+
     def size(self) -> int:
         return self._pg.size()
 
@@ -238,6 +266,22 @@ class FakeProcessGroupWrapper(ProcessGroup):
         opts: AllToAllOptions | None = None,
     ) -> Work:
         return self._pg.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def allgather_into_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        return self._pg.allgather_into_tensor_coalesced(output_tensors, input_tensors, opts)
+
+    def reduce_scatter_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: ReduceScatterOptions | None = None,
+    ) -> Work:
+        return self._pg.reduce_scatter_tensor_coalesced(output_tensors, input_tensors, opts)
 
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
         return self._pg.send(tensors, dst_rank, tag)
