@@ -81,8 +81,7 @@ def _check_layout(layout: dict[str, Any]) -> None:
     names = layout.get("dim_names")
     ok = (
         isinstance(layout.get("device_type"), str)
-        and isinstance(layout.get("mesh"), list)
-        and nested_ints(layout["mesh"])
+        and nested_ints(layout.get("mesh"))  # an int for a 0-d mesh
         and (names is None or (isinstance(names, list) and all(isinstance(n, str) for n in names)))
         and isinstance(layout.get("groups"), list)
         and all(isinstance(g, str) for g in layout["groups"])

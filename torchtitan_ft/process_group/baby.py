@@ -256,7 +256,7 @@ class _BabyWork(Work):
             self._pg._kill_child(
                 self._child,
                 TimeoutError(
-                    f"{self._pg.getBackendName()} {self._op} did not complete within {limit}; "
+                    f"{self._pg.getBackendName()} {self._op} timed out after {limit}; "
                     "its child process was killed"
                 ),
             )
@@ -583,7 +583,7 @@ class ProcessGroupBaby(ProcessGroup):
             self._kill_child(
                 child,
                 TimeoutError(
-                    f"{self._BACKEND_NAME} {work._op} did not complete within {self._timeout}; "
+                    f"{self._BACKEND_NAME} {work._op} timed out after {self._timeout}; "
                     "its child process was killed"
                 ),
             )
