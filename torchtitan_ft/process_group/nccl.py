@@ -1,5 +1,6 @@
 """The reconfigurable NCCL process group, in every rank, for CUDA tensors (untested here: no
-GPU). The opt-in baby process groups (collectives in a child process) are to live here too."""
+GPU). torchft's baby process groups (collectives in a child process) are not implemented; they
+would belong here."""
 
 from __future__ import annotations
 

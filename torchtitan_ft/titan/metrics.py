@@ -1,12 +1,13 @@
 """Observability of one replica group: FT scalars beside TorchTitan's own, and log-line prefixes.
 
-:func:`attach_ft_metrics` (called once at the end of ``FaultTolerantTrainer.__init__``; a no-op
-when FT is off) does two things:
+:func:`attach_ft_metrics` (called once at the end of ``FaultTolerantTrainer.__init__``) and
+:func:`attach_log_prefix` (called before the replica axis and its Manager are built), both
+no-ops when FT is off:
 
-* wraps TorchTitan's metric logger (TensorBoard under ``<dump>/tb/<time>/replica_<id>``, and
+* wrap TorchTitan's metric logger (TensorBoard under ``<dump>/tb/<time>/replica_<id>``, and
   wandb) so that each of TorchTitan's log calls also writes the ``ft/*`` scalars of
   :meth:`FTMetrics.scalars` at the same step;
-* prefixes every log line of this process with ``[replica=<id> rank=<rank>
+* prefix every log line of this process with ``[replica=<id> rank=<rank>
   train_step=<TorchTitan's step> committed_steps=<the Manager's>]`` (:class:`ReplicaLogPrefix`),
   instead of the Manager's own prefix on its lines.
 
@@ -154,6 +155,20 @@ def attach_ft_metrics(trainer: Any) -> FTMetrics | None:
     metrics = FTMetrics(manager, strategy=getattr(axis, "strategy", None))
     processor = trainer.metrics_processor
     processor.logger = FTMetricLogger(processor.logger, metrics.scalars)
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    install_log_prefix(axis.replica_id, rank, lambda: trainer.step, manager.current_step)
     return metrics
+
+
+def attach_log_prefix(trainer: Any) -> ReplicaLogPrefix | None:
+    """Prefixes this process's log lines for ``trainer`` (see the module docstring); None if FT
+    is off. Called before the replica axis is built, so that the Manager's start-up lines get
+    the prefix too (``committed_steps=0`` until the axis has a Manager)."""
+    ft = trainer.job_config.fault_tolerance
+    if not ft.enable:
+        return None
+
+    def committed() -> int:
+        manager = getattr(getattr(trainer, "replica_axis", None), "manager", None)
+        return manager.current_step() if manager is not None else 0
+
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    return install_log_prefix(ft.replica_id, rank, lambda: getattr(trainer, "step", 0), committed)

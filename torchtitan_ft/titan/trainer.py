@@ -16,7 +16,7 @@ from torchtitan_ft.titan import cpu_compat
 from torchtitan_ft.titan.checkpointing import ReplicaCheckpointer
 from torchtitan_ft.titan.config import uses_semi_sync
 from torchtitan_ft.titan.healing import HealedState
-from torchtitan_ft.titan.metrics import attach_ft_metrics
+from torchtitan_ft.titan.metrics import attach_ft_metrics, attach_log_prefix
 from torchtitan_ft.titan.replica_axis import ReplicaAxis, build_replica_axis
 from torchtitan_ft.titan.semi_sync import build_semi_sync_axis
 
@@ -90,6 +90,7 @@ class FaultTolerantTrainer(Trainer):
         """TorchTitan's init, then the replica axis; with FT the model's TrainSpec is
         re-registered with this group's data slice before TorchTitan looks it up."""
         parallel_dims = super().init_distributed()
+        attach_log_prefix(self)
         self.replica_axis = self.build_replica_axis()
         if self.replica_axis.enabled:
             name = self.job_config.model.name
