@@ -301,7 +301,9 @@ def test_pure_ddp_a_failed_allreduce_does_not_raise() -> None:
     assert len(manager.abandoned) == 4
 
 
-def _run_two_groups(tmp_path: Any, ddp: str) -> list[dict[str, Any]]:
+def _run_two_groups(
+    tmp_path: Any, ddp: str, process_group: str = "gloo", timeout_s: float = 10.0
+) -> list[dict[str, Any]]:
     lighthouse = LighthouseServer(
         bind="127.0.0.1:0",
         min_replicas=2,
@@ -311,7 +313,7 @@ def _run_two_groups(tmp_path: Any, ddp: str) -> list[dict[str, Any]]:
     )
     procs = []
     try:
-        outs = [tmp_path / f"{ddp}_{i}.pt" for i in range(2)]
+        outs = [tmp_path / f"{ddp}_{process_group}_{i}.pt" for i in range(2)]
         for i in range(2):
             cfg = WorkerConfig(
                 lighthouse_addr=lighthouse.address(),
@@ -322,6 +324,8 @@ def _run_two_groups(tmp_path: Any, ddp: str) -> list[dict[str, Any]]:
                 stop_participants=2,
                 max_iterations=60,
                 ddp=ddp,
+                process_group=process_group,
+                timeout_s=timeout_s,
             )
             procs.append(spawn_rank(cfg))
         for proc in procs:
@@ -352,3 +356,18 @@ def test_pure_ddp_two_replica_groups_match_the_bucketed_ddp(tmp_path: Any) -> No
         assert [(ok, n) for _, ok, n, _, _ in runs[0]["commits"][1:]] == [(True, 2)] * 4
     for name, tensor in pure[0]["model"].items():
         torch.testing.assert_close(tensor, bucketed[0]["model"][name], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_two_replica_groups_over_baby_gloo_train_as_over_gloo(tmp_path: Any) -> None:
+    """The Manager drives a ProcessGroupBabyGloo (collectives in a child process of each
+    trainer) as it drives ProcessGroupGloo: the same commits and the same final parameters."""
+    baby = _run_two_groups(tmp_path, "pure", "baby_gloo", timeout_s=30)
+    gloo = _run_two_groups(tmp_path, "pure", "gloo")
+    for runs in (baby, gloo):
+        assert [r["step"] for r in runs] == [5, 5]
+        assert [(ok, n) for _, ok, n, _, _ in runs[0]["commits"][1:]] == [(True, 2)] * 4
+    for name, tensor in baby[0]["model"].items():
+        assert torch.equal(tensor, baby[1]["model"][name]), name
+        assert torch.equal(tensor, gloo[0]["model"][name]), name

@@ -14,7 +14,8 @@ is moved to shared memory (``Tensor.share_memory_()``, in place, once), and the 
 results straight into it. CUDA tensors are shared by CUDA IPC (untested here: no GPU).
 
 Costs: ``configure`` spawns a Python process that imports torch (seconds, not milliseconds),
-and each collective adds a pipe round trip. Prefer :class:`ProcessGroupGloo`, which already
+and each collective adds a pipe round trip. A daemonic ``multiprocessing`` process cannot
+start the child (``configure`` says so). Prefer :class:`ProcessGroupGloo`, which already
 gives up on a hung collective at its timeout, unless a transport has been seen to wedge.
 """
 
@@ -24,8 +25,10 @@ import contextlib
 import itertools
 import logging
 import multiprocessing as mp
+import multiprocessing.util
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -310,6 +313,27 @@ class _Child:
         threading.Thread(target=self.process.join, name="torchtitan_ft-baby-reap").start()
 
 
+_live: weakref.WeakSet[ProcessGroupBaby] = weakref.WeakSet()
+_exit_hook_installed = False
+
+
+def _shutdown_all() -> None:
+    for pg in list(_live):
+        pg.shutdown()
+
+
+def _track(pg: ProcessGroupBaby) -> None:
+    """Shuts ``pg`` down at exit (the hook is installed on first use). multiprocessing's exit
+    handler (which also runs in its own worker processes, where atexit does not) runs
+    finalizers of priority >= 0 before it terminates daemonic children: the children are then
+    stopped quietly, not terminated under a live reply reader that would log them as lost."""
+    global _exit_hook_installed
+    _live.add(pg)
+    if not _exit_hook_installed:
+        _exit_hook_installed = True
+        multiprocessing.util.Finalize(None, _shutdown_all, exitpriority=10)
+
+
 class ProcessGroupBaby(ProcessGroup):
     """Base class of the process groups whose collectives run in a child process.
 
@@ -361,12 +385,19 @@ class ProcessGroupBaby(ProcessGroup):
             RuntimeError: if the child failed to build its group.
         """
         self._check_platform()
+        if mp.current_process().daemon:
+            raise RuntimeError(
+                f"{type(self).__name__} starts a child process, which a daemonic "
+                f"multiprocessing process ({mp.current_process().name}) may not do: start "
+                "this process with daemon=False, or use ProcessGroupGloo"
+            )
         if config.world_size < 1 or not 0 <= config.rank < config.world_size:
             raise ValueError(
                 f"need 0 <= rank < world_size, got rank={config.rank}, "
                 f"world_size={config.world_size}"
             )
         self._stop_child(RuntimeError(f"{self._BACKEND_NAME} was reconfigured"))
+        _track(self)
         ctx = mp.get_context("spawn")
         requests_child, requests_parent = ctx.Pipe(duplex=False)  # (read end, write end)
         replies_parent, replies_child = ctx.Pipe(duplex=False)
