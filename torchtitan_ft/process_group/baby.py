@@ -245,13 +245,11 @@ class _BabyWork(Work):
         else:
             self._future.set_exception(error)
 
-    def _fail_with(self, error: tuple[str, str]) -> Exception:
-        """Fail with the child's ``(type name, message)``; returns the exception raised."""
+    def _error_from(self, error: tuple[str, str]) -> Exception:
+        """The exception this Work raises for the child's ``(type name, message)``."""
         name, message = error
         kind = TimeoutError if name == "TimeoutError" else RuntimeError
-        exc = kind(f"{self._pg.getBackendName()} {self._op} failed: {name}: {message}")
-        self._finish(exc)
-        return exc
+        return kind(f"{self._pg.getBackendName()} {self._op} failed: {name}: {message}")
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         limit = timeout or self._pg._timeout  # timedelta(0): no timeout given
@@ -482,7 +480,9 @@ class ProcessGroupBaby(ProcessGroup):
             if kind == "done":
                 work._finish(None)
             else:
-                self._record(work._fail_with(err))
+                error = work._error_from(err)
+                self._record(error)  # before waking the waiter, who may ask errored()
+                work._finish(error)
         self._kill_child(
             child, RuntimeError(f"{self._BACKEND_NAME} child process exited unexpectedly")
         )
