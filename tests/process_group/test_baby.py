@@ -25,6 +25,7 @@ from tests._mp import _mp_context
 from torchtitan_ft.process_group import (
     ProcessGroupBabyGloo,
     ProcessGroupBabyNCCL,
+    ProcessGroupGloo,
 )
 from torchtitan_ft.process_group.baby import _from_wire, _to_wire
 
@@ -249,3 +250,29 @@ def test_sigstopped_peer_the_child_is_killed_and_the_group_reconfigures(
     finally:
         pg.shutdown()
         _kill_all(*peer_pids)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(
+    "allgather_into_tensor_coalesced" not in vars(ProcessGroupGloo),
+    reason="the child's ProcessGroupGloo does not have torchft's extra collectives",
+)
+def test_extra_collectives_run_in_the_child(store: dist.TCPStore) -> None:
+    pg = ProcessGroupBabyGloo(timeout=timedelta(seconds=60))
+    try:
+        pg.configure(f"127.0.0.1:{store.port}/x", "r", 0, 1)
+        src = torch.arange(4.0)
+        out = [torch.zeros(4)]
+        pg.allgather_into_tensor_coalesced(out, [src]).wait()
+        torch.testing.assert_close(out[0], src)
+        pg.reduce_scatter_tensor_coalesced(out, [src + 1]).wait()
+        torch.testing.assert_close(out[0], src + 1)
+        single = torch.zeros(4)
+        pg.all_gather_single(single, src + 2).wait()
+        torch.testing.assert_close(single, src + 2)
+        pg.reduce_scatter_single(single, src + 3).wait()
+        torch.testing.assert_close(single, src + 3)
+        assert pg.num_active_work() == 0 and pg.errored() is None
+    finally:
+        pg.shutdown()
