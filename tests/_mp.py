@@ -48,6 +48,12 @@ class WorkerConfig:
     shared_batches: bool = False
     """Every replica group and rank trains on the same batch at a given step (the data depends
     on the step only), so equal progress means equal samples whatever the membership."""
+    process_group: str = "gloo"
+    """The cross-group process group: ``"gloo"`` (``ProcessGroupGloo``) or ``"baby_gloo"``
+    (``ProcessGroupBabyGloo``, collectives in a child process)."""
+    ddp: str = "bucketed"
+    """Which wrapper averages the gradients: ``"bucketed"`` (``DistributedDataParallel``) or
+    ``"pure"`` (``PureDistributedDataParallel``)."""
     commit_log: str | None = None
     """Append one JSON line per iteration to this file (see ``_log_iteration``): the step,
     whether it committed, participants, a hash of the parameters and optimizer state, the
@@ -78,7 +84,9 @@ def _mp_context() -> Any:
 
 
 def spawn_rank(cfg: WorkerConfig) -> mp.process.BaseProcess:
-    proc = _mp_context().Process(target=train_worker, args=(cfg,), daemon=True)
+    # A baby process group starts a child, which a daemonic process may not do.
+    daemon = cfg.process_group != "baby_gloo"
+    proc = _mp_context().Process(target=train_worker, args=(cfg,), daemon=daemon)
     proc.start()
     return proc
 
@@ -147,10 +155,10 @@ def train_worker(cfg: WorkerConfig) -> None:
     from torch import nn
 
     from torchtitan_ft.checkpoint import HTTPTransport
-    from torchtitan_ft.ddp import DistributedDataParallel
+    from torchtitan_ft.ddp import DistributedDataParallel, PureDistributedDataParallel
     from torchtitan_ft.manager import Manager, WorldSizeMode
     from torchtitan_ft.optim import OptimizerWrapper
-    from torchtitan_ft.process_group import ProcessGroupGloo
+    from torchtitan_ft.process_group import ProcessGroupBabyGloo, ProcessGroupGloo
 
     marks["imported"] = time.time()
     logging.basicConfig(
@@ -170,7 +178,8 @@ def train_worker(cfg: WorkerConfig) -> None:
         inner.load_state_dict(sd["optim"])
 
     timeout = timedelta(seconds=cfg.timeout_s)
-    pg = ProcessGroupGloo(timeout=timeout)
+    groups = {"gloo": ProcessGroupGloo, "baby_gloo": ProcessGroupBabyGloo}
+    pg = groups[cfg.process_group](timeout=timeout)
     manager = Manager(
         pg=pg,
         load_state_dict=load_state_dict,
@@ -216,7 +225,8 @@ def train_worker(cfg: WorkerConfig) -> None:
 
         pg.allreduce = allreduce_then_die  # type: ignore[method-assign]
 
-    ddp = DistributedDataParallel(manager, model)
+    wrappers = {"bucketed": DistributedDataParallel, "pure": PureDistributedDataParallel}
+    ddp = wrappers[cfg.ddp](manager, model)
     optim = OptimizerWrapper(manager, inner)
     commits: list[tuple[int, bool, int, bool, float]] = []
     for _ in range(cfg.max_iterations):

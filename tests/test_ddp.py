@@ -1,4 +1,5 @@
-"""DistributedDataParallel unit tests against a scripted manager.
+"""DistributedDataParallel and PureDistributedDataParallel: unit tests against a scripted
+manager, and PureDistributedDataParallel with two real replica groups.
 
 The real Manager's allreduce is tested in test_manager.py; survival of a SIGKILLed peer with the
 real stack is tested in test_manager_integration.py.
@@ -14,7 +15,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from torchtitan_ft.ddp import DistributedDataParallel, _make_buckets
+from tests._mp import WorkerConfig, spawn_rank
+from torchtitan_ft.ddp import DistributedDataParallel, PureDistributedDataParallel, _make_buckets
+from torchtitan_ft.lighthouse import LighthouseServer
 
 
 class ScriptedManager:
@@ -252,3 +255,119 @@ def test_make_buckets_respects_cap_and_dtype() -> None:
     assert [b.flat.numel() for b in buckets] == [10, 20]
     with pytest.raises(ValueError, match="bucket_cap_mb"):
         DistributedDataParallel(ScriptedManager(), _model(), bucket_cap_mb=0)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# PureDistributedDataParallel
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_pure_ddp_averages_each_gradient_before_backward_returns(late: bool) -> None:
+    reference, wrapped_module = _model(), _model()
+    manager = ScriptedManager(0.5, late=late)
+    ddp = PureDistributedDataParallel(manager, wrapped_module)  # type: ignore[arg-type]
+    assert ddp.module is wrapped_module
+    opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1)
+    opt = torch.optim.SGD(wrapped_module.parameters(), lr=0.1)
+    for _ in range(2):
+        x = torch.randn(3, 4)
+        opt_ref.zero_grad()
+        opt.zero_grad()
+        reference(x).sum().backward()
+        ddp(x).sum().backward()
+        # one collective per parameter, completed (even the late ones) when backward returns
+        assert manager.calls[-4:] == [
+            p.numel() for p in reversed(list(wrapped_module.parameters()))
+        ]
+        _assert_averaged(wrapped_module, reference, 0.5)
+        for p in reference.parameters():
+            assert p.grad is not None
+            p.grad.mul_(0.5)
+        opt_ref.step()
+        opt.step()
+        for p_ref, p in zip(reference.parameters(), wrapped_module.parameters(), strict=True):
+            assert torch.equal(p, p_ref)
+    assert len(manager.calls) == 8
+
+
+def test_pure_ddp_a_failed_allreduce_does_not_raise() -> None:
+    manager = ScriptedManager(0.5)
+    manager.fail = True
+    module = _model()
+    ddp = PureDistributedDataParallel(manager, module)  # type: ignore[arg-type]
+    ddp(torch.randn(3, 4)).sum().backward()  # the error is data: nothing raises
+    assert manager.errored() is not None
+    assert len(manager.abandoned) == 4
+
+
+def _run_two_groups(
+    tmp_path: Any, ddp: str, process_group: str = "gloo", timeout_s: float = 10.0
+) -> list[dict[str, Any]]:
+    lighthouse = LighthouseServer(
+        bind="127.0.0.1:0",
+        min_replicas=2,
+        join_timeout_ms=500,
+        quorum_tick_ms=50,
+        heartbeat_timeout_ms=3000,
+    )
+    procs = []
+    try:
+        outs = [tmp_path / f"{ddp}_{process_group}_{i}.pt" for i in range(2)]
+        for i in range(2):
+            cfg = WorkerConfig(
+                lighthouse_addr=lighthouse.address(),
+                replica=i,
+                out_path=str(outs[i]),
+                min_replica_size=2,
+                stop_step=5,
+                stop_participants=2,
+                max_iterations=60,
+                ddp=ddp,
+                process_group=process_group,
+                timeout_s=timeout_s,
+            )
+            procs.append(spawn_rank(cfg))
+        for proc in procs:
+            proc.join(75)
+            assert proc.exitcode == 0, f"{ddp} worker exit code {proc.exitcode}"
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        lighthouse.shutdown()
+    return [torch.load(out, weights_only=False) for out in outs]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_pure_ddp_two_replica_groups_match_the_bucketed_ddp(tmp_path: Any) -> None:
+    """Two real replica groups (lighthouse, Manager, ProcessGroupGloo) train 5 steps with each
+    wrapper on different data per group; both wrappers average the same gradients, so the
+    groups end identical to each other and to the bucketed run."""
+    pure = _run_two_groups(tmp_path, "pure")
+    bucketed = _run_two_groups(tmp_path, "bucketed")
+    for runs in (pure, bucketed):
+        assert [r["step"] for r in runs] == [5, 5]
+        for name, tensor in runs[0]["model"].items():
+            assert torch.equal(tensor, runs[1]["model"][name]), name
+        # after the first step (group 1 heals from group 0: init_sync), both groups take part
+        assert [(ok, n) for _, ok, n, _, _ in runs[0]["commits"][1:]] == [(True, 2)] * 4
+    for name, tensor in pure[0]["model"].items():
+        torch.testing.assert_close(tensor, bucketed[0]["model"][name], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_two_replica_groups_over_baby_gloo_train_as_over_gloo(tmp_path: Any) -> None:
+    """The Manager drives a ProcessGroupBabyGloo (collectives in a child process of each
+    trainer) as it drives ProcessGroupGloo: the same commits and the same final parameters."""
+    baby = _run_two_groups(tmp_path, "pure", "baby_gloo", timeout_s=30)
+    gloo = _run_two_groups(tmp_path, "pure", "gloo")
+    for runs in (baby, gloo):
+        assert [r["step"] for r in runs] == [5, 5]
+        assert [(ok, n) for _, ok, n, _, _ in runs[0]["commits"][1:]] == [(True, 2)] * 4
+    for name, tensor in baby[0]["model"].items():
+        assert torch.equal(tensor, baby[1]["model"][name]), name
+        assert torch.equal(tensor, gloo[0]["model"][name]), name

@@ -1,7 +1,7 @@
 """Per-step fault tolerance for TorchTitan: ``lighthouse/`` (one per job), ``manager/`` and
 ``process_group/`` (every rank of a replica group; the ManagerServer on group rank 0),
-``checkpoint/`` (live healing), ``semi_sync/`` and ``titan/`` (the trainer), and torchft's
-training-loop wrappers ``ddp``, ``optim`` and ``data``.
+``checkpoint/`` (live healing), ``semi_sync/`` and ``titan/`` (the trainer), torchft's
+training-loop wrappers ``ddp``, ``optim`` and ``data``, and its ``parameter_server``.
 
 The public names of torchft 0.2.0 are importable from here (``from torchtitan_ft import Manager``)
 and from their modules; see docs/torchft_mapping.md. Attributes load lazily so that the
@@ -32,17 +32,23 @@ _PUBLIC = {
     "ReplicaGroupMismatchError": "torchtitan_ft.manager",
     "AddressInUseError": "torchtitan_ft.manager",
     "DistributedDataParallel": "torchtitan_ft.ddp",
+    "PureDistributedDataParallel": "torchtitan_ft.ddp",
     "Optimizer": "torchtitan_ft.optim",
     "OptimizerWrapper": "torchtitan_ft.optim",
     "DistributedSampler": "torchtitan_ft.data",
     "ProcessGroup": "torchtitan_ft.process_group",
     "ProcessGroupGloo": "torchtitan_ft.process_group",
     "ProcessGroupNCCL": "torchtitan_ft.process_group",
+    "ProcessGroupBabyGloo": "torchtitan_ft.process_group",
+    "ProcessGroupBabyNCCL": "torchtitan_ft.process_group",
+    "ProcessGroupDummy": "torchtitan_ft.process_group",
+    "FakeProcessGroupWrapper": "torchtitan_ft.process_group",
     "ManagedProcessGroup": "torchtitan_ft.process_group",
     "ErrorSwallowingProcessGroupWrapper": "torchtitan_ft.process_group",
     "CheckpointTransport": "torchtitan_ft.checkpoint",
     "HTTPTransport": "torchtitan_ft.checkpoint",
     "PGTransport": "torchtitan_ft.checkpoint",
+    "ParameterServer": "torchtitan_ft.parameter_server",
     "LocalSGD": "torchtitan_ft.semi_sync",
     "DiLoCo": "torchtitan_ft.semi_sync",
 }

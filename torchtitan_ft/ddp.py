@@ -1,5 +1,6 @@
 """In the training loop of every rank: ``DistributedDataParallel`` across replica groups,
-averaging gradients through the Manager.
+averaging gradients through the Manager (and ``PureDistributedDataParallel``, torchft's simpler
+one-allreduce-per-parameter variant, at the end of this module).
 
 Gradients live in flat buffers allocated once, one per bucket (parameters of one dtype and
 device, up to ``bucket_cap_mb``): after a backward each parameter's ``.grad`` is a view into its
@@ -200,3 +201,54 @@ def _make_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[_Bucket]:
     if current:
         buckets.append(_Bucket(current))
     return buckets
+
+
+class PureDistributedDataParallel(nn.Module):
+    """torchft's plain variant: one ``Manager.allreduce`` per gradient, no buckets.
+
+    As each parameter's gradient is accumulated, its ``.grad`` is averaged in place over the
+    participating replica groups (the collective starts at once, while the backward goes on);
+    the backward's end waits for all of them, so the gradients are final when ``backward()``
+    returns. Failures are data, as with :class:`DistributedDataParallel`: the futures never
+    raise, the step's error is recorded and ``should_commit`` discards it.
+
+    Simpler and slower than :class:`DistributedDataParallel` (one collective per parameter
+    instead of one per bucket; use that one for real models). Every replica group must produce
+    gradients for the same parameters in each backward: a parameter without a gradient is
+    skipped, and replicas that skip different ones issue different collectives. There is no
+    ``no_sync()``. After a failed step, an abandoned collective may still write into the
+    ``.grad`` it was given; ``zero_grad()`` (``set_to_none=True``, the default) gives the next
+    step new tensors.
+
+    Args:
+        manager: the replica group's Manager; its ``allreduce`` does the averaging.
+        module: the model; its trainable parameters are synchronised (reachable as ``.module``).
+    """
+
+    def __init__(self, manager: Manager, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        self._manager = manager
+        self._futures: list[torch.futures.Future[torch.Tensor]] = []
+        self._in_backward = False
+        params = dict.fromkeys(p for p in module.parameters() if p.requires_grad)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._in_backward = False  # a backward that raised midway never ran its callback
+        self._futures = []
+        return self.module(*args, **kwargs)
+
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if param.grad is None:
+            return
+        if not self._in_backward:
+            self._in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        self._futures.append(self._manager.allreduce(param.grad))  # in place
+
+    def _finish_backward(self) -> None:
+        self._in_backward = False
+        futures, self._futures = self._futures, []
+        for future in futures:
+            future.wait()  # never raises: Manager.allreduce swallows errors

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from tests.checkpoint.state_dicts import assert_bitwise_equal, mixed_state_dict
 from torchtitan_ft.checkpoint import CheckpointTransferError, PGTransport
+from torchtitan_ft.process_group.base import FailedWork
 
 TIMEOUT = timedelta(seconds=30)
 
@@ -57,3 +58,23 @@ def test_round_trip_over_gloo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         receiver.join(timeout=10)
         if receiver.is_alive():
             receiver.kill()
+
+
+class _SilentPeer:
+    """A process group whose peer never answers: every send and recv times out (the real
+    ProcessGroupGloo's timeout is tested in tests/process_group)."""
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> FailedWork:
+        return FailedWork(TimeoutError("torchft-gloo send did not complete within 0:00:00.2"))
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> FailedWork:
+        return FailedWork(TimeoutError("torchft-gloo recv did not complete within 0:00:00.2"))
+
+
+def test_a_silent_peer_is_a_transfer_error_that_says_timed_out() -> None:
+    transport: PGTransport = PGTransport(_SilentPeer(), TIMEOUT, torch.device("cpu"))  # type: ignore[arg-type]
+    short = timedelta(milliseconds=200)
+    with pytest.raises(CheckpointTransferError, match=r"from rank 1 timed out after 0:00:00.2"):
+        transport.recv_checkpoint(1, "<n/a>", 3, short)
+    with pytest.raises(CheckpointTransferError, match=r"to rank 1 timed out after 0:00:00.2"):
+        transport.send_checkpoint([1], 3, {"w": torch.ones(2)}, short)

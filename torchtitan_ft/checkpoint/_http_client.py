@@ -245,14 +245,15 @@ class Source:
             pos = offsets[i] + hi
 
     def retrying(self, fetch: Callable[[], R], deadline: float) -> R:
-        """Calls ``fetch`` until the donor offers the step (503 until then) or the deadline."""
+        """Calls ``fetch`` until the donor offers the step (503 until then) or the deadline;
+        then raises TimeoutError naming the donor's last answer."""
         pause = _RETRY_FIRST_S
         while True:
             try:
                 return fetch()
-            except NotOfferedYet:
+            except NotOfferedYet as e:
                 if time.monotonic() + pause >= deadline:
-                    raise
+                    raise TimeoutError(f"timed out waiting for the donor to offer it: {e}") from e
                 time.sleep(pause)
                 pause = min(2 * pause, _RETRY_MAX_S)
 

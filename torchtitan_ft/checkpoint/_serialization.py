@@ -5,12 +5,13 @@ tuples, plain values) with every tensor replaced by an index into a tensor table
 byte size), and then the tensors' raw bytes in table order. The header is JSON, never pickle: a
 receiver does not execute anything a peer sends it.
 
-Supported leaves: ``torch.Tensor`` (dense, any device; sent as its contiguous bytes), ``None``,
-``bool``, ``int``, ``float`` (including nan/inf), ``str``, ``bytes``, ``torch.Size``. Containers:
-``dict`` (any supported, hashable key; ``OrderedDict`` comes back as ``dict`` in the same order),
-``list``, ``tuple``. Anything else raises ``TypeError`` naming its path. Not supported yet:
-``DTensor`` (send the local shard), tensor aliasing (two entries sharing storage arrive as two
-tensors), ``requires_grad`` (tensors arrive detached).
+Supported leaves: ``torch.Tensor`` (dense, any device; sent as its contiguous bytes),
+``DTensor`` (its local shard is sent as a tensor and its layout as JSON; the receiver rebuilds it
+on its own process groups, see ``_dtensor``), ``None``, ``bool``, ``int``, ``float`` (including
+nan/inf), ``str``, ``bytes``, ``torch.Size``. Containers: ``dict`` (any supported, hashable key;
+``OrderedDict`` comes back as ``dict`` in the same order), ``list``, ``tuple``. Anything else
+raises ``TypeError`` naming its path. Not supported yet: tensor aliasing (two entries sharing
+storage arrive as two tensors), ``requires_grad`` (tensors arrive detached).
 
 A receiver trusts nothing in a header: ``Header.from_bytes`` and ``unflatten`` raise ValueError
 for anything a sender could not have produced (wrong types, a tensor index used twice or out of
@@ -195,7 +196,7 @@ def unflatten(tree: Any, tensors: list[torch.Tensor]) -> Any:
     """
     used = [False] * len(tensors)
     try:
-        state_dict = _decode(tree, tensors, used)
+        state_dict = _decode(tree, tensors, used, _MeshesOnDemand())
     except (IndexError, TypeError, KeyError, ValueError) as e:
         raise ValueError(f"malformed checkpoint header tree: {e}") from e
     except RecursionError:
@@ -206,16 +207,31 @@ def unflatten(tree: Any, tensors: list[torch.Tensor]) -> Any:
     return state_dict
 
 
+class _MeshesOnDemand:
+    """The device meshes of one state dict's DTensors, rebuilt on first use (torch's DTensor
+    modules are imported only when a state dict holds DTensors)."""
+
+    def __init__(self) -> None:
+        self._cache: Any = None
+
+    def decode(self, layout: Any, local: torch.Tensor) -> torch.Tensor:
+        from torchtitan_ft.checkpoint import _dtensor
+
+        if self._cache is None:
+            self._cache = _dtensor.MeshCache()
+        return _dtensor.decode(layout, local, self._cache)
+
+
 def _encode(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:
     # Order matters: bool before int, Size before tuple, str/bytes before containers.
     if obj is None or isinstance(obj, bool | int | float | str):
         return obj
     if isinstance(obj, torch.Tensor):
         if _is_dtensor(obj):
-            raise TypeError(
-                f"{path} is a DTensor; checkpoint transports do not send DTensors yet "
-                "(send obj.to_local() and rebuild the DTensor on the receiver)"
-            )
+            from torchtitan_ft.checkpoint import _dtensor
+
+            layout = _dtensor.encode_layout(obj, path)  # type: ignore[arg-type]
+            return {"DT": [layout, _encode(obj.to_local(), tensors, f"{path} local shard")]}
         if obj.is_sparse or obj.layout != torch.strided:
             raise TypeError(f"{path} is a {obj.layout} tensor; only dense tensors are supported")
         tensors.append(obj)
@@ -241,7 +257,9 @@ def _encode(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:
     )
 
 
-def _decode(node: Any, tensors: list[torch.Tensor], used: list[bool]) -> Any:
+def _decode(
+    node: Any, tensors: list[torch.Tensor], used: list[bool], meshes: _MeshesOnDemand
+) -> Any:
     if node is None or isinstance(node, bool | int | float | str):
         return node
     if not isinstance(node, dict) or len(node) != 1:
@@ -264,11 +282,21 @@ def _decode(node: Any, tensors: list[torch.Tensor], used: list[bool]) -> Any:
                 raise ValueError(f"torch.Size node {_excerpt(value)} is not a list of sizes")
             return torch.Size(value)
         case "D":
-            return {_decode(k, tensors, used): _decode(v, tensors, used) for k, v in value}
+            return {
+                _decode(k, tensors, used, meshes): _decode(v, tensors, used, meshes)
+                for k, v in value
+            }
         case "L":
-            return [_decode(v, tensors, used) for v in value]
+            return [_decode(v, tensors, used, meshes) for v in value]
         case "U":
-            return tuple(_decode(v, tensors, used) for v in value)
+            return tuple(_decode(v, tensors, used, meshes) for v in value)
+        case "DT":
+            if not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], dict):
+                raise ValueError(f"DTensor node {_excerpt(value)} is not [layout, local shard]")
+            local = _decode(value[1], tensors, used, meshes)
+            if not isinstance(local, torch.Tensor):
+                raise ValueError(f"DTensor node {_excerpt(value)} has no local shard tensor")
+            return meshes.decode(value[0], local)
     raise ValueError(f"malformed checkpoint header node tag {_excerpt(tag)}")
 
 

@@ -34,7 +34,8 @@ thread and serves only complete (authenticated) requests, each within ``timeout`
 (``CheckpointServer``); the receiver checks a donor's announcements before allocating
 (``_http_client``). Limits: docs/operations.md, "Limits against starvation".
 
-Not supported yet: DTensor leaves (send local shards), TLS (use ``auth_token`` and a private
+DTensor leaves travel as their local shard plus their layout, and are rebuilt on the receiver's
+own device mesh (see ``_dtensor``). Not supported yet: TLS (use ``auth_token`` and a private
 network; the token travels in clear text).
 """
 

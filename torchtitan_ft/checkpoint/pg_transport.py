@@ -6,7 +6,8 @@ donor and the receivers (gloo on CPU; NCCL would take the same calls with ``devi
 Messages, in order: the header length (one int64), the header bytes (uint8), then every
 non-empty tensor as uint8 bytes. Unlike ``HTTPTransport``, ``send_checkpoint`` blocks until
 the destinations received everything (the process group's ``send`` is the transport), so the
-donor stalls for the transfer; prefer ``HTTPTransport`` where that matters.
+donor stalls for the transfer; prefer ``HTTPTransport`` where that matters. DTensors are sent
+as their local shard and rebuilt on the receiver's device mesh, as by ``HTTPTransport``.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class PGTransport(CheckpointTransport[T]):
     ) -> None:
         """Sends ``state_dict`` as ``step`` to each of ``dst_ranks`` in turn; blocks until done.
 
-        Raises TypeError for unsupported leaves and CheckpointTransferError when a send fails.
+        Raises TypeError for unsupported leaves and CheckpointTransferError when a send fails
+        or does not complete within ``timeout``.
         """
         started = time.perf_counter()
         tree, tensors = flatten(state_dict)
@@ -82,6 +84,10 @@ class PGTransport(CheckpointTransport[T]):
             try:
                 for t in (length, header_t, *payload):
                     self._pg.send([t], dst, _TAG).wait(timeout)
+            except TimeoutError as e:
+                raise CheckpointTransferError(
+                    f"sending step {step} to rank {dst} timed out after {timeout}: {e}"
+                ) from e
             except RuntimeError as e:
                 raise CheckpointTransferError(
                     f"sending step {step} to rank {dst} failed: {e}"
@@ -97,8 +103,9 @@ class PGTransport(CheckpointTransport[T]):
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> T:
         """Receives the state of ``step`` from ``src_rank`` (``metadata`` is unused).
 
-        Raises CheckpointTransferError when the source fails or sends another step (its
-        tensors are drained first so the process group stays in sync).
+        Raises CheckpointTransferError when the source fails, nothing arrives within
+        ``timeout``, or the source sends another step (its tensors are drained first so the
+        process group stays in sync).
         """
         started = time.perf_counter()
         try:
@@ -115,6 +122,10 @@ class PGTransport(CheckpointTransport[T]):
             for t in tensors:
                 if t.numel():
                     self._recv(as_bytes(t), src_rank, timeout)
+        except TimeoutError as e:
+            raise CheckpointTransferError(
+                f"receiving step {step} from rank {src_rank} timed out after {timeout}: {e}"
+            ) from e
         except (RuntimeError, ValueError) as e:
             raise CheckpointTransferError(
                 f"receiving step {step} from rank {src_rank} failed: {e}"

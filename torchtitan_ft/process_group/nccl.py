@@ -1,6 +1,5 @@
 """The reconfigurable NCCL process group, in every rank, for CUDA tensors (untested here: no
-GPU). torchft's baby process groups (collectives in a child process) are not implemented; they
-would belong here."""
+GPU). Its child-process variant, ``ProcessGroupBabyNCCL``, is in ``baby``."""
 
 from __future__ import annotations
 

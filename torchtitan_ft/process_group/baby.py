@@ -1,0 +1,792 @@
+"""Process groups whose collectives run in a child process, in every rank (torchft's "baby"
+process groups): ``ProcessGroupBabyGloo`` and ``ProcessGroupBabyNCCL``.
+
+Some hangs cannot be interrupted from inside the process that hangs: a transport wedged in C++
+code ignores timeouts and aborts, and freeing it may block its caller. Here the real group (a
+:class:`ProcessGroupGloo` or :class:`ProcessGroupNCCL`) lives in a child process spawned by every
+:meth:`ProcessGroupBaby.configure`; the parent sends each collective to it over a pipe and the
+child reports completion. When a collective overruns the timeout, the parent SIGKILLs the child:
+everything the transport held goes with it, the parent never waits for it, and the next
+``configure`` spawns a fresh child.
+
+Tensors cross the process boundary through shared memory: a CPU tensor passed to a collective
+is moved to shared memory (``Tensor.share_memory_()``, in place, once), and the child writes
+results straight into it. CUDA tensors are shared by CUDA IPC (untested here: no GPU).
+
+Costs: ``configure`` spawns a Python process that imports torch (seconds, not milliseconds),
+and each collective adds a pipe round trip. A daemonic ``multiprocessing`` process cannot
+start the child (``configure`` says so). Prefer :class:`ProcessGroupGloo`, which already
+gives up on a hung collective at its timeout, unless a transport has been seen to wedge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import multiprocessing as mp
+import multiprocessing.util
+import os
+import threading
+import weakref
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing  # registers the reductions that pickle tensors as shared memory
+from torch.distributed import distributed_c10d as c10d
+from torch.distributed.distributed_c10d import (
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ReduceOp,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+    Work,
+)
+from torch.futures import Future
+
+from torchtitan_ft.process_group.base import (
+    FailedWork,
+    GroupConfig,
+    ProcessGroup,
+    reduce_op_of,
+)
+from torchtitan_ft.process_group.futures import future_with_timeout
+from torchtitan_ft.process_group.gloo import ProcessGroupGloo
+from torchtitan_ft.process_group.nccl import ProcessGroupNCCL
+
+logger = logging.getLogger(__name__)
+
+_OPTION_TYPES = (
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+)
+
+
+# --------------------------------------------------------------------------------------------
+# What crosses the pipe
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _WireOptions:
+    """A c10d options object as plain data (the C++ objects do not pickle)."""
+
+    kind: str
+    """Class name in ``torch.distributed.distributed_c10d``, e.g. ``"AllreduceOptions"``."""
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _WireReduceOp:
+    """A ``ReduceOp`` (the c10d class does not pickle; its ``RedOpType`` members do)."""
+
+    op: Any
+
+
+def _to_wire(value: Any) -> Any:
+    """``value`` (collective arguments) with options and reduce ops made picklable."""
+    if isinstance(value, list | tuple):
+        return type(value)(_to_wire(v) for v in value)
+    if isinstance(value, _OPTION_TYPES):
+        fields = {
+            name: _to_wire(getattr(value, name))
+            for name in dir(value)
+            if not name.startswith("_") and not callable(getattr(value, name))
+        }
+        return _WireOptions(type(value).__name__, fields)
+    if isinstance(value, ReduceOp | ReduceOp.RedOpType):
+        return _WireReduceOp(reduce_op_of(value))
+    return value
+
+
+def _from_wire(value: Any) -> Any:
+    """Inverse of :func:`_to_wire`, in the child."""
+    if isinstance(value, list | tuple):
+        return type(value)(_from_wire(v) for v in value)
+    if isinstance(value, _WireOptions):
+        options = getattr(c10d, value.kind)()
+        for name, v in value.fields.items():
+            setattr(options, name, _from_wire(v))
+        return options
+    if isinstance(value, _WireReduceOp):
+        return value.op
+    return value
+
+
+def _share(value: Any) -> None:
+    """Move the CPU tensors in ``value`` (nested lists) to shared memory, in place."""
+    if isinstance(value, list | tuple):
+        for v in value:
+            _share(v)
+    elif isinstance(value, torch.Tensor) and value.device.type == "cpu" and not value.is_shared():
+        value.share_memory_()
+
+
+def _describe(e: BaseException) -> tuple[str, str]:
+    """An exception as plain data (gloo's errors do not always unpickle)."""
+    return type(e).__name__, str(e)
+
+
+# --------------------------------------------------------------------------------------------
+# The child
+# --------------------------------------------------------------------------------------------
+
+
+def _child_main(
+    backend: type[ProcessGroupGloo],
+    config: GroupConfig,
+    timeout_s: float,
+    requests: Connection,
+    replies: Connection,
+) -> None:  # runs in the spawned child
+    """Build the group, then run the collectives the parent sends until its pipe closes.
+
+    Replies are ``("ready", None, None)`` or ``("failed", None, error)`` once, then
+    ``("done", op_id, None)`` / ``("error", op_id, error)`` per collective, sent from gloo's
+    threads as collectives complete (hence the lock).
+    """
+    reply_lock = threading.Lock()
+
+    def reply(kind: str, op_id: int | None, error: tuple[str, str] | None) -> None:
+        with reply_lock, contextlib.suppress(OSError):  # parent gone: nothing to tell
+            replies.send((kind, op_id, error))
+
+    try:
+        pg = backend(timeout=timedelta(seconds=timeout_s))
+        pg.configure(
+            config.store_addr,
+            config.replica_id,
+            config.rank,
+            config.world_size,
+            config.quorum_id,
+            config.group_rank,
+            config.group_world_size,
+            config.global_ranks,
+        )
+    except Exception as e:  # reported to the parent, which raises it from configure()
+        reply("failed", None, _describe(e))
+        os._exit(1)
+    reply("ready", None, None)
+
+    in_flight: dict[int, Any] = {}  # keeps the shared tensors alive until the op completes
+
+    def on_done(op_id: int, fut: Future[Any]) -> None:
+        in_flight.pop(op_id, None)
+        try:
+            fut.wait()
+        except Exception as e:  # a collective's failure, handed to the parent as data
+            reply("error", op_id, _describe(e))
+        else:
+            reply("done", op_id, None)
+
+    while True:
+        try:
+            op_id, op, args = requests.recv()
+        except (EOFError, OSError):
+            break  # the parent closed the pipe or died: nothing more to do
+        try:
+            call_args = _from_wire(args)
+            in_flight[op_id] = call_args
+            work = getattr(pg, op)(*call_args)
+            work.get_future().add_done_callback(lambda fut, op_id=op_id: on_done(op_id, fut))
+        except Exception as e:  # e.g. a bad argument: fails this op only
+            in_flight.pop(op_id, None)
+            reply("error", op_id, _describe(e))
+    # os._exit: skip interpreter teardown, which would wait for a hung collective's threads.
+    os._exit(0)
+
+
+# --------------------------------------------------------------------------------------------
+# The parent
+# --------------------------------------------------------------------------------------------
+
+
+class _BabyWork(Work):
+    """A collective sent to the child. ``wait()`` gives up at the timeout and kills the child."""
+
+    def __init__(self, pg: ProcessGroupBaby, child: _Child, op: str, result: object) -> None:
+        super().__init__()
+        self._pg = pg
+        self._child = child
+        self._op = op
+        self._result = result
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._future: Future[Any] = Future()
+
+    def _finish(self, error: BaseException | None) -> None:
+        with self._lock:  # the reply reader and a kill may race
+            if self._done.is_set():
+                return
+            self._error = error
+            self._done.set()
+        # Outside the lock: completing the future runs the caller's callbacks.
+        if error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(error)
+
+    def _error_from(self, error: tuple[str, str]) -> Exception:
+        """The exception this Work raises for the child's ``(type name, message)``."""
+        name, message = error
+        kind = TimeoutError if name == "TimeoutError" else RuntimeError
+        return kind(f"{self._pg.getBackendName()} {self._op} failed: {name}: {message}")
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        limit = timeout or self._pg._timeout  # timedelta(0): no timeout given
+        if not self._done.wait(limit.total_seconds()):
+            self._pg._kill_child(
+                self._child,
+                TimeoutError(
+                    f"{self._pg.getBackendName()} {self._op} timed out after {limit}; "
+                    "its child process was killed"
+                ),
+            )
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def get_future(self) -> Future[Any]:
+        return self._future
+
+
+class _Child:
+    """One spawned child: its process, the two pipe ends and the collectives in flight."""
+
+    def __init__(self, process: Any, requests: Connection, replies: Connection) -> None:
+        self.process = process
+        self.requests = requests
+        self.replies = replies
+        self.send_lock = threading.Lock()
+        self.pending: dict[int, _BabyWork] = {}
+        self.reader: threading.Thread | None = None
+        self._killed = False
+
+    def fail_all(self, error: BaseException) -> int:
+        """Fail every collective in flight with ``error``; returns how many there were."""
+        pending, self.pending = self.pending, {}
+        for work in pending.values():
+            work._finish(error)
+        return len(pending)
+
+    def kill(self) -> None:
+        """SIGKILL the child and close the request pipe; idempotent. The child is reaped on a
+        helper thread; the reply pipe is closed by its reader when the child's end closes
+        (closing it here, under a blocked reader, would race with fd reuse)."""
+        with self.send_lock:
+            if self._killed:
+                return
+            self._killed = True
+            self.requests.close()
+        if self.process.is_alive():
+            self.process.kill()
+        threading.Thread(target=self.process.join, name="torchtitan_ft-baby-reap").start()
+
+
+_live: weakref.WeakSet[ProcessGroupBaby] = weakref.WeakSet()
+_exit_hook_installed = False
+
+
+def _shutdown_all() -> None:
+    for pg in list(_live):
+        pg.shutdown()
+
+
+def _track(pg: ProcessGroupBaby) -> None:
+    """Shuts ``pg`` down at exit (the hook is installed on first use). multiprocessing's exit
+    handler (which also runs in its own worker processes, where atexit does not) runs
+    finalizers of priority >= 0 before it terminates daemonic children: the children are then
+    stopped quietly, not terminated under a live reply reader that would log them as lost."""
+    global _exit_hook_installed
+    _live.add(pg)
+    if not _exit_hook_installed:
+        _exit_hook_installed = True
+        multiprocessing.util.Finalize(None, _shutdown_all, exitpriority=10)
+
+
+class ProcessGroupBaby(ProcessGroup):
+    """Base class of the process groups whose collectives run in a child process.
+
+    :meth:`configure` SIGKILLs the previous child (collectives still in flight fail) and spawns
+    a new one, which builds the real group. Every collective returns a Work whose ``wait()``
+    returns within the timeout: it raises the collective's error, or ``TimeoutError`` when the
+    timeout passes, and then the child is killed. A collective nobody waits for is given up on
+    at the same timeout. After an error, :meth:`errored` reports it and collectives fail at
+    once until the next ``configure``. After :meth:`shutdown` (or before the first
+    ``configure``), collectives raise ``OSError``.
+
+    The Work's future completes with the tensors the collective writes (as
+    :class:`ProcessGroupGloo`'s do), with ``None`` for barrier and send.
+
+    Args:
+        timeout: seconds (float) or ``timedelta``; bounds ``configure`` (spawning the child and
+            building its group with every peer) and each collective. Default 60 s. Spawning the
+            child costs a few seconds of it (a Python process importing torch).
+    """
+
+    _BACKEND: ClassVar[type[ProcessGroupGloo]] = ProcessGroupGloo
+    """The group class the child builds."""
+    _BACKEND_NAME: ClassVar[str] = "torchft-baby"
+
+    def __init__(self, timeout: float | timedelta = 60.0) -> None:
+        super().__init__()
+        timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+        if timeout <= timedelta(0):
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._child: _Child | None = None
+        self._errored: Exception | None = None
+        self._ids = itertools.count()
+        self._rank = 0
+        self._world_size = 0
+
+    # ---- lifecycle ----
+
+    def _check_platform(self) -> None:
+        """Raise when this machine cannot run the backend (see ProcessGroupBabyNCCL)."""
+
+    def _configure(self, config: GroupConfig) -> None:
+        """Kill the current child and spawn one that builds the group for ``config``.
+
+        Raises:
+            TimeoutError: if the child did not build its group within the timeout (a peer did
+                not join, or the store is unreachable); the child is killed.
+            RuntimeError: if the child failed to build its group.
+        """
+        self._check_platform()
+        if mp.current_process().daemon:
+            raise RuntimeError(
+                f"{type(self).__name__} starts a child process, which a daemonic "
+                f"multiprocessing process ({mp.current_process().name}) may not do: start "
+                "this process with daemon=False, or use ProcessGroupGloo"
+            )
+        if config.world_size < 1 or not 0 <= config.rank < config.world_size:
+            raise ValueError(
+                f"need 0 <= rank < world_size, got rank={config.rank}, "
+                f"world_size={config.world_size}"
+            )
+        self._stop_child(RuntimeError(f"{self._BACKEND_NAME} was reconfigured"))
+        _track(self)
+        ctx = mp.get_context("spawn")
+        requests_child, requests_parent = ctx.Pipe(duplex=False)  # (read end, write end)
+        replies_parent, replies_child = ctx.Pipe(duplex=False)
+        process = ctx.Process(
+            target=_child_main,
+            args=(
+                self._BACKEND,
+                config,
+                self._timeout.total_seconds(),
+                requests_child,
+                replies_child,
+            ),
+            name=f"{self._BACKEND_NAME}-{config.replica_id}-{config.rank}",
+            daemon=True,
+        )
+        process.start()
+        # The child holds its ends now; closing ours makes a dead child show up as EOF.
+        requests_child.close()
+        replies_child.close()
+        child = _Child(process, requests_parent, replies_parent)
+        try:
+            ready = self._await_ready(child, config)
+        except BaseException:
+            child.kill()
+            replies_parent.close()
+            raise
+        if ready is not None:
+            child.kill()
+            replies_parent.close()
+            error = RuntimeError(
+                f"{self._BACKEND_NAME} configure failed ({config.describe()}): "
+                f"{ready[0]}: {ready[1]}"
+            )
+            with self._lock:
+                self._errored = error
+            raise error
+        child.reader = threading.Thread(
+            target=self._read_replies, args=(child,), name="torchtitan_ft-baby-replies", daemon=True
+        )
+        with self._lock:
+            self._child = child
+            self._errored = None
+            self._rank = config.rank
+            self._world_size = config.world_size
+        child.reader.start()
+        logger.info(
+            "%s configured: %s (child pid %d)", self._BACKEND_NAME, config.describe(), process.pid
+        )
+
+    def _await_ready(self, child: _Child, config: GroupConfig) -> tuple[str, str] | None:
+        """Wait for the child's first reply: ``None`` when its group is built, else the error."""
+        seconds = self._timeout.total_seconds()
+        try:
+            arrived = child.replies.poll(seconds)
+            message = child.replies.recv() if arrived else None
+        except (EOFError, OSError):
+            code = child.process.exitcode
+            return ("ChildExited", f"the child exited (code {code}) before building its group")
+        if message is None:
+            error = TimeoutError(
+                f"{self._BACKEND_NAME} configure timed out after {seconds:g} seconds "
+                f"({config.describe()}): a peer did not join, or the store is unreachable"
+            )
+            with self._lock:
+                self._errored = error
+            raise error
+        kind, _, err = message
+        return None if kind == "ready" else err
+
+    def _read_replies(self, child: _Child) -> None:
+        """Complete the Works as the child reports them; fail them all if it dies."""
+        while True:
+            try:
+                kind, op_id, err = child.replies.recv()
+            except (EOFError, OSError):
+                child.replies.close()
+                break
+            with self._lock:
+                work = child.pending.pop(op_id, None)
+            if work is None:
+                continue  # already failed by a timeout or a kill
+            if kind == "done":
+                work._finish(None)
+            else:
+                error = work._error_from(err)
+                self._record(error)  # before waking the waiter, who may ask errored()
+                work._finish(error)
+        self._kill_child(
+            child, RuntimeError(f"{self._BACKEND_NAME} child process exited unexpectedly")
+        )
+
+    def _record(self, error: Exception) -> None:
+        with self._lock:
+            if self._errored is None:
+                self._errored = error
+        logger.warning("%s collective failed: %s", self._BACKEND_NAME, error)
+
+    def _kill_child(self, child: _Child, error: Exception) -> None:
+        """Kill ``child`` and fail its collectives with ``error``; recorded in
+        :meth:`errored` if it is still the current child."""
+        with self._lock:
+            current = self._child is child
+            if current:
+                self._child = None
+                if self._errored is None:
+                    self._errored = error
+            failed = child.fail_all(error)
+        child.kill()
+        if current:
+            logger.warning(
+                "%s killed its child process (%d collectives in flight): %s",
+                self._BACKEND_NAME,
+                failed,
+                error,
+            )
+
+    def _stop_child(self, error: Exception) -> None:
+        """Kill the current child, if any, without recording an error."""
+        with self._lock:
+            child, self._child = self._child, None
+            if child is not None:
+                child.fail_all(error)
+        if child is not None:
+            child.kill()
+
+    def errored(self) -> Exception | None:
+        """The first collective or configure error since the last successful ``configure``."""
+        with self._lock:
+            return self._errored
+
+    def abort(self) -> None:
+        """Kill the child now: collectives in flight fail, later ones fail fast until the next
+        ``configure``."""
+        child = self._child
+        if child is not None:
+            self._kill_child(child, RuntimeError(f"{self._BACKEND_NAME} aborted"))
+
+    def shutdown(self) -> None:
+        """Kill the child; collectives raise ``OSError`` until ``configure`` is called again."""
+        self._stop_child(RuntimeError(f"{self._BACKEND_NAME} was shut down"))
+        with self._lock:
+            self._world_size = 0
+
+    def __del__(self) -> None:
+        child = getattr(self, "_child", None)
+        if child is not None:
+            with contextlib.suppress(Exception):  # interpreter teardown: best effort
+                child.kill()
+
+    def size(self) -> int:
+        """World size of the current group (0 before ``configure`` and after ``shutdown``)."""
+        return self._world_size
+
+    def rank(self) -> int:
+        """This process's rank in the current group."""
+        return self._rank
+
+    def getBackendName(self) -> str:
+        """``"torchft-baby-gloo"`` or ``"torchft-baby-nccl"``, as torchft names them."""
+        return self._BACKEND_NAME
+
+    def num_active_work(self) -> int:
+        """Number of collectives sent to the child that have not completed."""
+        with self._lock:
+            child = self._child
+            return len(child.pending) if child is not None else 0
+
+    def child_pid(self) -> int | None:
+        """Process id of the current child (``None`` when there is none)."""
+        child = self._child
+        return child.process.pid if child is not None else None
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Change the timeout of later collectives and configures."""
+        self._timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(world_size={self._world_size}, timeout={self._timeout})"
+
+    # ---- collectives ----
+
+    def _run(self, op: str, args: tuple[Any, ...], result: object) -> Work:
+        """Send ``op(*args)`` to the child; ``result`` is the Work future's value."""
+        _share(args)
+        wire_args = _to_wire(args)
+        with self._lock:
+            if self._errored is not None:
+                return FailedWork(self._errored)
+            child = self._child
+            if child is None:
+                raise OSError(
+                    f"{self._BACKEND_NAME}: the handle is closed (not configured, or shut "
+                    "down): call configure()"
+                )
+            op_id = next(self._ids)
+            work = _BabyWork(self, child, op, result)
+            child.pending[op_id] = work
+        try:
+            with child.send_lock:
+                child.requests.send((op_id, op, wire_args))
+        except (OSError, ValueError) as e:  # the child died, or was killed meanwhile
+            self._kill_child(child, RuntimeError(f"{self._BACKEND_NAME} child is gone: {e}"))
+            return work
+        # Give up on it at the timeout even if nobody waits: kill the child then.
+        future_with_timeout(work.get_future(), self._timeout).add_done_callback(
+            lambda fut: self._on_deadline(child, work, fut)
+        )
+        return work
+
+    def _on_deadline(self, child: _Child, work: _BabyWork, fut: Future[Any]) -> None:
+        if work.is_completed():
+            return
+        try:
+            fut.wait()
+        except TimeoutError:
+            self._kill_child(
+                child,
+                TimeoutError(
+                    f"{self._BACKEND_NAME} {work._op} timed out after {self._timeout}; "
+                    "its child process was killed"
+                ),
+            )
+
+    def allreduce(
+        self,
+        tensors: list[torch.Tensor],
+        opts: AllreduceOptions | ReduceOp | ReduceOp.RedOpType | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.allreduce`."""
+        return self._run("allreduce", (tensors, opts), tensors)
+
+    def allreduce_coalesced(
+        self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
+    ) -> Work:
+        """See :meth:`ProcessGroup.allreduce_coalesced`."""
+        return self._run("allreduce_coalesced", (tensors, opts), tensors)
+
+    def allgather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.allgather`."""
+        return self._run("allgather", (output_tensors, input_tensors, opts), output_tensors)
+
+    def broadcast(
+        self, tensor_list: list[torch.Tensor], opts: BroadcastOptions | None = None
+    ) -> Work:
+        """See :meth:`ProcessGroup.broadcast`."""
+        return self._run("broadcast", (tensor_list, opts), tensor_list)
+
+    def reduce_scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: ReduceScatterOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.reduce_scatter`."""
+        return self._run("reduce_scatter", (output_tensors, input_tensors, opts), output_tensors)
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: AllToAllOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.alltoall_base`."""
+        return self._run(
+            "alltoall_base",
+            (output, input, output_split_sizes, input_split_sizes, opts),
+            [output],
+        )
+
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
+        """See :meth:`ProcessGroup.send`."""
+        return self._run("send", (tensors, dst_rank, tag), None)
+
+    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> Work:
+        """See :meth:`ProcessGroup.recv`."""
+        return self._run("recv", (tensors, src_rank, tag), tensors)
+
+    def barrier(self, opts: BarrierOptions | None = None) -> Work:
+        """See :meth:`ProcessGroup.barrier`."""
+        return self._run("barrier", (opts,), None)
+
+    # The collectives below run on the child's group by name: each works where that group
+    # (ProcessGroupGloo / ProcessGroupNCCL) implements it.
+
+    def allgather_into_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        """Several dim-0 all-gathers in one collective, in the child."""
+        return self._run(
+            "allgather_into_tensor_coalesced", (output_tensors, input_tensors, opts), output_tensors
+        )
+
+    def reduce_scatter_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: ReduceScatterOptions | None = None,
+    ) -> Work:
+        """Several dim-0 reduce-scatters in one collective, in the child."""
+        return self._run(
+            "reduce_scatter_tensor_coalesced", (output_tensors, input_tensors, opts), output_tensors
+        )
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
+    ) -> Work:
+        """``dist.all_gather_into_tensor``, in the child."""
+        return self._run("all_gather_single", (output, input, opts), [output])
+
+    def _allgather_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
+    ) -> Work:
+        return self.all_gather_single(output, input, opts)
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
+    ) -> Work:
+        """``dist.reduce_scatter_tensor``, in the child."""
+        return self._run("reduce_scatter_single", (output, input, opts), [output])
+
+    def _reduce_scatter_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
+    ) -> Work:
+        return self.reduce_scatter_single(output, input, opts)
+
+    def gather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: GatherOptions | None = None,
+    ) -> Work:
+        """``dist.gather``, in the child."""
+        return self._run("gather", (output_tensors, input_tensors, opts), output_tensors)
+
+    def scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: ScatterOptions | None = None,
+    ) -> Work:
+        """``dist.scatter``, in the child."""
+        return self._run("scatter", (output_tensors, input_tensors, opts), output_tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions | None = None) -> Work:
+        """``dist.reduce``, in the child."""
+        return self._run("reduce", (tensors, opts), tensors)
+
+
+class ProcessGroupBabyGloo(ProcessGroupBaby):
+    """:class:`ProcessGroupGloo` in a child process that is killed when a collective hangs.
+
+    See :class:`ProcessGroupBaby`. CPU tensors are moved to shared memory on first use.
+
+    Args:
+        timeout: seconds or ``timedelta``, for ``configure`` and each collective. Default 60 s.
+    """
+
+    _BACKEND = ProcessGroupGloo
+    _BACKEND_NAME = "torchft-baby-gloo"
+
+
+class ProcessGroupBabyNCCL(ProcessGroupBaby):
+    """:class:`ProcessGroupNCCL` in a child process that is killed when a collective hangs.
+
+    UNTESTED: this platform has no GPU. ``configure`` raises ``RuntimeError`` on a machine
+    without CUDA. CUDA tensors reach the child by CUDA IPC; completion is reported when the
+    child's work completes (the parent does not receive CUDA events, unlike torchft, so
+    ``wait()`` synchronizes on the CPU). The child has its own CUDA context (about 1 GB).
+
+    Args:
+        timeout: seconds or ``timedelta``, for ``configure`` and each collective. Default 60 s.
+    """
+
+    _BACKEND = ProcessGroupNCCL
+    _BACKEND_NAME = "torchft-baby-nccl"
+
+    def _check_platform(self) -> None:
+        if not torch.cuda.is_available() or getattr(dist, "ProcessGroupNCCL", None) is None:
+            raise RuntimeError(
+                "ProcessGroupBabyNCCL needs CUDA and a torch build with NCCL; this machine has "
+                f"neither a usable GPU nor NCCL (torch {torch.__version__}, "
+                f"cuda available={torch.cuda.is_available()}). Use ProcessGroupBabyGloo for "
+                "CPU tensors."
+            )
