@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import torch
 from torch.distributed import ReduceOp
+from torch.profiler import record_function
 
 from torchtitan_ft.checkpoint import CheckpointTransport
 from torchtitan_ft.manager.collectives import ExceptionWithTraceback, StepCollectives
@@ -285,7 +286,8 @@ class Manager:
             RuntimeError: ``start_quorum`` was never called.
             Exception: the quorum itself failed (e.g. TimeoutError: no lighthouse answer).
         """
-        self._quorum.wait()
+        with record_function("torchft::manager::wait_quorum"):
+            self._quorum.wait()
 
     def _heal_all_or_nothing(self) -> None:
         """Applies a received state at a safe point if the whole group received (training
@@ -323,6 +325,12 @@ class Manager:
                 block); ``SUM`` and ``AVG`` only.
             reduce_op: ``ReduceOp.AVG`` (floating point only), ``SUM``, ``MAX`` or ``MIN``.
         """
+        with record_function("torchft::manager::allreduce"):
+            return self._allreduce(tensor, should_quantize, reduce_op)
+
+    def _allreduce(
+        self, tensor: torch.Tensor, should_quantize: bool, reduce_op: ReduceOp.RedOpType
+    ) -> torch.futures.Future[torch.Tensor]:
         if reduce_op == ReduceOp.AVG and not torch.is_floating_point(tensor):
             raise TypeError(f"ReduceOp.AVG needs a floating point tensor, got {tensor.dtype}")
         if should_quantize and reduce_op not in (ReduceOp.SUM, ReduceOp.AVG):
@@ -375,6 +383,10 @@ class Manager:
                 failures were exceeded.
             Exception: the quorum failed, or the group-wide vote could not be taken.
         """
+        with record_function("torchft::manager::should_commit"):
+            return self._should_commit(timeout)
+
+    def _should_commit(self, timeout: timedelta | None) -> bool:
         self.wait_quorum()
         self._collectives.wait_pending()
         pg_error = self._pg.errored()
