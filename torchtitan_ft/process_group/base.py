@@ -294,6 +294,14 @@ class ProcessGroup(dist.ProcessGroup):
     def abort(self) -> None:
         """Abandon the current group: collectives in flight fail, later ones fail fast."""
 
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Change the timeout of later collectives (and of later ``configure`` calls).
+
+        Args:
+            timeout: the new bound, > 0.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement set_timeout")
+
     def shutdown(self) -> None:
         """Release the current group; the object can be configured again."""
 
@@ -338,6 +346,25 @@ class ProcessGroup(dist.ProcessGroup):
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement allgather")
 
+    def allgather_into_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        """Gather several tensors in one collective: ``output_tensors[i]`` receives every
+        rank's ``input_tensors[i]`` concatenated along dim 0, in rank order (what
+        ``dist.all_gather_into_tensor`` does for one tensor).
+
+        Args:
+            output_tensors: one per input, ``world_size`` times its size along dim 0.
+            input_tensors: this rank's contributions.
+            opts: collective options (timeout).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement allgather_into_tensor_coalesced"
+        )
+
     def broadcast(
         self, tensor_list: list[torch.Tensor], opts: BroadcastOptions | None = None
     ) -> Work:
@@ -374,6 +401,25 @@ class ProcessGroup(dist.ProcessGroup):
             opts: reduce op (default SUM) and timeout.
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement reduce_scatter")
+
+    def reduce_scatter_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: ReduceScatterOptions | None = None,
+    ) -> Work:
+        """Reduce several tensors over ranks in one collective; rank ``r``'s
+        ``output_tensors[i]`` receives the ``r``-th dim-0 chunk of the reduced
+        ``input_tensors[i]`` (what ``dist.reduce_scatter_tensor`` does for one tensor).
+
+        Args:
+            output_tensors: one per input, ``1 / world_size`` of its size along dim 0.
+            input_tensors: this rank's full-size contributions.
+            opts: reduce op (default SUM) and timeout.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement reduce_scatter_tensor_coalesced"
+        )
 
     def alltoall_base(
         self,
@@ -441,6 +487,20 @@ class ProcessGroup(dist.ProcessGroup):
         unregistered Python process group is rejected. A group has at most one name: registering
         again moves it to the new name.
 
+        A registered group can also be a ``DeviceMesh`` dimension
+        (``DeviceMesh.from_group(pg, "cpu")``, with the default process group initialized). As
+        in torchft, the mesh sees it as a dimension of size 1 holding this process's global
+        rank: a mesh cannot resize, while the group's membership changes with every quorum.
+        Functional collectives over that dimension run across the group's current members;
+        DTensor redistributions, which read the size from the mesh, do not communicate.
+
+        torch routes the functional collectives that have a Python hook (all_reduce, its
+        coalesced form, all_gather_into_tensor_coalesced, reduce_scatter_tensor_coalesced,
+        all_to_all_single, broadcast) to this object; the single-tensor
+        ``all_gather_tensor`` and ``reduce_scatter_tensor`` need a C++ backend, which a group
+        rebuilt on every quorum cannot provide: use their ``_coalesced`` forms with one
+        tensor.
+
         Args:
             name: a name no other registered group uses.
 
@@ -457,6 +517,8 @@ class ProcessGroup(dist.ProcessGroup):
         self.unregister()
         c10d._register_process_group(name, self)
         c10d._world.pg_names[self] = name
+        global_rank = dist.get_rank() if dist.is_initialized() else 0
+        c10d._world.pg_group_ranks[self] = {global_rank: 0}
         self._registered_name = name
         return self
 
@@ -467,6 +529,7 @@ class ProcessGroup(dist.ProcessGroup):
             return
         self._registered_name = None
         c10d._world.pg_names.pop(self, None)
+        c10d._world.pg_group_ranks.pop(self, None)
         try:
             c10d._unregister_process_group(name)
         except RuntimeError:

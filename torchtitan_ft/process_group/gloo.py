@@ -323,6 +323,21 @@ class ProcessGroupGloo(ProcessGroup):
         pending = self._drop_group(reason)
         logger.warning("%s aborted (%d in flight): %s", self._BACKEND_NAME, len(pending), reason)
 
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Change the timeout of later collectives, of the current group's gloo operations
+        and of later ``configure`` calls; collectives in flight keep theirs.
+
+        Raises:
+            ValueError: if ``timeout`` is not positive.
+        """
+        if timeout <= timedelta(0):
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        with self._lock:
+            self._timeout = timeout
+            group = self._group
+        if group is not None and group.pg is not None:
+            group.pg.set_timeout(timeout)
+
     def shutdown(self) -> None:
         """Free the current group; in-flight collectives fail. ``configure`` may follow."""
         self._drop_group(RuntimeError(f"{self._BACKEND_NAME} was shut down"))
@@ -408,6 +423,20 @@ class ProcessGroupGloo(ProcessGroup):
             "allgather", lambda pg: pg.allgather(output_tensors, input_tensors, options)
         )
 
+    def allgather_into_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.allgather_into_tensor_coalesced`."""
+        options = opts if opts is not None else AllgatherOptions()
+        return self._run(
+            "allgather_into_tensor_coalesced",
+            lambda pg: pg.allgather_into_tensor_coalesced(output_tensors, input_tensors, options),
+            output_tensors,
+        )
+
     def broadcast(
         self, tensor_list: list[torch.Tensor], opts: BroadcastOptions | None = None
     ) -> Work:
@@ -426,6 +455,20 @@ class ProcessGroupGloo(ProcessGroup):
         return self._run(
             "reduce_scatter",
             lambda pg: pg.reduce_scatter(output_tensors, input_tensors, options),
+            output_tensors,
+        )
+
+    def reduce_scatter_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: ReduceScatterOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.reduce_scatter_tensor_coalesced`."""
+        options = opts if opts is not None else ReduceScatterOptions()
+        return self._run(
+            "reduce_scatter_tensor_coalesced",
+            lambda pg: pg.reduce_scatter_tensor_coalesced(output_tensors, input_tensors, options),
             output_tensors,
         )
 
