@@ -148,7 +148,7 @@ def test_config_mistake_stops_with_one_line(
     args: list[str],
     names: list[str],
 ) -> None:
-    from torchtitan_ft.train import main
+    from torchtitan_ft.titan.train import main
 
     if toml:
         args = ["--job.config_file", _toml(tmp_path, toml), *args]

@@ -1,4 +1,4 @@
-"""Host and port strings, in every process: ``host:port`` (IPv6 in brackets), loopback, probes.
+"""Host and port strings, in every process: ``host:port`` (IPv6 in brackets), loopback, bind probes.
 
 One spelling for every server and client of the package: the lighthouse, the manager server,
 the process groups' stores and the checkpoint servers all parse and format addresses here.
@@ -79,3 +79,34 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError as e:
             return e.errno == errno.EADDRINUSE
     return False
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why listening on ``host:port`` would fail here, in words; None when it would work.
+
+    A test bind, released at once. It runs before gRPC's own bind, whose failure is a bare
+    "port 0" and a raw log line that cannot say whether the port is taken, the host is not an
+    address of this machine, or its name does not resolve.
+    """
+    address = host.removeprefix("[").removesuffix("]") or "::"
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        return f"host {host!r} does not resolve ({e.strerror})"
+    except UnicodeError:  # an empty or over-long label, refused before any lookup
+        return f"host {host!r} is not a valid host name"
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: TIME_WAIT is fine
+        try:
+            probe.bind(sockaddr)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f"port {port} is in use on {host or '*'} (another lighthouse?)"
+            if e.errno == errno.EADDRNOTAVAIL:
+                resolved = "" if sockaddr[0] == address else f" ({sockaddr[0]})"
+                return f"{host!r}{resolved} is not an address of this machine"
+            if e.errno == errno.EACCES:
+                return f"no permission to listen on port {port} (ports below 1024 need privileges)"
+            return f"{e.strerror} ({sockaddr[0]} port {port})"
+    return None

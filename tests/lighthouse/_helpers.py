@@ -16,13 +16,15 @@ from torchtitan_ft.lighthouse import LighthouseClient, Quorum
 T = timedelta(seconds=10)
 
 
-def ask_all(addr: str, replica_ids: list[str], **kw) -> dict[str, Quorum]:
-    """Every replica asks concurrently; returns each one's quorum."""
+def ask_all(
+    addr: str, replica_ids: list[str], auth_token: str | None = None, **kw
+) -> dict[str, Quorum]:
+    """Every replica asks concurrently (with ``auth_token``); returns each one's quorum."""
     results: dict[str, Quorum] = {}
     errors: list[BaseException] = []
 
     def ask(rid: str) -> None:
-        client = LighthouseClient(addr)
+        client = LighthouseClient(addr, auth_token=auth_token)
         try:
             results[rid] = client.quorum(rid, T, **kw)
         except BaseException as e:

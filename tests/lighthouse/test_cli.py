@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import shutil
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 
 from tests.lighthouse._helpers import free_port, get, wait_serving
+from torchtitan_ft.lighthouse import LighthouseClient
+from torchtitan_ft.lighthouse.cli import AUTH_TOKEN_ENV, resolve_auth_token
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -34,6 +38,24 @@ def run(*args: str) -> subprocess.CompletedProcess:
         (["--min_replicas", "two"], "--min_replicas: invalid int value: 'two'"),
         ([], "the following arguments are required: --min_replicas"),
         (["--min_replicas", "1", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (
+            ["--min_replicas", "1", "--bind", "127.0.0.1:65535"],
+            "--bind port 65535 leaves no port for the status page",
+        ),
+        (
+            ["--min_replicas", "1", "--bind", "bad..host:4000", "--status_bind", "off"],
+            "cannot bind the lighthouse to bad..host:4000: host 'bad..host' is not a valid host",
+        ),
+        (
+            # TEST-NET-1 (RFC 5737): never an address of this machine; binding sends nothing.
+            ["--min_replicas", "1", "--bind", "192.0.2.1:4000", "--status_bind", "off"],
+            "'192.0.2.1' is not an address of this machine",
+        ),
+        (
+            ["--min_replicas", "1", "--bind", "127.0.0.1:0", "--status_bind", "192.0.2.1:4000"],
+            "cannot serve the status page on 192.0.2.1:4000: '192.0.2.1' is not an address",
+        ),
+        (["--min_replicas", "1", "--auth_token", ""], "--auth_token is empty"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_naming_the_flag(args, flag) -> None:
@@ -70,9 +92,9 @@ def test_port_in_use_is_one_line_exit_2() -> None:
         first.kill()
         first.wait()
     assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert f"cannot bind the lighthouse to 127.0.0.1:{port} (port in use?" in lines[-1]
-    assert "pick a free port with --bind" in lines[-1]
+    (line,) = result.stderr.strip().splitlines()
+    assert f"cannot bind the lighthouse to 127.0.0.1:{port}: port {port} is in use" in line
+    assert "pick another --bind" in line
 
 
 @pytest.mark.multiprocess
@@ -145,3 +167,43 @@ def test_version_prints_the_package_version() -> None:
     assert result.returncode == 0, result.stderr
     expected = importlib.metadata.version("torchtitan_ft")
     assert result.stdout.strip().startswith(f"torchft_lighthouse {expected} ")
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "expected"),
+    [
+        ("a", {AUTH_TOKEN_ENV: "b"}, ("a", "--auth_token")),  # the flag wins
+        (None, {AUTH_TOKEN_ENV: "b"}, ("b", "$TORCHFT_AUTH_TOKEN")),
+        (None, {AUTH_TOKEN_ENV: ""}, (None, "none")),  # empty env var = unset
+        (None, {}, (None, "none")),
+    ],
+)
+def test_auth_token_precedence(flag, env, expected) -> None:
+    assert resolve_auth_token(flag, env) == expected
+
+
+@pytest.mark.multiprocess
+def test_token_from_env_is_required_and_logged_once_without_the_secret() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchtitan_ft.lighthouse.cli", "--min_replicas", "1",
+         "--bind", f"127.0.0.1:{port}", "--status_bind", "off"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, AUTH_TOKEN_ENV: "env-s3cret"},
+    )  # fmt: skip
+    startup = []
+    try:
+        for line in proc.stderr:
+            startup.append(line)
+            if "lighthouse serving on" in line:
+                break
+        addr = f"http://127.0.0.1:{port}"
+        with pytest.raises(PermissionError, match="Quorum refused"):
+            LighthouseClient(addr).quorum("stranger", timedelta(seconds=10))
+        quorum = LighthouseClient(addr, auth_token="env-s3cret").quorum("r", timedelta(seconds=10))
+        assert [m.replica_id for m in quorum.participants] == ["r"]
+    finally:
+        proc.terminate()
+        _, rest = proc.communicate(timeout=10)
+    stderr = "".join(startup) + rest
+    assert stderr.count("job token from $TORCHFT_AUTH_TOKEN") == 1, stderr
+    assert "env-s3cret" not in stderr

@@ -10,6 +10,7 @@ from torchtitan_ft.lighthouse.decision import (
     DecisionOptions,
     Pending,
     decide,
+    newcomer_ahead,
     next_quorum_id,
 )
 from torchtitan_ft.lighthouse.types import QuorumMember
@@ -205,3 +206,62 @@ def test_next_quorum_id_bumps_on_commit_failures() -> None:
 def test_next_quorum_id_never_goes_back_when_floor_is_behind() -> None:
     prev = (member("a"),)
     assert next_quorum_id(9_000, prev, (member("b"),), floor=5_000) == 9_001
+
+
+def test_a_join_timeout_countdown_is_one_log_line_per_wait() -> None:
+    """The reason shows the countdown (status page); what decides logging does not change with
+    it, only with who is waited for."""
+    pending = {rid: Pending(member(rid), 95.0) for rid in ["a", "b"]}
+    beats = dict.fromkeys("abc", 99.0)
+    first, later = (decide(pending, beats, None, now, OPTS) for now in (NOW, NOW + 0.1))
+    assert first.reason != later.reason and "in 5.0s" in first.reason
+    assert first.log_as == later.log_as
+    more_stragglers = decide(pending, dict.fromkeys("abcd", 99.0), None, NOW, OPTS)
+    assert more_stragglers.log_as != first.log_as
+    issued = decide(pending, beats, None, NOW + 6, OPTS)
+    assert issued.log_as == issued.reason
+
+
+@pytest.mark.parametrize(
+    ("rid", "step", "previous_max", "warns"),
+    [
+        ("stranger", 10**12, 100, True),  # newcomer far ahead
+        ("stranger", 101, 100, True),
+        ("stranger", 100, 100, False),  # a tie is plausible (and not caught: see the doc)
+        ("new", 0, 100, False),  # an ordinary newcomer, behind: it heals
+        ("a", 10**12, 100, False),  # a member of the previous quorum is not a newcomer
+        ("stranger", 10**12, None, False),  # no previous quorum: nothing to compare with
+    ],
+)
+def test_newcomer_ahead_of_the_previous_quorum_is_flagged(rid, step, previous_max, warns) -> None:
+    joining = QuorumMember(replica_id=rid, address="http://evil:1", step=step)
+    warning = newcomer_ahead(joining, frozenset({"a", "b"}), previous_max)
+    assert (warning is not None) == warns
+    if warns:
+        assert f"joins at step {step}" in warning and "--auth_token" in warning
+        assert "http://evil:1" in warning
+
+
+def test_the_state_logs_a_wait_for_stragglers_once(caplog) -> None:
+    """~600 lines per wait before: the countdown changed the reason at every tick."""
+    import asyncio
+
+    from torchtitan_ft.lighthouse.state import LighthouseState
+
+    now = [0.0]
+    state = LighthouseState(OPTS, clock=lambda: now[0])
+
+    async def wait_with_a_straggler() -> None:
+        state.heartbeat("c")  # healthy, never asks
+        for rid in ("a", "b"):
+            state.request(member(rid), member(rid).to_proto())
+        for _ in range(50):  # 5 s of 100 ms ticks, inside the 10 s join timeout
+            now[0] += 0.1
+            state.heartbeat("c")
+            state.tick()
+
+    with caplog.at_level("INFO", logger="torchtitan_ft.lighthouse.state"):
+        asyncio.run(wait_with_a_straggler())
+    waits = [r for r in caplog.records if "have not asked" in r.getMessage()]
+    assert len(waits) == 1, [r.getMessage() for r in waits]
+    assert "issuing without them in" in state.reason  # the status page still counts down

@@ -300,7 +300,7 @@ def test_kill_action_absent_without_token(servers) -> None:
 
 def test_kill_action_needs_the_token(servers) -> None:
     server = servers(min_replicas=1, status_bind="127.0.0.1:0", auth_token="s3cret")
-    ask_all(server.address(), ["r"], address=f"http://127.0.0.1:{free_port()}")
+    ask_all(server.address(), ["r"], "s3cret", address=f"http://127.0.0.1:{free_port()}")
     url = server.status_address() + "/replica/r/kill"
     assert get(url, method="POST")[0] == 401
     assert get(url, {"Authorization": "Bearer wrong"}, method="POST")[0] == 401
@@ -338,7 +338,7 @@ def test_kill_action_kills_the_replica_with_the_token(servers) -> None:
     )
     try:
         manager_addr = proc.stdout.readline().strip()
-        ask_all(server.address(), ["victim"], address=manager_addr)
+        ask_all(server.address(), ["victim"], "s3cret", address=manager_addr)
         code, body = get(
             server.status_address() + "/replica/victim/kill",
             {"Authorization": "Bearer s3cret"},
@@ -353,8 +353,9 @@ def test_kill_action_kills_the_replica_with_the_token(servers) -> None:
 
 def test_bind_in_use_is_a_clear_error(servers) -> None:
     first = servers(min_replicas=1)
-    with pytest.raises(OSError, match="cannot bind the lighthouse"):
-        LighthouseServer(bind=first.address().removeprefix("http://"), min_replicas=1)
+    bind = first.address().removeprefix("http://")
+    with pytest.raises(OSError, match=f"cannot bind the lighthouse to {bind}: port .* is in use"):
+        LighthouseServer(bind=bind, min_replicas=1)
 
 
 @pytest.mark.parametrize(

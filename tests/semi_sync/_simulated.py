@@ -212,6 +212,11 @@ class SimulatedReplicaGroups:
             if coll.done:
                 fut.set_exception(CollectiveError("collective already failed"))
                 return fut
+            if mgr._error is not None:
+                # Checked under the lock report_error takes: a member that errored after its
+                # caller last looked must not join (its peers no longer would).
+                fut.set_exception(CollectiveError(f"replica {mgr.replica_id} already errored"))
+                return fut
             coll.values[mgr.replica_id] = value
             coll.futures[mgr.replica_id] = fut
             self._bytes_sent[mgr.replica_id] += count_bytes

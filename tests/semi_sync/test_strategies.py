@@ -123,6 +123,14 @@ def test_config_validation() -> None:
             quorum_mode=QuorumMode.SYNC,
             outer_optimizer=OuterOptimizerConfig(lr=0.0),
         ).validate()
+    for bad in (
+        OuterOptimizerConfig(lr=float("inf")),
+        OuterOptimizerConfig(lr=float("nan")),
+        OuterOptimizerConfig(momentum=float("inf")),
+        OuterOptimizerConfig(type="adamw", betas=(0.9, float("nan"))),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(ValueError, match="must be a finite number, got"):
+            bad.validate()
 
 
 def test_build_strategy_picks_the_configured_one() -> None:

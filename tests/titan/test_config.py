@@ -11,7 +11,6 @@ from torchtitan_ft.titan.config import (
     ConfigError,
     FaultTolerance,
     JobConfig,
-    check_cli_args,
     check_lighthouse_addr,
     check_local_paths,
     check_timeout_order,
@@ -168,12 +167,28 @@ def test_bad_cli_flag_is_one_config_error(args: list[str], message: str) -> None
     assert str(error.value).startswith(message), str(error.value)
 
 
-def test_good_cli_spellings_pass_the_flag_check() -> None:
-    check_cli_args(
+def test_cli_error_tyro_does_not_report_through_its_hook_is_still_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without tyro's (private) error hook, tyro's own box is squeezed into the one line."""
+    from torchtitan_ft.titan import config
+
+    monkeypatch.setattr(config, "tyro_errors", None)
+    with pytest.raises(ConfigError) as error:
+        parse_job_config(["--fault_tolerance.group_size", "abc"])
+    message = str(error.value)
+    assert message.startswith("invalid command line: "), message
+    assert "--fault-tolerance.group-size" in message and "'abc'" in message, message
+    assert "\n" not in message and "helptext" not in message, message
+    assert capsys.readouterr().err == ""  # tyro's box was not printed
+
+
+def test_good_cli_spellings_parse() -> None:
+    config = parse_job_config(
         [
             "--fault-tolerance.group-size=3",
             "--fault_tolerance.no-init_sync",
-            "--fault_tolerance.no_init_sync",
+            "--fault_tolerance.no_outer_nesterov",
             "--fault_tolerance.max_retries=None",
             "--fault_tolerance.replica_id",
             "1",
@@ -188,21 +203,57 @@ def test_good_cli_spellings_pass_the_flag_check() -> None:
             "-1",
         ]
     )
+    ft = config.fault_tolerance
+    assert (ft.group_size, ft.init_sync, ft.outer_nesterov) == (3, False, False)
+    assert (ft.max_retries, ft.replica_id) == (None, 1)
+    assert (config.optimizer.lr, config.debug.seed) == (1e-3, -1)
+    assert config.parallelism.fsdp_reshard_after_forward == "never"
+    assert config.compile.components == ["model", "loss"]
+    assert config.parallelism.data_parallel_shard_degree == -1
 
 
-def test_unknown_cli_flags_pass_with_a_custom_config_module() -> None:
-    check_cli_args(["--custom.flag=1", "--fault_tolerance.extra=x"], allow_unknown=True)
-    with pytest.raises(ConfigError, match="expected an integer"):
-        check_cli_args(["--fault_tolerance.group_size=x"], allow_unknown=True)
+def test_flags_of_a_custom_config_module_parse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TorchTitan merges ``--job.custom_config_module``'s JobConfig into the parser: its flags
+    are known, and a bad value of any flag is still one line."""
+    (tmp_path / "my_custom_config.py").write_text(
+        textwrap.dedent(
+            """
+            from dataclasses import dataclass, field
+
+            @dataclass
+            class Custom:
+                flag: int = 0
+
+            @dataclass
+            class FaultTolerance:
+                extra: str = ""
+
+            @dataclass
+            class JobConfig:
+                custom: Custom = field(default_factory=Custom)
+                fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = ["--job.custom_config_module=my_custom_config"]
+    config = parse_job_config([*module, "--custom.flag=1", "--fault_tolerance.extra=x"])
+    assert (config.custom.flag, config.fault_tolerance.extra) == (1, "x")
+    with pytest.raises(ConfigError, match=r"--custom.flag='x' is invalid: expected an integer"):
+        parse_job_config([*module, "--custom.flag=x"])
 
 
-def test_bad_cli_value_exits_with_one_line() -> None:
-    """Through the entry point, in a subprocess: nothing but the one line, exit status 1."""
+@pytest.mark.parametrize("entry", ["torchtitan_ft.titan.train", "torchtitan_ft.train"])
+def test_bad_cli_value_exits_with_one_line(entry: str) -> None:
+    """Through the entry point (and its old name), in a subprocess: nothing but the one line,
+    exit status 2."""
     import subprocess
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "torchtitan_ft.train", "--fault_tolerance.quorum_mode=bogus"],
+        [sys.executable, "-m", entry, "--fault_tolerance.quorum_mode=bogus"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -292,6 +343,13 @@ def test_bad_toml_value_is_named(tmp_path: Path, line: str, message: str) -> Non
     ("args", "message"),
     [
         (["--fault_tolerance.fragment_update_alpha=1.5"], r"fragment_update_alpha=1.5.*\[0, 1\]"),
+        (["--fault_tolerance.outer_lr=inf"], r"outer_lr=inf must be a finite number > 0"),
+        (["--fault_tolerance.outer_lr=nan"], r"outer_lr=nan must be a finite number > 0"),
+        (
+            ["--fault_tolerance.step_timeout_ms=100000000000000000"],
+            r"step_timeout_ms=100000000000000000 must be > 0 and <= 604800000 \(7 days\)",
+        ),
+        (["--fault_tolerance.connect_timeout_ms=0"], r"connect_timeout_ms=0 must be > 0"),
         (["--fault_tolerance.sync_steps=0"], r"sync_steps=0 must be >= 1"),
         (["--fault_tolerance.max_retries=-1"], r"max_retries=-1"),
         (["--fault_tolerance.enable"], r"group_size must be set"),
@@ -365,7 +423,7 @@ def test_entry_point_reports_config_error_before_any_process_group(
 ) -> None:
     import torch.distributed as dist
 
-    from torchtitan_ft.train import main
+    from torchtitan_ft.titan.train import main
 
     with pytest.raises(SystemExit) as stop:
         main(["--fault_tolerance.enable"])
@@ -464,7 +522,7 @@ def test_missing_tokenizer_stops_the_entry_point_before_any_process_group(
 ) -> None:
     import torch.distributed as dist
 
-    from torchtitan_ft.train import main
+    from torchtitan_ft.titan.train import main
 
     with pytest.raises(SystemExit) as stop:
         main([f"--model.hf_assets_path={tmp_path / 'missing'}"])

@@ -1,5 +1,8 @@
 """CPU compatibility fixes for TorchTitan 0.2.2 (no-ops when CUDA is available)."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -42,7 +45,32 @@ def test_strict_apply_refuses_a_cuda_frozen_torchtitan(monkeypatch: pytest.Monke
     from torchtitan.tools import utils
 
     monkeypatch.setattr(utils, "device_type", "cuda")
-    with pytest.raises(RuntimeError, match=r"torchtitan_ft\.train"):
+    with pytest.raises(RuntimeError, match=r"torchtitan_ft\.titan\.train"):
         cpu_compat.apply_before_torchtitan_import(strict=True)
     with pytest.warns(RuntimeWarning):
         cpu_compat.apply_before_torchtitan_import(strict=False)
+
+
+def test_importing_the_plugin_is_cheap_and_torchtitan_imported_later_is_fixed() -> None:
+    """In a fresh process: the torchrun agent and the config-name resolver import
+    ``torchtitan_ft.titan`` without loading torch or TorchTitan, and TorchTitan imported after
+    it gets fixes 1-3 wherever it is imported from."""
+    code = """
+import sys
+import torchtitan_ft.titan.launch, torchtitan_ft.titan.named_configs
+print(sorted(m for m in ("torch", "torchtitan") if m in sys.modules))
+import torchtitan.components.metrics as metrics
+import torchtitan.distributed.utils as dist_utils
+from torchtitan.tools import utils
+from torchtitan_ft.titan import cpu_compat
+print(
+    utils.device_type,
+    metrics.DeviceMemoryMonitor is cpu_compat.RSSMemoryMonitor,
+    dist_utils.set_pg_timeouts is cpu_compat.set_pg_timeouts_cpu,
+)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["[]", "cpu True True"], result.stdout

@@ -63,7 +63,7 @@ def _ready_path(out: Path, replica: int, rank: int) -> Path:
 
 
 def _worker_main() -> None:
-    import torchtitan_ft.train as entry  # applies the CPU fixes before TorchTitan is imported
+    import torchtitan_ft.titan.train as entry  # applies the CPU fixes before TorchTitan is imported
     from torchtitan_ft.titan.trainer import FaultTolerantTrainer
 
     class DumpingTrainer(FaultTolerantTrainer):

@@ -1,4 +1,5 @@
-"""The FT seams: data slice per replica group, FSDP gradient hook, null object when FT is off."""
+"""The FT seams: data slice per replica group, FSDP gradient hook, null object when FT is off,
+one interface for every replica axis."""
 
 import dataclasses
 
@@ -7,8 +8,11 @@ import torch
 
 from torchtitan_ft.titan import cpu_compat
 from torchtitan_ft.titan.replica_axis import (
+    ManagedReplicaAxis,
+    ManagerRuntime,
     NoReplicaAxis,
     ReplicaAxis,
+    ReplicaSlice,
     build_replica_axis,
     has_fsdp,
     install_replica_allreduce_hook,
@@ -40,10 +44,51 @@ def test_disabled_axis_is_identity() -> None:
 
     axis = build_replica_axis(JobConfig())
     assert isinstance(axis, NoReplicaAxis) and not axis.enabled
-    assert axis.dataloader_shard(4, 3) == (4, 3)
-    spec = object()
+    spec, loader, optimizers, schedulers = object(), object(), object(), object()
     assert axis.train_spec(spec) is spec
     assert axis.install_gradient_sync([torch.nn.Linear(2, 2)]) == 0
+    assert axis.track_data(loader) is loader
+    assert axis.gate_step(optimizers, schedulers) == (optimizers, schedulers)
+    assert axis.step_committed()
+
+
+class _Stub:
+    """Records the calls of the Manager and process group a ``ManagerRuntime`` holds."""
+
+    def __init__(self, calls: list[str], name: str) -> None:
+        self.calls, self.name = calls, name
+
+    def shutdown(self, wait: bool = True) -> None:
+        self.calls.append(f"{self.name}.shutdown")
+
+    def register_state_dict_fn(self, key: str, load, save) -> None:
+        self.calls.append(f"{self.name}.register_state_dict_fn({key})")
+
+
+def _managed_axis(calls: list[str]) -> ManagedReplicaAxis:
+    runtime = ManagerRuntime(_Stub(calls, "manager"), _Stub(calls, "pg"))
+    return ManagedReplicaAxis(runtime, ReplicaSlice(replica_id=1, group_size=2))
+
+
+def test_every_axis_implements_the_trainers_interface() -> None:
+    from torchtitan_ft.semi_sync import SyncConfig, SyncMethod
+    from torchtitan_ft.semi_sync.config import QuorumMode
+    from torchtitan_ft.titan.semi_sync import SemiSyncReplicaAxis
+
+    local_sgd = SyncConfig(method=SyncMethod.LOCAL_SGD, quorum_mode=QuorumMode.SYNC)
+    runtime = ManagerRuntime(_Stub([], "manager"), _Stub([], "pg"))
+    axes = [
+        NoReplicaAxis(),
+        _managed_axis([]),
+        SemiSyncReplicaAxis(runtime, ReplicaSlice(0, 2), local_sgd),
+    ]
+    for axis in axes:
+        assert isinstance(axis, ReplicaAxis), type(axis).__name__
+    assert [(a.enabled, a.replica_id, a.group_size) for a in axes] == [
+        (False, 0, 1),
+        (True, 1, 2),
+        (True, 0, 2),
+    ]
 
 
 def test_per_step_builder_points_semi_sync_jobs_to_their_builder() -> None:
@@ -65,7 +110,7 @@ def test_train_spec_wraps_dataloader_with_replica_offset() -> None:
         calls.append((dp_world_size, dp_rank))
 
     base = dataclasses.replace(get_train_spec("llama3"), build_dataloader_fn=build_dataloader)
-    spec = ReplicaAxis(replica_id=1, group_size=2, reduce=lambda g: None).train_spec(base)
+    spec = ReplicaSlice(replica_id=1, group_size=2).train_spec(base)
     spec.build_dataloader_fn(dp_world_size=2, dp_rank=1, tokenizer=None, job_config=None)
     assert calls == [(4, 3)]
     assert spec.model_cls is base.model_cls
@@ -103,17 +148,26 @@ def test_hook_reaches_single_rank_fsdp_gradients_in_place() -> None:
 
 
 def test_enabled_axis_refuses_a_model_without_fsdp() -> None:
-    axis = ReplicaAxis(replica_id=0, group_size=2, reduce=lambda g: None)
     with pytest.raises(RuntimeError, match="no FSDP module"):
-        axis.install_gradient_sync([_model()])
+        _managed_axis([]).install_gradient_sync([_model()])
 
 
-def test_shutdown_runs_once() -> None:
-    calls = []
-    axis = ReplicaAxis(0, 1, reduce=lambda g: None, on_shutdown=lambda: calls.append(1))
+def test_replica_slice_rejects_an_id_outside_the_group() -> None:
+    with pytest.raises(ValueError, match=r"replica_id=2 must be in \[0, group_size=2\)"):
+        ReplicaSlice(replica_id=2, group_size=2)
+
+
+def test_healed_state_is_registered_and_shutdown_runs_once() -> None:
+    calls: list[str] = []
+    axis = _managed_axis(calls)
+    axis.register_state(torch.nn.Linear(1, 1))  # any Stateful
     axis.shutdown()
     axis.shutdown()
-    assert calls == [1]
+    assert calls == [
+        "manager.register_state_dict_fn(torchtitan)",
+        "manager.shutdown",
+        "pg.shutdown",
+    ]
 
 
 def test_model_config_fingerprint_follows_the_model_config() -> None:

@@ -229,8 +229,8 @@ def _main() -> None:
     import torch
     import torch.distributed as dist
 
+    from torchtitan_ft.titan.train import main
     from torchtitan_ft.titan.trainer import FaultTolerantTrainer  # CPU fixes first (titan/)
-    from torchtitan_ft.train import main
 
     def local(t: torch.Tensor) -> torch.Tensor:
         return t.to_local().detach().clone() if hasattr(t, "to_local") else t.detach().clone()

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.titan._jobs import ROOT, TrainRun, finish_all, remaining
-from torchtitan_ft.named_configs import TITAN_CONFIGS, UnknownConfigName, resolve, resolve_env
+from torchtitan_ft.titan.named_configs import TITAN_CONFIGS, UnknownConfigName, resolve, resolve_env
 
 DOC = ROOT / "docs" / "titan.md"
 MARKER = "<!-- doc-commands:"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import torchtitan_ft.train  # noqa: F401  (CPU fixes before TorchTitan is imported)
+import torchtitan_ft.titan.train  # noqa: F401  (CPU fixes before TorchTitan is imported)
 from torchtitan_ft.titan.trainer import FaultTolerantTrainer
 
 

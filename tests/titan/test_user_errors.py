@@ -30,8 +30,8 @@ def test_lighthouse_port_in_use_is_exactly_one_line() -> None:
         )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr == (
-        f"torchft_lighthouse: error: cannot bind the lighthouse to 127.0.0.1:{port} (port in "
-        "use? another lighthouse?); pick a free port with --bind (see --help)\n"
+        f"torchft_lighthouse: error: cannot bind the lighthouse to 127.0.0.1:{port}: port {port} "
+        "is in use on 127.0.0.1 (another lighthouse?); pick another --bind (see --help)\n"
     )
 
 
@@ -78,7 +78,7 @@ def test_unreachable_lighthouse_stops_the_group_with_one_line(tmp_path: Path) ->
 
 @pytest.mark.multiprocess
 def test_config_error_through_run_train_sh_is_the_workers_only_line(tmp_path: Path) -> None:
-    """The worker's one line is all there is: torchtitan_ft.launch leaves out torchrun's own
+    """The worker's one line is all there is: torchtitan_ft.titan.launch leaves out torchrun's own
     failure report (its ERROR line and ChildFailedError traceback)."""
     env = {
         **os.environ,

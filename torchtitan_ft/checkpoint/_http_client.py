@@ -1,5 +1,10 @@
 """The receiver's side of ``HTTPTransport``: a minimal HTTP/1.1 client that reads tensor bytes
 straight into preallocated tensors (one response, or parallel range requests).
+
+A donor's answer is checked before it costs anything: the header's length against
+``MAX_HEADER_BYTES``, its tensors' total against the memory available here, every range
+response's ``Content-Range`` against what was asked; pages are populated only a window ahead of
+the bytes received (``Prefaulter``).
 """
 
 from __future__ import annotations
@@ -14,12 +19,19 @@ from typing import TypeVar
 
 import torch
 
-from torchtitan_ft.checkpoint._serialization import Header
-from torchtitan_ft.checkpoint._staging import Prefaulter, set_io_timeout, writable_view
+from torchtitan_ft.checkpoint._serialization import Header, check_header_length, check_receivable
+from torchtitan_ft.checkpoint._staging import (
+    Prefaulter,
+    PrefaultJob,
+    set_io_timeout,
+    writable_view,
+)
 from torchtitan_ft.netaddr import url_host
 
 _READ_PIECE = 32 << 20
 """Receivers check their deadline (and cancellation) between reads of at most this size."""
+_PREFAULT_WINDOW = 256 << 20
+"""How far page population may run ahead of the bytes received (see ``Prefaulter``)."""
 _CHUNK_ALIGN = 1 << 16
 _MAX_ERROR_BODY = 4096
 _RETRY_FIRST_S = 0.005
@@ -64,7 +76,12 @@ class Response:
         for line in lines[1:]:
             name, _, value = line.partition(":")
             self.headers[name.strip().lower()] = value.strip()
-        self.length = int(self.headers.get("content-length", "0"))
+        length = self.headers.get("content-length", "0")
+        if not length.isdigit():
+            raise ValueError(f"Content-Length {length!r} is not a byte count")
+        self.length = int(length)
+        self.progress: PrefaultJob | None = None
+        """Told of every body piece read, to pace page population."""
 
     def readinto(self, view: memoryview, deadline: float) -> None:
         """Fills ``view`` with the next body bytes; raises on EOF, timeout or overrun."""
@@ -86,9 +103,13 @@ class Response:
                     f"donor closed the connection with {self.length - got} body bytes missing"
                 )
             got += n
+            if self.progress is not None:
+                self.progress.advance(n)
         self.length -= len(view)
 
     def read(self, n: int, deadline: float) -> bytes:
+        if n > self.length:  # before allocating n bytes
+            raise ValueError(f"reading {n} bytes, only {self.length} left in the body")
         buf = bytearray(n)
         self.readinto(memoryview(buf), deadline)
         return bytes(buf)
@@ -116,15 +137,16 @@ class Source:
         """Header and all bytes in one response (one round trip)."""
         with self._get(f"{self._base}/{step}/full", "", 200, deadline) as resp:
             size = int.from_bytes(resp.read(8, deadline), "big")
-            if not 0 < size <= resp.length:
-                raise ValueError(f"bad header length {size}")
+            if size > resp.length:
+                raise ValueError(f"header length {size} exceeds the {resp.length}-byte body")
+            check_header_length(size)
             header = Header.from_bytes(resp.read(size, deadline))
             if resp.length != header.total_bytes:
                 raise ValueError(
                     f"header describes {header.total_bytes} bytes, response has {resp.length}"
                 )
             tensors = allocate(header, step)
-            prefault = Prefaulter.submit(tensors)
+            prefault = resp.progress = Prefaulter.submit(tensors, _PREFAULT_WINDOW)
             try:
                 views = [writable_view(t) for t in tensors]
                 offsets = [s.offset for s in header.tensors]
@@ -136,6 +158,7 @@ class Source:
     def header(self, step: int, deadline: float) -> tuple[Header, str]:
         with self._get(f"{self._base}/{step}/header", "", 200, deadline) as resp:
             lease = resp.headers.get("x-checkpoint-lease", "")
+            check_header_length(resp.length)
             return Header.from_bytes(resp.read(resp.length, deadline)), lease
 
     def data(
@@ -155,9 +178,11 @@ class Source:
         bounds = _split(total, num_chunks)
         errors: list[BaseException] = []
 
+        prefault = Prefaulter.submit(tensors, _PREFAULT_WINDOW)
+
         def worker(start: int, end: int) -> None:
             try:
-                self._fetch(path, start, end, views, offsets, deadline)
+                self._fetch(path, start, end, total, views, offsets, prefault, deadline)
             except BaseException as e:
                 errors.append(e)
                 self._abort()
@@ -165,7 +190,6 @@ class Source:
         threads = [
             threading.Thread(target=worker, args=b, name="heal-recv", daemon=True) for b in bounds
         ]
-        prefault = Prefaulter.submit(tensors)
         try:
             for t in threads:
                 t.start()
@@ -182,13 +206,20 @@ class Source:
         path: str,
         start: int,
         end: int,
+        total: int,
         views: list[memoryview],
         offsets: list[int],
+        progress: PrefaultJob,
         deadline: float,
     ) -> None:
         with self._get(path, f"Range: bytes={start}-{end - 1}\r\n", 206, deadline) as resp:
+            expected = f"bytes {start}-{end - 1}/{total}"
+            if resp.headers.get("content-range") != expected:
+                got = resp.headers.get("content-range")
+                raise ValueError(f"asked for {expected}, donor answered Content-Range {got!r}")
             if resp.length != end - start:
                 raise ValueError(f"asked for {end - start} bytes, response has {resp.length}")
+            resp.progress = progress
             self._read_range(resp, start, end, views, offsets, deadline)
 
     def _read_range(
@@ -262,9 +293,15 @@ class Source:
 
 
 def allocate(header: Header, step: int) -> list[torch.Tensor]:
+    """Empty tensors for the header's table (address space: pages are populated as bytes
+    arrive); raises ValueError for another step, or a state larger than memory here."""
     if header.step != step:
         raise ValueError(f"donor sent step {header.step}, requested step {step}")
-    return [torch.empty(s.shape, dtype=s.dtype) for s in header.tensors]
+    check_receivable(header)
+    try:
+        return [torch.empty(s.shape, dtype=s.dtype) for s in header.tensors]
+    except (RuntimeError, MemoryError) as e:  # the allocator refused
+        raise ValueError(f"cannot allocate the {header.total_bytes} bytes announced: {e}") from e
 
 
 def _split(total: int, n: int) -> list[tuple[int, int]]:

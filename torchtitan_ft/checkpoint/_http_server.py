@@ -3,31 +3,48 @@
 ``SnapshotStore`` decides what may be served (the offered snapshot; retired ones while a
 receiver that got their header, i.e. holds a lease, still fetches them; a spare staging buffer
 for reuse). ``CheckpointServer`` answers the HTTP requests on background threads; the routes are
-described in ``http_transport``.
+described in ``http_transport``. It speaks just enough HTTP/1.1 for ``_http_client`` and curl:
+one GET per connection, every response ``Connection: close``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
+import errno
+import heapq
 import logging
+import math
 import queue
 import secrets
+import selectors
 import socket
+import struct
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from torchtitan_ft.auth import AUTHORIZATION, RefusalLog, presents
 from torchtitan_ft.checkpoint._serialization import Header
 from torchtitan_ft.checkpoint._staging import Staging, set_io_timeout
 
 logger = logging.getLogger(__name__)
 
-_MAX_HANDLERS = 64
+_MAX_WORKERS = 64
+"""Threads answering requests that passed authentication; more requests wait their turn."""
+_MAX_PENDING = 256
+"""Connections whose request head is still awaited; a newcomer beyond evicts the oldest."""
+HEAD_TIMEOUT_S = 5.0
+"""A connection must send its whole request head within this (or ``timeout_s`` if shorter):
+receivers send it at once, an idle or trickling connection is closed."""
+_MAX_HEAD_BYTES = 8 << 10
+_MAX_HEADER_LINES = 32
+_ACCEPT_PAUSE_S = 0.1
 _RESOURCES = ("header", "data", "full")
+_LINGER_RESET = struct.pack("ii", 1, 0)
 
 
 @dataclass
@@ -198,10 +215,18 @@ class SnapshotStore:
 class CheckpointServer:
     """Serves the snapshots of ``store`` over HTTP on background threads.
 
+    One thread (``_Acceptor``) accepts connections and reads every request head without
+    blocking; only a complete head that carries the token (when one is set) reaches a worker
+    thread (``_WorkerPool``). So idle, trickling or unauthenticated connections hold no worker:
+    they wait at most ``HEAD_TIMEOUT_S`` for their head, at most ``_MAX_PENDING`` of them at
+    once (a newcomer evicts the oldest), and a request without the token is answered 401
+    before any work. A response must be taken by its receiver within ``timeout_s`` in total (a
+    reader that trickles is cut off then, and releases the snapshot it pinned).
+
     Args:
         host: address to listen on.
         port: port to listen on (0: a free one).
-        timeout_s: bound on every socket operation with a peer, and lease lifetime.
+        timeout_s: bound on serving one response, and lease lifetime.
         auth_token: when set, only requests with ``Authorization: Bearer <token>`` are answered.
     """
 
@@ -209,205 +234,443 @@ class CheckpointServer:
         self.store = SnapshotStore(lease_timeout=timeout_s)
         self.timeout_s = timeout_s
         self._auth_token = auth_token
-        self._http = _make_server(host, port, self)
-        self.address: tuple[str, int] = self._http.server_address[:2]
+        self._refusals = RefusalLog("the checkpoint server")
+        listener = _listen(host, port)
+        self.address: tuple[str, int] = listener.getsockname()[:2]
+        self._workers = _WorkerPool(self._serve, _MAX_WORKERS)
+        self._watchdog = _Watchdog()
+        self._acceptor = _Acceptor(listener, min(HEAD_TIMEOUT_S, timeout_s), self._dispatch)
         self._thread = threading.Thread(
-            target=self._http.serve_forever,
-            kwargs={"poll_interval": 0.1},
-            name=f"heal-http-{self.address[1]}",
-            daemon=True,
+            target=self._acceptor.run, name=f"heal-http-{self.address[1]}", daemon=True
         )
         self._thread.start()
 
     def shutdown(self, wait: bool) -> None:
         """Stops accepting requests; with ``wait``, waits (<= timeout) for in-flight ones."""
-        self._http.shutdown()
-        self._http.server_close()
+        self._acceptor.close()
+        self._thread.join()
+        self._workers.close()
         self.store.close(self.timeout_s if wait else 0.0)
-        if wait:
-            self._thread.join()
 
-    def _authorized(self, handler: BaseHTTPRequestHandler) -> bool:
-        if self._auth_token is None:
-            return True
-        got = handler.headers.get("Authorization", "")
-        return hmac.compare_digest(got.encode(), f"Bearer {self._auth_token}".encode())
+    def _dispatch(self, request: _Request) -> None:
+        """A complete request head (on the acceptor thread): refuse it or queue it."""
+        if self._auth_token is not None and not presents(
+            request.headers.get(AUTHORIZATION), self._auth_token
+        ):
+            self._refusals.refused(request.peer, f"{request.method} {request.path}")
+            _reply_at_once(request.sock, 401, "missing or wrong bearer token")
+            return
+        self._workers.submit(request)
 
-    def serve(self, handler: _Handler) -> None:
+    def _serve(self, request: _Request) -> None:
+        """Answers one request (on a worker thread) and closes its connection; the watchdog
+        shuts the connection down if that takes longer than ``timeout_s``."""
+        sock = request.sock
+        overrun = threading.Event()
         try:
-            if not self._authorized(handler):
-                raise _Refused(401, "missing or wrong bearer token")
-            url = urlsplit(handler.path)
-            parts = url.path.split("/")
-            if len(parts) != 4 or parts[1] != "checkpoint" or parts[3] not in _RESOURCES:
-                raise _Refused(404, f"no such resource {url.path!r}")
-            try:
-                step = int(parts[2])
-            except ValueError:
-                raise _Refused(404, f"{parts[2]!r} is not a step number") from None
-            if parts[3] == "header":
-                self._serve_header(handler, step)
-            elif parts[3] == "full":
-                self._serve_full(handler, step)
-            else:
-                query = parse_qs(url.query)
-                snapshot_id = query.get("snapshot", [""])[0]
-                lease_id = query.get("lease", [""])[0]
-                self._serve_data(handler, step, snapshot_id, lease_id)
+            with self._watchdog.guard(sock, time.monotonic() + self.timeout_s, overrun):
+                set_io_timeout(sock, self.timeout_s)
+                self._route(request, overrun)
         except _Refused as e:
-            logger.info("refused %s from %s: %s", handler.path, handler.client_address, e)
-            _reply_error(handler, e.status, e.message)
+            log = logger.debug if e.status == 503 else logger.info  # 503: receivers retry
+            log("refused %s from %s: %s", request.path, request.peer, e)
+            with contextlib.suppress(OSError):
+                sock.sendall(_error_response(e.status, e.message))
+        except OSError as e:  # peer went away, timed out, or reset
+            logger.info("checkpoint request %s from %s aborted: %s", request.path, request.peer, e)
+        finally:
+            if overrun.is_set():
+                # Reset rather than close: a plain close leaves the send queue (up to the
+                # socket's buffer, referencing the snapshot's pages) to trickle out.
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+            sock.close()
 
-    def _serve_header(self, handler: _Handler, step: int) -> None:
+    def _route(self, request: _Request, overrun: threading.Event) -> None:
+        if request.method != "GET":
+            raise _Refused(405, f"{request.method} is not supported; only GET")
+        url = urlsplit(request.path)
+        parts = url.path.split("/")
+        if len(parts) != 4 or parts[1] != "checkpoint" or parts[3] not in _RESOURCES:
+            raise _Refused(404, f"no such resource {url.path!r}")
+        if not parts[2].isdigit():
+            raise _Refused(404, f"{parts[2]!r} is not a step number")
+        step = int(parts[2])
+        if parts[3] == "header":
+            self._serve_header(request.sock, step)
+        elif parts[3] == "full":
+            self._serve_full(request.sock, step, overrun)
+        else:
+            query = parse_qs(url.query)
+            snapshot_id = query.get("snapshot", [""])[0]
+            lease_id = query.get("lease", [""])[0]
+            range_ = request.headers.get("range")
+            self._serve_data(request.sock, step, snapshot_id, lease_id, range_, overrun)
+
+    def _serve_header(self, sock: socket.socket, step: int) -> None:
         snap, lease_id = self.store.lease(step)
-        handler.send_response(200)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(snap.header_bytes)))
-        handler.send_header("X-Checkpoint-Lease", lease_id)
-        handler.end_headers()
-        handler.wfile.write(snap.header_bytes)
+        head = _response_head(
+            200,
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(snap.header_bytes))),
+            ("X-Checkpoint-Lease", lease_id),
+        )
+        sock.sendall(head + snap.header_bytes)
 
-    def _serve_full(self, handler: _Handler, step: int) -> None:
+    def _serve_full(self, sock: socket.socket, step: int, overrun: threading.Event) -> None:
         snap, lease_id = self.store.lease(step)
         with self.store.reading(step, snap.header.snapshot_id, lease_id) as (snap, on_done):
             total = snap.header.total_bytes
             prefix = len(snap.header_bytes).to_bytes(8, "big") + snap.header_bytes
-            handler.send_response(200)
-            handler.send_header("Content-Type", "application/octet-stream")
-            handler.send_header("Content-Length", str(len(prefix) + total))
-            handler.send_header("Connection", "close")
-            handler.end_headers()
-            handler.close_connection = True
-            handler.wfile.write(prefix)
-            on_done(total, self._send_and_wait(handler, snap, 0, total))
+            head = _response_head(
+                200,
+                ("Content-Type", "application/octet-stream"),
+                ("Content-Length", str(len(prefix) + total)),
+            )
+            sock.sendall(head + prefix)
+            on_done(total, self._send_and_wait(sock, snap, 0, total, overrun))
 
-    def _serve_data(self, handler: _Handler, step: int, snapshot_id: str, lease_id: str) -> None:
+    def _serve_data(
+        self,
+        sock: socket.socket,
+        step: int,
+        snapshot_id: str,
+        lease_id: str,
+        range_: str | None,
+        overrun: threading.Event,
+    ) -> None:
         with self.store.reading(step, snapshot_id, lease_id) as (snap, on_done):
             total = snap.header.total_bytes
-            start, end = _parse_range(handler.headers.get("Range"), total)
-            handler.send_response(206)
-            handler.send_header("Content-Type", "application/octet-stream")
-            handler.send_header("Content-Length", str(end - start))
-            handler.send_header("Content-Range", f"bytes {start}-{end - 1}/{total}")
-            handler.send_header("Connection", "close")
-            handler.end_headers()
-            handler.close_connection = True
-            on_done(end - start, self._send_and_wait(handler, snap, start, end - start))
+            start, end = _parse_range(range_, total)
+            head = _response_head(
+                206,
+                ("Content-Type", "application/octet-stream"),
+                ("Content-Length", str(end - start)),
+                ("Content-Range", f"bytes {start}-{end - 1}/{total}"),
+            )
+            sock.sendall(head)
+            on_done(end - start, self._send_and_wait(sock, snap, start, end - start, overrun))
 
-    def _send_and_wait(self, handler: _Handler, snap: Snapshot, start: int, count: int) -> bool:
-        """Sends the bytes, then waits for the peer to close; False if it never did."""
-        sock = handler.connection
-        set_io_timeout(sock, self.timeout_s)
-        if count:
-            # Pinned by the caller's reading(): released only after this returns.
-            snap.staging.send(sock, start, count)
-        # sendfile hands pages to the socket: wait for the peer to close, i.e. to have read
-        # them, before the buffer may be reused for another snapshot.
+    def _send_and_wait(
+        self, sock: socket.socket, snap: Snapshot, start: int, count: int, overrun: threading.Event
+    ) -> bool:
+        """Sends the bytes, then waits for the peer to close; False unless it read them all
+        (the buffer is then never reused: the socket may still reference its pages)."""
         try:
+            if count:
+                # Pinned by the caller's reading(): released only after this returns.
+                snap.staging.send(sock, start, count)
+            # sendfile hands pages to the socket: wait for the peer to close, i.e. to have
+            # read them, before the buffer may be reused for another snapshot.
             sock.recv(1)
         except (BlockingIOError, TimeoutError):
             return False
         except OSError:
             pass  # peer reset: its receive queue is gone with it
+        if overrun.is_set():
+            logger.info(
+                "a receiver of step %d did not take its %d bytes within %.1f s; cut off",
+                snap.header.step,
+                count,
+                self.timeout_s,
+            )
+            return False
         return True
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _Server
+class _Watchdog:
+    """Shuts down connections whose response overran its deadline.
 
-    def setup(self) -> None:
-        # Bounds every socket operation of this connection (a stuck peer frees its thread).
-        self.timeout = self.server.owner.timeout_s
-        super().setup()
-
-    def do_GET(self) -> None:
-        try:
-            self.server.owner.serve(self)
-        except OSError as e:  # peer went away, timed out, or reset
-            logger.info(
-                "checkpoint request %s from %s aborted: %s", self.path, self.client_address, e
-            )
-            self.close_connection = True
-
-    def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("%s " + format, self.client_address[0], *args)
-
-
-class _Server(HTTPServer):
-    """An HTTP server whose requests run on reused daemon threads.
-
-    ``ThreadingHTTPServer`` starts a thread per connection, and ``Thread.start`` waits until
-    the new thread runs: on a busy machine that is a scheduling delay per request. Here idle
-    workers wait on a queue; a new one is started only when none is idle (up to
-    ``_MAX_HANDLERS``; beyond that requests wait their turn). Daemon threads never hold up
-    process exit.
+    A blocking ``sendfile`` (or the wait for the peer's close) cannot be bounded from its own
+    thread: the kernel's send timeout restarts with every bit a trickling reader takes. One
+    thread, started on first use, shuts overdue connections down, which ends those calls.
     """
 
-    request_queue_size = 64
-    owner: CheckpointServer
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._deadlines: list[tuple[float, int, socket.socket, threading.Event]] = []
+        self._count = 0
+        self._thread: threading.Thread | None = None
 
-    def __init__(self, address: tuple[str, int]) -> None:
-        super().__init__(address, _Handler)
-        self._requests: queue.SimpleQueue[tuple[socket.socket, Any] | None] = queue.SimpleQueue()
-        self._pool_lock = threading.Lock()
+    @contextlib.contextmanager
+    def guard(
+        self, sock: socket.socket, deadline: float, overrun: threading.Event
+    ) -> Iterator[None]:
+        """While inside, ``sock`` is shut down at ``deadline``, and ``overrun`` set."""
+        with self._cond:
+            self._count += 1
+            entry = (deadline, self._count, sock, overrun)
+            heapq.heappush(self._deadlines, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="heal-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        try:
+            yield
+        finally:
+            with self._cond:  # after this the socket may be closed: never touch it again
+                if not overrun.is_set():  # else the watchdog took it out already
+                    self._deadlines.remove(entry)
+                    heapq.heapify(self._deadlines)
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                while self._deadlines and self._deadlines[0][0] <= now:
+                    _, _, sock, overrun = heapq.heappop(self._deadlines)
+                    overrun.set()
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                wait = self._deadlines[0][0] - now if self._deadlines else None
+                self._cond.wait(wait)
+
+
+@dataclass
+class _Request:
+    """A complete request head, and the connection it came on."""
+
+    sock: socket.socket
+    peer: str
+    method: str
+    path: str
+    headers: dict[str, str]
+
+
+@dataclass
+class _Incoming:
+    """A connection still sending its request head."""
+
+    peer: str
+    deadline: float
+    head: bytearray = field(default_factory=bytearray)
+
+
+class _Acceptor:
+    """Accepts connections and reads their request heads, all on one thread (``selectors``).
+
+    A head must be complete within ``head_timeout`` seconds of the accept and at most
+    ``_MAX_HEAD_BYTES`` long; at most ``_MAX_PENDING`` connections are waited on, the oldest
+    evicted for a newcomer. Complete heads go to ``dispatch`` (on this thread, so it must not
+    block). Out of file descriptors, it drops the oldest waiting connection or pauses
+    accepting briefly, logging that once a minute.
+    """
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        head_timeout: float,
+        dispatch: Callable[[_Request], None],
+    ) -> None:
+        self._listener = listener
+        self._head_timeout = head_timeout
+        self._dispatch = dispatch
+        self._incoming: dict[socket.socket, _Incoming] = {}  # insertion order: oldest first
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        listener.setblocking(False)
+        self._selector.register(listener, selectors.EVENT_READ)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._paused_until: float | None = None
+        self._last_fd_warning = -math.inf
+
+    def run(self) -> None:
+        try:
+            while True:
+                now = time.monotonic()
+                if self._paused_until is not None and now >= self._paused_until:
+                    self._paused_until = None
+                    self._selector.register(self._listener, selectors.EVENT_READ)
+                for key, _ in self._selector.select(self._wait_s(now)):
+                    if key.fileobj is self._wake_r:
+                        return
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    elif key.fileobj in self._incoming:  # not evicted earlier in this batch
+                        self._read(key.fileobj)  # type: ignore[arg-type]
+                self._expire(time.monotonic())
+        finally:
+            for sock in list(self._incoming):
+                self._drop(sock)
+            self._selector.close()
+            for sock in (self._listener, self._wake_r, self._wake_w):
+                sock.close()
+
+    def close(self) -> None:
+        """Makes ``run`` return (and close the listening socket)."""
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def _wait_s(self, now: float) -> float | None:
+        deadlines = [i.deadline for i in self._incoming.values()]
+        if self._paused_until is not None:
+            deadlines.append(self._paused_until)
+        return max(0.0, min(deadlines) - now) if deadlines else None
+
+    def _accept(self) -> None:
+        for _ in range(_MAX_PENDING):
+            try:
+                sock, address = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    return  # e.g. the peer gave up before the accept
+                if self._incoming:
+                    self._drop(next(iter(self._incoming)))
+                    continue
+                self._pause(e)
+                return
+            if len(self._incoming) >= _MAX_PENDING:
+                self._drop(next(iter(self._incoming)))
+            sock.setblocking(False)
+            peer = str(address[0])
+            self._incoming[sock] = _Incoming(peer, time.monotonic() + self._head_timeout)
+            self._selector.register(sock, selectors.EVENT_READ)
+
+    def _pause(self, error: OSError) -> None:
+        now = time.monotonic()
+        self._selector.unregister(self._listener)
+        self._paused_until = now + _ACCEPT_PAUSE_S
+        if now - self._last_fd_warning >= 60:
+            self._last_fd_warning = now
+            logger.warning("the checkpoint server cannot accept connections: %s", error)
+
+    def _read(self, sock: socket.socket) -> None:
+        incoming = self._incoming[sock]
+        try:
+            data = sock.recv(_MAX_HEAD_BYTES)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # closed or reset before sending a whole head: nothing to answer
+            self._drop(sock)
+            return
+        incoming.head += data
+        end = incoming.head.find(b"\r\n\r\n")
+        if end < 0 and len(incoming.head) <= _MAX_HEAD_BYTES:
+            return
+        self._selector.unregister(sock)
+        del self._incoming[sock]
+        if not 0 <= end <= _MAX_HEAD_BYTES:
+            _reply_at_once(sock, 431, f"request head longer than {_MAX_HEAD_BYTES} bytes")
+            return
+        try:
+            method, path, headers = _parse_head(bytes(incoming.head[:end]))
+        except ValueError as e:
+            _reply_at_once(sock, 400, str(e))
+            return
+        self._dispatch(_Request(sock, incoming.peer, method, path, headers))
+
+    def _expire(self, now: float) -> None:
+        for sock, incoming in list(self._incoming.items()):
+            if incoming.deadline > now:
+                break  # oldest first: the rest are younger
+            self._drop(sock)
+
+    def _drop(self, sock: socket.socket) -> None:
+        self._selector.unregister(sock)
+        del self._incoming[sock]
+        sock.close()
+
+
+class _WorkerPool:
+    """Runs ``serve(request)`` on reused daemon threads, at most ``max_workers`` at once.
+
+    ``ThreadPoolExecutor`` would do, but its threads are not daemons (they would hold up
+    process exit while a stuck receiver is served) and ``Thread.start`` per request waits until
+    the new thread runs: on a busy machine that is a scheduling delay per request. Idle
+    workers wait on a queue; a new one starts only when none is idle; beyond ``max_workers``
+    requests wait their turn.
+    """
+
+    def __init__(self, serve: Callable[[_Request], None], max_workers: int) -> None:
+        self._serve = serve
+        self._max_workers = max_workers
+        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
         self._workers = 0
         self._idle = 0
 
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind does a reverse DNS lookup (getfqdn) that can stall; skip it.
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind(self.server_address)
-        self.server_address = self.socket.getsockname()
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._pool_lock:
-            start = self._idle == 0 and self._workers < _MAX_HANDLERS
+    def submit(self, request: _Request) -> None:
+        with self._lock:
+            start = self._idle == 0 and self._workers < self._max_workers
             if start:
                 self._workers += 1
             else:
-                self._idle -= 1
-        self._requests.put((request, client_address))
+                self._idle -= 1  # below 0: requests queued for a busy worker
+        self._queue.put(request)
         if start:
             threading.Thread(target=self._work, name="heal-serve", daemon=True).start()
 
-    def server_close(self) -> None:
-        super().server_close()
-        with self._pool_lock:
+    def close(self) -> None:
+        """Workers exit once the queued requests are served."""
+        with self._lock:
             for _ in range(self._workers):
-                self._requests.put(None)
+                self._queue.put(None)
 
     def _work(self) -> None:
-        while (item := self._requests.get()) is not None:
-            request, client_address = item
+        while (request := self._queue.get()) is not None:
             try:
-                self.finish_request(request, client_address)
-            except Exception:
-                self.handle_error(request, client_address)
-            finally:
-                self.shutdown_request(request)
-            with self._pool_lock:
+                self._serve(request)
+            except Exception:  # a bug must not shrink the pool: log it, serve the next
+                logger.exception("serving %s from %s failed", request.path, request.peer)
+            with self._lock:
                 self._idle += 1
 
 
-def _make_server(host: str, port: int, owner: CheckpointServer) -> _Server:
+def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    cls = type("_Server", (_Server,), {"address_family": family})
-    server = cls((host.strip("[]"), port))
-    server.owner = owner
-    return server
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(_MAX_PENDING)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
-def _reply_error(handler: BaseHTTPRequestHandler, status: int, message: str) -> None:
+def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
+    """``METHOD PATH HTTP/1.x`` and its header lines; raises ValueError naming what is wrong."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise ValueError(f"request line {lines[0][:100]!r} is not 'METHOD PATH HTTP/1.1'")
+    if len(lines) - 1 > _MAX_HEADER_LINES:
+        raise ValueError(f"more than {_MAX_HEADER_LINES} header lines")
+    headers = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise ValueError(f"header line {line[:100]!r} has no ':'")
+        headers[name.strip().lower()] = value.strip()
+    return parts[0], parts[1], headers
+
+
+def _response_head(status: int, *headers: tuple[str, str]) -> bytes:
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
+    lines += [f"{name}: {value}" for name, value in headers]
+    lines += ["Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1")
+
+
+def _error_response(status: int, message: str) -> bytes:
     body = (message + "\n").encode()
-    handler.send_response(status)
+    headers = [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))]
     if status == 401:
-        handler.send_header("WWW-Authenticate", "Bearer")
-    handler.send_header("Content-Type", "text/plain; charset=utf-8")
-    handler.send_header("Content-Length", str(len(body)))
-    handler.end_headers()
-    handler.wfile.write(body)
+        headers.append(("WWW-Authenticate", "Bearer"))
+    return _response_head(status, *headers) + body
+
+
+def _reply_at_once(sock: socket.socket, status: int, message: str) -> None:
+    """Answers a fresh, non-blocking connection with a short error and closes it: one send
+    into an empty socket buffer, never a wait."""
+    with contextlib.suppress(OSError):
+        sock.send(_error_response(status, message))
+    sock.close()
 
 
 def _parse_range(value: str | None, total: int) -> tuple[int, int]:
@@ -416,12 +679,9 @@ def _parse_range(value: str | None, total: int) -> tuple[int, int]:
         return 0, total
     unit, _, spec = value.partition("=")
     first, dash, last = spec.partition("-")
-    try:
-        if unit.strip() != "bytes" or not dash or "," in spec:
-            raise ValueError
-        start, end = int(first), int(last) + 1
-    except ValueError:
-        raise _Refused(416, f"unsupported Range {value!r}; expected bytes=<first>-<last>") from None
+    if unit.strip() != "bytes" or not dash or not first.isdigit() or not last.isdigit():
+        raise _Refused(416, f"unsupported Range {value!r}; expected bytes=<first>-<last>")
+    start, end = int(first), int(last) + 1
     if not 0 <= start < end <= total:
         raise _Refused(416, f"Range {value!r} is outside the snapshot's {total} bytes")
     return start, end

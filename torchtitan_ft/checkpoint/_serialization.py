@@ -11,18 +11,28 @@ Supported leaves: ``torch.Tensor`` (dense, any device; sent as its contiguous by
 ``list``, ``tuple``. Anything else raises ``TypeError`` naming its path. Not supported yet:
 ``DTensor`` (send the local shard), tensor aliasing (two entries sharing storage arrive as two
 tensors), ``requires_grad`` (tensors arrive detached).
+
+A receiver trusts nothing in a header: ``Header.from_bytes`` and ``unflatten`` raise ValueError
+for anything a sender could not have produced (wrong types, a tensor index used twice or out of
+range, invalid base64, nesting deeper than the parser goes), and ``check_receivable`` bounds the
+memory a header may make a receiver allocate.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 HEADER_VERSION = 1
+MAX_HEADER_BYTES = 64 << 20
+"""Largest header a receiver reads: ~100 bytes per tensor plus the tree, so room for hundreds of
+thousands of tensors; a claim beyond it is refused before anything is allocated."""
+_MAX_DIM = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -48,16 +58,21 @@ class TensorSpec:
         dtype = getattr(torch, str(obj["dtype"]), None)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"checkpoint header names unknown dtype {obj['dtype']!r}")
-        shape = tuple(int(d) for d in obj["shape"])
-        nbytes = int(obj["nbytes"])
+        shape, nbytes, offset = obj["shape"], obj["nbytes"], obj["offset"]
+        if not isinstance(shape, list) or not all(_is_int(d, _MAX_DIM) for d in shape):
+            raise ValueError(f"checkpoint header tensor shape {shape!r} is not a list of sizes")
+        if not _is_int(nbytes) or not _is_int(offset):
+            raise ValueError(
+                f"checkpoint header tensor nbytes {nbytes!r} / offset {offset!r} are not sizes"
+            )
         numel = 1
         for d in shape:
             numel *= d
-        if any(d < 0 for d in shape) or numel * dtype.itemsize != nbytes:
+        if numel * dtype.itemsize != nbytes:
             raise ValueError(
                 f"checkpoint header tensor {obj!r}: shape {shape} of {dtype} is not {nbytes} bytes"
             )
-        return cls(dtype=dtype, shape=shape, offset=int(obj["offset"]), nbytes=nbytes)
+        return cls(dtype=dtype, shape=tuple(shape), offset=offset, nbytes=nbytes)
 
 
 @dataclass(frozen=True)
@@ -98,14 +113,50 @@ class Header:
             tensors = tuple(TensorSpec.from_json(t) for t in obj["tensors"])
             if tensors != layout_specs(tensors):
                 raise ValueError("tensor offsets are not packed back to back")
+            if not _is_int(obj["step"]) or not isinstance(obj["snapshot_id"], str):
+                raise ValueError(f"step {obj['step']!r} / snapshot_id {obj['snapshot_id']!r}")
             return cls(
-                step=int(obj["step"]),
+                step=obj["step"],
                 tree=obj["tree"],
                 tensors=tensors,
-                snapshot_id=str(obj["snapshot_id"]),
+                snapshot_id=obj["snapshot_id"],
             )
         except (KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
             raise ValueError(f"malformed checkpoint header: {e}") from e
+        except RecursionError:
+            raise ValueError("malformed checkpoint header: nested too deeply") from None
+
+
+def check_header_length(nbytes: int) -> None:
+    """Raises ValueError unless a header of ``nbytes`` may be read (before reading it)."""
+    if not 0 < nbytes <= MAX_HEADER_BYTES:
+        raise ValueError(
+            f"the sender announces a {nbytes}-byte header; expected 1..{MAX_HEADER_BYTES} bytes"
+        )
+
+
+def check_receivable(header: Header) -> None:
+    """Raises ValueError when the header's tensors would not fit in this machine's available
+    memory: a state that large cannot be received, and allocating it would only hurt."""
+    available = available_memory()
+    if header.total_bytes > available:
+        raise ValueError(
+            f"the sender's header describes {header.total_bytes} bytes of tensors, more than "
+            f"the {available} bytes of memory available here"
+        )
+
+
+def available_memory() -> int:
+    """Bytes of memory available to new allocations (Linux ``MemAvailable``; elsewhere all
+    physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def flatten(state_dict: Any) -> tuple[Any, list[torch.Tensor]]:
@@ -138,12 +189,21 @@ def layout_specs(specs: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
 def unflatten(tree: Any, tensors: list[torch.Tensor]) -> Any:
     """Rebuilds the state dict from a header tree and its received tensors.
 
-    Raises ValueError when the tree is malformed (e.g. indexes a tensor that does not exist).
+    Raises ValueError when the tree is malformed: a tensor index that is not an int in range,
+    or that appears twice (two entries would alias one tensor) or never; invalid base64; nesting
+    deeper than Python's recursion limit.
     """
+    used = [False] * len(tensors)
     try:
-        return _decode(tree, tensors)
+        state_dict = _decode(tree, tensors, used)
     except (IndexError, TypeError, KeyError, ValueError) as e:
         raise ValueError(f"malformed checkpoint header tree: {e}") from e
+    except RecursionError:
+        raise ValueError("malformed checkpoint header tree: nested too deeply") from None
+    if not all(used):
+        unused = [i for i, u in enumerate(used) if not u]
+        raise ValueError(f"malformed checkpoint header tree: tensors {unused[:10]} are unused")
+    return state_dict
 
 
 def _encode(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:
@@ -181,26 +241,45 @@ def _encode(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:
     )
 
 
-def _decode(node: Any, tensors: list[torch.Tensor]) -> Any:
+def _decode(node: Any, tensors: list[torch.Tensor], used: list[bool]) -> Any:
     if node is None or isinstance(node, bool | int | float | str):
         return node
     if not isinstance(node, dict) or len(node) != 1:
-        raise ValueError(f"malformed checkpoint header node {node!r}")
+        raise ValueError(f"malformed checkpoint header node {_excerpt(node)}")
     ((tag, value),) = node.items()
     match tag:
         case "T":
+            if not _is_int(value, len(tensors) - 1):
+                raise ValueError(f"tensor index {value!r} is not one of 0..{len(tensors) - 1}")
+            if used[value]:
+                raise ValueError(f"tensor index {value} appears twice")
+            used[value] = True
             return tensors[value]
         case "B":
-            return base64.b64decode(value)
+            if not isinstance(value, str):
+                raise ValueError(f"bytes node {_excerpt(value)} is not base64 text")
+            return base64.b64decode(value, validate=True)
         case "S":
+            if not isinstance(value, list) or not all(_is_int(d, _MAX_DIM) for d in value):
+                raise ValueError(f"torch.Size node {_excerpt(value)} is not a list of sizes")
             return torch.Size(value)
         case "D":
-            return {_decode(k, tensors): _decode(v, tensors) for k, v in value}
+            return {_decode(k, tensors, used): _decode(v, tensors, used) for k, v in value}
         case "L":
-            return [_decode(v, tensors) for v in value]
+            return [_decode(v, tensors, used) for v in value]
         case "U":
-            return tuple(_decode(v, tensors) for v in value)
-    raise ValueError(f"malformed checkpoint header node tag {tag!r}")
+            return tuple(_decode(v, tensors, used) for v in value)
+    raise ValueError(f"malformed checkpoint header node tag {_excerpt(tag)}")
+
+
+def _is_int(value: Any, most: int | None = None) -> bool:
+    """A JSON integer (not a bool) in ``0..most``."""
+    return type(value) is int and value >= 0 and (most is None or value <= most)
+
+
+def _excerpt(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:

@@ -58,10 +58,11 @@ class Staging:
 
         One ``sendfile`` call moves everything without the GIL (a Python loop per socket-buffer
         refill would need the GIL back each time, and a donor's training thread holds it
-        often). Bound it with ``SO_SNDTIMEO`` (see ``set_io_timeout``); a timeout raises
-        TimeoutError. With sendfile the socket may still reference the pages after this
-        returns, until the peer has read them: do not overwrite the range before the peer
-        closed the connection.
+        often). ``SO_SNDTIMEO`` (see ``set_io_timeout``) ends it when the receiver stops
+        reading (TimeoutError), but restarts with every bit it reads: to bound the whole send,
+        shut the socket down from another thread. With sendfile the socket may still
+        reference the pages after this returns, until the peer has read them: do not overwrite
+        the range before the peer closed the connection.
         """
         end = offset + count
         with memoryview(self._mm) as mv:
@@ -124,21 +125,33 @@ class Prefaulter:
     with the receiver, and even to run on after the tensors were freed (it then faults in or
     fails on whatever is mapped there, harmlessly): ``cancel`` need not wait for it. A no-op
     where unsupported.
+
+    Populated pages are real memory, while allocated ones are only address space: with
+    ``window`` the helper stays at most that many bytes of the stream ahead of what the
+    receiver reported as received (``PrefaultJob.advance``), so a sender that announces more
+    than it sends makes the receiver commit only what arrived plus the window.
     """
 
     _lock = threading.Lock()
-    _jobs: queue.SimpleQueue[_PrefaultJob] | None = None
+    _jobs: queue.SimpleQueue[PrefaultJob] | None = None
 
     @classmethod
-    def submit(cls, tensors: list[torch.Tensor]) -> _PrefaultJob:
-        """Queues the tensors' pages for population; returns a handle to cancel or wait on."""
+    def submit(cls, tensors: list[torch.Tensor], window: int | None = None) -> PrefaultJob:
+        """Queues the tensors' pages (in this order: the stream's) for population; returns a
+        handle to report progress, cancel or wait on. ``window``: None runs ahead freely."""
         pieces = []
+        stream = 0
         for t in tensors:
             start = t.data_ptr()
+            nbytes = t.numel() * t.element_size()
             lo = -(-start // _PAGE) * _PAGE
-            hi = (start + t.numel() * t.element_size()) // _PAGE * _PAGE
-            pieces += [(a, min(_PREFAULT_PIECE, hi - a)) for a in range(lo, hi, _PREFAULT_PIECE)]
-        job = _PrefaultJob(pieces)
+            hi = (start + nbytes) // _PAGE * _PAGE
+            pieces += [
+                (a, min(_PREFAULT_PIECE, hi - a), stream + a - start)
+                for a in range(lo, hi, _PREFAULT_PIECE)
+            ]
+            stream += nbytes
+        job = PrefaultJob(pieces, window)
         if _libc is None or not pieces:
             job.done.set()
             return job
@@ -152,12 +165,12 @@ class Prefaulter:
         return job
 
     @staticmethod
-    def _run(jobs: queue.SimpleQueue[_PrefaultJob]) -> None:
+    def _run(jobs: queue.SimpleQueue[PrefaultJob]) -> None:
         supported = True
         while True:
             job = jobs.get()
-            for a, n in job.pieces:
-                if job.cancelled.is_set() or not supported:
+            for a, n, stream_offset in job.pieces:
+                if not supported or not job.may_populate(stream_offset):
                     break
                 failed = _libc.madvise(a, n, _MADV_POPULATE_WRITE)
                 if failed and ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
@@ -165,11 +178,32 @@ class Prefaulter:
             job.done.set()
 
 
-class _PrefaultJob:
-    def __init__(self, pieces: list[tuple[int, int]]) -> None:
+class PrefaultJob:
+    def __init__(self, pieces: list[tuple[int, int, int]], window: int | None) -> None:
         self.pieces = pieces
+        """(address, length, offset in the stream) of each piece to populate."""
+        self.window = window
+        self.received = 0
         self.cancelled = threading.Event()
         self.done = threading.Event()
+        self._progress = threading.Condition()
+
+    def advance(self, nbytes: int) -> None:
+        """The receiver got ``nbytes`` more bytes of the stream (from any of its threads)."""
+        if self.window is None:
+            return
+        with self._progress:
+            self.received += nbytes
+            self._progress.notify()
+
+    def may_populate(self, stream_offset: int) -> bool:
+        """Waits until the piece at ``stream_offset`` is within the window; False once
+        cancelled."""
+        if self.window is not None:
+            with self._progress:
+                while stream_offset > self.received + self.window and not self.cancelled.is_set():
+                    self._progress.wait(0.05)
+        return not self.cancelled.is_set()
 
     def cancel(self) -> None:
         """Stops at the next piece; does not wait (see ``Prefaulter``)."""

@@ -29,6 +29,11 @@ Routes (``metadata()`` is ``http://<hostname>:<port>/checkpoint``):
 - anything else -> 404; with ``auth_token`` set, any request without
   ``Authorization: Bearer <token>`` -> 401.
 
+Both sides bound what a stranger can make them spend: the server reads request heads on one
+thread and serves only complete (authenticated) requests, each within ``timeout``
+(``CheckpointServer``); the receiver checks a donor's announcements before allocating
+(``_http_client``). Limits: docs/operations.md, "Limits against starvation".
+
 Not supported yet: DTensor leaves (send local shards), TLS (use ``auth_token`` and a private
 network; the token travels in clear text).
 """

@@ -19,7 +19,14 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from torchtitan_ft.checkpoint._serialization import Header, flatten, layout, unflatten
+from torchtitan_ft.checkpoint._serialization import (
+    Header,
+    check_header_length,
+    check_receivable,
+    flatten,
+    layout,
+    unflatten,
+)
 from torchtitan_ft.checkpoint._staging import as_bytes
 from torchtitan_ft.checkpoint.transport import (
     CheckpointTransferError,
@@ -97,9 +104,11 @@ class PGTransport(CheckpointTransport[T]):
         try:
             length = torch.zeros(1, dtype=torch.int64, device=self._device)
             self._recv(length, src_rank, timeout)
+            check_header_length(int(length.item()))
             header_t = torch.empty(int(length.item()), dtype=torch.uint8, device=self._device)
             self._recv(header_t, src_rank, timeout)
             header = Header.from_bytes(header_t.cpu().numpy().tobytes())
+            check_receivable(header)
             tensors = [
                 torch.empty(s.shape, dtype=s.dtype, device=self._device) for s in header.tensors
             ]

@@ -8,18 +8,22 @@ Flags and defaults match torchft's (``--bind``, ``--min_replicas``, ``--join_tim
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import logging
 import os
+import resource
 import signal
 import sys
+from collections.abc import Mapping
 from typing import NoReturn
 
 from torchtitan_ft.lighthouse.server import LighthouseServer, validate_options
-from torchtitan_ft.netaddr import join_host_port, port_in_use, split_host_port
+from torchtitan_ft.netaddr import join_host_port, split_host_port
 
 PROG = "torchft_lighthouse"
 AUTH_TOKEN_ENV = "TORCHFT_AUTH_TOKEN"
+logger = logging.getLogger(PROG)
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -82,8 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--auth_token",
         default=None,
-        help=f"enables the status page's kill action, which then requires this "
-        f"token (default: ${AUTH_TOKEN_ENV}, else no kill action)",
+        help=f"the job token: every gRPC call (quorum, heartbeats) and the status page's kill "
+        f"action then need it; give the replica groups the same fault_tolerance.auth_token "
+        f"(default: ${AUTH_TOKEN_ENV}, else none: anyone who reaches the port can join "
+        f"quorums, and there is no kill action). Prefer the env var: a flag is visible in "
+        f"the process list",
     )
     p.add_argument(
         "--log_level",
@@ -92,6 +99,44 @@ def build_parser() -> argparse.ArgumentParser:
         help="INFO logs each change of the decision's reason (default: %(default)s)",
     )
     return p
+
+
+def resolve_auth_token(flag: str | None, env: Mapping[str, str]) -> tuple[str | None, str]:
+    """The job token and where it came from: ``--auth_token`` > ``$TORCHFT_AUTH_TOKEN`` > none.
+
+    Raises ValueError for an empty ``--auth_token`` (an empty env var counts as unset).
+    """
+    if flag is not None:
+        if not flag:
+            raise ValueError("--auth_token is empty; pass the job token or leave the flag out")
+        return flag, "--auth_token"
+    if value := env.get(AUTH_TOKEN_ENV):
+        return value, f"${AUTH_TOKEN_ENV}"
+    return None, "none"
+
+
+def default_status_bind(host: str, port: int) -> str:
+    """The status page's default: the gRPC host, port + 1 (a free port for port 0)."""
+    if port == 65535:
+        raise ValueError(
+            "--bind port 65535 leaves no port for the status page (it defaults to port + 1); "
+            "pass --status_bind host:port, or --status_bind off"
+        )
+    return join_host_port(host, port + 1 if port else 0)
+
+
+def _raise_fd_limit() -> None:
+    """Lifts the soft descriptor limit to the hard one: every connection takes one, and the
+    servers size their connection caps from the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):  # else the caps follow the soft limit
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def _exit_cleanly(*_: object) -> NoReturn:
+    sys.exit(0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -107,23 +152,29 @@ def main(argv: list[str] | None = None) -> None:
         host, port = split_host_port(args.bind, "bind address")
     except ValueError as e:
         parser.error(f"--bind: {e}")
-    if port_in_use(host, port):
-        # gRPC would fail too, but only after logging a multi-line error of its own.
-        parser.error(
-            f"cannot bind the lighthouse to {args.bind} (port in use? another lighthouse?); "
-            "pick a free port with --bind"
-        )
     if args.status_bind is None:
-        args.status_bind = join_host_port(host, port + 1 if port else 0)
+        try:
+            args.status_bind = default_status_bind(host, port)
+        except ValueError as e:
+            parser.error(str(e))
     elif args.status_bind != "off":
         try:
             split_host_port(args.status_bind, "bind address")
         except ValueError as e:
             parser.error(f"--status_bind: {e}")
-    token = args.auth_token if args.auth_token is not None else os.environ.get(AUTH_TOKEN_ENV)
+    try:
+        token, token_source = resolve_auth_token(args.auth_token, os.environ)
+    except ValueError as e:
+        parser.error(str(e))
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    _raise_fd_limit()
+    if token is not None:
+        logger.info("job token from %s", token_source)
+    # The server logs that it serves before the constructor returns: a SIGTERM from then on
+    # is a clean stop, not death by signal.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         server = LighthouseServer(
             bind=args.bind,
@@ -132,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
             quorum_tick_ms=args.quorum_tick_ms,
             heartbeat_timeout_ms=args.heartbeat_timeout_ms,
             status_bind=None if args.status_bind == "off" else args.status_bind,
-            auth_token=token or None,
+            auth_token=token,
         )
     except OSError as e:
         parser.error(str(e))

@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from torchtitan_ft.auth import check_token, grpc_metadata
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
@@ -43,11 +44,24 @@ class LighthouseClient:
         addr: the lighthouse URL, ``http://host:port``.
         connect_timeout: how long ``heartbeat`` waits for the lighthouse to accept a
             connection before raising ``TimeoutError``.
+        auth_token: the job token, sent with every call (``authorization: Bearer <token>``)
+            when set. A lighthouse with a token refuses calls without it (``PermissionError``);
+            one without a token (ours or torchft's) ignores it. Default None: none sent.
+
+    Raises:
+        ValueError: ``auth_token`` is the empty string.
     """
 
-    def __init__(self, addr: str, connect_timeout: timedelta = timedelta(seconds=10)) -> None:
+    def __init__(
+        self,
+        addr: str,
+        connect_timeout: timedelta = timedelta(seconds=10),
+        auth_token: str | None = None,
+    ) -> None:
+        check_token(auth_token, "auth_token")
         self.addr = addr
         self._connect_timeout = connect_timeout.total_seconds()
+        self._metadata = grpc_metadata(auth_token)
         self._channel = grpc.insecure_channel(grpc_target(addr), options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.LighthouseServiceStub(self._channel)
 
@@ -66,7 +80,8 @@ class LighthouseClient:
         """Asks for the next quorum and waits until one containing ``replica_id`` is issued.
 
         Retries while the lighthouse is unreachable (for example restarting) until ``timeout``;
-        raises ``TimeoutError`` then, ``ValueError`` when the lighthouse rejects the request.
+        raises ``TimeoutError`` then, ``ValueError`` when the lighthouse rejects the request,
+        ``PermissionError`` when it refuses this client's token (or its lack of one).
         """
         member = QuorumMember(
             replica_id=replica_id,
@@ -82,7 +97,9 @@ class LighthouseClient:
         deadline = time.monotonic() + timeout.total_seconds()
         while (remaining := deadline - time.monotonic()) > 0:
             try:
-                response = self._stub.Quorum(request, timeout=remaining, wait_for_ready=True)
+                response = self._stub.Quorum(
+                    request, timeout=remaining, metadata=self._metadata, wait_for_ready=True
+                )
                 return Quorum.from_proto(response.quorum)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNAVAILABLE:  # lighthouse restarting: retry
@@ -101,6 +118,7 @@ class LighthouseClient:
             self._stub.Heartbeat(
                 pb.LighthouseHeartbeatRequest(replica_id=replica_id),
                 timeout=wait,
+                metadata=self._metadata,
                 wait_for_ready=True,
             )
         except grpc.RpcError as e:
@@ -111,7 +129,7 @@ class LighthouseClient:
     ) -> HeartbeatStream:
         """Opens a held-open heartbeat stream: the lighthouse drops ``replica_id`` as soon as
         it ends (process death). Reconnects in the background; ``close()`` ends it."""
-        return HeartbeatStream(self._stub, replica_id, interval.total_seconds())
+        return HeartbeatStream(self._stub, replica_id, interval.total_seconds(), self._metadata)
 
     def close(self) -> None:
         self._channel.close()
@@ -124,10 +142,18 @@ class HeartbeatStream:
     back to a unary ``Heartbeat`` every interval, so the replica still counts as healthy there.
     """
 
-    def __init__(self, stub: pb_grpc.LighthouseServiceStub, replica_id: str, interval: float):
+    def __init__(
+        self,
+        stub: pb_grpc.LighthouseServiceStub,
+        replica_id: str,
+        interval: float,
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         if interval <= 0:
             raise ValueError(f"heartbeat interval must be > 0 seconds, got {interval}")
         self._stub = stub
+        self._metadata = metadata
+        self._refused = False
         self._replica_id = replica_id
         self._interval = interval
         self._closed = threading.Event()
@@ -150,7 +176,7 @@ class HeartbeatStream:
                 if self._closed.is_set():
                     return
                 self._call = self._stub.HeartbeatStream.future(
-                    self._requests(), wait_for_ready=True
+                    self._requests(), metadata=self._metadata, wait_for_ready=True
                 )
             try:
                 self._call.result()
@@ -158,12 +184,24 @@ class HeartbeatStream:
                 if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                     self._run_unary()
                     return
-                logger.debug(
-                    "heartbeat stream of %s broke (%s); reconnecting", self._replica_id, e.code()
-                )
+                self._log_break(e)
             except grpc.FutureCancelledError:
                 return
             self._closed.wait(self._interval)
+
+    def _log_break(self, e: grpc.RpcError) -> None:
+        # A refused token is an operator's mistake: say so once (not at every reconnect), and
+        # keep trying, so that the stream recovers once the lighthouse has the same token.
+        refused = e.code() == grpc.StatusCode.UNAUTHENTICATED
+        if refused and not self._refused:
+            logger.error(
+                "the lighthouse refused the heartbeats of %s: %s", self._replica_id, e.details()
+            )
+        elif not refused:
+            logger.debug(
+                "heartbeat stream of %s broke (%s); reconnecting", self._replica_id, e.code()
+            )
+        self._refused = refused
 
     def _run_unary(self) -> None:
         logger.info(
@@ -174,7 +212,9 @@ class HeartbeatStream:
         request = pb.LighthouseHeartbeatRequest(replica_id=self._replica_id)
         while not self._closed.wait(self._interval):
             try:
-                self._stub.Heartbeat(request, timeout=max(1.0, 5 * self._interval))
+                self._stub.Heartbeat(
+                    request, timeout=max(1.0, 5 * self._interval), metadata=self._metadata
+                )
             except grpc.RpcError as e:
                 logger.debug("heartbeat of %s failed: %s", self._replica_id, e.code())
 
@@ -193,4 +233,6 @@ def _raise_for(e: grpc.RpcError, addr: str, timeout: timedelta) -> None:
         raise TimeoutError(f"the lighthouse at {addr} did not answer within {timeout}") from e
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         raise ValueError(f"the lighthouse at {addr} rejected the request: {e.details()}") from e
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        raise PermissionError(f"the lighthouse at {addr} refused this client: {e.details()}") from e
     raise RuntimeError(f"lighthouse at {addr}: {code.name}: {e.details()}") from e

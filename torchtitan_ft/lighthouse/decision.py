@@ -52,6 +52,13 @@ class Decision:
     members: tuple[QuorumMember, ...] | None
     """The quorum to issue, sorted by replica_id, or None when not ready."""
     reason: str
+    log_key: str | None = None
+    """What must change for the reason to be logged again; None: the reason itself. Set where
+    the reason holds a countdown, so a wait is logged once, not at every tick."""
+
+    @property
+    def log_as(self) -> str:
+        return self.reason if self.log_key is None else self.log_key
 
 
 def healthy_replicas(heartbeats: Mapping[str, float], now: float, timeout: float) -> set[str]:
@@ -117,11 +124,37 @@ def decide(
             None,
             f"waiting: {len(stragglers)} healthy replica(s) have not asked; issuing without "
             f"them in {opts.join_timeout - waited:.1f}s (join timeout)",
+            log_key=f"waiting for {len(stragglers)} straggler(s) of {len(candidates)} asker(s)",
         )
     return Decision(
         _members(candidates),
         f"quorum: join timeout passed, issuing without {len(stragglers)} healthy replica(s) "
         "that did not ask",
+    )
+
+
+def newcomer_ahead(
+    member: QuorumMember, previous_ids: frozenset[str], previous_max_step: int | None
+) -> str | None:
+    """A warning when a replica that was not in the previous quorum claims a step beyond it.
+
+    The next quorum would make it the heal source of every group behind it and the primary
+    (TCPStore host) of every group rank. Real groups reach a step only through this
+    lighthouse's quorums, so a newcomer ahead of all of them is odd (a group resuming from a
+    newer disk checkpoint, a lighthouse that restarted mid-job), and it is what a stranger who
+    wants to steer the job would claim. Only a warning: refusing would also refuse those
+    legitimate cases, and a stranger can claim a plausible step (tie with the maximum) and
+    become a primary all the same. The job token is what keeps strangers out.
+    """
+    if previous_max_step is None or member.replica_id in previous_ids:
+        return None
+    if member.step <= previous_max_step:
+        return None
+    return (
+        f"replica {member.replica_id!r} (address {member.address!r}) joins at step "
+        f"{member.step}, ahead of the previous quorum (max step {previous_max_step}): it will "
+        "be the heal source and primary store of the next quorum; if it is not one of this "
+        "job's replica groups, give the lighthouse and the groups a job token (--auth_token)"
     )
 
 

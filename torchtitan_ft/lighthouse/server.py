@@ -7,30 +7,53 @@ touched from that loop, so it needs no locks.
 The quorum response is serialized once per quorum and handed to every member as bytes (the
 handlers use an identity serializer): with N members that is N writes of one buffer instead of
 N serializations of an N-member message.
+
+With a job token every ``LighthouseService`` call must carry it (``TokenInterceptor``): they
+all change what the next quorum is (who asks, who is healthy). Connections are capped to fit the
+process's file-descriptor limit, idle ones are closed, requests are at most
+``MAX_REQUEST_BYTES`` (see ``connection_limits`` and ``_grpc_options``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import resource
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from torchtitan_ft.auth import TokenInterceptor, check_token
 from torchtitan_ft.lighthouse import status
 from torchtitan_ft.lighthouse.decision import DecisionOptions
 from torchtitan_ft.lighthouse.state import LighthouseState
 from torchtitan_ft.lighthouse.types import QuorumMember
-from torchtitan_ft.netaddr import advertised_host, join_host_port, split_host_port
+from torchtitan_ft.netaddr import advertised_host, bind_problem, join_host_port, split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "torchft.LighthouseService"
+METHODS = ("Quorum", "Heartbeat", "HeartbeatStream")
 M = TypeVar("M", bound=Message)
+
+MAX_REQUEST_BYTES = 1 << 20
+"""Largest request accepted (RESOURCE_EXHAUSTED beyond). A member's request is a few hundred
+bytes plus its ``data``; every member's ``data`` goes to every member in each quorum."""
+_HANDSHAKE_TIMEOUT_MS = 5_000
+"""A connection that has not completed the HTTP/2 handshake by then is closed (gRPC's default
+is 120 s, long enough for a flood of idle connections to hold every descriptor)."""
+_IDLE_CONNECTION_MS = 30_000
+"""A connection with no call for this long is closed; clients reconnect when they next call.
+Members never idle that long: a heartbeat stream or torchft's 100 ms heartbeats keep theirs
+busy."""
+_FD_RESERVE = 64
+"""Descriptors kept for everything but client connections (event loops, logs, kill calls)."""
 
 
 class _Malformed:
@@ -158,9 +181,14 @@ class LighthouseServer:
             holding a heartbeat stream open are dropped as soon as the stream ends (process
             death); this timeout still evicts replicas that hang with their process alive.
         status_bind: ``host:port`` of the HTTP status page (``/``), JSON (``/status.json``)
-            and Prometheus metrics (``/metrics``); None serves none.
-        auth_token: enables the status page's kill action, which then needs this token.
-            Without a token there is no kill action at all.
+            and Prometheus metrics (``/metrics``); None serves none. Read-only and without
+            authentication, apart from the kill action.
+        auth_token: the job token. When set, every ``LighthouseService`` call (Quorum,
+            Heartbeat, HeartbeatStream) must carry ``authorization: Bearer <auth_token>``
+            (UNAUTHENTICATED otherwise), and the status page gets a kill action that needs it
+            too. Default None: anyone who reaches the port can join quorums (torchft 0.2.0's
+            behaviour and the only mode its clients support), and there is no kill action.
+            The CLI resolves it from ``--auth_token`` or ``TORCHFT_AUTH_TOKEN``.
     """
 
     def __init__(
@@ -174,6 +202,7 @@ class LighthouseServer:
         auth_token: str | None = None,
     ) -> None:
         validate_options(min_replicas, join_timeout_ms, quorum_tick_ms, heartbeat_timeout_ms)
+        check_token(auth_token, "auth_token")
         self._host, _ = split_host_port(bind, "bind address")
         if status_bind is not None:
             split_host_port(status_bind, "bind address")
@@ -232,6 +261,7 @@ class LighthouseServer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
+        self._loop.set_exception_handler(_LoopErrors().handle)
         try:
             self._loop.run_until_complete(self._serve())
         finally:
@@ -239,37 +269,27 @@ class LighthouseServer:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_concurrent_streams", 1 << 20),
-                ("grpc.so_reuseport", 0),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 1000),
-            ]
+        grpc_connections, status_connections = connection_limits(
+            resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         )
+        interceptors = []
+        if self._auth_token is not None:
+            interceptors.append(
+                TokenInterceptor(
+                    self._auth_token,
+                    [f"/{SERVICE}/{name}" for name in METHODS],
+                    "the lighthouse",
+                    on_refused=self._count_unauthenticated,
+                )
+            )
+        server = grpc.aio.server(interceptors=interceptors, options=_grpc_options(grpc_connections))
         server.add_generic_rpc_handlers((_Service(self.state).handler(),))
         status_server: asyncio.Server | None = None
         try:
-            try:
-                self._port = server.add_insecure_port(self._bind)
-            except RuntimeError:
-                self._port = 0
-            if self._port == 0:
-                raise OSError(
-                    f"cannot bind the lighthouse to {self._bind} (port in use? another "
-                    "lighthouse?); pick a free port with --bind"
-                )
+            self._port = self._add_port(server)
             await server.start()
             if self._status_bind is not None:
-                try:
-                    status_server = await status.serve(
-                        self._status_bind, self.state, self._auth_token
-                    )
-                except OSError as e:
-                    raise OSError(
-                        f"cannot serve the status page on {self._status_bind} ({e.strerror}); "
-                        "pick a free port with --status_bind, or --status_bind off"
-                    ) from e
+                status_server = await self._serve_status(status_connections)
                 self._status_port = status_server.sockets[0].getsockname()[1]
         except BaseException as e:
             self._startup_error = e
@@ -277,10 +297,13 @@ class LighthouseServer:
             self._started.set()
             return
         logger.info(
-            "lighthouse serving on %s (min_replicas=%d)%s",
+            "lighthouse serving on %s (min_replicas=%d)%s; %s",
             self.address(),
             self.state.opts.min_replicas,
             f", status on {self.status_address()}" if status_server else "",
+            "every call needs the job token"
+            if self._auth_token is not None
+            else "no job token: anyone who reaches the port can join quorums",
         )
         self._started.set()
         ticker = asyncio.create_task(self._tick())
@@ -290,10 +313,90 @@ class LighthouseServer:
             status_server.close()
         await server.stop(grace=0.5)
 
+    def _add_port(self, server: grpc.aio.Server) -> int:
+        # Diagnose first: gRPC's own failure says neither why nor quietly (a raw log line).
+        problem = bind_problem(*split_host_port(self._bind, "bind address"))
+        if problem is None:
+            try:
+                port = server.add_insecure_port(self._bind)
+            except RuntimeError:
+                port = 0
+            if port:
+                return port
+            problem = "gRPC cannot listen there"
+        raise OSError(f"cannot bind the lighthouse to {self._bind}: {problem}; pick another --bind")
+
+    async def _serve_status(self, max_connections: int) -> asyncio.Server:
+        status_bind = str(self._status_bind)
+        problem = bind_problem(*split_host_port(status_bind, "bind address"))
+        if problem is None:
+            try:
+                return await status.serve(
+                    status_bind, self.state, self._auth_token, max_connections
+                )
+            except OSError as e:
+                problem = e.strerror or str(e)
+        raise OSError(
+            f"cannot serve the status page on {status_bind}: {problem}; pick another "
+            "--status_bind, or --status_bind off"
+        )
+
+    def _count_unauthenticated(self) -> None:
+        self.state.metrics.unauthenticated_requests += 1
+
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(self._tick_s)
             self.state.tick()
+
+
+class _LoopErrors:
+    """The event loop's error handler: out of descriptors, asyncio reports every failed accept
+    with a traceback, up to a hundred per second; say it once a minute instead."""
+
+    def __init__(self) -> None:
+        self._last_warning = -math.inf
+
+    def handle(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") != "socket.accept() out of system resource":
+            loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if now - self._last_warning >= 60:
+            self._last_warning = now
+            logger.warning(
+                "the status server cannot accept connections: %s (file descriptor limit %d; "
+                "raise it with ulimit -n)",
+                context.get("exception"),
+                resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+            )
+
+
+def connection_limits(fd_limit: int) -> tuple[int, int]:
+    """How many gRPC and status-page connections fit in ``fd_limit`` file descriptors.
+
+    One descriptor per connection. Without a cap a flood of idle connections takes the last
+    descriptor, after which neither server can accept anyone. The status server may briefly
+    hold twice its cap (a burst of accepts, and the connections they evict, closed one loop
+    iteration later; see ``status.serve``). Returns ``(grpc, status)``.
+    """
+    if fd_limit == resource.RLIM_INFINITY:
+        fd_limit = 1 << 20  # Linux's default ceiling on descriptors per process
+    status_connections = max(4, min(64, fd_limit // 8))
+    return max(8, fd_limit - 2 * status_connections - _FD_RESERVE), status_connections
+
+
+def _grpc_options(max_connections: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_concurrent_streams", 1 << 20),
+        ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+        ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+        ("grpc.max_allowed_incoming_connections", max_connections),
+        ("grpc.server_handshake_timeout_ms", _HANDSHAKE_TIMEOUT_MS),
+        ("grpc.max_connection_idle_ms", _IDLE_CONNECTION_MS),
+    ]
 
 
 def validate_options(

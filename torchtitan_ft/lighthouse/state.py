@@ -24,6 +24,7 @@ from torchtitan_ft.lighthouse.decision import (
     Pending,
     decide,
     healthy_replicas,
+    newcomer_ahead,
     next_quorum_id,
 )
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
@@ -42,6 +43,7 @@ class Metrics:
     heartbeats: int = 0
     stream_deaths: int = 0
     bad_requests: int = 0
+    unauthenticated_requests: int = 0
     decision_seconds_sum: float = 0.0
     decision_buckets: list[int] = field(default_factory=lambda: [0] * len(DECISION_BUCKETS))
     decision_count: int = 0
@@ -80,12 +82,15 @@ class LighthouseState:
         self._streams: dict[str, int] = {}
         self.previous: tuple[QuorumMember, ...] | None = None
         self._previous_ids: frozenset[str] = frozenset()
+        self._previous_max_step: int | None = None
         self._previous_pending = 0
         self.quorum_id = 0
         self.quorum: Quorum | None = None
         self.quorum_issued_at: float | None = None
         self.reason = "waiting: no replica has asked yet"
-        """Why the last decision was what it was; logged when it changes."""
+        """Why the last decision was what it was; logged when it changes (a countdown in it
+        aside, see ``Decision.log_key``)."""
+        self._logged_as = self.reason
         self.metrics = Metrics()
 
     # -- inputs ---------------------------------------------------------------------------
@@ -121,6 +126,10 @@ class LighthouseState:
         joined = previous.joined if previous is not None else now
         if previous is None and rid in self._previous_ids:
             self._previous_pending += 1
+        if previous is None and (
+            warning := newcomer_ahead(member, self._previous_ids, self._previous_max_step)
+        ):
+            logger.warning("lighthouse: %s", warning)
         self.pending[rid] = Pending(member, joined)
         self._wire[rid] = wire
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
@@ -163,7 +172,7 @@ class LighthouseState:
         self.metrics.observe_decision(time.perf_counter() - start)
         if decision.members is not None:
             self._issue(decision.members)
-        self._set_reason(decision.reason)
+        self._set_reason(decision)
         return decision
 
     def _issue(self, members: tuple[QuorumMember, ...]) -> None:
@@ -187,6 +196,7 @@ class LighthouseState:
                     fut.set_result(payload)
         self.previous = members
         self._previous_ids = frozenset(m.replica_id for m in members)
+        self._previous_max_step = max((m.step for m in members), default=None)
         self._previous_pending = sum(1 for rid in self.pending if rid in self._previous_ids)
         self.quorum_issued_at = self._clock()
         self.metrics.quorums_issued += 1
@@ -199,10 +209,11 @@ class LighthouseState:
         if replica_id in self._previous_ids:
             self._previous_pending -= 1
 
-    def _set_reason(self, reason: str) -> None:
-        if reason != self.reason:
-            logger.info("lighthouse: %s", reason)
-            self.reason = reason
+    def _set_reason(self, decision: Decision) -> None:
+        if decision.log_as != self._logged_as:
+            logger.info("lighthouse: %s", decision.reason)
+            self._logged_as = decision.log_as
+        self.reason = decision.reason
 
     # -- views ----------------------------------------------------------------------------
 

@@ -6,77 +6,155 @@
 - ``GET /metrics``: Prometheus text format.
 - ``POST /replica/<replica_id>/kill``: only when the lighthouse has an auth token, and only
   for requests carrying ``Authorization: Bearer <token>``; forwards ``ManagerService/Kill``
-  (with the same token) to that member's manager.
+  (with the same token) to that member's manager, if it is alive (``kill_target``).
+
+Every connection must send its request head within ``HEAD_TIMEOUT_S``; at most
+``max_connections`` are open at once (see ``_Connections``), one request each.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hmac
 import html
 import json
 import logging
-from urllib.parse import unquote
+from collections import OrderedDict
+from urllib.parse import unquote, urlsplit
 
 import grpc
 
+from torchtitan_ft.auth import AUTHORIZATION, grpc_metadata, presents
 from torchtitan_ft.lighthouse.state import DECISION_BUCKETS, LighthouseState
+from torchtitan_ft.lighthouse.types import Quorum
 from torchtitan_ft.netaddr import split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
-_MAX_HEADER_BYTES = 16 * 1024
+_MAX_LINE_BYTES = 8 * 1024
+_MAX_HEADER_LINES = 64
+HEAD_TIMEOUT_S = 5.0
+"""A connection must deliver its whole request head within this; browsers and scrapers send it
+at once, an idle or trickling connection is closed."""
+_WRITE_TIMEOUT_S = 10.0
 _KILL_TIMEOUT_S = 5.0
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
 
 
-async def serve(bind: str, state: LighthouseState, auth_token: str | None) -> asyncio.Server:
-    host, port = split_host_port(bind, "bind address")
+class _Connections:
+    """The open status connections, capped at ``limit``.
+
+    A connection over the cap evicts the oldest one still waiting for its request head (idle or
+    trickling: what a flood of idle connections consists of), so a flood delays a real request
+    by at most the time it takes to send its head; with none to evict the newcomer is closed.
+    Every connection costs a file descriptor, and the gRPC server shares the process's limit.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+        self._reading: OrderedDict[asyncio.StreamWriter, None] = OrderedDict()
+
+    def admit(self, writer: asyncio.StreamWriter) -> bool:
+        if self.open >= self.limit:
+            if not self._reading:
+                return False
+            oldest, _ = self._reading.popitem(last=False)
+            oldest.transport.abort()
+        self.open += 1
+        self._reading[writer] = None
+        return True
+
+    def head_read(self, writer: asyncio.StreamWriter) -> None:
+        self._reading.pop(writer, None)
+
+    def closed(self, writer: asyncio.StreamWriter) -> None:
+        self._reading.pop(writer, None)
+        self.open -= 1
+
+
+async def serve(
+    bind: str, state: LighthouseState, auth_token: str | None, max_connections: int
+) -> asyncio.Server:
+    bind_host, port = split_host_port(bind, "bind address")
+    host = bind_host or None
+    connections = _Connections(max_connections)
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not connections.admit(writer):
+            writer.transport.abort()
+            return
         try:
-            code, ctype, body = await _handle(reader, state, auth_token)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
-            code, ctype, body = 400, "text/plain", f"bad request: {e}\n".encode()
-        reason = {
-            200: "OK",
-            400: "Bad Request",
-            401: "Unauthorized",
-            404: "Not Found",
-            405: "Method Not Allowed",
-            502: "Bad Gateway",
-        }[code]
-        head = (
-            f"HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        )
-        writer.write(head.encode() + body)
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
-        writer.close()
+            await _answer(reader, writer, state, auth_token, connections)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
+            # The peer went away, reset, was evicted or was too slow: nothing to answer.
+            logger.debug("status connection closed early: %s: %s", type(e).__name__, e)
+        finally:
+            connections.closed(writer)
+            # The response was drained (or the peer is gone): close now, never linger.
+            writer.transport.abort()
 
-    return await asyncio.start_server(on_client, host or None, port, limit=_MAX_HEADER_BYTES)
+    # ``backlog`` is also how many connections asyncio accepts per loop iteration before any
+    # of them runs (and before evicted ones are closed): it bounds the burst of descriptors.
+    return await asyncio.start_server(
+        on_client, host, port, limit=_MAX_LINE_BYTES, backlog=max(1, max_connections // 2)
+    )
 
 
-async def _handle(
-    reader: asyncio.StreamReader, state: LighthouseState, auth_token: str | None
-) -> tuple[int, str, bytes]:
+async def _answer(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    state: LighthouseState,
+    auth_token: str | None,
+    connections: _Connections,
+) -> None:
+    try:
+        async with asyncio.timeout(HEAD_TIMEOUT_S):
+            method, path, headers = await _read_head(reader)
+    except (asyncio.LimitOverrunError, ValueError) as e:
+        code, ctype, body = 400, "text/plain", f"bad request: {e}\n".encode()
+    else:
+        connections.head_read(writer)
+        code, ctype, body = await _handle(method, path, headers, state, auth_token)
+    head = (
+        f"HTTP/1.1 {code} {_REASONS[code]}\r\nContent-Type: {ctype}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    writer.write(head.encode() + body)
+    async with asyncio.timeout(_WRITE_TIMEOUT_S):
+        await writer.drain()
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str]]:
     request_line = (await reader.readuntil(b"\r\n")).decode("latin-1").split()
     if len(request_line) != 3:
         raise ValueError(f"request line {' '.join(request_line)!r} is not 'METHOD PATH HTTP/1.1'")
     method, path, _ = request_line
     headers: dict[str, str] = {}
     while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
+        if len(headers) >= _MAX_HEADER_LINES:
+            raise ValueError(f"more than {_MAX_HEADER_LINES} header lines")
         name, _, value = line.decode("latin-1").partition(":")
         headers[name.strip().lower()] = value.strip()
-    path = path.split("?", 1)[0]
+    return method, path.split("?", 1)[0], headers
 
+
+async def _handle(
+    method: str, path: str, headers: dict[str, str], state: LighthouseState, auth_token: str | None
+) -> tuple[int, str, bytes]:
     if method == "POST" and path.startswith("/replica/") and path.endswith("/kill"):
         if auth_token is None:
             return 404, "text/plain", b"no kill action: the lighthouse has no --auth_token\n"
-        given = headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {auth_token}".encode()):
+        if not presents(headers.get(AUTHORIZATION), auth_token):
             return 401, "text/plain", b"kill needs 'Authorization: Bearer <token>'\n"
         return await _kill(state, unquote(path[len("/replica/") : -len("/kill")]), auth_token)
     if method != "GET":
@@ -90,12 +168,52 @@ async def _handle(
     return 404, "text/plain", f"no page at {path}; try /, /status.json or /metrics\n".encode()
 
 
-async def _kill(state: LighthouseState, replica_id: str, token: str) -> tuple[int, str, bytes]:
-    members = {m.replica_id: m for m in (state.quorum.participants if state.quorum else ())}
+class KillRefused(Exception):
+    """The kill action cannot go ahead; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def kill_target(quorum: Quorum | None, healthy: set[str], replica_id: str) -> str:
+    """The gRPC target (``host:port``) the kill of ``replica_id`` goes to.
+
+    The kill carries the job token, so it only goes to an address a token holder gave: a
+    lighthouse with a token (the only kind with a kill action) refuses every Quorum call without
+    it, so each member of its quorum proved the token when it claimed its address. And only
+    while the member is alive (fresh heartbeat): a dead member's port may since belong to
+    another process.
+
+    Raises:
+        KillRefused: not a member of the current quorum (404), not alive, or its address is
+            not ``http://host:port`` (409).
+    """
+    members = {m.replica_id: m for m in (quorum.participants if quorum else ())}
     member = members.get(replica_id)
     if member is None:
-        return 404, "text/plain", f"{replica_id!r} is not in the current quorum\n".encode()
-    target = member.address.removeprefix("http://").removeprefix("https://")
+        raise KillRefused(404, f"{replica_id!r} is not in the current quorum")
+    if replica_id not in healthy:
+        raise KillRefused(
+            409, f"{replica_id!r} has no fresh heartbeat (it died or hangs); nothing to kill"
+        )
+    url = urlsplit(member.address)
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    if url.scheme not in ("http", "https") or not url.hostname or port is None:
+        raise KillRefused(
+            409, f"{replica_id!r} advertised {member.address!r}, not an http://host:port URL"
+        )
+    return url.netloc
+
+
+async def _kill(state: LighthouseState, replica_id: str, token: str) -> tuple[int, str, bytes]:
+    try:
+        target = kill_target(state.quorum, state.healthy(), replica_id)
+    except KillRefused as e:
+        return e.status, "text/plain", f"{e}\n".encode()
     async with grpc.aio.insecure_channel(target) as channel:
         kill = channel.unary_unary(
             "/torchft.ManagerService/Kill",
@@ -106,7 +224,7 @@ async def _kill(state: LighthouseState, replica_id: str, token: str) -> tuple[in
             await kill(
                 pb.KillRequest(msg=f"killed from the lighthouse status page: {replica_id}"),
                 timeout=_KILL_TIMEOUT_S,
-                metadata=(("authorization", f"Bearer {token}"),),
+                metadata=grpc_metadata(token),
             )
         except grpc.aio.AioRpcError as e:
             # The manager exits while answering, so a dropped connection means it worked.
@@ -148,6 +266,10 @@ def render_metrics(state: LighthouseState) -> str:
         "# HELP torchft_lighthouse_bad_requests_total Requests rejected as malformed.",
         "# TYPE torchft_lighthouse_bad_requests_total counter",
         f"torchft_lighthouse_bad_requests_total {m.bad_requests}",
+        "# HELP torchft_lighthouse_unauthenticated_requests_total Calls refused for lacking the "
+        "job token.",
+        "# TYPE torchft_lighthouse_unauthenticated_requests_total counter",
+        f"torchft_lighthouse_unauthenticated_requests_total {m.unauthenticated_requests}",
         "# HELP torchft_lighthouse_decision_seconds Time to compute one quorum decision.",
         "# TYPE torchft_lighthouse_decision_seconds histogram",
     ]

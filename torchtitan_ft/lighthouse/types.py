@@ -42,13 +42,18 @@ class QuorumMember:
 
     @classmethod
     def from_proto(cls, msg: pb.QuorumMember) -> QuorumMember:
-        """Decodes a wire member; raises ValueError when ``data`` is not JSON."""
+        """Decodes a wire member; raises ValueError when ``data`` is not JSON (or nests deeper
+        than the JSON parser goes)."""
         try:
             data = json.loads(msg.data) if msg.data else None
         except json.JSONDecodeError as e:
             raise ValueError(
                 f"QuorumMember.data of {msg.replica_id!r} is not JSON text: {e}"
             ) from e
+        except RecursionError:
+            raise ValueError(
+                f"QuorumMember.data of {msg.replica_id!r} nests too deeply to decode"
+            ) from None
         return cls(
             replica_id=msg.replica_id,
             address=msg.address,

@@ -161,7 +161,7 @@ class ManagerServer:
         self._last_conflict: str | None = None
 
         self._closed = False
-        self._lighthouse = LighthouseClient(lighthouse_addr, connect_timeout=connect_timeout)
+        self._lighthouse = LighthouseClient(lighthouse_addr, connect_timeout, auth_token)
         self._server: aio.Server | None = None
         started: concurrent.futures.Future[int] = concurrent.futures.Future()
         self._thread = threading.Thread(

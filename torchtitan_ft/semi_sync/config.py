@@ -9,6 +9,7 @@ that names the bad value and what is expected.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -79,8 +80,13 @@ class OuterOptimizerConfig:
     """AdamW epsilon; ignored by SGD."""
 
     def validate(self) -> None:
-        """Raises ``ValueError`` for values no optimizer accepts."""
+        """Raises ``ValueError`` for values no optimizer accepts (including inf and nan)."""
         kind = OuterOptimizerType(self.type)
+        numbers = {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
+        numbers |= {"eps": self.eps, "betas[0]": self.betas[0], "betas[1]": self.betas[1]}
+        for name, value in numbers.items():
+            if not math.isfinite(value):
+                raise ValueError(f"outer optimizer {name} must be a finite number, got {value}")
         if self.lr <= 0:
             raise ValueError(f"outer optimizer lr must be > 0, got {self.lr}")
         if kind is OuterOptimizerType.SGD:

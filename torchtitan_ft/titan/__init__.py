@@ -1,17 +1,6 @@
-"""TorchTitan 0.2.2 integration: CPU compatibility, config, data, trainer.
-
-Importing this subpackage applies the CPU compatibility fixes first (a no-op when CUDA is
-available), so its modules, and TorchTitan imported after them, see device type "cpu" on a
-CPU-only torch. Modules:
-
-* ``cpu_compat``: the runtime fixes that make TorchTitan run on CPU/gloo.
-* ``config``: the extended ``fault_tolerance`` section, parsing and validation.
-* ``data``: the project's corpus and tokenizer, registered as TorchTitan datasets.
-* ``replica_axis``: the FT replica axis seen by the trainer (data split, gradient hook).
-* ``trainer``: ``FaultTolerantTrainer``, TorchTitan's Trainer with those seams.
-
-The entry point is ``python -m torchtitan_ft.train`` (``run_train.sh``).
-"""
+"""The TorchTitan 0.2.2 plugin, run in every trainer process (and its torchrun agent); importing
+it installs the CPU fixes (``cpu_compat``, a no-op with CUDA) for when TorchTitan is imported
+(docs/titan.md)."""
 
 from torchtitan_ft.titan import cpu_compat
 

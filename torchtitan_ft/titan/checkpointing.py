@@ -1,31 +1,9 @@
-"""Disk checkpoints of an FT job: one writer for the full checkpoint, a reader file per group.
+"""Disk checkpoints of an FT job, in every trainer rank: one replica group writes the full
+checkpoint, every group its reader files (docs/titan.md, "Checkpoints").
 
-TorchTitan's ``CheckpointManager`` knows one job; an FT job is several replica groups that
-hold the same weights (per-step FT; semi-sync: the same global weights) but read different
-slices of the data. :class:`ReplicaCheckpointer` wraps the trainer's ``CheckpointManager``
-(TorchTitan unchanged) so that, on the steps where TorchTitan saves (``checkpoint.interval``,
-the last step):
-
-* **Full checkpoint** (DCP, ``<dump_folder>/<checkpoint.folder>/step-N``): model, optimizer,
-  lr schedulers, train state and what the resume policy adds: per-step FT the data ledger of
-  every group and the Manager's step (:class:`ReplicaAxisState`); LocalSGD / DiLoCo the
-  strategy's state (``ft_strategy``) and the Manager's step with the writer's id
-  (:class:`ManagerState`). Written by exactly one replica group: the lowest participating one
-  (``Manager.participating_rank() == 0``), after a committed step, so one writer cannot race
-  another in a shared folder. TorchTitan's retention (``keep_latest_k``) runs in the writer,
-  also after the last step (TorchTitan skips it there). The dataloader is *not* in it (each
-  group has its own position).
-* **Reader state** (``<folder>/ft-replica-<id>/rank<r>/step-N.pt``, plain ``torch.save``, one
-  small file per rank, written atomically and synchronously, so the last one is complete when
-  the process exits): this rank's dataloader state at its consumed position and that position.
-  Every group writes its own, with the same ``keep_latest_k`` retention per directory.
-
-Loading (``Trainer.train`` calls ``load`` first): the full checkpoint gives the weights and the
-step, then each group restarts its reader from its own file with the largest position not
-beyond its target: per-step FT (:class:`LedgerResume`) the ledger's entry for it, read forward
-to it (a group that was down when the checkpoint was written, or whose last reader file is
-newer than the full checkpoint, still lands on the exact batch); semi-sync
-(:class:`SemiSyncResume`) the loaded step.
+:class:`ReplicaCheckpointer` wraps TorchTitan's ``CheckpointManager`` (unchanged); what the
+full checkpoint adds and how a group finds its data position on load is a :class:`Resume`
+policy: :class:`LedgerResume` for per-step FT, :class:`SemiSyncResume` for LocalSGD / DiLoCo.
 """
 
 from __future__ import annotations

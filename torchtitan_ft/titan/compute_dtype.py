@@ -1,16 +1,9 @@
-"""Which dtype TorchTitan computes in (``training.mixed_precision_param``), by what the CPU can do.
-
-TorchTitan 0.2.2 defaults to bf16 mixed precision (FSDP's ``param_dtype``, or autocast without
-FSDP). On a GPU, and on a CPU with native bf16 instructions (x86 AVX-512 BF16 or AMX, Arm BF16),
-that is the fast choice. On a CPU without them torch has no fast bf16 GEMM and falls back to a
-generic kernel: a 512x512 matmul is ~48x slower than in fp32 (AMD EPYC with AVX2 only), and a
-debug-model step 15-50x slower. So on such a CPU the plugin trains in fp32, unless the config
-names ``mixed_precision_param`` explicitly (TOML or command line), which always wins.
+"""Which dtype TorchTitan computes in (``training.mixed_precision_param``) by what the CPU can
+do, decided when the entry point parses the config (docs/titan.md, "Compute dtype on CPU").
 
 :func:`choose_param_dtype` is the decision, a pure function of the device, the CPU's bf16
-support and the explicit setting; :func:`probe_cpu` reads the CPU (``/proc/cpuinfo`` flags and
-torch's oneDNN bf16 support) and :func:`describe_cpu` is the record every benchmark stores
-beside its figures.
+support and the explicit setting; :func:`probe_cpu` reads the CPU and :func:`describe_cpu` is
+the record every benchmark stores beside its figures.
 """
 
 from __future__ import annotations

@@ -1,58 +1,26 @@
-"""The ``fault_tolerance`` config section: TorchTitan 0.2.2's own section, extended.
+"""The ``[fault_tolerance]`` config section (TorchTitan 0.2.2's, extended) and the reading and
+checking of TOML and command line, run by the entry point in every trainer process before any
+process group exists (docs/configuration.md; how fields map onto the Manager: docs/titan.md).
 
-TorchTitan 0.2.2's ``JobConfig`` already has a ``fault_tolerance`` section (read by outside code,
-e.g. the metrics component puts TensorBoard logs under ``replica_<id>``). :class:`FaultTolerance`
-subclasses it: the seven existing fields keep their names (some get a ``Literal`` type and a
-fuller docstring), the new ones follow. :class:`JobConfig` is TorchTitan's ``JobConfig`` with
-this section type; the entry point owns the parse, so no ``--job.custom_config_module`` is
-needed and methods / ``isinstance`` survive (a custom config module still merges on top).
-The module does not use ``from __future__ import annotations``: TorchTitan's TOML loader reads
-``dataclasses.Field.type`` and needs real classes there.
-
-Every field reads from TOML (``[fault_tolerance]`` in ``--job.config_file``) and from the CLI
-(``--fault_tolerance.<field>``; booleans as ``--fault_tolerance.enable`` /
-``--fault_tolerance.no-enable``). Precedence: CLI > TOML > the defaults below. For
-``lighthouse_addr`` an empty value falls back to the ``TORCHFT_LIGHTHOUSE`` env var, then to
-``http://localhost:29510`` (an explicit value is never overridden by the env var).
-
-:func:`parse_job_config` reads the TOML file and checks it (:func:`load_toml`,
-:func:`check_toml_values`) and the command line (:func:`check_cli_args`) before TorchTitan's
-parser (tyro) sees them, then :func:`validate_job_config` checks the values;
-:func:`check_local_paths` checks the files a run needs on this machine (the tokenizer). The
-entry point runs all of them before any process group exists; each raises one
-:class:`ConfigError` naming the bad file, key, flag or value and what to do (for timeouts,
-which one to raise).
-
-Mapping onto the runtime (``torchtitan_ft.manager.Manager`` and the sync strategies):
-
-=====================================  ===========================================
-config field                           runtime argument
-=====================================  ===========================================
-``min_replica_size``                   ``Manager(min_replica_size)``
-``step_timeout_ms``                    ``Manager(timeout)``
-``quorum_timeout_ms``                  ``Manager(quorum_timeout)``
-``connect_timeout_ms``                 ``Manager(connect_timeout)``
-``world_size_mode``                    ``Manager(world_size_mode=WorldSizeMode.X)``
-``lighthouse_addr``                    ``Manager(lighthouse_addr)`` ("" -> None)
-``replica_id``                         ``Manager(replica_id=f"{prefix}{replica_id}")``
-``init_sync``                          ``Manager(init_sync)``
-``max_retries`` / ``quorum_retries``   ``Manager(max_retries / quorum_retries)``
-``checkpoint_transport``               ``Manager(checkpoint_transport)`` ("pg": ``PGTransport``)
-``auth_token``                         ``Manager(auth_token)`` ("" -> None)
-``hostname``                           ``Manager(hostname)`` ("" -> socket.gethostname())
-``quorum_mode``                        ``Manager(use_async_quorum = quorum_mode == "async")``
-``process_group*``                     ``ProcessGroupGloo|NCCL(timeout)``
-``semi_sync_method`` and below         ``LocalSGD`` / ``DiLoCo`` arguments
-=====================================  ===========================================
+:class:`FaultTolerance` subclasses TorchTitan's own section, which outside code reads (e.g.
+TensorBoard logs go under ``replica_<id>``): its seven fields keep their names, the new ones
+follow. :class:`JobConfig` is TorchTitan's with this section type; the entry point owns the
+parse, so no ``--job.custom_config_module`` is needed and methods and ``isinstance`` survive
+(a custom config module still merges on top). No ``from __future__ import annotations`` here:
+TorchTitan's TOML loader reads ``dataclasses.Field.type`` and needs real classes there.
 """
 
+import contextlib
 import difflib
+import io
 import json
+import math
 import os
+import re
 import sys
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
@@ -77,6 +45,11 @@ try:
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
     import tomli as tomllib
+
+try:  # tyro's parse-error events and hook, private in tyro 1.0 (without: see parse_cli)
+    from tyro import _errors as tyro_errors
+except ImportError:  # pragma: no cover
+    tyro_errors = None
 
 ProcessGroupBackend = Literal["gloo", "nccl"]
 QuorumModeName = Literal[tuple(sorted(m.value for m in QuorumMode))]  # QuorumMode, as TOML text
@@ -254,12 +227,14 @@ class FaultTolerance(TitanFaultTolerance):
 
     auth_token: str = ""
     """
-    Job-wide secret, the same in every replica group. Default "" = none: the ManagerServer
-    refuses every Kill request (the lighthouse's kill action cannot stop this group) and the
-    HTTP checkpoint server answers anyone who reaches its port. When set, Kill requests
-    (forwarded by the lighthouse, which needs the same token) must carry it, and with
+    Job-wide secret, the same in every replica group and in the lighthouse. Default "" = none:
+    the ManagerServer refuses every Kill request (the lighthouse's kill action cannot stop this
+    group) and the HTTP checkpoint server answers anyone who reaches its port. When set, group
+    rank 0 presents it to the lighthouse (a lighthouse with a token refuses groups without
+    it), Kill requests (forwarded by the lighthouse) must carry it, and with
     ``checkpoint_transport = "http"`` so must every checkpoint request, so groups with
-    different tokens cannot heal from each other (401). It travels in clear text (no TLS) and
+    different tokens cannot heal from each other (401). What it does not protect: see the
+    security section of docs/operations.md. It travels in clear text (no TLS) and
     is not read from ``TORCHFT_AUTH_TOKEN``. A token in a TOML file is visible to whoever
     reads the file, one on the command line in the process list. Applies when ``enable``.
     """
@@ -427,6 +402,17 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000
+"""Upper bound of every ``*_timeout_ms``: far beyond any real wait, far below what overflows a
+``timedelta`` or a thread wait."""
+_TIMEOUTS_MS = (
+    "process_group_timeout_ms",
+    "step_timeout_ms",
+    "quorum_timeout_ms",
+    "connect_timeout_ms",
+)
+
+
 def validate_fault_tolerance(ft: Any, job_config: Any = None) -> None:
     """Raise :class:`ConfigError` for the first bad ``fault_tolerance`` value, else return.
 
@@ -434,9 +420,12 @@ def validate_fault_tolerance(ft: Any, job_config: Any = None) -> None:
     timeout order, semi-sync settings) only when ``ft.enable``, since they only matter then.
     """
     _check_types(ft)
-    for name in ("process_group_timeout_ms", "step_timeout_ms", "quorum_timeout_ms"):
-        _require(getattr(ft, name) > 0, f"{SECTION}.{name}={getattr(ft, name)} must be > 0")
-    _require(ft.connect_timeout_ms > 0, f"{SECTION}.connect_timeout_ms must be > 0")
+    for name in _TIMEOUTS_MS:
+        value = getattr(ft, name)
+        _require(
+            0 < value <= MAX_TIMEOUT_MS,
+            f"{SECTION}.{name}={value} must be > 0 and <= {MAX_TIMEOUT_MS} (7 days)",
+        )
     _require(ft.replica_id >= 0, f"{SECTION}.replica_id={ft.replica_id} must be >= 0")
     _require(ft.group_size >= 0, f"{SECTION}.group_size={ft.group_size} must be >= 0")
     _require(ft.min_replica_size >= 1, f"{SECTION}.min_replica_size must be >= 1")
@@ -454,7 +443,10 @@ def validate_fault_tolerance(ft: Any, job_config: Any = None) -> None:
         0.0 <= ft.fragment_update_alpha <= 1.0,
         f"{SECTION}.fragment_update_alpha={ft.fragment_update_alpha} must be in [0, 1]",
     )
-    _require(ft.outer_lr > 0, f"{SECTION}.outer_lr={ft.outer_lr} must be > 0")
+    _require(
+        math.isfinite(ft.outer_lr) and ft.outer_lr > 0,
+        f"{SECTION}.outer_lr={ft.outer_lr} must be a finite number > 0",
+    )
     _require(
         0.0 <= ft.outer_momentum < 1.0,
         f"{SECTION}.outer_momentum={ft.outer_momentum} must be in [0, 1)",
@@ -662,121 +654,148 @@ def check_toml_values(
             raise ConfigError(f"{path}={value!r} is invalid: expected {expected}")
 
 
-def check_cli_args(args: list[str], cls: type = JobConfig, allow_unknown: bool = False) -> None:
-    """Raise :class:`ConfigError` for the first ``--section.field`` flag of ``args`` that names
-    no field (with a hint) or whose value its field cannot take, e.g.
-    ``--fault_tolerance.quorum_mode='bogus' is invalid: expected one of 'async', 'sync'``.
+def parse_cli(args: list[str]) -> JobConfig:
+    """``args`` parsed by TorchTitan's ``ConfigManager`` (tyro, with TOML under them).
 
-    TorchTitan's parser (tyro) reports these in a multi-line box; this check runs first.
-    Scalar fields are checked (bool flags, int, float, str, ``Literal`` and their unions with
-    None); values of other fields (lists) are left to tyro, as are flags without a section. A
-    stray word (no flag takes it, e.g. a list written space-separated) is an error too.
-    ``allow_unknown`` lets unknown names through (a custom config module adds fields).
+    A command line tyro rejects raises one :class:`ConfigError` instead of tyro's multi-line
+    box and exit: tyro's error event, reworded to name the flag or word and what was expected
+    (:func:`cli_error_message`). Should tyro reject it some other way (an event this module does
+    not reword, or a tyro without the hook, which is private), the box it printed is squeezed
+    into the one line instead. Everything else tyro writes (``--help``, warnings) passes.
     """
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
-        if not arg.startswith("-"):
-            after = f" after {' '.join(args[max(i - 3, 0) : i - 1])}" if i > 1 else ""
-            raise ConfigError(
-                f"unexpected argument {arg!r}{after}: options are --section.field=value, and "
-                "a list is one comma-separated value (e.g. --compile.components=model,loss)"
-            )
-        if not arg.startswith("--") or "." not in arg.partition("=")[0]:
-            continue
-        flag, has_value, value = arg.partition("=")
-        found = _cli_field(flag, cls)
-        if isinstance(found, str):
-            if allow_unknown:
-                continue
-            raise ConfigError(found)
-        annotation, negated = found
-        if annotation is bool:
-            if has_value:
-                head, _, name = flag.rpartition(".")
-                name = name[3:] if negated else name
-                raise ConfigError(
-                    f"{flag} is a flag and takes no value: write {head}.{name} or {head}.no-{name}"
-                )
-            continue
-        if not has_value and i < len(args) and not args[i].startswith("--"):
-            value, has_value = args[i], "="
-            i += 1
-        fits = _cli_value_fits(value, annotation)
-        if fits is None:  # left to tyro (e.g. a list, whose values follow the flag)
-            continue
-        ok, expected = fits
-        if not has_value:
-            raise ConfigError(f"{flag} needs a value: expected {expected}")
-        if not ok:
-            raise ConfigError(f"{flag}={value!r} is invalid: expected {expected}")
-
-
-def _cli_field(flag: str, cls: type) -> tuple[Any, bool] | str:
-    """(type, negated) of the field ``--a.b`` names (tyro accepts ``-`` for ``_`` and
-    ``no-<bool>``), or the error message for an unknown one."""
-    shown = flag[2:].split(".")
-    parts = [part.replace("-", "_") for part in shown]
-    current: Any = cls
-    for depth, part in enumerate(parts):
-        hints = typing.get_type_hints(current) if is_dataclass(current) else {}
-        names = [f.name for f in fields(current)] if is_dataclass(current) else []
-        last = depth == len(parts) - 1
-        if part in names:
-            if last:
-                return hints[part], False
-            current = hints[part]
-            continue
-        negated = part.removeprefix("no_")
-        if last and part.startswith("no_") and negated in names and hints[negated] is bool:
-            return bool, True
-        close = difflib.get_close_matches(part, names, n=1)
-        suggestion = "--" + ".".join([*shown[:depth], *close[:1], *shown[depth + 1 :]])
-        hint = f"; did you mean {suggestion}?" if close else ""
-        return f"unknown flag {flag}{hint} (see --help)"
-    return f"unknown flag {flag} (see --help)"
-
-
-def _cli_value_fits(text: str, annotation: Any) -> tuple[bool, str] | None:
-    """Whether tyro can read ``text`` as ``annotation``, and what it expects; None for types
-    this check leaves to tyro."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        members = typing.get_args(annotation)
-    else:
-        members = (annotation,)
-    results: list[tuple[bool, str]] = []
-    for member in members:
-        if member is type(None):
-            results.append((text == "None", "None"))
-        elif typing.get_origin(member) is Literal:
-            choices = typing.get_args(member)
-            expected = f"one of {', '.join(repr(c) for c in choices)}"
-            results.append((text in [str(c) for c in choices], expected))
-        elif member is int or member is float:
-            results.append((_converts(member, text), "an integer" if member is int else "a number"))
-        elif member is str:
-            results.append((True, "a string"))
-        else:
-            return None
-    return any(ok for ok, _ in results), " or ".join(what for _, what in results)
-
-
-def _converts(convert: type, text: str) -> bool:
+    captured = io.StringIO()
     try:
-        convert(text)
-    except ValueError:
-        return False
-    return True
+        with contextlib.redirect_stderr(captured), _tyro_errors_reworded(args):
+            return ConfigManager(config_cls=JobConfig).parse_args(args)
+    except SystemExit as e:
+        if e.code != _TYRO_ERROR_EXIT:
+            raise
+        box, captured = captured.getvalue(), io.StringIO()
+        raise ConfigError(f"invalid command line: {_squeezed(box)}") from None
+    finally:
+        sys.stderr.write(captured.getvalue())
+
+
+_TYRO_ERROR_EXIT = 2
+"""tyro's exit status after it printed a parse error (``--help`` exits with 0)."""
+
+
+@contextlib.contextmanager
+def _tyro_errors_reworded(args: list[str]) -> Iterator[None]:
+    """Turns tyro's parse-error events into :class:`ConfigError` (tyro's own hook, called
+    before it prints anything); an event :func:`cli_error_message` cannot word is left to
+    tyro, as is everything on a tyro without the hook (:func:`parse_cli` squeezes its box)."""
+    on_parse_error = getattr(tyro_errors, "on_parse_error", None)
+    if on_parse_error is None:
+        yield
+        return
+
+    def reword(event: Any) -> None:
+        try:
+            message = cli_error_message(event, args)
+        except AttributeError:  # an event of another shape (private API): tyro's box, squeezed
+            return
+        if message is not None:
+            raise ConfigError(message)
+
+    with on_parse_error(reword):
+        yield
+
+
+def cli_error_message(event: Any, args: list[str]) -> str | None:
+    """One line for tyro's parse-error ``event`` on ``args``, naming the flag or word as the
+    user wrote it and what was expected, e.g. ``--fault_tolerance.quorum_mode='bogus' is
+    invalid: expected one of 'async', 'sync' or None``; None for an event it cannot word."""
+    if isinstance(event, tyro_errors.UnrecognizedArgs):
+        return _unrecognized(event.tokens[0], args)
+    argument = getattr(event, "argument", None)
+    if argument is None:
+        return None
+    flag, value = _as_given(argument.display_name(), args)
+    expected = _expected(argument.field.type_stripped)
+    if isinstance(event, tyro_errors.BadValue) and event.reason == "too_few_values":
+        return f"{flag} needs a value: expected {expected}"
+    if isinstance(event, tyro_errors.InvalidChoice):
+        return f"{flag}={event.value!r} is invalid: expected {expected}"
+    if isinstance(event, tyro_errors.InstantiationFailure) and value is not None:
+        return f"{flag}={value!r} is invalid: expected {expected}"
+    return None
+
+
+def _unrecognized(token: str, args: list[str]) -> str | None:
+    """A word tyro did not take: an unknown flag, a value given to a flag that takes none
+    (tyro splits ``--flag=value`` and leaves the value), or a stray word."""
+    if token.startswith("-"):
+        return _unknown_flag(token.partition("=")[0])
+    if token in args:
+        i = args.index(token)
+        after = f" after {' '.join(args[max(i - 2, 0) : i])}" if i else ""
+        return (
+            f"unexpected argument {token!r}{after}: options are --section.field=value, and a "
+            "list is one comma-separated value (e.g. --compile.components=model,loss)"
+        )
+    for arg in args:
+        flag, sep, value = arg.partition("=")
+        if sep and value == token:
+            head, _, name = flag.rpartition(".")
+            name = name[3:] if name[:3] in ("no-", "no_") else name
+            return f"{flag} is a flag and takes no value: write {head}.{name} or {head}.no-{name}"
+    return None
+
+
+def _unknown_flag(flag: str) -> str:
+    wanted = flag.lstrip("-").replace("-", "_")
+    close = difflib.get_close_matches(wanted, _option_names(JobConfig), n=1)
+    hint = f"; did you mean --{close[0]}?" if close else ""
+    return f"unknown flag {flag}{hint} (see --help)"
+
+
+def _option_names(cls: type, prefix: str = "") -> list[str]:
+    """Every ``section.field`` of the dataclass ``cls``, nested sections included."""
+    hints = typing.get_type_hints(cls)
+    names = []
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            names += _option_names(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            names.append(f"{prefix}{f.name}")
+    return names
+
+
+def _as_given(name: str, args: list[str]) -> tuple[str, str | None]:
+    """The flag tyro calls ``name`` (``--a-b.c-d``) as ``args`` spell it (``-`` or ``_``), at
+    its last occurrence, and the value given there (``=value`` or the next word), if any."""
+    canonical = name.split("/")[0].replace("_", "-")
+    for i in reversed(range(len(args))):
+        flag, sep, value = args[i].partition("=")
+        if flag.replace("_", "-") == canonical:
+            if sep:
+                return flag, value
+            return flag, args[i + 1] if i + 1 < len(args) else None
+    return name, None
+
+
+def _expected(annotation: Any) -> str:
+    """What a field of type ``annotation`` takes, in words (as the TOML check says it)."""
+    _, expected = _type_matches(None, annotation)
+    return expected or f"a {getattr(annotation, '__name__', annotation)}"
+
+
+def _squeezed(box: str) -> str:
+    """tyro's error box as one line: no colours, frame, argument help or help footer."""
+    text = re.sub(r"\x1b\[[0-9;]*m|[\u2500-\u257f]|-{3,}", " ", box)
+    text = re.split(r"Argument helptext:|Perhaps you meant:|For full helptext", text)[0]
+    return " ".join(text.split())
 
 
 def parse_job_config(args: list[str] | None = None) -> JobConfig:
     """Parse TOML (``--job.config_file``) and CLI into :class:`JobConfig`, then validate.
 
     Precedence CLI > TOML > defaults (TorchTitan's ``ConfigManager`` does the merge); of
-    several ``--job.config_file``, the last is used. A config
-    file that is missing or not TOML, an unknown key or flag, a value of the wrong type and a
-    bad value raise :class:`ConfigError` with one line naming it, before tyro parses.
+    several ``--job.config_file``, the last is used. A config file that is missing or not
+    TOML, an unknown key or flag, a value of the wrong type and a bad value raise
+    :class:`ConfigError` with one line naming it (the TOML file is checked before tyro
+    parses, the command line by rewording tyro's errors: :func:`parse_cli`).
     """
     args = last_config_file_only(list(sys.argv[1:] if args is None else args))
     config_file = config_file_from_args(args)
@@ -790,8 +809,7 @@ def parse_job_config(args: list[str] | None = None) -> JobConfig:
     except ConfigError as e:
         raise ConfigError(f"{config_file}: {e}") from None
     args, fragments = take_fragments_flag(args)
-    check_cli_args(args, allow_unknown=custom)
-    config = ConfigManager(config_cls=JobConfig).parse_args(args)
+    config = parse_cli(args)
     if fragments is not None:
         config.fault_tolerance.module_fqns_per_model_fragment = fragments
     validate_job_config(config)

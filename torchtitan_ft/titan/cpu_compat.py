@@ -1,79 +1,79 @@
-"""Make TorchTitan 0.2.2 run on a CPU-only torch (gloo), without editing TorchTitan.
-
-TorchTitan assumes CUDA in four places. Each fix below is a runtime patch of a module attribute
-or a public torch API call; TorchTitan's files stay untouched. On a machine where CUDA is
-available every function here is a no-op, so the same entry point runs on GPUs unchanged.
-
-1. Device type. ``torchtitan.tools.utils`` computes ``device_type`` once, at import time, and
-   falls back to ``"cuda"``; other modules copy the value with ``from ... import device_type``.
-   :func:`apply_before_torchtitan_import` makes torch report ``"cpu"`` while that module is
-   imported (then restores torch), which gives ``torch.cpu`` as device module and gloo as the
-   default backend. It must run before anything imports TorchTitan; that is why the plugin has
-   its own entry module (``python -m torchtitan_ft.train``).
-2. Memory monitor. ``DeviceMemoryMonitor`` calls CUDA-only functions; it is looked up at call
-   time in ``torchtitan.components.metrics``, so :class:`RSSMemoryMonitor` replaces it.
-3. ``set_pg_timeouts`` calls ``barrier(device_ids=[...])``, which gloo rejects; the replacement
-   uses a plain barrier.
-4. FSDP2 reduces with ``ReduceOp.PREMUL_SUM`` when TorchTitan sets the gradient divide factor to
-   1.0, and gloo rejects it; :func:`force_sum_reduction` switches every FSDP module to a plain
-   sum (public API ``FSDPModule.set_force_sum_reduction_for_comms``). With a divide factor of
-   1.0 the result is the same sum.
-"""
+"""Runtime fixes that make TorchTitan 0.2.2 run on a CPU-only torch (gloo), applied in every
+trainer process as TorchTitan's modules are imported; TorchTitan stays unedited (docs/titan.md,
+"TorchTitan on a CPU-only torch", fixes 1-4)."""
 
 from __future__ import annotations
 
+import importlib.abc
 import os
 import platform
 import resource
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-_TORCHTITAN_UTILS = "torchtitan.tools.utils"
-_state = {"applied": False}
+# Importing this module stays cheap (no torch, no TorchTitan): ``torchtitan_ft.titan`` imports it
+# first, also in processes that never train (the torchrun agent, the config-name resolver).
+
+_DEVICE_TYPE_MODULE = "torchtitan.tools.utils"
+"""Computes ``device_type`` once, at import (fix 1)."""
 
 
 def cuda_available() -> bool:
     """True when torch sees a CUDA (or ROCm) device; then nothing here changes anything."""
+    import torch
+
     return torch.cuda.is_available()
 
 
+def install() -> None:
+    """Fix TorchTitan's modules as they are imported, whoever imports them (fixes 1-3): an
+    import hook, so installing it imports nothing. Idempotent; ``torchtitan_ft.titan`` calls
+    it on import. A module imported before it was installed is not fixed (see
+    :func:`apply_before_torchtitan_import`)."""
+    if not any(isinstance(finder, _FixingFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _FixingFinder())
+
+
 def apply_before_torchtitan_import(strict: bool = True) -> None:
-    """Apply the CPU fixes; call it before the first ``import torchtitan...`` of the process.
+    """The entry point's check: :func:`install`, and make sure TorchTitan was not imported
+    without the fixes.
 
-    Idempotent. If TorchTitan was already imported on a CPU-only torch, its device type is
-    frozen to ``"cuda"`` in several modules: with ``strict`` (the entry point) that raises
-    ``RuntimeError``; otherwise (importing ``torchtitan_ft.titan`` as a library, e.g. to parse
-    configs) a warning is issued and the other fixes are still applied.
+    If it was, on a CPU-only torch its device type is frozen to ``"cuda"`` in several modules:
+    with ``strict`` (the entry point) that raises ``RuntimeError``; otherwise a warning is
+    issued. The memory monitor and ``set_pg_timeouts`` of modules already imported are
+    replaced now.
     """
-    if cuda_available():
+    install()
+    utils = sys.modules.get(_DEVICE_TYPE_MODULE)
+    if utils is None or cuda_available():
         return
-    if _TORCHTITAN_UTILS in sys.modules:
-        from torchtitan.tools import utils as titan_utils
-
-        if titan_utils.device_type != "cpu":
-            message = (
-                "torchtitan was imported before torchtitan_ft.titan.cpu_compat could set the "
-                f"device type (it is {titan_utils.device_type!r}); start training with "
-                "`python -m torchtitan_ft.train` instead of `-m torchtitan.train`"
-            )
-            if strict:
-                raise RuntimeError(message)
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
-    else:
-        _import_torchtitan_utils_as_cpu()
-    if _state["applied"]:
-        return
-    _patch_after_import()
-    _state["applied"] = True
+    if utils.device_type != "cpu":
+        message = (
+            "torchtitan was imported before torchtitan_ft.titan.cpu_compat could set the "
+            f"device type (it is {utils.device_type!r}); start training with "
+            "`python -m torchtitan_ft.titan.train` instead of `-m torchtitan.train`"
+        )
+        if strict:
+            raise RuntimeError(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+    for name, fix in _FIXES.items():
+        if name != _DEVICE_TYPE_MODULE and name in sys.modules:
+            fix(sys.modules[name], lambda module: None)  # executed already: only the replacement
 
 
-def _import_torchtitan_utils_as_cpu() -> None:
-    """Import ``torchtitan.tools.utils`` while torch reports device type ``"cpu"``."""
+Execute = Callable[[ModuleType], None]
+
+
+def _exec_with_cpu_device_type(module: ModuleType, execute: Execute) -> None:
+    """Fix 1: run the module while torch reports device type ``"cpu"`` when it has no
+    accelerator (torch itself is restored right after)."""
     import torch._utils as torch_utils
 
     original = torch_utils._get_available_device_type
@@ -83,18 +83,65 @@ def _import_torchtitan_utils_as_cpu() -> None:
 
     torch_utils._get_available_device_type = _cpu_when_no_accelerator
     try:
-        import torchtitan.tools.utils  # noqa: F401  (computes device_type now)
+        execute(module)
     finally:
         torch_utils._get_available_device_type = original
 
 
-def _patch_after_import() -> None:
-    """Replace the memory monitor and ``set_pg_timeouts`` (fixes 2 and 3)."""
-    import torchtitan.components.metrics as titan_metrics
-    import torchtitan.distributed.utils as titan_dist_utils
+def _exec_with_rss_memory_monitor(module: ModuleType, execute: Execute) -> None:
+    """Fix 2: ``DeviceMemoryMonitor`` (looked up at call time) becomes :class:`RSSMemoryMonitor`."""
+    execute(module)
+    if not cuda_available():
+        module.DeviceMemoryMonitor = RSSMemoryMonitor
 
-    titan_metrics.DeviceMemoryMonitor = RSSMemoryMonitor
-    titan_dist_utils.set_pg_timeouts = set_pg_timeouts_cpu
+
+def _exec_with_gloo_barrier(module: ModuleType, execute: Execute) -> None:
+    """Fix 3: ``set_pg_timeouts`` becomes :func:`set_pg_timeouts_cpu`."""
+    execute(module)
+    if not cuda_available():
+        module.set_pg_timeouts = set_pg_timeouts_cpu
+
+
+_FIXES: dict[str, Callable[[ModuleType, Execute], None]] = {
+    _DEVICE_TYPE_MODULE: _exec_with_cpu_device_type,
+    "torchtitan.components.metrics": _exec_with_rss_memory_monitor,
+    "torchtitan.distributed.utils": _exec_with_gloo_barrier,
+}
+"""TorchTitan modules that need a fix, and how each is executed."""
+
+
+class _FixingFinder(importlib.abc.MetaPathFinder):
+    """Finds the modules of :data:`_FIXES` with the finders after it, then loads them fixed."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        fix = _FIXES.get(name)
+        if fix is None:
+            return None
+        for finder in sys.meta_path[sys.meta_path.index(self) + 1 :]:
+            find_spec = getattr(finder, "find_spec", None)
+            spec = find_spec(name, path, target) if find_spec is not None else None
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _FixingLoader(spec.loader, fix)
+                return spec
+        return None
+
+
+class _FixingLoader(importlib.abc.Loader):
+    """``loader``, executing the module through ``fix``; anything else is the loader's."""
+
+    def __init__(self, loader: Any, fix: Callable[[ModuleType, Execute], None]) -> None:
+        self._loader = loader
+        self._fix = fix
+
+    def create_module(self, spec: Any) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._fix(module, self._loader.exec_module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
 
 
 def force_sum_reduction(model_parts: Iterable[torch.nn.Module]) -> int:
@@ -123,6 +170,7 @@ def set_pg_timeouts_cpu(timeout: timedelta, parallel_dims: Any) -> None:
     timeout while a slower rank still finishes work permitted by the old one; then the timeout
     of every mesh group and of the default group is set.
     """
+    import torch
     from torch.distributed import distributed_c10d
     from torchtitan.tools.logging import logger
 
@@ -143,6 +191,8 @@ class RSSMemoryMonitor:
     """
 
     def __init__(self, device: str = "cpu") -> None:
+        import torch
+
         self.device = torch.device(device)
         self.device_name = f"cpu ({platform.processor() or platform.machine()})"
         self.device_index = 0

@@ -1,24 +1,6 @@
-"""The project's own training text and tokenizer, loaded through TorchTitan's real data path.
-
-No dataset or tokenizer can be downloaded here, so the project makes both:
-
-* **Corpus** (:func:`generate_corpus`): English-like documents about distributed training,
-  written by a seeded grammar. Deterministic (the same bytes on every machine and Python 3
-  version: it only uses ``random.Random(seed)``), about 2 MB (390k tokens), generated on first
-  use into a cache directory (``$TORCHTITAN_FT_CACHE_DIR``, default
-  ``~/.cache/torchtitan_ft``) as JSON lines ``{"text": ...}``.
-* **Tokenizer** (:func:`train_tokenizer`): a ByteLevel BPE with :data:`VOCAB_SIZE` tokens
-  (fits the llama3 ``debugmodel``'s 2048 embedding rows), trained on that corpus with the
-  ``tokenizers`` package in a few seconds and shipped in ``torchtitan_ft/assets/tokenizer``
-  (``tokenizer.json`` + ``tokenizer_config.json``), which is what TorchTitan's
-  ``HuggingFaceTokenizer`` reads from ``model.hf_assets_path``. Regenerate it with
-  ``python -m torchtitan_ft.titan.data --write-tokenizer``; a test checks it is reproducible.
-
-:func:`register_datasets` adds :data:`TRAIN_DATASET` and :data:`VALIDATION_DATASET` to
-TorchTitan's ``DATASETS`` dict, so ``training.dataset = "ft_corpus"`` goes through TorchTitan's
-``HuggingFaceTextDataset`` (HF ``load_dataset("json", ...)``, ``split_dataset_by_node``,
-stateful dataloader) unchanged.
-"""
+"""What a replica group reads, in every trainer rank: the project's corpus and tokenizer
+registered with TorchTitan's data path, and the ledger of batches consumed by committed steps
+(docs/titan.md, "The corpus and tokenizer" and "Data")."""
 
 from __future__ import annotations
 

@@ -1,28 +1,10 @@
-"""What a healing replica group receives from a healthy one, in a form the transports can send.
+"""What a healing replica group receives from a healthy one (docs/titan.md, "Healing"): the
+donor side runs on the Manager's quorum thread during the forward, the receiver side on the
+training thread at the Manager's safe point.
 
-A replica-group rank heals from the rank with the *same group rank* in a healthy group, so
-both hold the same FSDP shard layout: each DTensor is sent as its local shard
-(``to_local()``) and rebuilt on the receiver with the receiver's own mesh and placements.
-
-Two TorchTitan paths are avoided on purpose:
-
-* ``OptimizersContainer.state_dict()`` goes through ``get_optimizer_state_dict``, which
-  initialises an empty optimizer with a zero-lr step (Adam's step counter then starts at 1 and
-  numerics differ from a run without FT), and would do so on the quorum thread, during the
-  forward. The optimizers' own ``state_dict()`` (keyed by parameter index) is used instead;
-  identical model construction gives identical indices.
-* The dataloader itself is not part of the healed state (every replica group reads its own
-  slice); the *ledger* of consumed batches per replica group is
-  (:class:`~torchtitan_ft.titan.data.CommittedBatches`): the healed group moves its own reader
-  to the position that matches the weights it received.
-
-The donor side runs on the Manager's quorum thread, concurrently with the forward: it reads
-tensors captured at construction and never calls ``module.state_dict()`` (see
-``HealedState.__init__``). The receiver side runs on the training thread at the Manager's safe
-point (after backward, before the optimizer step) and copies into the local shards in place.
-
-``HealedState`` is the Stateful pair (``state_dict``/``load_state_dict``) registered with
-``Manager.register_state_dict_fn``.
+Each DTensor travels as its local shard (donor and receiver have the same group rank, hence
+the same FSDP layout) and is rebuilt with the receiver's mesh and placements.
+:class:`HealedState` is the Stateful pair registered with ``Manager.register_state_dict_fn``.
 """
 
 from collections.abc import Iterable, Mapping

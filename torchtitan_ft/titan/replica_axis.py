@@ -1,53 +1,70 @@
-"""The FT replica axis as seen by TorchTitan's trainer: the seam between TorchTitan and the Manager.
-
-In native HSDP the replica axis is a DeviceMesh dimension. With fault tolerance it is not in
-the mesh: each replica group is its own torchrun job whose mesh is the inner (FSDP) mesh, and
-the replica axis is a *managed* process group that may shrink and grow every step. The trainer
-talks to that axis only through a :class:`NoReplicaAxis` (FT off: every helper is an identity,
-so the trainer has no ``if ft:`` branches) or a :class:`ManagedReplicaAxis` (FT on). Touch points:
-
-1. **Data** (:func:`replica_dataloader_shard`): the dataset is split into
-   ``inner dp degree x group_size`` slices; replica group ``r``'s inner dp rank ``d`` reads slice
-   ``r x inner_degree + d`` -- the same slice as native HSDP's batch rank. Applied by wrapping
-   the TrainSpec's ``build_dataloader_fn`` (:meth:`ReplicaAxis.train_spec`), registered under
-   the model's name so TorchTitan's ``get_train_spec`` returns it; TorchTitan is not changed.
-2. **Gradients** (:func:`install_replica_allreduce_hook`): after FSDP's reduce-scatter inside a
-   replica group, each FSDP unit's gradient shard is averaged across replica groups in place by
-   ``FSDPModule.set_all_reduce_hook`` through ``Manager.allreduce`` (mean over participants; a
-   failure is recorded and the commit vote says no). A 1-rank replica group gets FSDP on a
-   1-rank mesh (:func:`shard_on_single_rank`) so the hook has a home.
-3. **Step** (:meth:`ManagedReplicaAxis.gate_step`): the quorum starts in
-   ``optimizers.zero_grad`` (TorchTitan's first call of a step, so the quorum overlaps data
-   loading and the forward); the update and the lr schedule advance only if ``should_commit``.
-   A one-hot participation all-reduce tells every group which groups' gradients were in the
-   step's average; with it, :meth:`ManagedReplicaAxis.track_data`'s
-   :class:`~torchtitan_ft.titan.data.CommittedBatches` consumes a batch only in a committed
-   step its group took part in and retries the others (docs/titan.md, "Data").
-4. **Healing** (:meth:`ManagedReplicaAxis.register_state`): the trainer's model, optimizer,
-   lr-scheduler and train state (:class:`~torchtitan_ft.titan.healing.HealedState`) are what a
-   recovering peer receives.
-5. **Lifetime**: :meth:`ReplicaAxis.shutdown` in ``Trainer.close``.
-
-Semi-sync strategies are not built here: they need a context around TorchTitan's loop
-(``titan/semi_sync.py``).
-"""
+"""The FT replica axis as TorchTitan's trainer sees it, in every trainer rank: the interface,
+FT off, and per-step FT (docs/titan.md, "How it plugs in")."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
 
-from torchtitan_ft.semi_sync.config import QuorumMode, SyncMethod
-from torchtitan_ft.titan.config import quorum_mode, sync_method
+from torchtitan_ft.semi_sync.config import QuorumMode
+from torchtitan_ft.titan.config import quorum_mode, uses_semi_sync
 
 GradientReduce = Callable[[torch.Tensor], None]
 """Averages a gradient shard across replica groups, in place."""
+
+
+@runtime_checkable
+class ReplicaAxis(Protocol):
+    """What :class:`~torchtitan_ft.titan.trainer.FaultTolerantTrainer` asks of the FT replica
+    axis, in the order it asks. Implementations: :class:`NoReplicaAxis` (FT off),
+    :class:`ManagedReplicaAxis` (per-step FT) and
+    :class:`~torchtitan_ft.titan.semi_sync.SemiSyncReplicaAxis` (LocalSGD / DiLoCo); a
+    trainer's ``build_replica_axis`` may return any other."""
+
+    enabled: bool
+    """Whether FT is on: the trainer then registers :meth:`train_spec` and wraps its
+    checkpointer (one writer, a reader file per group)."""
+    replica_id: int
+    """Index of this replica group (0 without FT)."""
+    group_size: int
+    """Planned number of replica groups (1 without FT)."""
+
+    def train_spec(self, spec: Any) -> Any:
+        """The TrainSpec TorchTitan builds the model and dataloader from (after
+        ``init_distributed``, before TorchTitan looks the spec up)."""
+        ...
+
+    def install_gradient_sync(self, model_parts: Iterable[torch.nn.Module]) -> int:
+        """Sync gradients across groups (the model is parallelized); returns FSDP units hooked."""
+        ...
+
+    def track_data(self, dataloader: Any) -> Any:
+        """The iterable the trainer reads batches from instead of ``dataloader``."""
+        ...
+
+    def register_state(self, state: Any) -> None:
+        """``state`` (a Stateful, :class:`~torchtitan_ft.titan.healing.HealedState`) is what a
+        healing peer receives and what this group loads when it heals."""
+        ...
+
+    def gate_step(self, optimizers: Any, lr_schedulers: Any) -> tuple[Any, Any]:
+        """The optimizers and lr schedulers the trainer steps instead of its own."""
+        ...
+
+    def step_committed(self) -> bool:
+        """Whether the step that just ended committed (else it is retried under its number)."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release cross-group resources (``Trainer.close``); idempotent."""
+        ...
 
 
 def replica_dataloader_shard(
@@ -71,9 +88,9 @@ def install_replica_allreduce_hook(
 ) -> int:
     """Average every FSDP unit's gradient shard across replica groups with ``reduce``.
 
-    Returns the number of FSDP modules hooked; 0 means the model is not FSDP-wrapped (with one
-    rank per replica group TorchTitan applies no FSDP, so the model must then be wrapped on a
-    1-rank mesh first, or nothing would be synchronised).
+    Returns the number of FSDP modules hooked. Raises ``RuntimeError`` when there is none:
+    with one rank per replica group TorchTitan applies no FSDP, so the model must be wrapped
+    on a 1-rank mesh first (:func:`shard_on_single_rank`), or nothing would be synchronised.
     """
     from torch.distributed.fsdp import FSDPModule
 
@@ -83,6 +100,11 @@ def install_replica_allreduce_hook(
             if isinstance(module, FSDPModule):
                 module.set_all_reduce_hook(reduce)
                 hooked += 1
+    if hooked == 0:
+        raise RuntimeError(
+            "fault tolerance found no FSDP module to hook the cross-replica all-reduce "
+            "into; the model must be FSDP-wrapped (a 1-rank mesh is enough)"
+        )
     return hooked
 
 
@@ -116,15 +138,11 @@ def shard_on_single_rank(model: torch.nn.Module, device_type: str) -> torch.nn.M
 
 
 class NoReplicaAxis:
-    """Fault tolerance off: every helper is the identity."""
+    """Fault tolerance off: every seam is the identity, so the trainer has no ``if ft:``."""
 
     enabled = False
     replica_id = 0
     group_size = 1
-
-    def dataloader_shard(self, dp_degree: int, dp_rank: int) -> tuple[int, int]:
-        """Unchanged TorchTitan dp degree and rank."""
-        return dp_degree, dp_rank
 
     def train_spec(self, spec: Any) -> Any:
         """The TrainSpec unchanged."""
@@ -134,16 +152,16 @@ class NoReplicaAxis:
         """Nothing to synchronise across replica groups; returns 0."""
         return 0
 
+    def track_data(self, dataloader: Any) -> Any:
+        """The dataloader unchanged (every batch read is consumed)."""
+        return dataloader
+
     def register_state(self, state: Any) -> None:
-        """Nothing to heal from peers (``state`` is a Stateful, e.g. ``HealedState``)."""
+        """Nothing to heal from peers."""
 
     def gate_step(self, optimizers: Any, lr_schedulers: Any) -> tuple[Any, Any]:
         """The optimizers and lr schedulers unchanged (every step commits)."""
         return optimizers, lr_schedulers
-
-    def track_data(self, dataloader: Any) -> Any:
-        """The dataloader unchanged (every batch read is consumed)."""
-        return dataloader
 
     def step_committed(self) -> bool:
         """Whether the last step committed (always, without FT)."""
@@ -153,31 +171,21 @@ class NoReplicaAxis:
         """Nothing to release."""
 
 
-class ReplicaAxis(NoReplicaAxis):
-    """This process's place on the FT replica axis, and how gradients cross it.
+@dataclass(frozen=True)
+class ReplicaSlice:
+    """This replica group's place on the axis: the data slice it reads and the TrainSpec that
+    reads it. Shared by the per-step and the semi-sync axis.
 
     Args:
         replica_id: index of this replica group (``fault_tolerance.replica_id``).
         group_size: planned number of replica groups (``fault_tolerance.group_size``).
-        reduce: averages a gradient shard across the participating replica groups in place
-            (the Manager's all-reduce, or any in-place mean, e.g. in tests).
-        on_shutdown: called once by :meth:`shutdown` (e.g. ``Manager.shutdown``).
     """
 
-    enabled = True
+    replica_id: int
+    group_size: int
 
-    def __init__(
-        self,
-        replica_id: int,
-        group_size: int,
-        reduce: GradientReduce,
-        on_shutdown: Callable[[], None] | None = None,
-    ) -> None:
-        replica_dataloader_shard(1, 0, replica_id, group_size)  # validates the pair
-        self.replica_id = replica_id
-        self.group_size = group_size
-        self._reduce = reduce
-        self._on_shutdown = on_shutdown
+    def __post_init__(self) -> None:
+        replica_dataloader_shard(1, 0, self.replica_id, self.group_size)  # validates the pair
 
     def dataloader_shard(self, dp_degree: int, dp_rank: int) -> tuple[int, int]:
         """See :func:`replica_dataloader_shard`."""
@@ -206,21 +214,35 @@ class ReplicaAxis(NoReplicaAxis):
             parallelize_fn=parallelize_fn,
         )
 
-    def install_gradient_sync(self, model_parts: Iterable[torch.nn.Module]) -> int:
-        """Hook the cross-group average into every FSDP unit; raises if nothing was hooked."""
-        hooked = install_replica_allreduce_hook(model_parts, self._reduce)
-        if hooked == 0:
-            raise RuntimeError(
-                "fault tolerance found no FSDP module to hook the cross-replica all-reduce "
-                "into; the model must be FSDP-wrapped (a 1-rank mesh is enough)"
-            )
-        return hooked
+
+class ManagerRuntime:
+    """This rank's :class:`~torchtitan_ft.manager.Manager` and the cross-group process group
+    it reconfigures, as :func:`build_manager_runtime` makes them from the config. Both FT axes
+    (per-step and semi-sync) own one.
+
+    Args:
+        manager: the Manager.
+        pg: its cross-replica-group process group.
+        device: where that group's tensors live ("cpu" for gloo, "cuda:<i>" for NCCL).
+    """
+
+    def __init__(self, manager: Any, pg: Any, device: str = "cpu") -> None:
+        self.manager = manager
+        self.pg = pg
+        self.device = device
+        self._shut_down = False
+
+    def register_state(self, state: Any) -> None:
+        """What this rank offers to and loads from healing peers (``state_dict`` /
+        ``load_state_dict``; see :class:`~torchtitan_ft.titan.healing.HealedState`)."""
+        self.manager.register_state_dict_fn("torchtitan", state.load_state_dict, state.state_dict)
 
     def shutdown(self) -> None:
-        """Release the cross-group resources once."""
-        if self._on_shutdown is not None:
-            callback, self._on_shutdown = self._on_shutdown, None
-            callback()
+        """Shut the Manager and the process group down, once."""
+        if not self._shut_down:
+            self._shut_down = True
+            self.manager.shutdown(wait=False)
+            self.pg.shutdown()
 
 
 class CommitGate:
@@ -292,39 +314,39 @@ class CommitGatedLRSchedulers:
         return getattr(self._lr_schedulers, name)
 
 
-class ManagedReplicaAxis(ReplicaAxis):
-    """The replica axis driven by a :class:`torchtitan_ft.manager.Manager`.
+class ManagedReplicaAxis:
+    """Per-step FT: the replica axis driven by a :class:`~torchtitan_ft.manager.Manager`.
 
     Gradients are averaged with ``Manager.allreduce`` (over the participants; a failure is
     recorded and the step does not commit), the step is gated by ``should_commit``, and the
     trainer's model / optimizer / lr scheduler / step counter are what a healing peer receives
-    (:class:`torchtitan_ft.titan.healing.HealedState`).
+    (:class:`~torchtitan_ft.titan.healing.HealedState`).
+
+    Args:
+        runtime: the Manager and its cross-group process group.
+        data: this group's slice of the data.
     """
 
-    def __init__(
-        self, manager: Any, pg: Any, replica_id: int, group_size: int, device: str = "cpu"
-    ) -> None:
-        super().__init__(replica_id, group_size, self._allreduce, self._shutdown)
-        self.manager = manager
-        self._pg = pg
-        self._device = device
+    enabled = True
+
+    def __init__(self, runtime: ManagerRuntime, data: ReplicaSlice) -> None:
+        self._runtime = runtime
+        self._data = data
+        self.manager = runtime.manager
+        self.replica_id = data.replica_id
+        self.group_size = data.group_size
         self._gate = CommitGate()
+
+    def train_spec(self, spec: Any) -> Any:
+        """See :meth:`ReplicaSlice.train_spec`."""
+        return self._data.train_spec(spec)
+
+    def install_gradient_sync(self, model_parts: Iterable[torch.nn.Module]) -> int:
+        """Hook ``Manager.allreduce`` into every FSDP unit; raises if nothing was hooked."""
+        return install_replica_allreduce_hook(model_parts, self._allreduce)
 
     def _allreduce(self, grad: torch.Tensor) -> None:
         self.manager.allreduce(grad).wait()
-
-    def register_state(self, state: Any) -> None:
-        """What this rank offers to and loads from healing peers (``state_dict`` /
-        ``load_state_dict``; see :class:`torchtitan_ft.titan.healing.HealedState`)."""
-        self.manager.register_state_dict_fn("torchtitan", state.load_state_dict, state.state_dict)
-
-    def gate_step(self, optimizers: Any, lr_schedulers: Any) -> tuple[Any, Any]:
-        """Optimizers that start the quorum and commit through the Manager; lr schedulers
-        that advance only on commit."""
-        return (
-            CommitGatedOptimizers(optimizers, self.manager, self._gate, self._device),
-            CommitGatedLRSchedulers(lr_schedulers, self._gate),
-        )
 
     def track_data(self, dataloader: Any) -> Any:
         """A :class:`~torchtitan_ft.titan.data.CommittedBatches` over ``dataloader``: batches
@@ -334,13 +356,25 @@ class ManagedReplicaAxis(ReplicaAxis):
         self._gate.batches = CommittedBatches(dataloader, self.replica_id, self.group_size)
         return self._gate.batches
 
+    def register_state(self, state: Any) -> None:
+        """See :meth:`ManagerRuntime.register_state`."""
+        self._runtime.register_state(state)
+
+    def gate_step(self, optimizers: Any, lr_schedulers: Any) -> tuple[Any, Any]:
+        """Optimizers that start the quorum and commit through the Manager; lr schedulers
+        that advance only on commit."""
+        return (
+            CommitGatedOptimizers(optimizers, self.manager, self._gate, self._runtime.device),
+            CommitGatedLRSchedulers(lr_schedulers, self._gate),
+        )
+
     def step_committed(self) -> bool:
         """Whether the last ``optimizers.step()`` committed."""
         return self._gate.committed
 
-    def _shutdown(self) -> None:
-        self.manager.shutdown(wait=False)
-        self._pg.shutdown()
+    def shutdown(self) -> None:
+        """See :meth:`ManagerRuntime.shutdown`."""
+        self._runtime.shutdown()
 
 
 def meta_model(job_config: Any) -> torch.nn.Module:
@@ -370,33 +404,22 @@ def model_config_fingerprint(job_config: Any) -> str:
     return model_fingerprint(meta_model(job_config))
 
 
-def build_replica_axis(job_config: Any) -> NoReplicaAxis:
-    """The replica axis for ``job_config``: :class:`NoReplicaAxis` when FT is off, else a
-    :class:`ManagedReplicaAxis` with a new Manager (call after the default process group and
-    torchrun's env exist: the Manager reads ``RANK``/``WORLD_SIZE``/``MASTER_ADDR/PORT``).
-
-    Raises ``ValueError`` for a ``semi_sync_method``: that job's axis comes from
-    :func:`~torchtitan_ft.titan.semi_sync.build_semi_sync_axis` (which builds its Manager
-    through this function with the method unset).
+def build_manager_runtime(job_config: Any) -> ManagerRuntime:
+    """This rank's Manager and cross-group process group, from ``job_config.fault_tolerance``
+    (mapping: :mod:`torchtitan_ft.titan.config`); the one place both FT axes get theirs.
+    Call after the default process group and torchrun's env exist: the Manager reads
+    ``RANK``/``WORLD_SIZE``/``MASTER_ADDR/PORT``.
 
     ``checkpoint_transport = "pg"`` heals over the cross-group process group itself
     (:class:`~torchtitan_ft.checkpoint.PGTransport`; replica ranks are its ranks), "http" over
     each rank's checkpoint server (the Manager's default transport).
     """
-    ft = job_config.fault_tolerance
-    if not ft.enable:
-        return NoReplicaAxis()
-    if sync_method(ft) is not SyncMethod.PER_STEP:
-        raise ValueError(
-            f"build_replica_axis builds the per-step axis, not one for "
-            f"fault_tolerance.semi_sync_method={ft.semi_sync_method!r}; use "
-            "torchtitan_ft.titan.semi_sync.build_semi_sync_axis"
-        )
     import socket
 
     from torchtitan_ft.manager import Manager, WorldSizeMode
     from torchtitan_ft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
+    ft = job_config.fault_tolerance
     pg_class = ProcessGroupGloo if ft.process_group == "gloo" else ProcessGroupNCCL
     pg = pg_class(timeout=timedelta(milliseconds=ft.process_group_timeout_ms))
     device = "cpu" if ft.process_group == "gloo" else f"cuda:{torch.cuda.current_device()}"
@@ -429,4 +452,25 @@ def build_replica_axis(job_config: Any) -> NoReplicaAxis:
         model_fingerprint=lambda: model_config_fingerprint(job_config),
         num_replica_groups=ft.group_size,
     )
-    return ManagedReplicaAxis(manager, pg, ft.replica_id, ft.group_size, device)
+    return ManagerRuntime(manager, pg, device)
+
+
+def build_replica_axis(job_config: Any) -> ReplicaAxis:
+    """The replica axis for ``job_config`` without a semi-sync method: :class:`NoReplicaAxis`
+    when FT is off, else a :class:`ManagedReplicaAxis` with a new Manager (see
+    :func:`build_manager_runtime`).
+
+    Raises ``ValueError`` for a ``semi_sync_method``: that job's axis comes from
+    :func:`~torchtitan_ft.titan.semi_sync.build_semi_sync_axis`.
+    """
+    ft = job_config.fault_tolerance
+    if not ft.enable:
+        return NoReplicaAxis()
+    if uses_semi_sync(job_config):
+        raise ValueError(
+            f"build_replica_axis builds the per-step axis, not one for "
+            f"fault_tolerance.semi_sync_method={ft.semi_sync_method!r}; use "
+            "torchtitan_ft.titan.semi_sync.build_semi_sync_axis"
+        )
+    data = ReplicaSlice(ft.replica_id, ft.group_size)
+    return ManagedReplicaAxis(build_manager_runtime(job_config), data)

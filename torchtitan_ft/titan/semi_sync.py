@@ -1,37 +1,8 @@
-"""LocalSGD and (Streaming) DiLoCo in TorchTitan: the replica axis of a semi-sync FT job.
-
-With a semi-sync method each replica group trains alone between syncs, so the FT replica axis
-differs from the per-step one (:class:`~torchtitan_ft.titan.replica_axis.ManagedReplicaAxis`)
-in three ways, and in nothing else (data split, 1-rank FSDP, healed trainer state and the
-Manager itself are the per-step axis's, reused by composition):
-
-1. **No per-step gradient average.** :meth:`SemiSyncReplicaAxis.install_gradient_sync`
-   installs no FSDP all-reduce hook: gradients stay inside the replica group (FSDP's own
-   reduce-scatter); only the strategy moves parameters across groups, at sync points.
-2. **Synchronous quorum.** The Manager is built with ``use_async_quorum=False``
-   (``fault_tolerance.quorum_mode = "sync"``, enforced by config validation and again by
-   ``semi_sync.build_strategy``), so a replica heals before it trains and joins its peers' sync.
-3. **The strategy drives the step** (:class:`StrategyDrivenOptimizers`), mapped onto the calls
-   TorchTitan's ``train_step`` already makes::
-
-       optimizers.zero_grad()  -> strategy.start_step(), then zero_grad  (before the forward)
-       optimizers.step()       -> if strategy.before_step(): inner step;  strategy.after_step()
-       lr_schedulers.step()    -> advances when the inner step was applied
-
-The model (one model part; pipeline parallelism is not supported) is split into
-``fault_tolerance.num_fragments`` fragments for Streaming DiLoCo by ``semi_sync.split_model``
-(contiguous ranges of llama3's ``layers``; embeddings join the first fragment, norm and output
-the last). The strategy registers its state (global parameters, outer-optimizer state,
-position in the schedule) with the Manager, so a healing replica receives it together with the
-trainer state. Disk checkpoints carry it too: :meth:`SemiSyncReplicaAxis.strategy_state` is a
-DCP Stateful (:class:`StrategyState`, key ``ft_strategy``) that the trainer's
-``ReplicaCheckpointer`` adds to the full checkpoint (one writer, a reader file per group; see
-``checkpointing.SemiSyncResume``).
-"""
+"""LocalSGD and (Streaming) DiLoCo in TorchTitan, in every trainer rank: the replica axis of a
+semi-sync FT job, whose strategy drives the optimizer step (docs/titan.md, "Semi-sync")."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -58,9 +29,9 @@ from torchtitan_ft.titan.healing import like_param
 from torchtitan_ft.titan.replica_axis import (
     CommitGate,
     CommitGatedLRSchedulers,
-    ManagedReplicaAxis,
-    NoReplicaAxis,
-    build_replica_axis,
+    ManagerRuntime,
+    ReplicaSlice,
+    build_manager_runtime,
 )
 
 
@@ -222,36 +193,38 @@ def _copy_local(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst_local.copy_(src_local)
 
 
-class SemiSyncReplicaAxis(NoReplicaAxis):
-    """The FT replica axis for LocalSGD / DiLoCo (see the module docstring).
+class SemiSyncReplicaAxis:
+    """The FT replica axis for LocalSGD / DiLoCo. As per-step FT's
+    (:class:`~torchtitan_ft.titan.replica_axis.ManagedReplicaAxis`) in its data split, 1-rank
+    FSDP, healed trainer state and Manager, but: no per-step gradient average (only the
+    strategy moves parameters across groups, at sync points), a synchronous quorum (a replica
+    heals before it trains and joins its peers' sync), and the strategy drives the step
+    (:class:`StrategyDrivenOptimizers`).
 
     Args:
-        managed: the per-step axis built for the same job with a synchronous-quorum Manager;
-            its data split, TrainSpec wrapping, healed state and shutdown are reused.
+        runtime: the Manager (synchronous quorum) and its cross-group process group.
+        data: this group's slice of the data.
         config: the strategy to build (``sync_config(job_config.fault_tolerance)``).
     """
 
     enabled = True
 
-    def __init__(self, managed: ManagedReplicaAxis, config: SyncConfig) -> None:
+    def __init__(self, runtime: ManagerRuntime, data: ReplicaSlice, config: SyncConfig) -> None:
         config.validate()
-        self._managed = managed
+        self._runtime = runtime
+        self._data = data
         self.config = config
-        self.manager = managed.manager
-        self.replica_id = managed.replica_id
-        self.group_size = managed.group_size
+        self.manager = runtime.manager
+        self.replica_id = data.replica_id
+        self.group_size = data.group_size
         self.strategy: SyncStrategy | None = None
         self._gate = CommitGate()
         self._model_parts: list[torch.nn.Module] | None = None
         self._healed_state: Any = None
 
-    def dataloader_shard(self, dp_degree: int, dp_rank: int) -> tuple[int, int]:
-        """This replica group's data slice (as per-step FT)."""
-        return self._managed.dataloader_shard(dp_degree, dp_rank)
-
     def train_spec(self, spec: Any) -> Any:
         """The TrainSpec with this group's data slice and FSDP on 1-rank groups (as per-step)."""
-        return self._managed.train_spec(spec)
+        return self._data.train_spec(spec)
 
     def install_gradient_sync(self, model_parts: Iterable[torch.nn.Module]) -> int:
         """Installs *no* cross-group gradient hook (gradients stay in the replica group) and
@@ -267,7 +240,7 @@ class SemiSyncReplicaAxis(NoReplicaAxis):
     def register_state(self, state: Any) -> None:
         """The trainer state a healing peer receives (as per-step FT); the strategy adds its
         own (global parameters, outer optimizer, schedule position) when it is built."""
-        self._managed.register_state(state)
+        self._runtime.register_state(state)
         self._healed_state = state
 
     def gate_step(self, optimizers: Any, lr_schedulers: Any) -> tuple[Any, Any]:
@@ -307,13 +280,14 @@ class SemiSyncReplicaAxis(NoReplicaAxis):
 
     def shutdown(self) -> None:
         """Shuts the Manager and the cross-group process group down (once)."""
-        self._managed.shutdown()
+        self._runtime.shutdown()
 
 
 def build_semi_sync_axis(job_config: Any) -> SemiSyncReplicaAxis:
-    """The replica axis of a LocalSGD / DiLoCo job: the per-step axis's Manager (built by
-    ``build_replica_axis`` from the same settings, hence the same timeouts, transport and
-    process group) with ``use_async_quorum=False``, wrapped in :class:`SemiSyncReplicaAxis`.
+    """The replica axis of a LocalSGD / DiLoCo job: a Manager built like per-step FT's
+    (:func:`~torchtitan_ft.titan.replica_axis.build_manager_runtime`: same timeouts, transport
+    and process group; the method makes its quorum synchronous), wrapped in
+    :class:`SemiSyncReplicaAxis`.
 
     Raises:
         ValueError: FT is off, the method is "none", or the quorum mode is not "sync".
@@ -326,8 +300,5 @@ def build_semi_sync_axis(job_config: Any) -> SemiSyncReplicaAxis:
         )
     config = sync_config(ft)
     config.validate()  # before any Manager exists: quorum mode, schedule, outer optimizer
-    per_step_ft = dataclasses.replace(ft, semi_sync_method=None, quorum_mode="sync")
-    managed = build_replica_axis(dataclasses.replace(job_config, fault_tolerance=per_step_ft))
-    if not isinstance(managed, ManagedReplicaAxis):
-        raise RuntimeError(f"expected a ManagedReplicaAxis, got {type(managed).__name__}")
-    return SemiSyncReplicaAxis(managed, config)
+    data = ReplicaSlice(ft.replica_id, ft.group_size)
+    return SemiSyncReplicaAxis(build_manager_runtime(job_config), data, config)

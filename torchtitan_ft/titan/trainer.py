@@ -1,25 +1,5 @@
-"""TorchTitan's own ``Trainer``, with the FT replica axis plugged in at three points.
-
-:class:`FaultTolerantTrainer` overrides as little as possible and copies none of
-TorchTitan's training loop:
-
-* ``init_distributed``: after TorchTitan builds the inner mesh, the replica axis is built
-  (:func:`~torchtitan_ft.titan.replica_axis.build_replica_axis`) and the model's TrainSpec is
-  re-registered with a dataloader that reads this replica group's slice. It runs before
-  TorchTitan looks the TrainSpec up and builds the dataloader.
-* ``__init__``: after TorchTitan's own ``__init__`` (the model is parallelized, nothing has
-  run yet), FSDP reductions are made gloo-compatible on CPU, the cross-replica gradient
-  hook is installed, the healed state is registered and the optimizer step is gated by the
-  commit vote (identities when FT is off).
-* ``batch_generator`` / ``train_step``: with FT the dataloader is read through
-  :class:`~torchtitan_ft.titan.data.CommittedBatches` (a discarded step's batches are retried,
-  a healed group moves to the batch its received weights expect) and a discarded step is
-  retried under the same step number.
-* ``checkpointer``: with FT, TorchTitan's ``CheckpointManager`` is wrapped by
-  :class:`~torchtitan_ft.titan.checkpointing.ReplicaCheckpointer` (one writer for the full
-  checkpoint, a reader file per group).
-* ``close``: the replica axis is shut down after TorchTitan's own cleanup.
-"""
+"""TorchTitan's own ``Trainer`` with the FT replica axis plugged in; runs in every trainer rank
+(docs/titan.md, "How it plugs in")."""
 
 from datetime import timedelta
 from typing import Any
@@ -34,8 +14,11 @@ from torchtitan.train import Trainer
 
 from torchtitan_ft.titan import cpu_compat
 from torchtitan_ft.titan.checkpointing import ReplicaCheckpointer
+from torchtitan_ft.titan.config import uses_semi_sync
 from torchtitan_ft.titan.healing import HealedState
-from torchtitan_ft.titan.replica_axis import NoReplicaAxis, build_replica_axis
+from torchtitan_ft.titan.metrics import attach_ft_metrics
+from torchtitan_ft.titan.replica_axis import ReplicaAxis, build_replica_axis
+from torchtitan_ft.titan.semi_sync import build_semi_sync_axis
 
 _original_specs: dict[str, Any] = {}
 
@@ -58,42 +41,71 @@ def register_train_spec_override(name: str, spec: Any) -> None:
 
 
 class FaultTolerantTrainer(Trainer):
-    """TorchTitan's Trainer on CPU or GPU, one replica group of an FT job when FT is enabled."""
+    """TorchTitan's Trainer on CPU or GPU, one replica group of an FT job when FT is enabled.
 
-    replica_axis: NoReplicaAxis
+    It copies none of TorchTitan's loop: TorchTitan's ``train_step`` runs the FT step through
+    the objects the replica axis hands it (identities when FT is off)::
+
+        optimizers.zero_grad()   the quorum starts (async: overlapped with data and forward)
+        forward, backward        each FSDP unit's gradient shard is averaged across groups
+        optimizers.step()        should_commit (a heal is applied here); the update on commit
+        lr_schedulers.step()     advances on commit
+
+    Overridden, in the order TorchTitan calls them: ``__init__`` / ``init_distributed`` (build
+    the axis and plug it in), ``batch_generator`` (read through the axis's batch ledger),
+    ``train_step`` (a discarded step is retried under its number) and ``close``.
+    """
+
+    replica_axis: ReplicaAxis
     _pg_timeouts_lowered = False
     """Set once this process lowered (or left TorchTitan to lower) the process-group timeouts."""
 
     def __init__(self, job_config: JobConfig) -> None:
-        super().__init__(job_config)
+        super().__init__(job_config)  # runs init_distributed; builds and parallelizes the model
         changed = cpu_compat.force_sum_reduction(self.model_parts)
         if changed:
             logger.info(f"CPU: {changed} FSDP modules reduce with SUM (gloo has no PREMUL_SUM)")
-        hooked = self.replica_axis.install_gradient_sync(self.model_parts)
+        axis = self.replica_axis
+        hooked = axis.install_gradient_sync(self.model_parts)
         if hooked:
             logger.info(f"FT: cross-replica gradient all-reduce hooked into {hooked} FSDP units")
-        self.batches = self.replica_axis.track_data(self.dataloader)
+        self.batches = axis.track_data(self.dataloader)
         ledger = self.batches if self.batches is not self.dataloader else None
         self.healed_state = HealedState(
             self.model_parts, self.optimizers, self.lr_schedulers, self, ledger
         )
-        self.replica_axis.register_state(self.healed_state)
-        self.optimizers, self.lr_schedulers = self.replica_axis.gate_step(
-            self.optimizers, self.lr_schedulers
-        )
-        # --- FT metrics hook: ft/* TensorBoard scalars, log prefix (torchtitan_ft.titan.metrics)
-        from torchtitan_ft.titan.metrics import attach_ft_metrics
-
+        axis.register_state(self.healed_state)
+        self.optimizers, self.lr_schedulers = axis.gate_step(self.optimizers, self.lr_schedulers)
         self.ft_metrics = attach_ft_metrics(self)
-        # --- end FT metrics hook
-        if self.replica_axis.enabled:  # per-step or semi-sync FT: the axis has a Manager
+        if axis.enabled:
             self.checkpointer = ReplicaCheckpointer.for_replica_axis(
                 self.checkpointer,
-                self.replica_axis,
+                axis,
                 self.batches,
                 rank=torch.distributed.get_rank(),
                 keep_latest_k=job_config.checkpoint.keep_latest_k,
             )
+
+    def init_distributed(self) -> ParallelDims:
+        """TorchTitan's init, then the replica axis; with FT the model's TrainSpec is
+        re-registered with this group's data slice before TorchTitan looks it up."""
+        parallel_dims = super().init_distributed()
+        self.replica_axis = self.build_replica_axis()
+        if self.replica_axis.enabled:
+            name = self.job_config.model.name
+            spec = self.replica_axis.train_spec(original_train_spec(name))
+            register_train_spec_override(name, spec)
+        return parallel_dims
+
+    def build_replica_axis(self) -> ReplicaAxis:
+        """The replica axis of this process; called once the default process group exists.
+
+        Override point: return any :class:`~torchtitan_ft.titan.replica_axis.ReplicaAxis`
+        (e.g. a static cross-group gloo group to debug numerics without the Manager).
+        """
+        if uses_semi_sync(self.job_config):
+            return build_semi_sync_axis(self.job_config)
+        return build_replica_axis(self.job_config)
 
     def batch_generator(self, data_iterable: Any) -> Any:
         """TorchTitan's, reading the trainer's dataloader through ``self.batches`` (with FT,
@@ -127,32 +139,6 @@ class FaultTolerantTrainer(Trainer):
                     timeout=timedelta(seconds=self.job_config.comm.train_timeout_seconds),
                     parallel_dims=self.parallel_dims,
                 )
-
-    def init_distributed(self) -> ParallelDims:
-        """TorchTitan's init, then the replica axis and its dataloader split."""
-        parallel_dims = super().init_distributed()
-        self.replica_axis = self.build_replica_axis()
-        if self.replica_axis.enabled:
-            name = self.job_config.model.name
-            spec = self.replica_axis.train_spec(original_train_spec(name))
-            register_train_spec_override(name, spec)
-        return parallel_dims
-
-    def build_replica_axis(self) -> NoReplicaAxis:
-        """The replica axis of this process; called once the default process group exists.
-
-        Override point (e.g. a static cross-group gloo group to debug numerics without the
-        Manager); the default comes from
-        :func:`~torchtitan_ft.titan.replica_axis.build_replica_axis`.
-        """
-        # --- semi-sync hook: LocalSGD / DiLoCo drive the step (torchtitan_ft.titan.semi_sync)
-        from torchtitan_ft.titan.config import uses_semi_sync
-        from torchtitan_ft.titan.semi_sync import build_semi_sync_axis
-
-        if uses_semi_sync(self.job_config):
-            return build_semi_sync_axis(self.job_config)
-        # --- end semi-sync hook
-        return build_replica_axis(self.job_config)
 
     def close(self) -> None:
         """TorchTitan's cleanup, then the replica axis."""

@@ -1,4 +1,4 @@
-"""``torchtitan_ft.launch``: torchrun, silent after a worker's one-line config error only."""
+"""``torchtitan_ft.titan.launch``: torchrun, silent after a worker's one-line config error only."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchtitan_ft.launch import USER_ERROR_EXIT, _explained
+from torchtitan_ft.titan.launch import USER_ERROR_EXIT, _explained
 
 
 def _launch(tmp_path: Path, exit_code: int) -> subprocess.CompletedProcess[str]:
@@ -18,7 +18,7 @@ def _launch(tmp_path: Path, exit_code: int) -> subprocess.CompletedProcess[str]:
         f"import sys\nprint('worker says why', file=sys.stderr)\nsys.exit({exit_code})\n"
     )
     return subprocess.run(
-        [sys.executable, "-m", "torchtitan_ft.launch", "--nproc_per_node=2",
+        [sys.executable, "-m", "torchtitan_ft.titan.launch", "--nproc_per_node=2",
          "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", str(script)],
         capture_output=True,
         text=True,

@@ -1,19 +1,8 @@
-"""Config names as TorchTitan's launch commands spell them: ``MODEL=... CONFIG=... ./run_train.sh``.
+"""Config names as TorchTitan's launch commands spell them (``MODEL=... CONFIG=...
+./run_train.sh``), resolved by run_train.sh before it starts torchrun (docs/titan.md, "Config
+by name")::
 
-TorchTitan 0.2.2 selects a config file with ``CONFIG_FILE``; its later releases, and the
-commands of its fault-tolerance doc, select one by name: ``MODEL`` (or ``MODULE``) names the
-model family, ``CONFIG`` the config, e.g. ``MODEL=llama3 CONFIG=llama3_8B`` or
-``MODULE=ft.llama3 CONFIG=llama3_ft_debugmodel``. ``run_train.sh`` resolves such a name here to
-a TOML file in ``configs/`` (``CONFIG_FILE`` still works, and wins when both are given):
-
-* ``CONFIG`` is one of TorchTitan's names in :data:`TITAN_CONFIGS` or the name of a file in
-  ``configs/`` without ``.toml`` (e.g. ``CONFIG=debug_ft_diloco_cpu``); case does not matter;
-* ``MODEL`` / ``MODULE`` must be a family those configs are for (:data:`MODEL_FAMILIES`); alone,
-  it selects the family's debug config.
-
-An unknown name stops ``run_train.sh`` with one line that lists the known ones.
-
-    python -m torchtitan_ft.named_configs   # reads MODEL, MODULE, CONFIG; prints the file
+    python -m torchtitan_ft.titan.named_configs   # reads MODEL, MODULE, CONFIG; prints the file
 """
 
 from __future__ import annotations
@@ -23,9 +12,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from torchtitan_ft.launch import USER_ERROR_EXIT
+from torchtitan_ft.titan.launch import USER_ERROR_EXIT
 
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 TITAN_CONFIGS = {
     "llama3_debugmodel": "debug_cpu.toml",

@@ -1,12 +1,13 @@
-"""torchrun for ``run_train.sh``: ``python -m torchtitan_ft.launch [torchrun arguments]``.
+"""torchrun for ``run_train.sh``, the agent of one replica group's trainer processes:
+``python -m torchtitan_ft.titan.launch [torchrun arguments]``.
 
 It is ``python -m torch.distributed.run`` in every respect but one. When the failed workers
 exited with :data:`USER_ERROR_EXIT` (or were stopped by torchrun's SIGTERM once the first of
 them had exited), the workers have already said what is wrong in one line
-(``torchtitan_ft: config error: ...`` and the other mistakes ``torchtitan_ft.train`` reports),
-so torchrun's own report of the failure (an ERROR log line and a ``ChildFailedError``
-traceback) is left out and the launcher exits with the same status. Any other failure is
-reported by torchrun as usual.
+(``torchtitan_ft: config error: ...`` and the other mistakes ``torchtitan_ft.titan.train``
+reports), so torchrun's own report of the failure (an ERROR log line and a
+``ChildFailedError`` traceback) is left out and the launcher exits with the same status. Any
+other failure is reported by torchrun as usual.
 """
 
 from __future__ import annotations

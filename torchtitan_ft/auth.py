@@ -1,0 +1,141 @@
+"""The job token: how servers check it and how clients present it.
+
+One secret per job (``auth_token``), the same in every replica group and in the lighthouse. A
+client presents it as ``authorization: Bearer <token>`` (gRPC metadata or an HTTP header); a
+server compares in constant time. Without a configured token a server checks nothing, which is
+what torchft 0.2.0's clients expect.
+
+``TokenInterceptor`` checks the token of gRPC calls before the request is deserialized or any
+handler runs, so a caller without it costs the server one metadata comparison.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable, Collection
+from typing import Any
+
+import grpc
+
+logger = logging.getLogger(__name__)
+
+AUTHORIZATION = "authorization"
+"""The gRPC metadata key (lower case, as gRPC requires) and HTTP header carrying the token."""
+
+_MAX_LOGGED_PEERS = 1024
+
+
+def bearer(token: str) -> str:
+    """The ``authorization`` value presenting ``token``."""
+    return f"Bearer {token}"
+
+
+def presents(value: str | bytes | None, token: str) -> bool:
+    """Whether an ``authorization`` value presents ``token`` (constant-time comparison)."""
+    if value is None:
+        return False
+    given = value.encode("latin-1", "replace") if isinstance(value, str) else value
+    return hmac.compare_digest(given, bearer(token).encode("latin-1", "replace"))
+
+
+def grpc_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """Call metadata presenting ``token``; empty without one (torchft servers ignore it)."""
+    return () if token is None else ((AUTHORIZATION, bearer(token)),)
+
+
+def check_token(token: str | None, what: str) -> None:
+    """Raises ValueError for an empty token (``None`` means "no token")."""
+    if token is not None and (not isinstance(token, str) or not token):
+        raise ValueError(f"{what} must be None (no token) or a non-empty string, got {token!r}")
+
+
+def peer_host(peer: str) -> str:
+    """``ipv4:10.0.0.5:41234`` -> ``ipv4:10.0.0.5``: one log line per host, not per port."""
+    return peer.rpartition(":")[0] or peer
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses calls to ``methods`` that do not carry the job token, with UNAUTHENTICATED.
+
+    Args:
+        token: the job token.
+        methods: full method names (``/package.Service/Method``) that need it; others pass.
+        server_name: how the refusal names this server, e.g. ``"the lighthouse"``.
+        on_refused: called once per refused call (e.g. to count it in metrics).
+    """
+
+    def __init__(
+        self,
+        token: str,
+        methods: Collection[str],
+        server_name: str,
+        on_refused: Callable[[], None] = lambda: None,
+    ) -> None:
+        check_token(token, "token")
+        self._token = token
+        self._methods = frozenset(methods)
+        self._server_name = server_name
+        self._on_refused = on_refused
+        self._refusals = RefusalLog(server_name)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Any],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(details)
+        if handler is None or details.method not in self._methods:
+            return handler
+        metadata = dict(details.invocation_metadata or ())
+        if presents(metadata.get(AUTHORIZATION), self._token):
+            return handler
+        self._on_refused()
+        return self._refusal(handler, details.method)
+
+    def _refusal(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """A handler of the same kind as ``handler`` that aborts with UNAUTHENTICATED.
+
+        Its deserializer drops the request bytes unread: nothing a stranger sent is parsed.
+        """
+        message = (
+            f"{method.lstrip('/')} refused: {self._server_name} has a job token and this call "
+            f"did not carry it (metadata '{AUTHORIZATION}: Bearer <token>'); give this client "
+            "the job's auth_token"
+        )
+
+        async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> None:
+            self._refusals.refused(peer_host(context.peer()), method.lstrip("/"))
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+        def ignore(_data: bytes) -> None:
+            return None
+
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse, request_deserializer=ignore)
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(refuse, request_deserializer=ignore)
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(refuse, request_deserializer=ignore)
+        return grpc.unary_unary_rpc_method_handler(refuse, request_deserializer=ignore)
+
+
+class RefusalLog:
+    """Logs the first request refused for lacking the token from each peer host; later ones
+    from that host are not logged (a flood of them stays one line per host)."""
+
+    def __init__(self, server_name: str) -> None:
+        self._server_name = server_name
+        self._hosts: set[str] = set()
+
+    def refused(self, host: str, what: str) -> None:
+        if host in self._hosts or len(self._hosts) >= _MAX_LOGGED_PEERS:
+            return
+        self._hosts.add(host)
+        logger.warning(
+            "%s refused %s from %s: no valid job token (further refusals from this host are "
+            "not logged)",
+            self._server_name,
+            what,
+            host,
+        )

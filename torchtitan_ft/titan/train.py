@@ -1,0 +1,99 @@
+"""The trainer process's entry point, ``python -m torchtitan_ft.titan.train [TorchTitan args]``
+(run_train.sh's ``TRAIN_FILE``), in every rank of a replica group: CPU fixes, config, then
+TorchTitan's Trainer (docs/titan.md, "Running it").
+
+Without ``--job.config_file`` the checkout's ``configs/debug_cpu.toml`` is used when it exists.
+"""
+
+import os
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from torchtitan_ft.titan import cpu_compat
+from torchtitan_ft.titan.launch import USER_ERROR_EXIT
+
+cpu_compat.apply_before_torchtitan_import()
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "debug_cpu.toml"
+"""The embedded default config (present in a source checkout / editable install)."""
+
+
+def with_default_config(args: list[str]) -> list[str]:
+    """``args`` plus ``--job.config_file DEFAULT_CONFIG`` if no config file was given."""
+    from torchtitan_ft.titan.config import config_file_from_args
+
+    if config_file_from_args(args) is None and DEFAULT_CONFIG.exists():
+        return ["--job.config_file", str(DEFAULT_CONFIG), *args]
+    return args
+
+
+def _user_error(message: str) -> NoReturn:
+    print(f"torchtitan_ft: {message}", file=sys.stderr, flush=True)
+    # TorchTitan's @record on Trainer.train may have written the traceback for torchrun to show.
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        Path(error_file).unlink(missing_ok=True)
+    raise SystemExit(USER_ERROR_EXIT)
+
+
+def _config_error(message: str) -> NoReturn:
+    _user_error(f"config error: {message}")
+
+
+def main(argv: list[str] | None = None, trainer_class: type | None = None) -> None:
+    """Parse, validate, train; mirrors ``torchtitan.train.main`` with the plugin's config.
+
+    ``trainer_class`` defaults to ``FaultTolerantTrainer`` (tests pass a subclass).
+    """
+    import torch
+    from torchtitan.tools.logging import init_logger, logger
+
+    from torchtitan_ft.manager import (
+        AddressInUseError,
+        QuorumTimeoutError,
+        ReplicaGroupMismatchError,
+    )
+    from torchtitan_ft.titan.config import (
+        ConfigError,
+        check_local_paths,
+        check_model_fragments,
+        parse_job_config,
+    )
+    from torchtitan_ft.titan.data import register_datasets
+    from torchtitan_ft.titan.trainer import FaultTolerantTrainer
+
+    init_logger()
+    register_datasets()
+    args = with_default_config(list(sys.argv[1:] if argv is None else argv))
+    try:
+        config = parse_job_config(args)
+        check_local_paths(config)
+        check_model_fragments(config)
+    except ConfigError as e:
+        _config_error(str(e))
+
+    trainer: FaultTolerantTrainer | None = None
+    try:
+        trainer = (trainer_class or FaultTolerantTrainer)(config)
+        if config.checkpoint.create_seed_checkpoint:
+            if int(os.environ.get("WORLD_SIZE", "1")) != 1:
+                _config_error("--checkpoint.create_seed_checkpoint needs one process (NGPU=1)")
+            if not config.checkpoint.enable:
+                _config_error("--checkpoint.create_seed_checkpoint needs --checkpoint.enable")
+            trainer.checkpointer.save(curr_step=0, last_step=True)
+            logger.info("Created seed checkpoint")
+        else:
+            trainer.train()
+    except (AddressInUseError, QuorumTimeoutError, ReplicaGroupMismatchError) as e:
+        _user_error(str(e))
+    finally:
+        if trainer is not None:
+            trainer.close()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+        logger.info("Process group destroyed")
+
+
+if __name__ == "__main__":
+    main()
