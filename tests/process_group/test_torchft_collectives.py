@@ -232,7 +232,21 @@ def _functional_collectives_over_a_mesh(rank: int, port: int) -> dict[str, Any]:
         out[f"dtensor{quorum}"] = replicated.to_local().tolist()
         out[f"all_reduce{quorum}"] = funcol.all_reduce(local, "sum", pg).tolist()
         out[f"broadcast{quorum}"] = funcol.broadcast(local, 1, pg).tolist()
-    pg.unregister()
+        (gathered,) = funcol.all_gather_single_coalesced([local], pg)
+        out[f"all_gather_coalesced{quorum}"] = gathered.tolist()
+        # torch.distributed's own API with group=pg, single-tensor and rooted collectives too.
+        whole = torch.zeros(6)
+        dist.all_gather_into_tensor(whole, local, group=pg)
+        out[f"dist_all_gather{quorum}"] = whole.tolist()
+        part = torch.zeros(3)
+        dist.reduce_scatter_tensor(part, torch.arange(6.0) * (rank + 1), group=pg)
+        out[f"dist_reduce_scatter{quorum}"] = part.tolist()
+        reduced = local.clone()
+        dist.reduce(reduced, dst=0, group=pg)
+        out[f"dist_reduce{quorum}"] = reduced.tolist()
+    # torchft's unregister is c10d's destroy_process_group; both work, and it can come back.
+    dist.destroy_process_group(pg)
+    pg.register("ft_replicate").unregister()
     pg.shutdown()
     dist.destroy_process_group()
     return out
@@ -248,3 +262,11 @@ def test_functional_collectives_and_device_mesh_use_the_group(store: dist.TCPSto
             assert out[f"dtensor{quorum}"] == [float(rank + 1)] * 3
             assert out[f"all_reduce{quorum}"] == [3.0] * 3
             assert out[f"broadcast{quorum}"] == [2.0] * 3
+            assert out[f"all_gather_coalesced{quorum}"] == [1.0] * 3 + [2.0] * 3
+            assert out[f"dist_all_gather{quorum}"] == [1.0] * 3 + [2.0] * 3
+            # rank r gets chunk r of (arange(6) * 1 + arange(6) * 2)
+            assert out[f"dist_reduce_scatter{quorum}"] == [
+                3.0 * k for k in range(3 * rank, 3 * rank + 3)
+            ]
+            if rank == 0:
+                assert out[f"dist_reduce{quorum}"] == [3.0] * 3

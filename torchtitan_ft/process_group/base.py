@@ -27,8 +27,11 @@ from torch.distributed.distributed_c10d import (
     AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
+    GatherOptions,
     ReduceOp,
+    ReduceOptions,
     ReduceScatterOptions,
+    ScatterOptions,
     Work,
 )
 from torch.futures import Future
@@ -469,6 +472,55 @@ class ProcessGroup(dist.ProcessGroup):
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement barrier")
 
+    # torch.distributed's single-tensor and rooted collectives: ``dist.all_gather_into_tensor``,
+    # ``dist.reduce_scatter_tensor``, ``dist.gather``, ``dist.scatter`` and ``dist.reduce`` call
+    # these Python methods. (c10d's C++ cannot reach them, so functional collectives use the
+    # coalesced forms instead; see ``register``.)
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
+    ) -> Work:
+        """Gather every rank's ``input`` into ``output`` (dim 0, rank order)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement all_gather_single")
+
+    def _allgather_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
+    ) -> Work:
+        return self.all_gather_single(output, input, opts)
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
+    ) -> Work:
+        """Reduce ``input`` over ranks; rank ``r`` receives its ``r``-th dim-0 chunk."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement reduce_scatter_single")
+
+    def _reduce_scatter_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
+    ) -> Work:
+        return self.reduce_scatter_single(output, input, opts)
+
+    def gather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: GatherOptions | None = None,
+    ) -> Work:
+        """Gather every rank's input on ``opts.rootRank`` (``dist.gather``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement gather")
+
+    def scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: ScatterOptions | None = None,
+    ) -> Work:
+        """Send ``opts.rootRank``'s ``input_tensors[0][r]`` to rank ``r`` (``dist.scatter``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement scatter")
+
+    def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions | None = None) -> Work:
+        """Reduce ``tensors`` onto ``opts.rootRank`` (``dist.reduce``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement reduce")
+
     def size(self) -> int:
         """Number of processes in the current group."""
         raise NotImplementedError(f"{type(self).__name__} does not implement size")
@@ -494,12 +546,18 @@ class ProcessGroup(dist.ProcessGroup):
         Functional collectives over that dimension run across the group's current members;
         DTensor redistributions, which read the size from the mesh, do not communicate.
 
-        torch routes the functional collectives that have a Python hook (all_reduce, its
-        coalesced form, all_gather_into_tensor_coalesced, reduce_scatter_tensor_coalesced,
-        all_to_all_single, broadcast) to this object; the single-tensor
-        ``all_gather_tensor`` and ``reduce_scatter_tensor`` need a C++ backend, which a group
-        rebuilt on every quorum cannot provide: use their ``_coalesced`` forms with one
-        tensor.
+        Once registered, ``torch.distributed``'s own API takes the group too
+        (``dist.get_backend(pg)``, every collective with ``group=pg``,
+        ``dist.destroy_process_group(pg)``, which is how torchft unregisters).
+
+        torch's C++ routes the functional collectives that have a Python hook (all_reduce, its
+        coalesced form, all_gather_single_coalesced, reduce_scatter_single_coalesced,
+        all_to_all_single, broadcast) to this object. The single-tensor
+        ``funcol.all_gather_tensor`` and ``funcol.reduce_scatter_tensor`` have none: c10d looks
+        for a C++ backend for device ``cpu``, which a group rebuilt on every quorum cannot
+        register once (c10d keeps the first backend registered for a device), so they raise
+        "No backend type associated with device type cpu". Use their ``_coalesced`` forms
+        with one tensor.
 
         Args:
             name: a name no other registered group uses.
@@ -509,7 +567,7 @@ class ProcessGroup(dist.ProcessGroup):
         """
         if not name:
             raise ValueError("register() needs a non-empty name")
-        if self._registered_name == name:
+        if self._registered_name == name and self in c10d._world.pg_names:
             return self
         owner = next((pg for pg, n in c10d._world.pg_names.items() if n == name), None)
         if owner is not None and owner is not self:
@@ -519,6 +577,11 @@ class ProcessGroup(dist.ProcessGroup):
         c10d._world.pg_names[self] = name
         global_rank = dist.get_rank() if dist.is_initialized() else 0
         c10d._world.pg_group_ranks[self] = {global_rank: 0}
+        # What torch.distributed's own API reads and clears about a group
+        # (``dist.get_backend``, ``dist.destroy_process_group``); no store of c10d's.
+        c10d._world.pg_map[self] = (self.getBackendName(), None)
+        c10d._world.pg_backend_config[self] = self.getBackendName()
+        c10d._world.pg_to_tag[self] = None
         self._registered_name = name
         return self
 
@@ -529,7 +592,13 @@ class ProcessGroup(dist.ProcessGroup):
             return
         self._registered_name = None
         c10d._world.pg_names.pop(self, None)
-        c10d._world.pg_group_ranks.pop(self, None)
+        for table in (
+            c10d._world.pg_group_ranks,
+            c10d._world.pg_map,
+            c10d._world.pg_backend_config,
+            c10d._world.pg_to_tag,
+        ):
+            table.pop(self, None)
         try:
             c10d._unregister_process_group(name)
         except RuntimeError:

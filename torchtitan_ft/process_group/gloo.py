@@ -43,8 +43,11 @@ from torch.distributed.distributed_c10d import (
     AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
+    GatherOptions,
     ReduceOp,
+    ReduceOptions,
     ReduceScatterOptions,
+    ScatterOptions,
     Work,
 )
 
@@ -489,6 +492,55 @@ class ProcessGroupGloo(ProcessGroup):
             ),
             [output],
         )
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
+    ) -> Work:
+        """See :meth:`ProcessGroup.all_gather_single`."""
+        options = opts if opts is not None else AllgatherOptions()
+        return self._run(
+            "all_gather_single", lambda pg: pg.all_gather_single(output, input, options), output
+        )
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
+    ) -> Work:
+        """See :meth:`ProcessGroup.reduce_scatter_single`."""
+        options = opts if opts is not None else ReduceScatterOptions()
+        return self._run(
+            "reduce_scatter_single",
+            lambda pg: pg.reduce_scatter_single(output, input, options),
+            output,
+        )
+
+    def gather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: GatherOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.gather`."""
+        options = opts if opts is not None else GatherOptions()
+        return self._run(
+            "gather", lambda pg: pg.gather(output_tensors, input_tensors, options), output_tensors
+        )
+
+    def scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: ScatterOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.scatter`."""
+        options = opts if opts is not None else ScatterOptions()
+        return self._run(
+            "scatter", lambda pg: pg.scatter(output_tensors, input_tensors, options), output_tensors
+        )
+
+    def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions | None = None) -> Work:
+        """See :meth:`ProcessGroup.reduce`."""
+        options = opts if opts is not None else ReduceOptions()
+        return self._run("reduce", lambda pg: pg.reduce(tensors, options), tensors)
 
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
         """See :meth:`ProcessGroup.send`."""
