@@ -244,6 +244,13 @@ def _functional_collectives_over_a_mesh(rank: int, port: int) -> dict[str, Any]:
         reduced = local.clone()
         dist.reduce(reduced, dst=0, group=pg)
         out[f"dist_reduce{quorum}"] = reduced.tolist()
+        pieces = [torch.zeros(3) for _ in range(2)] if rank == 1 else None
+        dist.gather(local, pieces, group=pg, group_dst=1)
+        out[f"dist_gather{quorum}"] = [p.tolist() for p in pieces] if pieces else None
+        received = torch.zeros(3)
+        sent = [torch.full((3,), 10.0 + r) for r in range(2)] if rank == 0 else None
+        dist.scatter(received, sent, group=pg, group_src=0)
+        out[f"dist_scatter{quorum}"] = received.tolist()
     # torchft's unregister is c10d's destroy_process_group; both work, and it can come back.
     dist.destroy_process_group(pg)
     pg.register("ft_replicate").unregister()
@@ -270,3 +277,6 @@ def test_functional_collectives_and_device_mesh_use_the_group(store: dist.TCPSto
             ]
             if rank == 0:
                 assert out[f"dist_reduce{quorum}"] == [3.0] * 3
+            else:
+                assert out[f"dist_gather{quorum}"] == [[1.0] * 3, [2.0] * 3]
+            assert out[f"dist_scatter{quorum}"] == [10.0 + rank] * 3

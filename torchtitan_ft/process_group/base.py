@@ -486,6 +486,7 @@ class ProcessGroup(dist.ProcessGroup):
     def _allgather_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
     ) -> Work:
+        """torch's former name of :meth:`all_gather_single`."""
         return self.all_gather_single(output, input, opts)
 
     def reduce_scatter_single(
@@ -497,6 +498,7 @@ class ProcessGroup(dist.ProcessGroup):
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
     ) -> Work:
+        """torch's former name of :meth:`reduce_scatter_single`."""
         return self.reduce_scatter_single(output, input, opts)
 
     def gather(
