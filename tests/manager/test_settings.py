@@ -119,9 +119,7 @@ def test_torchft_timeout_env_vars(arg_name: str, env_var: str, default: timedelt
     got = getattr(resolve_manager_settings(env={}), arg_name)
     assert (got.value, got.source) == (default, Source.DEFAULT)
     # the start-up line names the variable
-    assert f"{arg_name}=datetime.timedelta(seconds=7) (env {env_var})" in (
-        resolve_manager_settings(env=env).describe()
-    )
+    assert f"{arg_name}=7 s (env {env_var})" in (resolve_manager_settings(env=env).describe())
 
 
 @pytest.mark.parametrize("bad", ["sixty", "-1", "0", "nan s"])

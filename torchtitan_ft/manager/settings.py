@@ -56,6 +56,8 @@ class Resolved(Generic[T]):
 
     def describe(self) -> str:
         origin = f"env {self.env_var}" if self.source is Source.ENV else self.source.value
+        if isinstance(self.value, timedelta):
+            return f"{self.value.total_seconds():g} s ({origin})"
         return f"{self.value!r} ({origin})"
 
 
