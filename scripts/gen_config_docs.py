@@ -238,7 +238,7 @@ def render_lighthouse_section() -> str:
             continue
         if action.required:
             default = "required"
-        elif action.default is None:
+        elif action.default is None or action.default == argparse.SUPPRESS:
             default = "see meaning"
         else:
             default = f"`{action.default}`"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -159,6 +160,13 @@ def test_help_lists_torchft_flags_and_defaults() -> None:
         "--status_bind",
     ]:
         assert text in result.stdout
+
+
+def test_version_prints_the_package_version() -> None:
+    result = run("--version")
+    assert result.returncode == 0, result.stderr
+    expected = importlib.metadata.version("torchtitan_ft")
+    assert result.stdout.strip().startswith(f"torchft_lighthouse {expected} ")
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ real implementations are tested in their own modules and across processes in
 from __future__ import annotations
 
 import copy
+import logging
 import socket
 import threading
 import time
@@ -341,6 +342,46 @@ def test_quorum_timeout_when_lighthouse_down() -> None:
         with pytest.raises(TimeoutError):
             manager.should_commit()
         assert time.monotonic() - start < 5
+    finally:
+        manager.shutdown()
+
+
+def test_torchft_timeout_env_vars_apply_when_not_passed(
+    monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+    address = server.address()
+    server.shutdown()
+    # With the defaults (60 s) the failed quorum below would take a minute.
+    monkeypatch.setenv("TORCHFT_QUORUM_TIMEOUT_SEC", "1")
+    monkeypatch.setenv("TORCHFT_CONNECT_TIMEOUT_SEC", "1")
+    monkeypatch.setenv("TORCHFT_TIMEOUT_SEC", "1")
+    monkeypatch.setenv("TORCHFT_QUORUM_RETRIES", "2")
+    with caplog.at_level(logging.INFO, logger="torchtitan_ft.manager.manager"):
+        manager = Manager(
+            pg=FakePG(),
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=1,
+            lighthouse_addr=address,
+            replica_id="orphan_env",
+            rank=0,
+            world_size=1,
+            hostname="127.0.0.1",
+            checkpoint_transport=MemoryTransport(),
+        )
+    try:
+        settings = manager.settings
+        assert settings.quorum_timeout.env_var == "TORCHFT_QUORUM_TIMEOUT_SEC"
+        assert settings.quorum_retries.value == 2
+        lines = [r.getMessage() for r in caplog.records if "settings:" in r.getMessage()]
+        assert len(lines) == 1, lines  # resolved values logged once, with their sources
+        assert "(env TORCHFT_QUORUM_TIMEOUT_SEC)" in lines[0]
+        start = time.monotonic()
+        manager.start_quorum()
+        with pytest.raises(TimeoutError):
+            manager.should_commit()
+        assert time.monotonic() - start < 10
     finally:
         manager.shutdown()
 

@@ -3,6 +3,7 @@ vars and defaults, with a mapping for the env (pure)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -98,3 +99,52 @@ def test_port_in_use_message() -> None:
     )
     arg = port_in_use_message(Resolved(7, Source.ARGUMENT), "127.0.0.1:7")
     assert "(from the Manager's port=7 argument)" in arg
+
+
+@pytest.mark.parametrize(
+    ("arg_name", "env_var", "default"),
+    [
+        ("timeout", "TORCHFT_TIMEOUT_SEC", timedelta(seconds=60)),
+        ("quorum_timeout", "TORCHFT_QUORUM_TIMEOUT_SEC", timedelta(seconds=60)),
+        ("connect_timeout", "TORCHFT_CONNECT_TIMEOUT_SEC", timedelta(seconds=60)),
+    ],
+)
+def test_torchft_timeout_env_vars(arg_name: str, env_var: str, default: timedelta) -> None:
+    env = {env_var: "7"}
+    # argument beats env (torchft lets the env win; we do not)
+    got = getattr(resolve_manager_settings(env=env, **{arg_name: timedelta(seconds=3)}), arg_name)
+    assert (got.value, got.source) == (timedelta(seconds=3), Source.ARGUMENT)
+    # env (whole or fractional seconds) fills what is not given
+    got = getattr(resolve_manager_settings(env=env), arg_name)
+    assert (got.value, got.source, got.env_var) == (timedelta(seconds=7), Source.ENV, env_var)
+    half = getattr(resolve_manager_settings(env={env_var: "0.5"}), arg_name)
+    assert half.value == timedelta(milliseconds=500)
+    got = getattr(resolve_manager_settings(env={}), arg_name)
+    assert (got.value, got.source) == (default, Source.DEFAULT)
+    # the start-up line names the variable
+    assert f"{arg_name}=7 s (env {env_var})" in (resolve_manager_settings(env=env).describe())
+
+
+@pytest.mark.parametrize("bad", ["sixty", "-1", "0", "nan s"])
+def test_bad_timeout_env_var_names_the_variable(bad: str) -> None:
+    with pytest.raises(ValueError, match=rf"env var TORCHFT_QUORUM_TIMEOUT_SEC .*{bad!r}"):
+        resolve_manager_settings(env={"TORCHFT_QUORUM_TIMEOUT_SEC": bad})
+
+
+def test_bad_timeout_argument_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        resolve_manager_settings(env={}, timeout=timedelta(0))
+    with pytest.raises(TypeError, match=r"connect_timeout must be a datetime\.timedelta"):
+        resolve_manager_settings(env={}, connect_timeout=5)  # type: ignore[arg-type]
+
+
+def test_torchft_quorum_retries_env_var() -> None:
+    env = {"TORCHFT_QUORUM_RETRIES": "3"}
+    assert resolve_manager_settings(env=env, quorum_retries=1).quorum_retries.value == 1
+    got = resolve_manager_settings(env=env).quorum_retries
+    assert (got.value, got.source, got.env_var) == (3, Source.ENV, "TORCHFT_QUORUM_RETRIES")
+    assert resolve_manager_settings(env={}).quorum_retries == Resolved(0, Source.DEFAULT)
+    with pytest.raises(ValueError, match="env var TORCHFT_QUORUM_RETRIES must be an integer"):
+        resolve_manager_settings(env={"TORCHFT_QUORUM_RETRIES": "many"})
+    with pytest.raises(ValueError, match=r"quorum_retries .*must be >= 0"):
+        resolve_manager_settings(env={"TORCHFT_QUORUM_RETRIES": "-2"})

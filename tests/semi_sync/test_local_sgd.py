@@ -7,6 +7,7 @@ of the model, with no strategy code.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -21,6 +22,7 @@ from torchtitan_ft.semi_sync import (
     QuorumMode,
     split_model,
 )
+from torchtitan_ft.semi_sync import local_sgd as local_sgd_module
 from torchtitan_ft.semi_sync.local_sgd import initial_optimizer_state
 
 from ._helpers import loss_fn, make_model, params_of, run_threads, train_steps
@@ -546,7 +548,7 @@ def test_checkpoint_views_share_the_strategy_tensors_and_schedule() -> None:
 # ------------------------------------------------------------------ validation
 
 
-def test_diloco_requires_sync_quorum() -> None:
+def test_diloco_requires_sync_quorum(caplog: pytest.LogCaptureFixture, monkeypatch: Any) -> None:
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=INNER_LR)
     groups = SimulatedReplicaGroups(1, quorum_mode=QuorumMode.ASYNC)
@@ -559,8 +561,13 @@ def test_diloco_requires_sync_quorum() -> None:
         def register_state_dict_fn(self, *args: Any) -> None:
             pass
 
-    with pytest.raises(ValueError, match="pass quorum_mode"):
+    # One that does not say is assumed synchronous, with one warning per process.
+    monkeypatch.setattr(local_sgd_module, "_warned_unknown_mode", False)
+    with caplog.at_level(logging.WARNING, logger=local_sgd_module.__name__):
         DiLoCo(Opaque(), [model], opt, OUTER, 4)  # type: ignore[arg-type]
+        LocalSGD(Opaque(), model, opt, 4)  # type: ignore[arg-type]
+    warnings = [r.getMessage() for r in caplog.records if "quorum mode" in r.getMessage()]
+    assert len(warnings) == 1 and "assuming a synchronous quorum" in warnings[0], warnings
     DiLoCo(Opaque(), [model], opt, OUTER, 4, quorum_mode=QuorumMode.SYNC)  # type: ignore[arg-type]
 
 

@@ -1,14 +1,15 @@
 """``torchft_lighthouse``: runs a lighthouse until interrupted.
 
 Flags and defaults match torchft's (``--bind``, ``--min_replicas``, ``--join_timeout_ms``,
-``--quorum_tick_ms``, ``--heartbeat_timeout_ms``); ``--status_bind`` and ``--auth_token`` are
-ours. Bad values exit with code 2 and one line naming the flag.
+``--quorum_tick_ms``, ``--heartbeat_timeout_ms``); ``--status_bind``, ``--auth_token`` and
+``--version`` are ours. Bad values exit with code 2 and one line naming the flag.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import logging
 import os
 import resource
@@ -30,8 +31,23 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def version_line() -> str:
+    """What ``--version`` prints: the installed package's version and the protocol it speaks."""
+    try:
+        version = importlib.metadata.version("torchtitan_ft")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(not installed)"
+    return f"{PROG} {version} (torchtitan_ft; torchft 0.2.0 gRPC protocol)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog=PROG, description="The torchft lighthouse: decides each step's quorum.")
+    p.add_argument(
+        "--version",
+        action="version",
+        version=version_line(),
+        help="print the installed torchtitan_ft version and exit",
+    )
     p.add_argument(
         "--bind", default="[::]:29510", help="host:port of the gRPC server (default: %(default)s)"
     )

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import torch
 from torch.distributed import ReduceOp
 from torch.distributed.distributed_c10d import AllreduceOptions
+from torch.profiler import record_function
 
 from torchtitan_ft.manager.stats import Counters
 from torchtitan_ft.process_group.futures import completed_future, future_with_timeout
@@ -137,6 +138,10 @@ class StepCollectives:
             return completed_future(tensor)
 
         def normalize(fut: torch.futures.Future[Any]) -> torch.Tensor:
+            with record_function("torchft::manager::allreduce::callback"):
+                return finish(fut)
+
+        def finish(fut: torch.futures.Future[Any]) -> torch.Tensor:
             try:
                 fut.value()  # raises the collective's error, swallowed by wrap_future
             except Exception:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, cast
 
+from torch.profiler import record_function
+
 from torchtitan_ft.checkpoint import CheckpointTransport
 from torchtitan_ft.manager.client import ManagerClient
 from torchtitan_ft.manager.decisions import QuorumResult
@@ -99,12 +101,13 @@ class Healing:
             )
             self._served = True
             state = self._state_to_send(manager_state)
-            self.transport.send_checkpoint(
-                dst_ranks=result.recover_dst_replica_ranks,
-                step=result.max_step,
-                state_dict=state,
-                timeout=self._timeout,
-            )
+            with record_function("torchft::manager::_checkpoint_transport::send_checkpoint"):
+                self.transport.send_checkpoint(
+                    dst_ranks=result.recover_dst_replica_ranks,
+                    step=result.max_step,
+                    state_dict=state,
+                    timeout=self._timeout,
+                )
             sent = tensor_bytes(state) * len(result.recover_dst_replica_ranks)
             self._counters.add(heal_bytes_sent=sent)
         if result.heal:
@@ -141,9 +144,10 @@ class Healing:
             metadata = source._checkpoint_metadata(self._group_rank, timeout=self._timeout)
         finally:
             source.close()
-        state = self.transport.recv_checkpoint(
-            src_rank=src_rank, metadata=metadata, step=result.max_step, timeout=self._timeout
-        )
+        with record_function("torchft::manager::_checkpoint_transport::recv_checkpoint"):
+            state = self.transport.recv_checkpoint(
+                src_rank=src_rank, metadata=metadata, step=result.max_step, timeout=self._timeout
+            )
         self._counters.add(heal_bytes_received=tensor_bytes(state))
         _check_healed_state(state, self._load_fns.keys(), result.max_step)
         return cast(dict[str, Any], state)

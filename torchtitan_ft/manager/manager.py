@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import torch
 from torch.distributed import ReduceOp
+from torch.profiler import record_function
 
 from torchtitan_ft.checkpoint import CheckpointTransport
 from torchtitan_ft.manager.collectives import ExceptionWithTraceback, StepCollectives
@@ -76,10 +77,12 @@ class Manager:
             (default True). With False, ``start_quorum`` blocks and a healing replica applies
             the received state before its forward and participates at once.
         timeout: collectives, ``wrap_future``, ShouldCommit and CheckpointMetadata RPCs and
-            checkpoint transfers (default 60 s).
-        quorum_timeout: how long ``start_quorum`` waits for the lighthouse (default 60 s);
-            raise it for LocalSGD/DiLoCo with long sync intervals.
-        connect_timeout: connecting to the ManagerServer, lighthouse and TCPStore (60 s).
+            checkpoint transfers: argument > ``TORCHFT_TIMEOUT_SEC`` (seconds) > 60 s.
+        quorum_timeout: how long ``start_quorum`` waits for the lighthouse: argument >
+            ``TORCHFT_QUORUM_TIMEOUT_SEC`` > 60 s; raise it for LocalSGD/DiLoCo with long sync
+            intervals.
+        connect_timeout: connecting to the ManagerServer, lighthouse and TCPStore: argument >
+            ``TORCHFT_CONNECT_TIMEOUT_SEC`` > 60 s.
         rank: rank in the replica group: argument > ``RANK`` > 0.
         world_size: ranks in the replica group: argument > ``WORLD_SIZE`` > 1.
         world_size_mode: ``WorldSizeMode.DYNAMIC`` (default) or ``FIXED_WITH_SPARES``.
@@ -104,7 +107,8 @@ class Manager:
         max_retries: consecutive failed commits allowed; one more raises RuntimeError from
             ``should_commit``. ``None`` (default) retries forever.
         quorum_retries: retries (with backoff) of a failed lighthouse quorum request by group
-            rank 0's ManagerServer before the quorum fails (default 0).
+            rank 0's ManagerServer before the quorum fails: argument >
+            ``TORCHFT_QUORUM_RETRIES`` > 0.
         auth_token: the job token (default ``None``: none), the same in every group and the
             lighthouse. With one, the group's ManagerServer answers only calls carrying it
             (every rank's client sends it; its Kill RPC is enabled), it presents it to the
@@ -130,9 +134,9 @@ class Manager:
         state_dict: Callable[[], Any] | None,
         min_replica_size: int,
         use_async_quorum: bool = True,
-        timeout: timedelta = timedelta(seconds=60),
-        quorum_timeout: timedelta = timedelta(seconds=60),
-        connect_timeout: timedelta = timedelta(seconds=60),
+        timeout: timedelta | None = None,
+        quorum_timeout: timedelta | None = None,
+        connect_timeout: timedelta | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         world_size_mode: WorldSizeMode = WorldSizeMode.DYNAMIC,
@@ -146,7 +150,7 @@ class Manager:
         checkpoint_transport: CheckpointTransport | None = None,
         init_sync: bool = True,
         max_retries: int | None = None,
-        quorum_retries: int = 0,
+        quorum_retries: int | None = None,
         auth_token: str | None = None,
         model_fingerprint: str | Callable[[], str] | None = None,
         num_replica_groups: int | None = None,
@@ -163,15 +167,21 @@ class Manager:
             store_port=store_port,
             rank=rank,
             world_size=world_size,
+            timeout=timeout,
+            quorum_timeout=quorum_timeout,
+            connect_timeout=connect_timeout,
+            quorum_retries=quorum_retries,
             default_store_host=hostname,
         )
+        timeout = settings.timeout.value
+        connect_timeout = settings.connect_timeout.value
         self._settings: ManagerSettings = settings
         self._group_rank: int = settings.group_rank.value
         self._group_world_size: int = settings.group_world_size.value
         self._min_replica_size = min_replica_size
         self._use_async_quorum = use_async_quorum
         self._timeout = timeout
-        self._quorum_timeout = quorum_timeout
+        self._quorum_timeout = settings.quorum_timeout.value
         self._init_sync = init_sync
         self._max_retries = max_retries
         self._pg = pg
@@ -192,7 +202,7 @@ class Manager:
             hostname=hostname,
             heartbeat_interval=heartbeat_interval,
             connect_timeout=connect_timeout,
-            quorum_retries=quorum_retries,
+            quorum_retries=settings.quorum_retries.value,
             auth_token=auth_token,
             transport=checkpoint_transport,
             transport_timeout=timeout,
@@ -282,7 +292,8 @@ class Manager:
             RuntimeError: ``start_quorum`` was never called.
             Exception: the quorum itself failed (e.g. TimeoutError: no lighthouse answer).
         """
-        self._quorum.wait()
+        with record_function("torchft::manager::wait_quorum"):
+            self._quorum.wait()
 
     def _heal_all_or_nothing(self) -> None:
         """Applies a received state at a safe point if the whole group received (training
@@ -320,6 +331,12 @@ class Manager:
                 block); ``SUM`` and ``AVG`` only.
             reduce_op: ``ReduceOp.AVG`` (floating point only), ``SUM``, ``MAX`` or ``MIN``.
         """
+        with record_function("torchft::manager::allreduce"):
+            return self._allreduce(tensor, should_quantize, reduce_op)
+
+    def _allreduce(
+        self, tensor: torch.Tensor, should_quantize: bool, reduce_op: ReduceOp.RedOpType
+    ) -> torch.futures.Future[torch.Tensor]:
         if reduce_op == ReduceOp.AVG and not torch.is_floating_point(tensor):
             raise TypeError(f"ReduceOp.AVG needs a floating point tensor, got {tensor.dtype}")
         if should_quantize and reduce_op not in (ReduceOp.SUM, ReduceOp.AVG):
@@ -372,6 +389,10 @@ class Manager:
                 failures were exceeded.
             Exception: the quorum failed, or the group-wide vote could not be taken.
         """
+        with record_function("torchft::manager::should_commit"):
+            return self._should_commit(timeout)
+
+    def _should_commit(self, timeout: timedelta | None) -> bool:
         self.wait_quorum()
         self._collectives.wait_pending()
         pg_error = self._pg.errored()

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from torch.profiler import record_function
+
 from torchtitan_ft.manager.collectives import StepCollectives
 from torchtitan_ft.manager.decisions import (
     Participation,
@@ -135,20 +137,25 @@ class QuorumThread:
         self._executor.shutdown(wait=wait, cancel_futures=True)
 
     def _run(self, request: QuorumRequest, ready: concurrent.futures.Future[None]) -> None:
+        with record_function("torchft::manager::_async_quorum"):
+            self._run_phases(request, ready)
+
+    def _run_phases(self, request: QuorumRequest, ready: concurrent.futures.Future[None]) -> None:
         """Two phases. Phase 1 (quorum, participation, reconfigure) releases the step's
         collectives; phase 2 (the heal transfer) runs while they proceed, so neither a donor
         nor a healing replica waits for the transfer before its allreduce. Errors other than
         the quorum RPC's are recorded, not raised."""
         try:
-            result = self._client._quorum(
-                group_rank=self._group_rank,
-                step=request.step,
-                checkpoint_metadata=self._transport.metadata(),
-                shrink_only=request.shrink_only,
-                init_sync=self._init_sync,
-                commit_failures=request.commit_failures,
-                timeout=request.timeout,
-            )
+            with record_function("torchft::manager::_client::_quorum"):
+                result = self._client._quorum(
+                    group_rank=self._group_rank,
+                    step=request.step,
+                    checkpoint_metadata=self._transport.metadata(),
+                    shrink_only=request.shrink_only,
+                    init_sync=self._init_sync,
+                    commit_failures=request.commit_failures,
+                    timeout=request.timeout,
+                )
             self.result = result
             self.participation = compute_participation(
                 result,
@@ -183,16 +190,17 @@ class QuorumThread:
             f"{result.replica_rank}/{result.replica_world_size}, store {prefixed}",
         )
         try:
-            self._pg.configure(
-                prefixed,
-                self._replica_id,
-                result.replica_rank,
-                result.replica_world_size,
-                result.quorum_id,
-                self._group_rank,
-                self._group_world_size,
-                global_ranks(result.replica_ids, self._group_world_size, self._group_rank),
-            )
+            with record_function("torchft::manager::_pg::configure"):
+                self._pg.configure(
+                    prefixed,
+                    self._replica_id,
+                    result.replica_rank,
+                    result.replica_world_size,
+                    result.quorum_id,
+                    self._group_rank,
+                    self._group_world_size,
+                    global_ranks(result.replica_ids, self._group_world_size, self._group_rank),
+                )
         except Exception as e:  # recorded: the step is discarded, the next quorum retries
             self._collectives.report_error(e)
             return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import Enum
 from typing import Generic, TypeVar
 from urllib.parse import urlsplit
@@ -24,6 +25,15 @@ MASTER_PORT_ENV = "MASTER_PORT"
 RANK_ENV = "RANK"
 WORLD_SIZE_ENV = "WORLD_SIZE"
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+TIMEOUT_SEC_ENV = "TORCHFT_TIMEOUT_SEC"
+QUORUM_TIMEOUT_SEC_ENV = "TORCHFT_QUORUM_TIMEOUT_SEC"
+CONNECT_TIMEOUT_SEC_ENV = "TORCHFT_CONNECT_TIMEOUT_SEC"
+QUORUM_RETRIES_ENV = "TORCHFT_QUORUM_RETRIES"
+
+DEFAULT_TIMEOUT = timedelta(seconds=60)
+DEFAULT_QUORUM_TIMEOUT = timedelta(seconds=60)
+DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=60)
+DEFAULT_QUORUM_RETRIES = 0
 
 DEFAULT_LIGHTHOUSE_ADDR = "http://localhost:29510"
 
@@ -46,6 +56,8 @@ class Resolved(Generic[T]):
 
     def describe(self) -> str:
         origin = f"env {self.env_var}" if self.source is Source.ENV else self.source.value
+        if isinstance(self.value, timedelta):
+            return f"{self.value.total_seconds():g} s ({origin})"
         return f"{self.value!r} ({origin})"
 
 
@@ -67,6 +79,15 @@ class ManagerSettings:
     """Rank inside the replica group."""
     group_world_size: Resolved[int]
     """Number of ranks in the replica group."""
+    timeout: Resolved[timedelta]
+    """Collectives, ``wrap_future``, ShouldCommit/CheckpointMetadata RPCs, checkpoint
+    transfers."""
+    quorum_timeout: Resolved[timedelta]
+    """How long ``start_quorum`` waits for the lighthouse."""
+    connect_timeout: Resolved[timedelta]
+    """Connecting to the ManagerServer, the lighthouse and the TCPStore."""
+    quorum_retries: Resolved[int]
+    """Retries of a failed lighthouse quorum request by group rank 0's ManagerServer."""
 
     def describe(self) -> str:
         """One line naming every value and its source, e.g. for the start-up log."""
@@ -78,6 +99,10 @@ class ManagerSettings:
             "store_port",
             "group_rank",
             "group_world_size",
+            "timeout",
+            "quorum_timeout",
+            "connect_timeout",
+            "quorum_retries",
         )
         return ", ".join(f"{n}={getattr(self, n).describe()}" for n in names)
 
@@ -104,6 +129,26 @@ def _as_int(r: Resolved[object], what: str) -> Resolved[int]:
     return Resolved(value, r.source, r.env_var)
 
 
+def _as_timeout(r: Resolved[object], what: str) -> Resolved[timedelta]:
+    """A positive timedelta; from env, a number of seconds (torchft reads whole seconds; a
+    fraction is accepted here)."""
+    origin = f"env var {r.env_var}" if r.env_var else what
+    if isinstance(r.value, timedelta):
+        value = r.value
+    elif isinstance(r.value, str):
+        try:
+            value = timedelta(seconds=float(r.value))
+        except (ValueError, OverflowError):
+            raise ValueError(
+                f"{origin} must be a number of seconds, e.g. 60, got {r.value!r}"
+            ) from None
+    else:
+        raise TypeError(f"{what} must be a datetime.timedelta, got {r.value!r}")
+    if value <= timedelta(0):
+        raise ValueError(f"{origin} must be positive, got {r.value!r}")
+    return Resolved(value, r.source, r.env_var)
+
+
 def resolve_manager_settings(
     *,
     env: Mapping[str, str],
@@ -114,6 +159,10 @@ def resolve_manager_settings(
     store_port: int | None = None,
     rank: int | None = None,
     world_size: int | None = None,
+    timeout: timedelta | None = None,
+    quorum_timeout: timedelta | None = None,
+    connect_timeout: timedelta | None = None,
+    quorum_retries: int | None = None,
     default_store_host: str = "127.0.0.1",
 ) -> ManagerSettings:
     """Resolves the Manager's settings: argument, else env var, else default.
@@ -127,10 +176,18 @@ def resolve_manager_settings(
     | store_port | MASTER_PORT | 0, only for 1-rank groups (else ValueError) |
     | rank | RANK | 0 |
     | world_size | WORLD_SIZE | 1 |
+    | timeout | TORCHFT_TIMEOUT_SEC (seconds) | 60 s |
+    | quorum_timeout | TORCHFT_QUORUM_TIMEOUT_SEC (seconds) | 60 s |
+    | connect_timeout | TORCHFT_CONNECT_TIMEOUT_SEC (seconds) | 60 s |
+    | quorum_retries | TORCHFT_QUORUM_RETRIES | 0 |
 
-    An empty env var counts as unset. Raises ValueError for non-integer ports/ranks, for a
-    rank outside ``[0, world_size)`` and for a multi-rank group without a store port (its
-    ranks could not find each other).
+    torchft 0.2.0 reads the same four ``TORCHFT_*`` variables but lets them override the
+    arguments; here an argument wins, as for every other setting.
+
+    An empty env var counts as unset. Raises ValueError for non-integer ports/ranks/retries,
+    timeouts that are not positive numbers of seconds (the message names the env var when the
+    value came from one), for a rank outside ``[0, world_size)`` and for a multi-rank group
+    without a store port (its ranks could not find each other).
     """
     if store_port is not None and store_port < 0:
         raise ValueError(f"store_port must be >= 0, got {store_port}")
@@ -142,7 +199,22 @@ def resolve_manager_settings(
         store_port=_as_int(_pick(store_port, env, MASTER_PORT_ENV, 0), "store_port"),
         group_rank=_as_int(_pick(rank, env, RANK_ENV, 0), "rank"),
         group_world_size=_as_int(_pick(world_size, env, WORLD_SIZE_ENV, 1), "world_size"),
+        timeout=_as_timeout(_pick(timeout, env, TIMEOUT_SEC_ENV, DEFAULT_TIMEOUT), "timeout"),
+        quorum_timeout=_as_timeout(
+            _pick(quorum_timeout, env, QUORUM_TIMEOUT_SEC_ENV, DEFAULT_QUORUM_TIMEOUT),
+            "quorum_timeout",
+        ),
+        connect_timeout=_as_timeout(
+            _pick(connect_timeout, env, CONNECT_TIMEOUT_SEC_ENV, DEFAULT_CONNECT_TIMEOUT),
+            "connect_timeout",
+        ),
+        quorum_retries=_as_int(
+            _pick(quorum_retries, env, QUORUM_RETRIES_ENV, DEFAULT_QUORUM_RETRIES),
+            "quorum_retries",
+        ),
     )
+    if settings.quorum_retries.value < 0:
+        raise ValueError(f"quorum_retries ({settings.quorum_retries.describe()}) must be >= 0")
     size, rank_ = settings.group_world_size.value, settings.group_rank.value
     if size < 1:
         raise ValueError(f"world_size must be >= 1, got {size}")

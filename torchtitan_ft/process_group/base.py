@@ -27,8 +27,11 @@ from torch.distributed.distributed_c10d import (
     AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
+    GatherOptions,
     ReduceOp,
+    ReduceOptions,
     ReduceScatterOptions,
+    ScatterOptions,
     Work,
 )
 from torch.futures import Future
@@ -294,6 +297,14 @@ class ProcessGroup(dist.ProcessGroup):
     def abort(self) -> None:
         """Abandon the current group: collectives in flight fail, later ones fail fast."""
 
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Change the timeout of later collectives (and of later ``configure`` calls).
+
+        Args:
+            timeout: the new bound, > 0.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement set_timeout")
+
     def shutdown(self) -> None:
         """Release the current group; the object can be configured again."""
 
@@ -338,6 +349,25 @@ class ProcessGroup(dist.ProcessGroup):
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement allgather")
 
+    def allgather_into_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        """Gather several tensors in one collective: ``output_tensors[i]`` receives every
+        rank's ``input_tensors[i]`` concatenated along dim 0, in rank order (what
+        ``dist.all_gather_into_tensor`` does for one tensor).
+
+        Args:
+            output_tensors: one per input, ``world_size`` times its size along dim 0.
+            input_tensors: this rank's contributions.
+            opts: collective options (timeout).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement allgather_into_tensor_coalesced"
+        )
+
     def broadcast(
         self, tensor_list: list[torch.Tensor], opts: BroadcastOptions | None = None
     ) -> Work:
@@ -374,6 +404,25 @@ class ProcessGroup(dist.ProcessGroup):
             opts: reduce op (default SUM) and timeout.
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement reduce_scatter")
+
+    def reduce_scatter_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: ReduceScatterOptions | None = None,
+    ) -> Work:
+        """Reduce several tensors over ranks in one collective; rank ``r``'s
+        ``output_tensors[i]`` receives the ``r``-th dim-0 chunk of the reduced
+        ``input_tensors[i]`` (what ``dist.reduce_scatter_tensor`` does for one tensor).
+
+        Args:
+            output_tensors: one per input, ``1 / world_size`` of its size along dim 0.
+            input_tensors: this rank's full-size contributions.
+            opts: reduce op (default SUM) and timeout.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement reduce_scatter_tensor_coalesced"
+        )
 
     def alltoall_base(
         self,
@@ -423,6 +472,57 @@ class ProcessGroup(dist.ProcessGroup):
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement barrier")
 
+    # torch.distributed's single-tensor and rooted collectives: ``dist.all_gather_into_tensor``,
+    # ``dist.reduce_scatter_tensor``, ``dist.gather``, ``dist.scatter`` and ``dist.reduce`` call
+    # these Python methods. (c10d's C++ cannot reach them, so functional collectives use the
+    # coalesced forms instead; see ``register``.)
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
+    ) -> Work:
+        """Gather every rank's ``input`` into ``output`` (dim 0, rank order)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement all_gather_single")
+
+    def _allgather_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
+    ) -> Work:
+        """torch's former name of :meth:`all_gather_single`."""
+        return self.all_gather_single(output, input, opts)
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
+    ) -> Work:
+        """Reduce ``input`` over ranks; rank ``r`` receives its ``r``-th dim-0 chunk."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement reduce_scatter_single")
+
+    def _reduce_scatter_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
+    ) -> Work:
+        """torch's former name of :meth:`reduce_scatter_single`."""
+        return self.reduce_scatter_single(output, input, opts)
+
+    def gather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: GatherOptions | None = None,
+    ) -> Work:
+        """Gather every rank's input on ``opts.rootRank`` (``dist.gather``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement gather")
+
+    def scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: ScatterOptions | None = None,
+    ) -> Work:
+        """Send ``opts.rootRank``'s ``input_tensors[0][r]`` to rank ``r`` (``dist.scatter``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement scatter")
+
+    def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions | None = None) -> Work:
+        """Reduce ``tensors`` onto ``opts.rootRank`` (``dist.reduce``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement reduce")
+
     def size(self) -> int:
         """Number of processes in the current group."""
         raise NotImplementedError(f"{type(self).__name__} does not implement size")
@@ -441,6 +541,26 @@ class ProcessGroup(dist.ProcessGroup):
         unregistered Python process group is rejected. A group has at most one name: registering
         again moves it to the new name.
 
+        A registered group can also be a ``DeviceMesh`` dimension
+        (``DeviceMesh.from_group(pg, "cpu")``, with the default process group initialized). As
+        in torchft, the mesh sees it as a dimension of size 1 holding this process's global
+        rank: a mesh cannot resize, while the group's membership changes with every quorum.
+        Functional collectives over that dimension run across the group's current members;
+        DTensor redistributions, which read the size from the mesh, do not communicate.
+
+        Once registered, ``torch.distributed``'s own API takes the group too
+        (``dist.get_backend(pg)``, every collective with ``group=pg``,
+        ``dist.destroy_process_group(pg)``, which is how torchft unregisters).
+
+        torch's C++ routes the functional collectives that have a Python hook (all_reduce, its
+        coalesced form, all_gather_single_coalesced, reduce_scatter_single_coalesced,
+        all_to_all_single, broadcast) to this object. The single-tensor
+        ``funcol.all_gather_tensor`` and ``funcol.reduce_scatter_tensor`` have none: c10d looks
+        for a C++ backend for device ``cpu``, which a group rebuilt on every quorum cannot
+        register once (c10d keeps the first backend registered for a device), so they raise
+        "No backend type associated with device type cpu". Use their ``_coalesced`` forms
+        with one tensor.
+
         Args:
             name: a name no other registered group uses.
 
@@ -449,7 +569,7 @@ class ProcessGroup(dist.ProcessGroup):
         """
         if not name:
             raise ValueError("register() needs a non-empty name")
-        if self._registered_name == name:
+        if self._registered_name == name and self in c10d._world.pg_names:
             return self
         owner = next((pg for pg, n in c10d._world.pg_names.items() if n == name), None)
         if owner is not None and owner is not self:
@@ -457,6 +577,13 @@ class ProcessGroup(dist.ProcessGroup):
         self.unregister()
         c10d._register_process_group(name, self)
         c10d._world.pg_names[self] = name
+        global_rank = dist.get_rank() if dist.is_initialized() else 0
+        c10d._world.pg_group_ranks[self] = {global_rank: 0}
+        # What torch.distributed's own API reads and clears about a group
+        # (``dist.get_backend``, ``dist.destroy_process_group``); no store of c10d's.
+        c10d._world.pg_map[self] = (self.getBackendName(), None)
+        c10d._world.pg_backend_config[self] = self.getBackendName()
+        c10d._world.pg_to_tag[self] = None
         self._registered_name = name
         return self
 
@@ -467,6 +594,13 @@ class ProcessGroup(dist.ProcessGroup):
             return
         self._registered_name = None
         c10d._world.pg_names.pop(self, None)
+        for table in (
+            c10d._world.pg_group_ranks,
+            c10d._world.pg_map,
+            c10d._world.pg_backend_config,
+            c10d._world.pg_to_tag,
+        ):
+            table.pop(self, None)
         try:
             c10d._unregister_process_group(name)
         except RuntimeError:

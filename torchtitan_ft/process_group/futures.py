@@ -1,20 +1,28 @@
-"""Futures of collectives, in every rank: completed ones, and ``future_with_timeout``, which
-completes with TimeoutError when the wrapped one takes too long (one daemon thread serves every
-deadline of the process, started on first use)."""
+"""Futures of collectives, in every rank: completed ones, and deadlines on them (one daemon
+thread serves every deadline of the process, started on first use).
+
+torchft 0.2.0's ``torchft.futures`` names are here with its signatures: ``future_timeout``
+(also ``future_with_timeout``), ``future_wait`` and ``context_timeout``. Its ``stream_timeout``
+watches a CUDA stream and is not provided (CPU only).
+"""
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TypeVar
 
 import torch
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 
 def completed_future(value: T) -> torch.futures.Future[T]:
@@ -88,7 +96,7 @@ def future_with_timeout(
 
     def on_timeout() -> None:
         if claim():
-            out.set_exception(TimeoutError(f"future timed out after {timeout}"))
+            out.set_exception(TimeoutError(f"future did not complete within {timeout}"))
 
     cancel_timeout = _DEADLINES.schedule(timeout.total_seconds(), on_timeout)
 
@@ -105,3 +113,46 @@ def future_with_timeout(
 
     fut.add_done_callback(on_done)
     return out
+
+
+def future_timeout(fut: torch.futures.Future[T], timeout: timedelta) -> torch.futures.Future[T]:
+    """torchft's name for :func:`future_with_timeout`."""
+    return future_with_timeout(fut, timeout)
+
+
+def future_wait(fut: torch.futures.Future[T], timeout: timedelta) -> T:
+    """Waits up to ``timeout`` for ``fut`` and returns its value.
+
+    Raises:
+        TimeoutError: ``fut`` did not complete within ``timeout``.
+        Exception: the error ``fut`` completed with.
+    """
+    done = threading.Event()
+    fut.add_done_callback(lambda _: done.set())
+    if not done.wait(timeout.total_seconds()):
+        raise TimeoutError(f"future did not complete within {timeout}")
+    return fut.value()
+
+
+@contextmanager
+def context_timeout(
+    callback: Callable[[], None], timeout: timedelta
+) -> Generator[None, None, None]:
+    """Calls ``callback`` if the ``with`` block has not exited within ``timeout``.
+
+    The callback runs on the process's deadline thread (it should not block: other deadlines
+    wait for it), e.g. to abort a process group whose collective hangs. Leaving the block in
+    time cancels it. An error the callback raises is logged.
+    """
+
+    def guarded() -> None:
+        try:
+            callback()
+        except Exception:  # a user callback must not end the thread every deadline runs on
+            logger.exception("context_timeout callback failed")
+
+    cancel = _DEADLINES.schedule(timeout.total_seconds(), guarded)
+    try:
+        yield
+    finally:
+        cancel()

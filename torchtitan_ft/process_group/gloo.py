@@ -44,8 +44,11 @@ from torch.distributed.distributed_c10d import (
     AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
+    GatherOptions,
     ReduceOp,
+    ReduceOptions,
     ReduceScatterOptions,
+    ScatterOptions,
     Work,
 )
 
@@ -329,6 +332,21 @@ class ProcessGroupGloo(ProcessGroup):
         pending = self._drop_group(reason)
         logger.warning("%s aborted (%d in flight): %s", self._BACKEND_NAME, len(pending), reason)
 
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Change the timeout of later collectives, of the current group's gloo operations
+        and of later ``configure`` calls; collectives in flight keep theirs.
+
+        Raises:
+            ValueError: if ``timeout`` is not positive.
+        """
+        if timeout <= timedelta(0):
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        with self._lock:
+            self._timeout = timeout
+            group = self._group
+        if group is not None and group.pg is not None:
+            group.pg.set_timeout(timeout)
+
     def shutdown(self) -> None:
         """Free the current group; in-flight collectives fail. ``configure`` may follow."""
         self._drop_group(RuntimeError(f"{self._BACKEND_NAME} was shut down"))
@@ -414,6 +432,20 @@ class ProcessGroupGloo(ProcessGroup):
             "allgather", lambda pg: pg.allgather(output_tensors, input_tensors, options)
         )
 
+    def allgather_into_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.allgather_into_tensor_coalesced`."""
+        options = opts if opts is not None else AllgatherOptions()
+        return self._run(
+            "allgather_into_tensor_coalesced",
+            lambda pg: pg.allgather_into_tensor_coalesced(output_tensors, input_tensors, options),
+            output_tensors,
+        )
+
     def broadcast(
         self, tensor_list: list[torch.Tensor], opts: BroadcastOptions | None = None
     ) -> Work:
@@ -435,6 +467,20 @@ class ProcessGroupGloo(ProcessGroup):
             output_tensors,
         )
 
+    def reduce_scatter_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: ReduceScatterOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.reduce_scatter_tensor_coalesced`."""
+        options = opts if opts is not None else ReduceScatterOptions()
+        return self._run(
+            "reduce_scatter_tensor_coalesced",
+            lambda pg: pg.reduce_scatter_tensor_coalesced(output_tensors, input_tensors, options),
+            output_tensors,
+        )
+
     def alltoall_base(
         self,
         output: torch.Tensor,
@@ -452,6 +498,55 @@ class ProcessGroupGloo(ProcessGroup):
             ),
             [output],
         )
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
+    ) -> Work:
+        """See :meth:`ProcessGroup.all_gather_single`."""
+        options = opts if opts is not None else AllgatherOptions()
+        return self._run(
+            "all_gather_single", lambda pg: pg.all_gather_single(output, input, options), output
+        )
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
+    ) -> Work:
+        """See :meth:`ProcessGroup.reduce_scatter_single`."""
+        options = opts if opts is not None else ReduceScatterOptions()
+        return self._run(
+            "reduce_scatter_single",
+            lambda pg: pg.reduce_scatter_single(output, input, options),
+            output,
+        )
+
+    def gather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: GatherOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.gather`."""
+        options = opts if opts is not None else GatherOptions()
+        return self._run(
+            "gather", lambda pg: pg.gather(output_tensors, input_tensors, options), output_tensors
+        )
+
+    def scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: ScatterOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.scatter`."""
+        options = opts if opts is not None else ScatterOptions()
+        return self._run(
+            "scatter", lambda pg: pg.scatter(output_tensors, input_tensors, options), output_tensors
+        )
+
+    def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions | None = None) -> Work:
+        """See :meth:`ProcessGroup.reduce`."""
+        options = opts if opts is not None else ReduceOptions()
+        return self._run("reduce", lambda pg: pg.reduce(tensors, options), tensors)
 
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
         """See :meth:`ProcessGroup.send`."""

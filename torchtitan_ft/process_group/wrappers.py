@@ -120,6 +120,10 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
         """Abort the wrapped group."""
         self._pg.abort()
 
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Set the wrapped group's timeout."""
+        self._pg.set_timeout(timeout)
+
     def shutdown(self) -> None:
         """Shut the wrapped group down."""
         self._pg.shutdown()
@@ -172,6 +176,18 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
             lambda: self._pg.allgather(output_tensors, input_tensors, opts), output_tensors
         )
 
+    def allgather_into_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.allgather_into_tensor_coalesced`."""
+        return self._forward(
+            lambda: self._pg.allgather_into_tensor_coalesced(output_tensors, input_tensors, opts),
+            output_tensors,
+        )
+
     def broadcast(
         self, tensor_list: list[torch.Tensor], opts: BroadcastOptions | None = None
     ) -> Work:
@@ -187,6 +203,18 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
         """See :meth:`ProcessGroup.reduce_scatter`."""
         return self._forward(
             lambda: self._pg.reduce_scatter(output_tensors, input_tensors, opts), output_tensors
+        )
+
+    def reduce_scatter_tensor_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: ReduceScatterOptions | None = None,
+    ) -> Work:
+        """See :meth:`ProcessGroup.reduce_scatter_tensor_coalesced`."""
+        return self._forward(
+            lambda: self._pg.reduce_scatter_tensor_coalesced(output_tensors, input_tensors, opts),
+            output_tensors,
         )
 
     def alltoall_base(

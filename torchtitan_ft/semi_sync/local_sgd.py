@@ -284,7 +284,9 @@ class LocalSGD(_SemiSync):
         sync_every: inner steps between two averages (>= 1).
         backup_device: where the backup lives (default cpu).
         quorum_mode: ``QuorumMode.SYNC``, when the Manager does not say (its
-            ``use_async_quorum``); checked against it when it does.
+            ``use_async_quorum``, or torchft's ``_use_async_quorum``); checked against it
+            when it does. A Manager-like object that does not say (e.g. a mock) is assumed
+            synchronous, with a warning.
     """
 
     _state_key = "local_sgd"
@@ -445,7 +447,9 @@ class DiLoCo(_SemiSync):
         fragment_update_alpha: alpha in [0, 1]; weight of the local parameters when mixing
             them with the new global ones after a sync.
         quorum_mode: ``QuorumMode.SYNC``, when the Manager does not say (its
-            ``use_async_quorum``); checked against it when it does.
+            ``use_async_quorum``, or torchft's ``_use_async_quorum``); checked against it
+            when it does. A Manager-like object that does not say (e.g. a mock) is assumed
+            synchronous, with a warning.
         pin_memory, use_bucketization, bucket_cap_mb: accepted for torchft compatibility;
             pinning is automatic when CUDA is present and each fragment is always sent as one
             buffer per dtype.
@@ -717,15 +721,28 @@ def _scalar_dtype() -> torch.dtype:
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
+_warned_unknown_mode = False
+
+
 def _check_sync_quorum(
     strategy: str, method: SyncMethod, manager: ManagerLike, quorum_mode: QuorumMode | None
 ) -> None:
+    """Refuses a Manager with an asynchronous quorum. One that does not say (any object with
+    the Manager's interface, e.g. a mock) is assumed synchronous, as torchft assumes, with a
+    warning once per process."""
+    global _warned_unknown_mode
     mode = quorum_mode_of(manager, quorum_mode)
     if mode is None:
-        raise ValueError(
-            f"{strategy} requires a synchronous quorum and cannot tell the Manager's quorum "
-            "mode; pass quorum_mode=QuorumMode.SYNC"
-        )
+        if not _warned_unknown_mode:
+            _warned_unknown_mode = True
+            logger.warning(
+                "%s cannot tell the quorum mode of %s (no use_async_quorum or "
+                "_use_async_quorum bool): assuming a synchronous quorum, which it requires; "
+                "pass quorum_mode=QuorumMode.SYNC to say so",
+                strategy,
+                type(manager).__name__,
+            )
+        mode = QuorumMode.SYNC
     check_quorum_mode(method, mode, name=strategy)
 
 

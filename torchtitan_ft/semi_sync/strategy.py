@@ -75,13 +75,20 @@ class ManagerLike(Protocol):
 
 
 def quorum_mode_of(manager: object, declared: QuorumMode | str | None = None) -> QuorumMode | None:
-    """The quorum mode a strategy runs with: ``declared`` if given, else the Manager's (its
-    public ``use_async_quorum`` bool); None when neither says (e.g. a mock of the Manager).
+    """The quorum mode a strategy runs with: ``declared`` if given, else the Manager's; None
+    when neither says.
+
+    The Manager says through its public ``use_async_quorum`` bool or, for an object with
+    torchft's Manager interface (e.g. ``create_autospec(Manager)`` in torchft's tests), through
+    torchft's ``_use_async_quorum`` bool, which torchft's own DiLoCo reads. Anything else (a
+    mock's attribute, a missing one) says nothing.
 
     Raises:
         ValueError: ``declared`` disagrees with the Manager.
     """
     says = getattr(manager, "use_async_quorum", None)
+    if not isinstance(says, bool):
+        says = getattr(manager, "_use_async_quorum", None)
     actual = QuorumMode.of(says) if isinstance(says, bool) else None
     if declared is None:
         return actual
