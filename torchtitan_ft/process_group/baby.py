@@ -58,6 +58,7 @@ from torchtitan_ft.process_group.base import (
     FailedWork,
     GroupConfig,
     ProcessGroup,
+    SettledWork,
     reduce_op_of,
 )
 from torchtitan_ft.process_group.futures import future_with_timeout
@@ -219,7 +220,7 @@ def _child_main(
 # --------------------------------------------------------------------------------------------
 
 
-class _BabyWork(Work):
+class _BabyWork(SettledWork):
     """A collective sent to the child. ``wait()`` gives up at the timeout and kills the child."""
 
     def __init__(self, pg: ProcessGroupBaby, child: _Child, op: str, result: object) -> None:
@@ -228,22 +229,6 @@ class _BabyWork(Work):
         self._child = child
         self._op = op
         self._result = result
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-        self._future: Future[Any] = Future()
-
-    def _finish(self, error: BaseException | None) -> None:
-        with self._lock:  # the reply reader and a kill may race
-            if self._done.is_set():
-                return
-            self._error = error
-            self._done.set()
-        # Outside the lock: completing the future runs the caller's callbacks.
-        if error is None:
-            self._future.set_result(self._result)
-        else:
-            self._future.set_exception(error)
 
     def _error_from(self, error: tuple[str, str]) -> Exception:
         """The exception this Work raises for the child's ``(type name, message)``."""
@@ -265,18 +250,6 @@ class _BabyWork(Work):
             raise self._error
         return True
 
-    def is_completed(self) -> bool:
-        return self._done.is_set()
-
-    def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
-
-    def exception(self) -> BaseException | None:
-        return self._error
-
-    def get_future(self) -> Future[Any]:
-        return self._future
-
 
 class _Child:
     """One spawned child: its process, the two pipe ends and the collectives in flight."""
@@ -294,7 +267,7 @@ class _Child:
         """Fail every collective in flight with ``error``; returns how many there were."""
         pending, self.pending = self.pending, {}
         for work in pending.values():
-            work._finish(error)
+            work._finish(work._result, error)
         return len(pending)
 
     def kill(self) -> None:
@@ -478,11 +451,11 @@ class ProcessGroupBaby(ProcessGroup):
             if work is None:
                 continue  # already failed by a timeout or a kill
             if kind == "done":
-                work._finish(None)
+                work._finish(work._result, None)
             else:
                 error = work._error_from(err)
                 self._record(error)  # before waking the waiter, who may ask errored()
-                work._finish(error)
+                work._finish(work._result, error)
         self._kill_child(
             child, RuntimeError(f"{self._BACKEND_NAME} child process exited unexpectedly")
         )

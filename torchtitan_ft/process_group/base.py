@@ -130,7 +130,47 @@ class FailedWork(Work):
         return fut
 
 
-class TimedWork(Work):
+class SettledWork(Work):
+    """A Work completed once, by :meth:`_finish`, from whichever thread gets there first (a
+    backend callback, an abort, a kill): later calls are ignored. Subclasses add ``wait()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._future: Future[Any] = Future()
+
+    def _record(self, error: BaseException | None) -> None:
+        """Called under the lock just before waiters wake; nothing by default."""
+
+    def _finish(self, value: object, error: BaseException | None) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._error = error
+            self._record(error)
+            self._done.set()
+        # Outside the lock: completing the future runs the caller's callbacks.
+        if error is None:
+            self._future.set_result(value)
+        else:
+            self._future.set_exception(error)
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def get_future(self) -> Future[Any]:
+        return self._future
+
+
+class TimedWork(SettledWork):
     """A collective in flight on a :class:`ProcessGroupGloo`, with a timeout and abort.
 
     Completion is tracked on our own future, set from the backend future's callback (on a gloo
@@ -144,10 +184,6 @@ class TimedWork(Work):
         self._pg = pg
         self._op = op
         self._timeout = timeout
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-        self._future: Future[Any] = Future()
 
     def _attach(self, backend_work: Work, result: object) -> None:
         try:
@@ -182,19 +218,9 @@ class TimedWork(Work):
     def _fail(self, error: BaseException) -> None:
         self._finish(None, error)
 
-    def _finish(self, value: object, error: BaseException | None) -> None:
-        with self._lock:
-            if self._done.is_set():
-                return
-            self._error = error
-            # Record the error on the group before waking waiters: they may ask errored().
-            self._pg._work_done(self, error)
-            self._done.set()
-        # Outside the lock: completing the future runs the caller's callbacks.
-        if error is None:
-            self._future.set_result(value)
-        else:
-            self._future.set_exception(error)
+    def _record(self, error: BaseException | None) -> None:
+        # On the group before waking waiters: they may ask errored().
+        self._pg._work_done(self, error)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         limit = self._timeout if timeout is None or timeout == NO_TIMEOUT else timeout
@@ -207,18 +233,6 @@ class TimedWork(Work):
         if self._error is not None:
             raise self._error
         return True
-
-    def is_completed(self) -> bool:
-        return self._done.is_set()
-
-    def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
-
-    def exception(self) -> BaseException | None:
-        return self._error
-
-    def get_future(self) -> Future[Any]:
-        return self._future
 
 
 # --------------------------------------------------------------------------------------------
