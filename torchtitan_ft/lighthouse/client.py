@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from datetime import timedelta
@@ -64,6 +65,9 @@ class LighthouseClient:
         self._metadata = grpc_metadata(auth_token)
         self._channel = grpc.insecure_channel(grpc_target(addr), options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.LighthouseServiceStub(self._channel)
+        self._stream: _QuorumStream | None = None
+        self._stream_lock = threading.Lock()
+        self._stream_supported = True
 
     def quorum(
         self,
@@ -97,10 +101,9 @@ class LighthouseClient:
         deadline = time.monotonic() + timeout.total_seconds()
         while (remaining := deadline - time.monotonic()) > 0:
             try:
-                response = self._stub.Quorum(
-                    request, timeout=remaining, metadata=self._metadata, wait_for_ready=True
-                )
-                return Quorum.from_proto(response.quorum)
+                response = self._ask(request, remaining)
+                if response is not None:
+                    return Quorum.from_proto(response.quorum)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNAVAILABLE:  # lighthouse restarting: retry
                     time.sleep(min(_RETRY_SLEEP_S, max(0.0, deadline - time.monotonic())))
@@ -109,6 +112,32 @@ class LighthouseClient:
         raise TimeoutError(
             f"no quorum from the lighthouse at {self.addr} within {timeout}; is it running, "
             "and are at least min_replicas replica groups asking?"
+        )
+
+    def _ask(
+        self, request: pb.LighthouseQuorumRequest, timeout: float
+    ) -> pb.LighthouseQuorumResponse | None:
+        """One quorum request: over the held-open ``QuorumStream`` when this lighthouse has it
+        and no other thread of this client is using it, else a unary ``Quorum`` call.
+        None when ``timeout`` (seconds) passed without an answer."""
+        if self._stream_supported and self._stream_lock.acquire(blocking=False):
+            try:
+                if self._stream is None:
+                    self._stream = _QuorumStream(self._stub, self._metadata)
+                try:
+                    return self._stream.ask(request, timeout)
+                except grpc.RpcError as e:
+                    if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                        raise
+                    # torchft's lighthouse: unary calls from now on.
+                    self._stream_supported = False
+            finally:
+                if self._stream is not None and self._stream.broken:
+                    self._stream.close()
+                    self._stream = None
+                self._stream_lock.release()
+        return self._stub.Quorum(
+            request, timeout=timeout, metadata=self._metadata, wait_for_ready=True
         )
 
     def heartbeat(self, replica_id: str, timeout: timedelta = timedelta(seconds=5)) -> None:
@@ -132,7 +161,74 @@ class LighthouseClient:
         return HeartbeatStream(self._stub, replica_id, interval.total_seconds(), self._metadata)
 
     def close(self) -> None:
+        with self._stream_lock:
+            if self._stream is not None:
+                self._stream.close()
+                self._stream = None
         self._channel.close()
+
+
+class _QuorumStream:
+    """A held-open ``QuorumStream`` call: one quorum request at a time, each answered by the
+    next response message.
+
+    A round then costs the lighthouse one message each way per replica instead of a new call
+    (see docs/performance.md, Lighthouse). A request that times out cancels the whole call
+    (gRPC has no deadline per message); the next request opens a new one.
+    """
+
+    def __init__(self, stub: pb_grpc.LighthouseServiceStub, metadata: tuple) -> None:
+        self._requests: queue.SimpleQueue[pb.LighthouseQuorumRequest | None] = queue.SimpleQueue()
+        self._call = stub.QuorumStream(
+            iter(self._requests.get, None), metadata=metadata, wait_for_ready=True
+        )
+        self.broken = False
+        """The call failed, ended or was cancelled: open a new one for the next request."""
+
+    def ask(
+        self, request: pb.LighthouseQuorumRequest, timeout: float
+    ) -> pb.LighthouseQuorumResponse | None:
+        """The response to ``request``, or None after ``timeout`` seconds (the call is then
+        cancelled). Raises ``grpc.RpcError`` when the call fails; UNAVAILABLE when the
+        lighthouse ended it without an error."""
+        self._requests.put(request)
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            self._call.cancel()
+
+        timer = threading.Timer(timeout, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            return next(self._call)
+        except StopIteration:
+            self.broken = True
+            raise _Ended() from None
+        except grpc.RpcError:
+            self.broken = True
+            if expired.is_set():
+                return None
+            raise
+        finally:
+            timer.cancel()
+            # The timer may have fired just as the answer came: the call is cancelled then.
+            self.broken = self.broken or expired.is_set()
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self._call.cancel()
+
+
+class _Ended(grpc.RpcError):
+    """The lighthouse closed a ``QuorumStream`` without an error (it is shutting down)."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "the lighthouse ended the quorum stream"
 
 
 class HeartbeatStream:
