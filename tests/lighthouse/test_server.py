@@ -449,3 +449,24 @@ def test_streamed_request_that_times_out_is_withdrawn_and_the_client_recovers(se
     assert ids(late) == ["early", "late"]
     assert [ids(q) for q in got] == [["early", "late"]]
     client.close()
+
+
+def test_closing_the_client_ends_a_streamed_wait(servers) -> None:
+    server = servers(min_replicas=2, join_timeout_ms=60_000)
+    client = LighthouseClient(server.address())
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            client.quorum("waiting", T)
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=ask)
+    t.start()
+    wait_until(lambda: "waiting" in server.run_in_loop(lambda: set(server.state.pending)))
+    client.close()
+    t.join(timeout=T.total_seconds() / 2)  # well before the quorum's own timeout
+    assert not t.is_alive()
+    assert len(errors) == 1 and "CANCELLED" in str(errors[0])
+    wait_until(lambda: not server.run_in_loop(lambda: set(server.state.pending)))

@@ -161,10 +161,11 @@ class LighthouseClient:
         return HeartbeatStream(self._stub, replica_id, interval.total_seconds(), self._metadata)
 
     def close(self) -> None:
-        with self._stream_lock:
-            if self._stream is not None:
-                self._stream.close()
-                self._stream = None
+        # Without the stream lock: a quorum waiting on the stream in another thread holds it.
+        # Cancelling the stream ends that wait (as closing the channel ends a unary call).
+        stream = self._stream
+        if stream is not None:
+            stream.close()
         self._channel.close()
 
 
