@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import queue
@@ -470,3 +471,15 @@ def test_closing_the_client_ends_a_streamed_wait(servers) -> None:
     assert not t.is_alive()
     assert len(errors) == 1 and "CANCELLED" in str(errors[0])
     wait_until(lambda: not server.run_in_loop(lambda: set(server.state.pending)))
+
+
+def test_a_client_dropped_without_close_ends_its_stream(servers) -> None:
+    server = servers(min_replicas=1)
+    before = threading.active_count()
+    client = LighthouseClient(server.address())
+    assert ids(client.quorum("dropped", T)) == ["dropped"]
+    assert threading.active_count() > before  # gRPC's threads of the open stream
+    del client
+    gc.collect()
+    # The stream ended with the client: its threads are gone, nothing is left per client.
+    wait_until(lambda: threading.active_count() <= before)

@@ -6,6 +6,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -185,6 +186,9 @@ class _QuorumStream:
         )
         self.broken = False
         """The call failed, ended or was cancelled: open a new one for the next request."""
+        # A client dropped without close() must not leave the call open (and gRPC's thread
+        # that feeds it blocked on the queue): end both when this object goes away.
+        self.close = weakref.finalize(self, _end_stream, self._requests, self._call)
 
     def ask(
         self, request: pb.LighthouseQuorumRequest, timeout: float
@@ -217,9 +221,10 @@ class _QuorumStream:
             # The timer may have fired just as the answer came: the call is cancelled then.
             self.broken = self.broken or expired.is_set()
 
-    def close(self) -> None:
-        self._requests.put(None)
-        self._call.cancel()
+
+def _end_stream(requests: queue.SimpleQueue, call: grpc.Call) -> None:
+    requests.put(None)
+    call.cancel()
 
 
 class _Ended(grpc.RpcError):
