@@ -1,16 +1,25 @@
-"""Time of one full quorum round of the lighthouse with N fake replicas; prints JSON.
+"""Time of one steady quorum round of the lighthouse with N fake replicas; prints JSON.
 
-A round is timed from the first Quorum request sent to the last response received, with all
+A round is timed from the first quorum request sent to the last response received, with all
 N replicas asking concurrently. Round 1 is the first quorum (every replica new); the steady
-rounds that follow are fast quorums (same members).
+rounds that follow are fast quorums (same members). Each server runs in its own process; the
+fake replicas run in this process as asyncio gRPC calls over several channels, sending
+pre-serialized requests and not parsing the responses.
 
-The lighthouse runs in its own process (one core); the fake replicas run in this process as
-asyncio gRPC calls over several channels, sending pre-serialized requests and not parsing the
-responses. To show that the client side is not the bottleneck, the same client is also timed
-against a null server in the same run that answers every request at once with a response of
-the same size: ``client_floor_ms`` is what the client alone costs per round.
+Servers, each measured ``--trials`` times per N, the trials interleaved (one of each, then
+the next round of trials) so that a change of machine load hits every server alike:
 
-    python -m benchmarks.lighthouse_scale [--sizes 10,100,500,1000] [--rounds 10]
+- ``ours_unary``: our lighthouse, unary ``Quorum`` calls (what torchft's clients send);
+- ``ours_stream``: our lighthouse, ``QuorumStream`` (what our ``LighthouseClient`` sends:
+  one held-open stream per replica, one message each way per round);
+- ``torchft``: torchft 0.2.0's Rust lighthouse, unary ``Quorum`` calls;
+- serving-loop candidates, as *null servers* that answer every request at once with a
+  prebuilt response of the same size (so they cost what the serving loop costs and nothing
+  else): ``null_aio_unary`` (grpc.aio, our lighthouse's loop), ``null_aio_stream`` (grpc.aio,
+  stream messages), ``null_sync_unary`` (grpcio's thread-pool server), ``null_aio_unary_x2``
+  (two grpc.aio processes sharing the port with SO_REUSEPORT; connections spread over them).
+
+    python -m benchmarks.lighthouse_scale [--sizes 10,100,500,1000] [--rounds 10] [--trials 3]
 """
 
 from __future__ import annotations
@@ -20,9 +29,13 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
 
@@ -31,8 +44,10 @@ from benchmarks._reference import load_reference
 from torchtitan_ft.lighthouse.types import QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
 
-QUORUM_METHOD = "/torchft.LighthouseService/Quorum"
+SERVICE = "torchft.LighthouseService"
 CHANNELS = 8
+GOALS_MS = {10: 1.8, 100: 20, 500: 50, 1000: 100}
+"""The steady round each N should take (issue 12), for our own clients."""
 
 
 def fake_member(i: int) -> QuorumMember:
@@ -46,71 +61,128 @@ def fake_member(i: int) -> QuorumMember:
 
 
 def _cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
+    return time.process_time()  # all threads of the process, ns resolution
 
 
-def run_lighthouse(n: int, conn) -> None:
+def _answer_cpu_queries(conn) -> None:
+    while conn.recv() == "cpu":
+        conn.send(_cpu_seconds())
+
+
+def run_lighthouse(n: int, conn, port: int) -> None:
     from torchtitan_ft.lighthouse import LighthouseServer
 
     server = LighthouseServer(
         bind="127.0.0.1:0", min_replicas=n, join_timeout_ms=600_000, heartbeat_timeout_ms=60_000
     )
     conn.send(server.address().rsplit(":", 1)[1])
-    while conn.recv() == "cpu":
-        conn.send(_cpu_seconds())
+    _answer_cpu_queries(conn)
     server.shutdown()
 
 
-def run_reference_lighthouse(n: int, conn) -> None:
+def run_reference_lighthouse(n: int, conn, port: int) -> None:
     """torchft 0.2.0's Rust lighthouse (see benchmarks/_reference.py)."""
     os.environ["RUST_LOG"] = "warn"  # it logs every arrival at INFO
-    from benchmarks._reference import load_reference
-
     server = load_reference().LighthouseServer(
         bind="127.0.0.1:0", min_replicas=n, join_timeout_ms=600_000, heartbeat_timeout_ms=60_000
     )
     conn.send(server.address().rsplit(":", 1)[1])
-    while conn.recv() == "cpu":
-        conn.send(_cpu_seconds())
+    _answer_cpu_queries(conn)
     server.shutdown()
 
 
-def run_null_server(n: int, conn) -> None:
-    """Answers every Quorum at once with a prebuilt response of N members."""
+def _null_handler(payload: bytes, make_unary, make_stream) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Quorum": grpc.unary_unary_rpc_method_handler(make_unary(payload)),
+            "QuorumStream": grpc.stream_stream_rpc_method_handler(make_stream(payload)),
+        },
+    )
 
-    async def serve() -> None:
-        msg = pb.LighthouseQuorumResponse()
-        msg.quorum.quorum_id = 1
-        msg.quorum.participants.extend(fake_member(i).to_proto() for i in range(n))
-        payload = msg.SerializeToString()
 
+def _null_payload(n: int) -> bytes:
+    msg = pb.LighthouseQuorumResponse()
+    msg.quorum.quorum_id = 1
+    msg.quorum.participants.extend(fake_member(i).to_proto() for i in range(n))
+    return msg.SerializeToString()
+
+
+def run_null_aio(n: int, conn, port: int) -> None:
+    """Answers every Quorum (and QuorumStream message) at once with a prebuilt N-member
+    response, on grpc.aio. ``port`` > 0: shares it with other processes (SO_REUSEPORT)."""
+
+    def unary(payload: bytes):
         async def quorum(request: bytes, context) -> bytes:
             return payload
 
-        server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 1 << 20)])
-        handler = grpc.method_handlers_generic_handler(
-            "torchft.LighthouseService",
-            {
-                "Quorum": grpc.unary_unary_rpc_method_handler(
-                    quorum, request_deserializer=None, response_serializer=None
-                )
-            },
+        return quorum
+
+    def stream(payload: bytes):
+        async def quorum_stream(requests, context):
+            async for _ in requests:
+                yield payload
+
+        return quorum_stream
+
+    async def serve() -> None:
+        server = grpc.aio.server(
+            options=[("grpc.max_concurrent_streams", 1 << 20), ("grpc.so_reuseport", int(port > 0))]
         )
-        server.add_generic_rpc_handlers((handler,))
-        port = server.add_insecure_port("127.0.0.1:0")
+        server.add_generic_rpc_handlers((_null_handler(_null_payload(n), unary, stream),))
+        bound = server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
-        conn.send(str(port))
-        loop = asyncio.get_running_loop()
-        while await loop.run_in_executor(None, conn.recv) == "cpu":
-            conn.send(_cpu_seconds())
+        conn.send(str(bound))
+        await asyncio.get_running_loop().run_in_executor(None, _answer_cpu_queries, conn)
         await server.stop(None)
 
     asyncio.run(serve())
 
 
-async def time_rounds(port: str, n: int, rounds: int, conn) -> tuple[list[float], float]:
-    """Times ``rounds`` rounds; also returns the server's CPU seconds per steady round."""
+def run_null_sync(n: int, conn, port: int) -> None:
+    """The null server on grpcio's thread-pool server (handlers return at once, so a few
+    workers suffice; a real lighthouse there would hold one worker per waiting request)."""
+
+    def unary(payload: bytes):
+        return lambda request, context: payload
+
+    def stream(payload: bytes):
+        return lambda requests, context: (payload for _ in requests)
+
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=8),
+        options=[("grpc.max_concurrent_streams", 1 << 20), ("grpc.so_reuseport", 0)],
+    )
+    server.add_generic_rpc_handlers((_null_handler(_null_payload(n), unary, stream),))
+    conn.send(str(server.add_insecure_port("127.0.0.1:0")))
+    server.start()
+    _answer_cpu_queries(conn)
+    server.stop(None)
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    target: Callable
+    streaming: bool
+    processes: int = 1
+
+
+SERVERS = (
+    Server("ours_unary", run_lighthouse, streaming=False),
+    Server("ours_stream", run_lighthouse, streaming=True),
+    Server("torchft", run_reference_lighthouse, streaming=False),
+    Server("null_aio_unary", run_null_aio, streaming=False),
+    Server("null_aio_stream", run_null_aio, streaming=True),
+    Server("null_sync_unary", run_null_sync, streaming=False),
+    Server("null_aio_unary_x2", run_null_aio, streaming=False, processes=2),
+)
+
+
+async def time_rounds(
+    port: str, n: int, rounds: int, streaming: bool, cpu: Callable[[], float]
+) -> tuple[list[float], float]:
+    """Times ``rounds`` rounds; also returns the servers' CPU seconds per steady round."""
     channels = [
         grpc.aio.insecure_channel(
             f"127.0.0.1:{port}",
@@ -118,100 +190,139 @@ async def time_rounds(port: str, n: int, rounds: int, conn) -> tuple[list[float]
         )
         for i in range(CHANNELS)
     ]
-    calls = [ch.unary_unary(QUORUM_METHOD) for ch in channels]
     requests = [
         pb.LighthouseQuorumRequest(requester=fake_member(i).to_proto()).SerializeToString()
         for i in range(n)
     ]
     for ch in channels:
         await ch.channel_ready()
+    if streaming:
+        streams = [
+            channels[i % CHANNELS].stream_stream(f"/{SERVICE}/QuorumStream")() for i in range(n)
+        ]
+
+        async def ask(i: int, req: bytes) -> bytes:
+            await streams[i].write(req)
+            return await streams[i].read()
+    else:
+        calls = [ch.unary_unary(f"/{SERVICE}/Quorum") for ch in channels]
+
+        async def ask(i: int, req: bytes) -> bytes:
+            return await calls[i % CHANNELS](req, timeout=120)
+
     times = []
     for r in range(rounds):
         if r == 1:
-            conn.send("cpu")
-            cpu_start = conn.recv()
+            cpu_start = cpu()
         start = time.perf_counter()
-        answers = await asyncio.gather(
-            *(calls[i % CHANNELS](req, timeout=120) for i, req in enumerate(requests))
-        )
+        answers = await asyncio.gather(*(ask(i, req) for i, req in enumerate(requests)))
         times.append(time.perf_counter() - start)
-        if len(answers) != n or not all(answers):
+        if len(answers) != n or not all(isinstance(a, bytes) and a for a in answers):
             raise RuntimeError(f"round got {len(answers)} answers for {n} replicas")
-    conn.send("cpu")
-    server_cpu = (conn.recv() - cpu_start) / (rounds - 1)
-    # One response parsed in full, to check the lighthouse answered with everyone.
+    server_cpu = (cpu() - cpu_start) / (rounds - 1)
+    # One response parsed in full, to check the server answered with everyone.
     got = pb.LighthouseQuorumResponse.FromString(answers[0])
     if len(got.quorum.participants) != n:
         raise RuntimeError(f"quorum has {len(got.quorum.participants)} members, expected {n}")
+    if streaming:
+        for s in streams:
+            s.cancel()
     for ch in channels:
         await ch.close()
     return times, server_cpu
 
 
-def measure(target, n: int, rounds: int) -> tuple[list[float], float]:
+def _shared_port() -> int:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(server: Server, n: int, rounds: int) -> tuple[list[float], float]:
     ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=target, args=(n, child), daemon=True)
-    proc.start()
-    port = parent.recv()
+    share = _shared_port() if server.processes > 1 else 0
+    conns, procs = [], []
     try:
-        return asyncio.run(time_rounds(port, n, rounds, parent))
+        for _ in range(server.processes):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=server.target, args=(n, child, share), daemon=True)
+            proc.start()
+            conns.append(parent)
+            procs.append(proc)
+            port = parent.recv()
+
+        def cpu() -> float:
+            total = 0.0
+            for c in conns:
+                c.send("cpu")
+                total += c.recv()
+            return total
+
+        return asyncio.run(time_rounds(port, n, rounds, server.streaming, cpu))
     finally:
-        parent.send("stop")
-        proc.join(timeout=30)
+        for c in conns:
+            c.send("stop")
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 2)
+
+
+def summarize(trials: list[tuple[list[float], float]]) -> dict:
+    """Median and range over trials of each trial's median steady round."""
+    steady = [statistics.median(times[1:]) for times, _ in trials]
+    return {
+        "steady_round_ms": _ms(statistics.median(steady)),
+        "steady_round_range_ms": [_ms(min(steady)), _ms(max(steady))],
+        "first_round_ms": _ms(statistics.median(times[0] for times, _ in trials)),
+        "server_cpu_ms_per_round": _ms(statistics.median(cpu for _, cpu in trials)),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10,100,500,1000")
     parser.add_argument("--rounds", type=int, default=10, help="steady rounds after the first")
+    parser.add_argument("--trials", type=int, default=3, help="server processes per row")
     parser.add_argument(
-        "--reference-max",
-        type=int,
-        default=1000,
-        help="largest N to run torchft 0.2.0's lighthouse at (it is quadratic)",
+        "--servers", default=",".join(s.name for s in SERVERS), help="which servers to run"
     )
     args = parser.parse_args()
     has_reference = load_reference() is not None
+    chosen = [s for s in SERVERS if s.name in args.servers.split(",")]
+    if not has_reference:
+        chosen = [s for s in chosen if s.name != "torchft"]
     results = []
     for n in (int(s) for s in args.sizes.split(",")):
-        lighthouse, lighthouse_cpu = measure(run_lighthouse, n, args.rounds + 1)
-        floor, null_cpu = measure(run_null_server, n, args.rounds + 1)
-        reference = None
-        if has_reference and n <= args.reference_max:
-            reference, _ = measure(run_reference_lighthouse, n, args.rounds + 1)
-        steady = statistics.median(lighthouse[1:])
-        client_floor = statistics.median(floor[1:])
-        results.append(
-            {
-                "replicas": n,
-                "first_round_ms": round(lighthouse[0] * 1e3, 2),
-                "steady_round_ms": round(steady * 1e3, 2),
-                "steady_round_max_ms": round(max(lighthouse[1:]) * 1e3, 2),
-                "steady_us_per_replica": round(steady / n * 1e6, 1),
-                "client_floor_ms": round(client_floor * 1e3, 2),
-                "client_share_of_round": round(client_floor / steady, 2),
-                "lighthouse_cpu_ms_per_round": round(lighthouse_cpu * 1e3, 2),
-                "null_server_cpu_ms_per_round": round(null_cpu * 1e3, 2),
-                "reference_steady_round_ms": (
-                    round(statistics.median(reference[1:]) * 1e3, 2) if reference else None
-                ),
-                "speedup_vs_reference": (
-                    round(statistics.median(reference[1:]) / steady, 2) if reference else None
-                ),
-            }
-        )
-        print(json.dumps(results[-1]), file=sys.stderr)
+        trials: dict[str, list] = {s.name: [] for s in chosen}
+        for _ in range(args.trials):
+            for server in chosen:
+                trials[server.name].append(measure(server, n, args.rounds + 1))
+        row: dict = {"replicas": n, "goal_ms": GOALS_MS.get(n)}
+        row.update({name: summarize(t) for name, t in trials.items()})
+        if "torchft" in row:
+            ref = row["torchft"]["steady_round_ms"]
+            for name in ("ours_unary", "ours_stream"):
+                if name in row:
+                    row[f"{name}_over_torchft"] = round(row[name]["steady_round_ms"] / ref, 2)
+        results.append(row)
+        print(json.dumps(row), file=sys.stderr)
     print(
         json.dumps(
             {
                 "benchmark": "lighthouse_scale",
                 "machine": machine(),
                 "command": " ".join(["python -m benchmarks.lighthouse_scale", *sys.argv[1:]]),
-                "client": f"asyncio grpc.aio, {CHANNELS} channels, pre-serialized requests, "
-                "responses not parsed; client_floor_ms = same client against a null server "
-                "answering at once with a same-size response (measured in this run)",
-                "targets_ms": {"500": 50, "1000": 100},
+                "client": f"asyncio grpc.aio in one process, {CHANNELS} channels, "
+                "pre-serialized requests, responses not parsed",
+                "statistic": f"per trial the median of {args.rounds} steady rounds; "
+                f"steady_round_ms is the median over {args.trials} trials, the range their "
+                "min and max",
                 "reference": "torchft 0.2.0 Rust lighthouse, same client, same run"
                 if has_reference
                 else "not installed (scripts/install_reference.sh)",

@@ -197,7 +197,7 @@ def test_token_from_env_is_required_and_logged_once_without_the_secret() -> None
             if "lighthouse serving on" in line:
                 break
         addr = f"http://127.0.0.1:{port}"
-        with pytest.raises(PermissionError, match="Quorum refused"):
+        with pytest.raises(PermissionError, match="QuorumStream refused"):
             LighthouseClient(addr).quorum("stranger", timedelta(seconds=10))
         quorum = LighthouseClient(addr, auth_token="env-s3cret").quorum("r", timedelta(seconds=10))
         assert [m.replica_id for m in quorum.participants] == ["r"]

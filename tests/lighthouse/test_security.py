@@ -128,7 +128,7 @@ def test_every_lighthouse_call_needs_the_token(servers, metadata) -> None:
 def test_our_client_without_the_token_gets_a_clear_error(servers) -> None:
     server = servers(min_replicas=1, auth_token=TOKEN)
     client = LighthouseClient(server.address())
-    with pytest.raises(PermissionError, match=r"refused this client: .*Quorum refused"):
+    with pytest.raises(PermissionError, match=r"refused this client: .*QuorumStream refused"):
         client.quorum("no-token", T)
     with pytest.raises(PermissionError, match="Heartbeat refused"):
         client.heartbeat("no-token")
@@ -167,7 +167,7 @@ def test_stranger_with_a_huge_step_is_refused_and_the_job_unharmed(servers) -> N
         t.join()
     for rid in ("stranger", "impostor"):
         assert isinstance(results[rid], PermissionError), results[rid]
-        assert "Quorum refused" in str(results[rid])
+        assert "QuorumStream refused" in str(results[rid])
     quorum = results["group-a"]
     assert ids(quorum) == ids(results["group-b"]) == ["group-a", "group-b"]
     assert max(m.step for m in quorum.participants) == 5
@@ -373,7 +373,7 @@ def test_a_manager_server_sends_its_job_token_to_the_lighthouse(servers, group_t
             group_rank=0, step=1, checkpoint_metadata="", shrink_only=False, timeout=T
         )
         if group_token is None:
-            with pytest.raises(RuntimeError, match=r"refused this client.*Quorum refused"):
+            with pytest.raises(RuntimeError, match=r"refused this client.*QuorumStream refused"):
                 ask()
         else:
             assert ask().replica_world_size == 1

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -372,3 +374,112 @@ def test_constructor_validation(kw, message) -> None:
     kw.setdefault("bind", "127.0.0.1:0")
     with pytest.raises(ValueError, match=message):
         LighthouseServer(**kw)
+
+
+# -- QuorumStream: our clients' quorum path --------------------------------------------------
+
+
+def _request(replica_id: str, step: int = 0) -> pb.LighthouseQuorumRequest:
+    return pb.LighthouseQuorumRequest(requester=pb.QuorumMember(replica_id=replica_id, step=step))
+
+
+def test_quorum_stream_answers_each_request_on_one_call(servers) -> None:
+    server = servers(min_replicas=1)
+    channel = grpc.insecure_channel(server.address().removeprefix("http://"))
+    requests: queue.SimpleQueue = queue.SimpleQueue()
+    call = channel.stream_stream(
+        "/torchft.LighthouseService/QuorumStream",
+        request_serializer=pb.LighthouseQuorumRequest.SerializeToString,
+        response_deserializer=pb.LighthouseQuorumResponse.FromString,
+    )(iter(requests.get, None), timeout=30)
+    answers = []
+    for step in (3, 4, 5):
+        requests.put(_request("solo", step))
+        answers.append(next(call))
+    requests.put(None)
+    assert list(call) == []  # the server ends the call once the client is done writing
+    assert [a.quorum.participants[0].step for a in answers] == [3, 4, 5]
+    assert len({a.quorum.quorum_id for a in answers}) == 1  # same member: same quorum_id
+    channel.close()
+
+
+def test_stream_and_unary_askers_share_one_quorum(servers) -> None:
+    server = servers(min_replicas=2)
+    channel = grpc.insecure_channel(server.address().removeprefix("http://"))
+    unary = channel.unary_unary(
+        "/torchft.LighthouseService/Quorum",
+        request_serializer=pb.LighthouseQuorumRequest.SerializeToString,
+        response_deserializer=pb.LighthouseQuorumResponse.FromString,
+    ).future(_request("torchft-client"), timeout=30)
+    streamed = LighthouseClient(server.address()).quorum("ours", T)
+    assert ids(streamed) == ["ours", "torchft-client"]
+    assert unary.result().quorum.quorum_id == streamed.quorum_id
+    channel.close()
+
+
+def test_garbage_on_quorum_stream_is_rejected_and_the_server_keeps_serving(servers) -> None:
+    server = servers(min_replicas=1)
+    channel = grpc.insecure_channel(server.address().removeprefix("http://"))
+    raw = channel.stream_stream("/torchft.LighthouseService/QuorumStream")
+    with pytest.raises(grpc.RpcError) as err:
+        list(raw(iter([b"\xff\xff\xff\xff"]), timeout=5))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed LighthouseQuorumRequest" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        list(raw(iter([pb.LighthouseQuorumRequest().SerializeToString()]), timeout=5))
+    assert "requester is missing" in err.value.details()
+    channel.close()
+    assert ids(LighthouseClient(server.address()).quorum("ok", T)) == ["ok"]
+    assert server.run_in_loop(lambda: server.state.metrics.bad_requests) == 2
+
+
+def test_streamed_request_that_times_out_is_withdrawn_and_the_client_recovers(servers) -> None:
+    server = servers(min_replicas=2, join_timeout_ms=60_000)
+    client = LighthouseClient(server.address())
+    with pytest.raises(TimeoutError, match="no quorum"):
+        client.quorum("early", timedelta(milliseconds=500))
+    # Its call was cancelled: the lighthouse no longer counts it as waiting.
+    wait_until(lambda: not server.run_in_loop(lambda: set(server.state.pending)))
+    # The same client asks again (a new stream) and forms a quorum with a second replica.
+    got: list[Quorum] = []
+    t = threading.Thread(target=lambda: got.append(client.quorum("early", T)))
+    t.start()
+    wait_until(lambda: "early" in server.run_in_loop(lambda: set(server.state.pending)))
+    late = LighthouseClient(server.address()).quorum("late", T)
+    t.join(timeout=T.total_seconds())
+    assert ids(late) == ["early", "late"]
+    assert [ids(q) for q in got] == [["early", "late"]]
+    client.close()
+
+
+def test_closing_the_client_ends_a_streamed_wait(servers) -> None:
+    server = servers(min_replicas=2, join_timeout_ms=60_000)
+    client = LighthouseClient(server.address())
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            client.quorum("waiting", T)
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=ask)
+    t.start()
+    wait_until(lambda: "waiting" in server.run_in_loop(lambda: set(server.state.pending)))
+    client.close()
+    t.join(timeout=T.total_seconds() / 2)  # well before the quorum's own timeout
+    assert not t.is_alive()
+    assert len(errors) == 1 and "CANCELLED" in str(errors[0])
+    wait_until(lambda: not server.run_in_loop(lambda: set(server.state.pending)))
+
+
+def test_a_client_dropped_without_close_ends_its_stream(servers) -> None:
+    server = servers(min_replicas=1)
+    before = threading.active_count()
+    client = LighthouseClient(server.address())
+    assert ids(client.quorum("dropped", T)) == ["dropped"]
+    assert threading.active_count() > before  # gRPC's threads of the open stream
+    del client
+    gc.collect()
+    # The stream ended with the client: its threads are gone, nothing is left per client.
+    wait_until(lambda: threading.active_count() <= before)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -64,6 +66,9 @@ class LighthouseClient:
         self._metadata = grpc_metadata(auth_token)
         self._channel = grpc.insecure_channel(grpc_target(addr), options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.LighthouseServiceStub(self._channel)
+        self._stream: _QuorumStream | None = None
+        self._stream_lock = threading.Lock()
+        self._stream_supported = True
 
     def quorum(
         self,
@@ -97,10 +102,9 @@ class LighthouseClient:
         deadline = time.monotonic() + timeout.total_seconds()
         while (remaining := deadline - time.monotonic()) > 0:
             try:
-                response = self._stub.Quorum(
-                    request, timeout=remaining, metadata=self._metadata, wait_for_ready=True
-                )
-                return Quorum.from_proto(response.quorum)
+                response = self._ask(request, remaining)
+                if response is not None:
+                    return Quorum.from_proto(response.quorum)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNAVAILABLE:  # lighthouse restarting: retry
                     time.sleep(min(_RETRY_SLEEP_S, max(0.0, deadline - time.monotonic())))
@@ -109,6 +113,32 @@ class LighthouseClient:
         raise TimeoutError(
             f"no quorum from the lighthouse at {self.addr} within {timeout}; is it running, "
             "and are at least min_replicas replica groups asking?"
+        )
+
+    def _ask(
+        self, request: pb.LighthouseQuorumRequest, timeout: float
+    ) -> pb.LighthouseQuorumResponse | None:
+        """One quorum request: over the held-open ``QuorumStream`` when this lighthouse has it
+        and no other thread of this client is using it, else a unary ``Quorum`` call.
+        None when ``timeout`` (seconds) passed without an answer."""
+        if self._stream_supported and self._stream_lock.acquire(blocking=False):
+            try:
+                if self._stream is None:
+                    self._stream = _QuorumStream(self._stub, self._metadata)
+                try:
+                    return self._stream.ask(request, timeout)
+                except grpc.RpcError as e:
+                    if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                        raise
+                    # torchft's lighthouse: unary calls from now on.
+                    self._stream_supported = False
+            finally:
+                if self._stream is not None and self._stream.broken:
+                    self._stream.close()
+                    self._stream = None
+                self._stream_lock.release()
+        return self._stub.Quorum(
+            request, timeout=timeout, metadata=self._metadata, wait_for_ready=True
         )
 
     def heartbeat(self, replica_id: str, timeout: timedelta = timedelta(seconds=5)) -> None:
@@ -132,7 +162,79 @@ class LighthouseClient:
         return HeartbeatStream(self._stub, replica_id, interval.total_seconds(), self._metadata)
 
     def close(self) -> None:
+        # Without the stream lock: a quorum waiting on the stream in another thread holds it.
+        # Cancelling the stream ends that wait (as closing the channel ends a unary call).
+        stream = self._stream
+        if stream is not None:
+            stream.close()
         self._channel.close()
+
+
+class _QuorumStream:
+    """A held-open ``QuorumStream`` call: one quorum request at a time, each answered by the
+    next response message.
+
+    A round then costs the lighthouse one message each way per replica instead of a new call
+    (see docs/performance.md, Lighthouse). A request that times out cancels the whole call
+    (gRPC has no deadline per message); the next request opens a new one.
+    """
+
+    def __init__(self, stub: pb_grpc.LighthouseServiceStub, metadata: tuple) -> None:
+        self._requests: queue.SimpleQueue[pb.LighthouseQuorumRequest | None] = queue.SimpleQueue()
+        self._call = stub.QuorumStream(
+            iter(self._requests.get, None), metadata=metadata, wait_for_ready=True
+        )
+        self.broken = False
+        """The call failed, ended or was cancelled: open a new one for the next request."""
+        # A client dropped without close() must not leave the call open (and gRPC's thread
+        # that feeds it blocked on the queue): end both when this object goes away.
+        self.close = weakref.finalize(self, _end_stream, self._requests, self._call)
+
+    def ask(
+        self, request: pb.LighthouseQuorumRequest, timeout: float
+    ) -> pb.LighthouseQuorumResponse | None:
+        """The response to ``request``, or None after ``timeout`` seconds (the call is then
+        cancelled). Raises ``grpc.RpcError`` when the call fails; UNAVAILABLE when the
+        lighthouse ended it without an error."""
+        self._requests.put(request)
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            self._call.cancel()
+
+        timer = threading.Timer(timeout, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            return next(self._call)
+        except StopIteration:
+            self.broken = True
+            raise _Ended() from None
+        except grpc.RpcError:
+            self.broken = True
+            if expired.is_set():
+                return None
+            raise
+        finally:
+            timer.cancel()
+            # The timer may have fired just as the answer came: the call is cancelled then.
+            self.broken = self.broken or expired.is_set()
+
+
+def _end_stream(requests: queue.SimpleQueue, call: grpc.Call) -> None:
+    requests.put(None)
+    call.cancel()
+
+
+class _Ended(grpc.RpcError):
+    """The lighthouse closed a ``QuorumStream`` without an error (it is shutting down)."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "the lighthouse ended the quorum stream"
 
 
 class HeartbeatStream:

@@ -22,7 +22,7 @@ import math
 import resource
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -39,7 +39,7 @@ from torchtitan_ft.rpc_server import Malformed, parser, server_options
 logger = logging.getLogger(__name__)
 
 SERVICE = "torchft.LighthouseService"
-METHODS = ("Quorum", "Heartbeat", "HeartbeatStream")
+METHODS = ("Quorum", "QuorumStream", "Heartbeat", "HeartbeatStream")
 
 _IDLE_CONNECTION_MS = 30_000
 """A connection with no call for this long is closed; clients reconnect when they next call.
@@ -63,7 +63,8 @@ class _Service:
         self.state.metrics.bad_requests += 1
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
-    async def quorum(self, request: Any, context: grpc.aio.ServicerContext) -> bytes:
+    async def _member(self, request: Any, context: grpc.aio.ServicerContext) -> QuorumMember:
+        """The requester of a quorum request; aborts the call with INVALID_ARGUMENT if bad."""
         if isinstance(request, Malformed):
             await self._reject(context, request.message)
         if not request.HasField("requester"):
@@ -71,9 +72,15 @@ class _Service:
         if not request.requester.replica_id:
             await self._reject(context, "LighthouseQuorumRequest.requester.replica_id is empty")
         try:
-            member = QuorumMember.from_proto(request.requester)
+            return QuorumMember.from_proto(request.requester)
         except ValueError as e:
             await self._reject(context, str(e))
+            raise  # not reached: abort raises
+
+    async def _answer(
+        self, member: QuorumMember, request: Any, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        """Waits for the quorum that answers ``member``'s request: the serialized response."""
         fut = self.state.request(member, request.requester)
         try:
             return await asyncio.shield(fut)
@@ -86,6 +93,17 @@ class _Service:
                     grpc.StatusCode.UNAVAILABLE,
                     f"replica {member.replica_id} was dropped from the pending round",
                 )
+
+    async def quorum(self, request: Any, context: grpc.aio.ServicerContext) -> bytes:
+        return await self._answer(await self._member(request, context), request, context)
+
+    async def quorum_stream(
+        self, requests: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        # One request at a time: the next is read only after the previous one is answered,
+        # so a stream holds at most one pending request, as a unary caller does.
+        async for request in requests:
+            yield await self._answer(await self._member(request, context), request, context)
 
     async def heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> bytes:
         if isinstance(request, Malformed):
@@ -124,6 +142,11 @@ class _Service:
             {
                 "Quorum": grpc.unary_unary_rpc_method_handler(
                     self.quorum,
+                    request_deserializer=parser(pb.LighthouseQuorumRequest),
+                    response_serializer=_identity,
+                ),
+                "QuorumStream": grpc.stream_stream_rpc_method_handler(
+                    self.quorum_stream,
                     request_deserializer=parser(pb.LighthouseQuorumRequest),
                     response_serializer=_identity,
                 ),

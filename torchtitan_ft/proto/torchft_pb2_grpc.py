@@ -49,6 +49,11 @@ class LighthouseServiceStub:
                 request_serializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseHeartbeatRequest.SerializeToString,
                 response_deserializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseHeartbeatResponse.FromString,
                 _registered_method=True)
+        self.QuorumStream = channel.stream_stream(
+                '/torchft.LighthouseService/QuorumStream',
+                request_serializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseQuorumRequest.SerializeToString,
+                response_deserializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseQuorumResponse.FromString,
+                _registered_method=True)
 
 
 class LighthouseServiceServicer:
@@ -79,6 +84,16 @@ class LighthouseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QuorumStream(self, request_iterator, context):
+        """torchtitan_ft extension: Quorum over a held-open stream, one response per
+        request, in order; each request long-polls like Quorum. A round then costs
+        one message each way per replica instead of a new call, which is where a
+        Python gRPC server spends its time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LighthouseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +111,11 @@ def add_LighthouseServiceServicer_to_server(servicer, server):
                     servicer.HeartbeatStream,
                     request_deserializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseHeartbeatRequest.FromString,
                     response_serializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseHeartbeatResponse.SerializeToString,
+            ),
+            'QuorumStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.QuorumStream,
+                    request_deserializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseQuorumRequest.FromString,
+                    response_serializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseQuorumResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -179,6 +199,33 @@ class LighthouseService:
             '/torchft.LighthouseService/HeartbeatStream',
             torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseHeartbeatRequest.SerializeToString,
             torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QuorumStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/torchft.LighthouseService/QuorumStream',
+            torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseQuorumRequest.SerializeToString,
+            torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseQuorumResponse.FromString,
             options,
             channel_credentials,
             insecure,
