@@ -88,6 +88,11 @@ def retrying_transport(timeout: timedelta) -> Any:
     return RetryingHTTPTransport(timeout=timeout, num_chunks=0, hostname=HOST)
 
 
+IMPLS = ("ours", "torchft")
+"""``ours``: torchtitan_ft; ``torchft``: the reference, torchft 0.2.0's own Python runtime (its
+Manager, DDP, optimizer wrapper, ProcessGroupGloo and HTTPTransport) and Rust servers."""
+
+
 def ft_setup(
     replica: int,
     lighthouse_addr: str,
@@ -95,11 +100,15 @@ def ft_setup(
     timeout_s: float = 30.0,
     marks: dict[str, float] | None = None,
     bucket_cap_mb: float = 25.0,
+    impl: str = "ours",
 ) -> tuple[Any, Any, Any, Any]:
-    """(manager, pg, ddp, optim) for replica group ``replica`` (1 process, async quorum).
+    """(manager, pg, ddp, optim) for replica group ``replica`` (1 process, async quorum), of
+    ``impl`` (see :data:`IMPLS`).
 
     ``marks`` (if given) gets the wall-clock times at which the optimizer and the Manager
     were constructed."""
+    if impl == "torchft":
+        return _torchft_setup(replica, lighthouse_addr, model, timeout_s, marks)
     from torchtitan_ft.ddp import DistributedDataParallel
     from torchtitan_ft.manager import Manager
     from torchtitan_ft.optim import OptimizerWrapper
@@ -138,6 +147,58 @@ def ft_setup(
     marks["manager"] = time.time()
     ddp = DistributedDataParallel(manager, model, bucket_cap_mb=bucket_cap_mb)
     optim = OptimizerWrapper(manager, inner)
+    return manager, pg, ddp, optim
+
+
+def _torchft_setup(
+    replica: int,
+    lighthouse_addr: str,
+    model: Any,
+    timeout_s: float,
+    marks: dict[str, float] | None,
+) -> tuple[Any, Any, Any, Any]:
+    """:func:`ft_setup` with torchft 0.2.0's own classes, set up the same way. torchft's
+    Manager needs a TCPStore already listening (torchrun's, normally): hosted here."""
+    import torch.distributed as dist
+
+    from benchmarks._reference import import_torchft
+
+    torchft = import_torchft()
+    marks = {} if marks is None else marks
+    inner = optimizer(model.parameters())
+    marks["optimizer"] = time.time()
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": inner.state_dict()}
+
+    def load_state_dict(sd: dict[str, Any]) -> None:
+        model.load_state_dict(sd["model"])
+        inner.load_state_dict(sd["optim"])
+
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False)
+    pg = torchft.ProcessGroupGloo(timeout=timeout)
+    manager = torchft.Manager(
+        pg=pg,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        min_replica_size=1,
+        use_async_quorum=True,
+        timeout=timeout,
+        quorum_timeout=timedelta(seconds=120),
+        connect_timeout=timeout,
+        rank=0,
+        world_size=1,
+        store_addr=HOST,
+        store_port=store.port,
+        lighthouse_addr=lighthouse_addr,
+        replica_id=f"replica_{replica}",
+        hostname=HOST,
+    )
+    manager._benchmark_store = store  # kept alive with the Manager
+    marks["manager"] = time.time()
+    ddp = torchft.DistributedDataParallel(manager, model)
+    optim = torchft.Optimizer(manager, inner)  # torchft.optim.OptimizerWrapper
     return manager, pg, ddp, optim
 
 

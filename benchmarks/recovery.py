@@ -65,13 +65,12 @@ from benchmarks import _mlp, machine  # noqa: E402
 
 MODULE = "benchmarks.recovery"
 TARGETS = {"stall_s": 0.5, "spawn_to_participating_s": 3.0, "manager_to_participating_s": 0.5}
-REFERENCE = {"stall_s": 5.05, "spawn_to_participating_s": 6.0, "manager_to_participating_s": 2.2}
 
 
 # ------------------------------------------------------------------ worker
 
 
-def worker(replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
+def worker(replica: int, size_mb: float, lighthouse: str, kind: str, impl: str) -> None:
     marks: dict[str, float] = {"main": T_MAIN}
     cpu: dict[str, float] = {"main": CPU_MAIN}
     import torch
@@ -82,14 +81,19 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
     if kind == "bg_dynamo":
         dynamo_thread = threading.Thread(target=_import_dynamo, name="import-dynamo")
         dynamo_thread.start()
-    import torchtitan_ft.checkpoint
-    import torchtitan_ft.ddp
-    import torchtitan_ft.manager
-    import torchtitan_ft.optim
-    import torchtitan_ft.process_group  # noqa: F401
+    if impl == "torchft":
+        from benchmarks._reference import import_torchft
 
-    marks["torchtitan_ft"] = time.time()
-    cpu["torchtitan_ft"] = time.process_time()
+        import_torchft()
+    else:
+        import torchtitan_ft.checkpoint
+        import torchtitan_ft.ddp
+        import torchtitan_ft.manager
+        import torchtitan_ft.optim
+        import torchtitan_ft.process_group  # noqa: F401
+
+    marks["ft_library"] = time.time()
+    cpu["ft_library"] = time.process_time()
     if dynamo_thread is None:
         import torch._dynamo
 
@@ -107,7 +111,7 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
         # The optimizer is built inside ft_setup: it would wait for the import anyway.
         dynamo_thread.join()
         marks["dynamo"] = time.time()
-    manager, _pg, ddp, optim = _mlp.ft_setup(replica, lighthouse, model, marks=marks)
+    manager, _pg, ddp, optim = _mlp.ft_setup(replica, lighthouse, model, marks=marks, impl=impl)
     _mlp.send({"marks": marks, "cpu": cpu})
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
@@ -131,7 +135,9 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
         x, y = _mlp.batch(dim, replica, i)
         loss = torch.nn.functional.mse_loss(ddp(x), y)
         loss.backward()
-        committed = optim.step()
+        before = manager.current_step()
+        optim.step()  # torchft's wrapper returns None: a commit is seen in the step count
+        committed = manager.current_step() > before
         _mlp.send(
             {
                 "t0": t0,
@@ -141,7 +147,6 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
                 "participants": manager.num_participants(),
                 "participating": manager.is_participating(),
                 "wait_quorum_s": probe["wait_quorum"],
-                "recv_retries": type(manager._checkpoint_transport).__dict__.get("retries", 0),
             }
         )
         i += 1
@@ -158,9 +163,9 @@ def _import_dynamo() -> None:
 class Proc:
     """A worker process whose JSON lines are read on a thread into a queue."""
 
-    def __init__(self, replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
+    def __init__(self, replica: int, size_mb: float, lighthouse: str, kind: str, impl: str) -> None:
         args = ["--worker", "--replica", str(replica), "--size-mb", str(size_mb)]
-        args += ["--lighthouse", lighthouse, "--kind", kind]
+        args += ["--lighthouse", lighthouse, "--kind", kind, "--impl", impl]
         self.kind = kind
         self.w = _mlp.Worker(MODULE, args)
         self.events: list[dict[str, Any]] = []
@@ -230,13 +235,41 @@ def _steady_steps(events: list[dict[str, Any]], n: int) -> list[float]:
     return [b - a for a, b in itertools.pairwise(times)]
 
 
-def run_size(size_mb: float, kinds: list[str], steady: int, rng: random.Random) -> dict[str, Any]:
+def _lighthouse(impl: str) -> Any:
+    """The impl's own lighthouse (torchft's Rust one for the reference), defaults."""
+    if impl == "torchft":
+        from benchmarks._reference import load_reference
+
+        # torchft's Rust servers log every quorum at INFO; its workers inherit this too.
+        os.environ.setdefault("RUST_LOG", "warn")
+
+        reference = load_reference()
+        if reference is None:
+            raise SystemExit("torchft 0.2.0 is not installed: run scripts/install_reference.sh")
+        return reference.LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=1)
     from torchtitan_ft.lighthouse import LighthouseServer
 
-    lighthouse = LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=1)
+    return LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=1)
+
+
+def _donor_slowest(survivor: Proc, joined_from: float, participated: float, steady: float) -> float:
+    """The survivor's slowest step overlapping [the replacement's Manager is ready, its first
+    participating step ended], over its steady step."""
+    survivor.drain()
+    events = survivor.events
+    overlapping = [
+        e["t"] - e["t0"] for e in events if joined_from <= e["t"] and e["t0"] <= participated
+    ]
+    return round(max(overlapping) / steady, 2) if overlapping else 0.0
+
+
+def run_size(
+    size_mb: float, kinds: list[str], steady: int, rng: random.Random, impl: str
+) -> dict[str, Any]:
+    lighthouse = _lighthouse(impl)
     addr = lighthouse.address()
-    survivor = Proc(0, size_mb, addr, "cold")
-    victim = Proc(1, size_mb, addr, "cold")
+    survivor = Proc(0, size_mb, addr, "cold", impl)
+    victim = Proc(1, size_mb, addr, "cold", impl)
     procs = [survivor, victim]
     stalls: list[dict[str, Any]] = []
     replacements: list[dict[str, Any]] = []
@@ -294,7 +327,7 @@ def run_size(size_mb: float, kinds: list[str], steady: int, rng: random.Random) 
             )
             print(f"[{size_mb} MB] stall {stalls[-1]}", file=sys.stderr)
             # replacement
-            replacement = Proc(1, size_mb, addr, kind)
+            replacement = Proc(1, size_mb, addr, kind, impl)
             procs.append(replacement)
             if kind == "warm":
                 replacement.wait_for(lambda m: "warm" in m)
@@ -309,16 +342,21 @@ def run_size(size_mb: float, kinds: list[str], steady: int, rng: random.Random) 
                     lambda m: "t" in m and m["committed"] and m["participating"]
                 )
             )
-            replacements.append(
-                _replacement_report(replacement, go if kind == "warm" else None, first, part)
+            report = _replacement_report(replacement, go if kind == "warm" else None, first, part)
+            report["donor_slowest_step_over_steady"] = _donor_slowest(
+                survivor, replacement.marks["manager"], part["t"], steady_s
             )
+            report["participating_step_over_steady"] = round(
+                report["participating_step_s"] / steady_s, 2
+            )
+            replacements.append(report)
             print(f"[{size_mb} MB] replacement {replacements[-1]}", file=sys.stderr)
             victim = replacement
     finally:
         for p in procs:
             p.stop()
         lighthouse.shutdown()
-    return {"size_mb": size_mb, "stalls": stalls, "replacements": replacements}
+    return {"impl": impl, "size_mb": size_mb, "stalls": stalls, "replacements": replacements}
 
 
 def _replacement_report(
@@ -338,13 +376,13 @@ def _replacement_report(
         out["phases_s"] = {
             "spawn_to_python_main": round(m["main"] - p.w.spawned, 3),
             "import_torch": round(m["torch"] - m["main"], 3),
-            "import_torchtitan_ft": round(m["torchtitan_ft"] - m["torch"], 3),
-            "import_torch_dynamo": round(m["dynamo"] - m["torchtitan_ft"], 3)
+            "import_ft_library": round(m["ft_library"] - m["torch"], 3),
+            "import_torch_dynamo": round(m["dynamo"] - m["ft_library"], 3)
             if p.kind == "cold"
             else None,
-            "build_model": round(m["model"] - m.get("dynamo", m["torchtitan_ft"]), 3)
+            "build_model": round(m["model"] - m.get("dynamo", m["ft_library"]), 3)
             if p.kind == "cold"
-            else round(m["model"] - m["torchtitan_ft"], 3),
+            else round(m["model"] - m["ft_library"], 3),
             "wait_bg_dynamo_after_model": round(m["dynamo"] - m["model"], 3)
             if p.kind == "bg_dynamo"
             else None,
@@ -353,8 +391,8 @@ def _replacement_report(
         out["import_cpu_s"] = {
             "python_startup_and_this_module": round(c["main"], 3),
             "import_torch": round(c["torch"] - c["main"], 3),
-            "import_torchtitan_ft": round(c["torchtitan_ft"] - c["torch"], 3),
-            "import_torch_dynamo": round(c["dynamo"] - c["torchtitan_ft"], 3)
+            "import_ft_library": round(c["ft_library"] - c["torch"], 3),
+            "import_torch_dynamo": round(c["dynamo"] - c["ft_library"], 3)
             if "dynamo" in c
             else None,
         }
@@ -377,12 +415,51 @@ def _replacement_report(
         for e in p.events
         if e["t"] <= part["t"]
     ]
-    out["recv_retries"] = part["recv_retries"]
     return out
 
 
 def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
+
+
+def _range(values: list[float]) -> list[float] | None:
+    return [round(min(values), 3), round(max(values), 3)] if values else None
+
+
+def summarize(runs: list[dict[str, Any]], kinds: list[str]) -> dict[str, Any]:
+    """Medians and ranges over every kill and replacement of ``runs`` (one impl, one size)."""
+    stalls = [s for r in runs for s in r["stalls"]]
+    stall = [s["stall_s"] for s in stalls]
+    out: dict[str, Any] = {
+        "kills": len(stalls),
+        "stall_s_median": _median(stall),
+        "stall_s_range": _range(stall),
+        "to_first_commit_without_victim_s_median": _median(
+            [s["to_first_commit_without_victim_s"] for s in stalls]
+        ),
+        "steady_step_s_median": _median([s["steady_step_s"] for s in stalls]),
+    }
+    for kind in kinds:
+        reps = [rep for r in runs for rep in r["replacements"] if rep["kind"] == kind]
+        for key in (
+            "spawn_to_participating_s",
+            "manager_to_participating_s",
+            "manager_to_participating_step_start_s",
+            "donor_slowest_step_over_steady",
+            "participating_step_over_steady",
+        ):
+            values = [rep[key] for rep in reps]
+            out[f"{kind}_{key}_median"] = _median(values)
+            out[f"{kind}_{key}_range"] = _range(values)
+    return out
+
+
+RATIO_ROWS = (
+    "stall_s_median",
+    "cold_spawn_to_participating_s_median",
+    "cold_donor_slowest_step_over_steady_median",
+    "cold_participating_step_over_steady_median",
+)
 
 
 def main() -> None:
@@ -391,7 +468,11 @@ def main() -> None:
     parser.add_argument(
         "--kinds", nargs="+", choices=["cold", "warm", "bg_dynamo"], default=["cold", "warm"]
     )
+    parser.add_argument("--impls", nargs="+", choices=_mlp.IMPLS, default=["ours"])
     parser.add_argument("--repeats", type=int, default=2, help="kills per replacement kind")
+    parser.add_argument(
+        "--trials", type=int, default=1, help="runs per impl and size (alternating impls)"
+    )
     parser.add_argument("--steady", type=int, default=8, help="steady steps before each kill")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -399,9 +480,10 @@ def main() -> None:
     parser.add_argument("--size-mb", type=float, default=10.0, help=argparse.SUPPRESS)
     parser.add_argument("--lighthouse", default="", help=argparse.SUPPRESS)
     parser.add_argument("--kind", default="cold", help=argparse.SUPPRESS)
+    parser.add_argument("--impl", default="ours", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.replica, args.size_mb, args.lighthouse, args.kind)
+        worker(args.replica, args.size_mb, args.lighthouse, args.kind, args.impl)
         return
 
     started = time.time()
@@ -409,26 +491,21 @@ def main() -> None:
     kinds = [k for _ in range(args.repeats) for k in args.kinds]
     sizes = []
     for size_mb in args.sizes_mb:
-        result = run_size(size_mb, kinds, args.steady, rng)
-        stall = _median([s["stall_s"] for s in result["stalls"]])
-        summary: dict[str, Any] = {
-            "stall_s_median": stall,
-            "stall_met": stall is not None and stall <= TARGETS["stall_s"],
-            "to_first_commit_without_victim_s_median": _median(
-                [s["to_first_commit_without_victim_s"] for s in result["stalls"]]
-            ),
-            "steady_step_s_median": _median([s["steady_step_s"] for s in result["stalls"]]),
-        }
-        for kind in args.kinds:
-            reps = [r for r in result["replacements"] if r["kind"] == kind]
-            keys = ("spawn_to_participating_s", "manager_to_participating_s")
-            for key in (*keys, "manager_to_participating_step_start_s"):
-                value = _median([r[key] for r in reps])
-                summary[f"{kind}_{key}_median"] = value
-                if key in TARGETS:
-                    summary[f"{kind}_{key}_met"] = value is not None and value <= TARGETS[key]
-        result["summary"] = summary
-        sizes.append(result)
+        runs: dict[str, list[dict[str, Any]]] = {impl: [] for impl in args.impls}
+        for trial in range(args.trials):
+            order = args.impls[trial % len(args.impls) :] + args.impls[: trial % len(args.impls)]
+            for impl in order:
+                runs[impl].append(run_size(size_mb, kinds, args.steady, rng, impl))
+        summaries = {impl: summarize(runs[impl], args.kinds) for impl in args.impls}
+        entry: dict[str, Any] = {"size_mb": size_mb, "summary": summaries, "runs": runs}
+        if "ours" in summaries and "torchft" in summaries:
+            entry["ours_over_torchft"] = {
+                row: round(summaries["ours"][row] / summaries["torchft"][row], 2)
+                if summaries["ours"].get(row) and summaries["torchft"].get(row)
+                else None
+                for row in RATIO_ROWS
+            }
+        sizes.append(entry)
     command = "python -m " + MODULE + " " + " ".join(sys.argv[1:])
     print(
         json.dumps(
@@ -437,12 +514,12 @@ def main() -> None:
                 "machine": machine(),
                 "setup": {
                     **_mlp.setup(),
-                    "lighthouse": "in-process LighthouseServer, min_replicas=1, defaults",
+                    "lighthouse": "in-process, the impl's own (torchft: its Rust one), "
+                    "min_replicas=1, default timeouts",
                     "manager": "async quorum, timeout 30 s, HTTPTransport",
                     "kill": "SIGKILL at a random moment of a step after steady training",
                 },
                 "targets": TARGETS,
-                "reference_torchft_0_2_0": REFERENCE,
                 "sizes": sizes,
                 "wall_s": round(time.time() - started, 1),
             },
