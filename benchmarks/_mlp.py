@@ -197,9 +197,31 @@ def _torchft_setup(
     )
     manager._benchmark_store = store  # kept alive with the Manager
     marks["manager"] = time.time()
-    ddp = torchft.DistributedDataParallel(manager, model)
+    ddp = _torchft_ddp(torchft, manager, model)
     optim = torchft.Optimizer(manager, inner)  # torchft.optim.OptimizerWrapper
     return manager, pg, ddp, optim
+
+
+def _torchft_ddp(torchft: Any, manager: Any, model: Any) -> Any:
+    """torchft 0.2.0's ``DistributedDataParallel`` with one fix to its comm hook, which asserts
+    (``assert fut._fut``) when the allreduce fails -- a peer SIGKILLed mid-allreduce -- and so
+    kills the survivor's backward. Its Manager has already recorded the error then (the step
+    will not commit), so the hook returns the bucket unchanged, as its Manager's error path
+    intends; everything else is torchft's."""
+    import torch
+
+    class _DDP(torchft.DistributedDataParallel):
+        @staticmethod
+        def _comm_hook(state: Any, bucket: Any) -> Any:
+            work = state.allreduce(bucket.buffer())
+            work.wait()
+            fut = work.get_future()._fut
+            if fut is None:
+                fut = torch.futures.Future()
+                fut.set_result(bucket.buffer())
+            return fut
+
+    return _DDP(manager, model)
 
 
 def summary(values: list[float]) -> dict[str, float]:

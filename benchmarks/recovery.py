@@ -30,8 +30,11 @@ throughout; replica 1 is the victim, then its replacements, one per kill:
    - ``cold``: a fresh process that imports everything at startup (torch, torchtitan_ft,
      torch._dynamo -- which any torch optimizer imports, in its constructor or first step;
      imported explicitly here so it is timed on its own);
-   - ``warm``: a pre-started spare that already imported torch, torchtitan_ft and
-     torch._dynamo and built its model, then waits; timed from the moment it is told to go;
+   - ``warm`` (ours only): a warm spare, ``python -m torchtitan_ft.spare --lock L -- -m
+     benchmarks.recovery --worker ...`` (docs/operations.md), started and warm before the
+     steady steps; the parent holds the lock ``L`` in the victim's place and releases it once
+     the stall is measured. Timed from that release (a spare behind an active process that
+     dies is released by the kernel at the same moment);
    - ``bg_dynamo``: like ``cold``, but torch._dynamo is imported on a background thread while
      the main thread imports torchtitan_ft and builds the model (the optimizer, built next,
      needs the import done).
@@ -50,14 +53,17 @@ T_MAIN = time.time()  # the interpreter is up and running this module
 CPU_MAIN = time.process_time()
 
 import argparse  # noqa: E402
+import fcntl  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import queue  # noqa: E402
 import random  # noqa: E402
+import shutil  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import threading  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -102,11 +108,6 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str, impl: str) 
     torch.set_num_threads(1)
     model = _mlp.mlp(size_mb)
     marks["model"] = time.time()
-    if kind == "warm":
-        _mlp.send({"warm": True})
-        if _mlp.recv() is None:
-            return
-        marks["go"] = time.time()
     if dynamo_thread is not None:
         # The optimizer is built inside ft_setup: it would wait for the import anyway.
         dynamo_thread.join()
@@ -163,11 +164,24 @@ def _import_dynamo() -> None:
 class Proc:
     """A worker process whose JSON lines are read on a thread into a queue."""
 
-    def __init__(self, replica: int, size_mb: float, lighthouse: str, kind: str, impl: str) -> None:
+    def __init__(
+        self,
+        replica: int,
+        size_mb: float,
+        lighthouse: str,
+        kind: str,
+        impl: str,
+        spare: list[str] | None = None,
+    ) -> None:
+        """``spare``: the spare's own options (a ``warm`` worker runs under
+        ``torchtitan_ft.spare``)."""
         args = ["--worker", "--replica", str(replica), "--size-mb", str(size_mb)]
         args += ["--lighthouse", lighthouse, "--kind", kind, "--impl", impl]
         self.kind = kind
-        self.w = _mlp.Worker(MODULE, args)
+        if spare is None:
+            self.w = _mlp.Worker(MODULE, args)
+        else:
+            self.w = _mlp.Worker("torchtitan_ft.spare", [*spare, "--", "-m", MODULE, *args])
         self.events: list[dict[str, Any]] = []
         self.marks: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
@@ -252,6 +266,30 @@ def _lighthouse(impl: str) -> Any:
     return LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=1)
 
 
+class _Spare:
+    """The parent's side of a warm spare: it holds the spare's lock in place of the active
+    process, and releases it to make the spare take over."""
+
+    def __init__(self, tmp: str, n: int) -> None:
+        self.lock_path = os.path.join(tmp, f"replica1-{n}.lock")
+        self.ready_path = os.path.join(tmp, f"replica1-{n}.ready")
+        self.lock = open(self.lock_path, "ab")  # noqa: SIM115 -- closed by release()
+        fcntl.lockf(self.lock, fcntl.LOCK_EX)
+        self.options = ["--lock", self.lock_path, "--ready-file", self.ready_path]
+
+    def wait_ready(self, proc: Proc, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.ready_path):
+            if proc.w.proc.poll() is not None:
+                raise RuntimeError(f"spare pid {proc.w.proc.pid} exited ({proc.w.proc.poll()})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"spare not warm after {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def release(self) -> None:
+        self.lock.close()
+
+
 def _donor_slowest(survivor: Proc, joined_from: float, participated: float, steady: float) -> float:
     """The survivor's slowest step overlapping [the replacement's Manager is ready, its first
     participating step ended], over its steady step."""
@@ -266,8 +304,11 @@ def _donor_slowest(survivor: Proc, joined_from: float, participated: float, stea
 def run_size(
     size_mb: float, kinds: list[str], steady: int, rng: random.Random, impl: str
 ) -> dict[str, Any]:
+    if impl != "ours":  # the warm spare is torchtitan_ft's; torchft has none
+        kinds = [kind for kind in kinds if kind != "warm"]
     lighthouse = _lighthouse(impl)
     addr = lighthouse.address()
+    tmp = tempfile.mkdtemp(prefix="recovery-spare-")
     survivor = Proc(0, size_mb, addr, "cold", impl)
     victim = Proc(1, size_mb, addr, "cold", impl)
     procs = [survivor, victim]
@@ -277,6 +318,13 @@ def run_size(
         for p in (survivor, victim):
             p.wait_for(lambda m: "marks" in m)
         for kind in kinds:
+            spare = None
+            if kind == "warm":
+                # Started and warm before the steady steps (its warm-up takes CPU from them).
+                spare = _Spare(tmp, len(procs))
+                replacement = Proc(1, size_mb, addr, kind, impl, spare=spare.options)
+                procs.append(replacement)
+                spare.wait_ready(replacement)
             # steady state: both commit together for `steady` steps
             count = 0
             while count < steady:
@@ -327,12 +375,12 @@ def run_size(
             )
             print(f"[{size_mb} MB] stall {stalls[-1]}", file=sys.stderr)
             # replacement
-            replacement = Proc(1, size_mb, addr, kind, impl)
-            procs.append(replacement)
-            if kind == "warm":
-                replacement.wait_for(lambda m: "warm" in m)
+            if spare is not None:
                 go = time.time()
-                replacement.w.send({"go": True})
+                spare.release()
+            else:
+                replacement = Proc(1, size_mb, addr, kind, impl)
+                procs.append(replacement)
             replacement.wait_for(lambda m: "marks" in m)
             first = replacement.wait_for(lambda m: "t" in m and m["committed"])
             part = (
@@ -356,6 +404,7 @@ def run_size(
         for p in procs:
             p.stop()
         lighthouse.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
     return {"impl": impl, "size_mb": size_mb, "stalls": stalls, "replacements": replacements}
 
 
@@ -454,12 +503,26 @@ def summarize(runs: list[dict[str, Any]], kinds: list[str]) -> dict[str, Any]:
     return out
 
 
-RATIO_ROWS = (
-    "stall_s_median",
-    "cold_spawn_to_participating_s_median",
-    "cold_donor_slowest_step_over_steady_median",
-    "cold_participating_step_over_steady_median",
-)
+RATIO_ROWS = {
+    "stall_s_median": "stall_s_median",
+    "cold_spawn_to_participating_s_median": "cold_spawn_to_participating_s_median",
+    "warm_spare_go_to_participating_over_torchft_cold_spawn": (
+        "cold_spawn_to_participating_s_median"
+    ),
+    "cold_donor_slowest_step_over_steady_median": "cold_donor_slowest_step_over_steady_median",
+    "warm_donor_slowest_step_over_steady_median": "cold_donor_slowest_step_over_steady_median",
+    "cold_participating_step_over_steady_median": "cold_participating_step_over_steady_median",
+}
+"""ours' row -> torchft's row it is divided by (torchft has no warm spare: ours' spare is
+compared with its fresh process)."""
+
+
+def _ours_row(row: str) -> str:
+    return (
+        "warm_spawn_to_participating_s_median"
+        if row == "warm_spare_go_to_participating_over_torchft_cold_spawn"
+        else row
+    )
 
 
 def main() -> None:
@@ -499,11 +562,12 @@ def main() -> None:
         summaries = {impl: summarize(runs[impl], args.kinds) for impl in args.impls}
         entry: dict[str, Any] = {"size_mb": size_mb, "summary": summaries, "runs": runs}
         if "ours" in summaries and "torchft" in summaries:
+            ours, torchft = summaries["ours"], summaries["torchft"]
             entry["ours_over_torchft"] = {
-                row: round(summaries["ours"][row] / summaries["torchft"][row], 2)
-                if summaries["ours"].get(row) and summaries["torchft"].get(row)
+                row: round(ours[_ours_row(row)] / torchft[theirs], 2)
+                if ours.get(_ours_row(row)) and torchft.get(theirs)
                 else None
-                for row in RATIO_ROWS
+                for row, theirs in RATIO_ROWS.items()
             }
         sizes.append(entry)
     command = "python -m " + MODULE + " " + " ".join(sys.argv[1:])
