@@ -148,6 +148,8 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str, impl: str) 
                 "participants": manager.num_participants(),
                 "participating": manager.is_participating(),
                 "wait_quorum_s": probe["wait_quorum"],
+                # ours only (torchft's Manager has no stats): the last heal's transfer time
+                "last_heal_s": manager.stats().last_heal_seconds if impl == "ours" else None,
             }
         )
         i += 1
@@ -394,6 +396,17 @@ def run_size(
             report["donor_slowest_step_over_steady"] = _donor_slowest(
                 survivor, replacement.marks["manager"], part["t"], steady_s
             )
+            report["donor_steps_while_joining"] = [
+                {
+                    "start_s": round(e["t0"] - replacement.marks["manager"], 3),
+                    "dur_over_steady": round((e["t"] - e["t0"]) / steady_s, 2),
+                    "wait_quorum_s": round(e["wait_quorum_s"], 3),
+                    "participants": e["participants"],
+                    "committed": e["committed"],
+                }
+                for e in survivor.events
+                if replacement.marks["manager"] <= e["t"] and e["t0"] <= part["t"]
+            ]
             report["participating_step_over_steady"] = round(
                 report["participating_step_s"] / steady_s, 2
             )
@@ -460,6 +473,7 @@ def _replacement_report(
             "participating": e["participating"],
             "participants": e["participants"],
             "wait_quorum_s": round(e["wait_quorum_s"], 3),
+            "last_heal_s": e["last_heal_s"] and round(e["last_heal_s"], 3),
         }
         for e in p.events
         if e["t"] <= part["t"]
