@@ -107,6 +107,15 @@ def test_first_process_runs_at_once_with_the_script_as_main(tmp_path: Path) -> N
     assert "active at once" in result.stderr
 
 
+def test_warm_up_leaves_the_random_state_and_settings_alone() -> None:
+    from torchtitan_ft.spare import warm_up
+
+    rng, threads, grad = torch.get_rng_state(), torch.get_num_threads(), torch.is_grad_enabled()
+    warm_up()
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert (torch.get_num_threads(), torch.is_grad_enabled()) == (threads, grad)
+
+
 # ------------------------------------------------------------------ a real takeover
 
 

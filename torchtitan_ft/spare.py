@@ -165,10 +165,8 @@ def warm_up() -> None:
     import torch
     import torch.distributed as dist
 
-    layer = torch.nn.Linear(16, 16)
-    with torch.no_grad():
-        layer.weight.fill_(0.01)
-        layer.bias.zero_()
+    with torch.random.fork_rng(devices=[]):  # the layer's initialisation draws numbers
+        layer = torch.nn.Linear(16, 16)
     for optimizer in (
         torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.9),
         torch.optim.AdamW(layer.parameters()),
