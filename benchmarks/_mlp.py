@@ -212,7 +212,7 @@ def _torchft_ddp(torchft: Any, manager: Any, model: Any) -> Any:
 
     class _DDP(torchft.DistributedDataParallel):
         @staticmethod
-        def _comm_hook(state: Any, bucket: Any) -> Any:
+        def _comm_hook(state, bucket):  # unannotated: DDP checks the annotations
             work = state.allreduce(bucket.buffer())
             work.wait()
             fut = work.get_future()._fut
