@@ -567,12 +567,19 @@ def main() -> None:
     rng = random.Random(args.seed)
     kinds = [k for _ in range(args.repeats) for k in args.kinds]
     sizes = []
+    errors: list[dict[str, Any]] = []
     for size_mb in args.sizes_mb:
         runs: dict[str, list[dict[str, Any]]] = {impl: [] for impl in args.impls}
         for trial in range(args.trials):
             order = args.impls[trial % len(args.impls) :] + args.impls[: trial % len(args.impls)]
             for impl in order:
-                runs[impl].append(run_size(size_mb, kinds, args.steady, rng, impl))
+                try:
+                    runs[impl].append(run_size(size_mb, kinds, args.steady, rng, impl))
+                except (RuntimeError, queue.Empty) as e:  # a worker died or hung: recorded
+                    print(f"[{size_mb} MB] {impl} trial {trial} failed: {e}", file=sys.stderr)
+                    errors.append(
+                        {"impl": impl, "size_mb": size_mb, "trial": trial, "error": str(e)}
+                    )
         summaries = {impl: summarize(runs[impl], args.kinds) for impl in args.impls}
         entry: dict[str, Any] = {"size_mb": size_mb, "summary": summaries, "runs": runs}
         if "ours" in summaries and "torchft" in summaries:
@@ -599,6 +606,7 @@ def main() -> None:
                 },
                 "targets": TARGETS,
                 "sizes": sizes,
+                "failed_runs": errors,
                 "wall_s": round(time.time() - started, 1),
             },
             indent=1,
