@@ -60,34 +60,6 @@ def optimizer(params: Any) -> Any:
     return torch.optim.SGD(params, lr=LR)
 
 
-def retrying_transport(timeout: timedelta) -> Any:
-    """``HTTPTransport`` whose receiver retries while the donor has not offered the step yet.
-
-    Workaround for a race in ``HTTPTransport`` (reported): the donor offers its snapshot only
-    after copying it (``send_checkpoint`` on its quorum thread), but a receiver that asks
-    before that is refused at once (400 "not offering any checkpoint") instead of waiting, so
-    a heal of 200 MB usually fails -- and the failed healer then skips the allreduce, which
-    stalls the donor for the whole collective timeout. Retries are counted in ``retries``.
-    """
-    from torchtitan_ft.checkpoint import CheckpointTransferError, HTTPTransport
-
-    class RetryingHTTPTransport(HTTPTransport):
-        retries = 0
-
-        def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: Any) -> Any:
-            deadline = time.monotonic() + timeout.total_seconds()
-            while True:
-                try:
-                    return super().recv_checkpoint(src_rank, metadata, step, timeout)
-                except CheckpointTransferError as e:
-                    if "not offering any checkpoint" not in str(e) or (time.monotonic() > deadline):
-                        raise
-                    RetryingHTTPTransport.retries += 1
-                    time.sleep(0.002)
-
-    return RetryingHTTPTransport(timeout=timeout, num_chunks=0, hostname=HOST)
-
-
 IMPLS = ("ours", "torchft")
 """``ours``: torchtitan_ft; ``torchft``: the reference, torchft 0.2.0's own Python runtime (its
 Manager, DDP, optimizer wrapper, ProcessGroupGloo and HTTPTransport) and Rust servers."""
@@ -109,6 +81,7 @@ def ft_setup(
     were constructed."""
     if impl == "torchft":
         return _torchft_setup(replica, lighthouse_addr, model, timeout_s, marks)
+    from torchtitan_ft.checkpoint import HTTPTransport
     from torchtitan_ft.ddp import DistributedDataParallel
     from torchtitan_ft.manager import Manager
     from torchtitan_ft.optim import OptimizerWrapper
@@ -142,7 +115,7 @@ def ft_setup(
         lighthouse_addr=lighthouse_addr,
         replica_id=f"replica_{replica}",
         hostname=HOST,
-        checkpoint_transport=retrying_transport(timeout),
+        checkpoint_transport=HTTPTransport(timeout=timeout, num_chunks=0, hostname=HOST),
     )
     marks["manager"] = time.time()
     ddp = DistributedDataParallel(manager, model, bucket_cap_mb=bucket_cap_mb)
