@@ -128,6 +128,7 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str, impl: str) 
             probe["wait_quorum"] += time.perf_counter() - t
 
     manager.wait_quorum = timed_wait
+    heal = _time_heal(manager) if impl == "ours" else {}
     i = 0
     while not stop.is_set():
         probe["wait_quorum"] = 0.0
@@ -150,10 +151,36 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str, impl: str) 
                 "wait_quorum_s": probe["wait_quorum"],
                 # ours only (torchft's Manager has no stats): the last heal's transfer time
                 "last_heal_s": manager.stats().last_heal_seconds if impl == "ours" else None,
+                "heal_marks": dict(heal),
             }
         )
         i += 1
     manager.shutdown(wait=False)
+
+
+def _time_heal(manager: Any) -> dict[str, float]:
+    """Wall-clock marks of this process's last heal (ours): ``receive`` (the quorum thread
+    starts receiving: quorum and reconfiguration done), ``fetch`` (the donor's metadata RPC
+    done, the transfer starts), ``received``; and of its last serve: ``offer`` (the donor starts
+    staging its snapshot), ``offered`` (the snapshot is offered)."""
+    marks: dict[str, float] = {}
+    healing = manager._heal
+    transport = healing.transport
+
+    def timed(start: str, end: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            marks[start] = time.time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                marks[end] = time.time()
+
+        return wrapper
+
+    healing._receive = timed("receive", "received", healing._receive)
+    transport.recv_checkpoint = timed("fetch", "fetched", transport.recv_checkpoint)
+    transport.send_checkpoint = timed("offer", "offered", transport.send_checkpoint)
+    return marks
 
 
 def _import_dynamo() -> None:
@@ -292,6 +319,34 @@ class _Spare:
         self.lock.close()
 
 
+def _heal_profile(replacement: Proc, donor: Proc) -> dict[str, float] | None:
+    """Where the replacement's heal went (ours): from its Manager to the start of the receive
+    (first quorum and reconfiguration), the donor's metadata RPC, the transfer, and when the
+    donor had staged and offered its snapshot, relative to the transfer's start."""
+    mine = next((e["heal_marks"] for e in replacement.events if e.get("heal_marks")), None)
+    theirs = next(
+        (
+            e["heal_marks"]
+            for e in donor.events
+            if e.get("heal_marks", {}).get("offered", 0) >= replacement.marks["manager"]
+        ),
+        None,
+    )
+    if not mine or "received" not in mine:
+        return None
+    m = replacement.marks["manager"]
+    out = {
+        "manager_to_receive": round(mine["receive"] - m, 3),
+        "metadata_rpc": round(mine["fetch"] - mine["receive"], 3),
+        "transfer": round(mine["fetched"] - mine["fetch"], 3),
+        "receive_total": round(mine["received"] - mine["receive"], 3),
+    }
+    if theirs:
+        out["donor_staging"] = round(theirs["offered"] - theirs["offer"], 3)
+        out["donor_offered_after_transfer_start"] = round(theirs["offered"] - mine["fetch"], 3)
+    return out
+
+
 def _donor_slowest(survivor: Proc, joined_from: float, participated: float, steady: float) -> float:
     """The survivor's slowest step overlapping [the replacement's Manager is ready, its first
     participating step ended], over its steady step."""
@@ -407,6 +462,7 @@ def run_size(
                 for e in survivor.events
                 if replacement.marks["manager"] <= e["t"] and e["t0"] <= part["t"]
             ]
+            report["heal_profile_s"] = _heal_profile(replacement, survivor)
             report["participating_step_over_steady"] = round(
                 report["participating_step_s"] / steady_s, 2
             )
