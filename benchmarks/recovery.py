@@ -332,7 +332,7 @@ def _heal_profile(replacement: Proc, donor: Proc) -> dict[str, float] | None:
         ),
         None,
     )
-    if not mine or "received" not in mine:
+    if not mine or not {"receive", "fetch", "fetched", "received"} <= mine.keys():
         return None
     m = replacement.marks["manager"]
     out = {
@@ -341,7 +341,7 @@ def _heal_profile(replacement: Proc, donor: Proc) -> dict[str, float] | None:
         "transfer": round(mine["fetched"] - mine["fetch"], 3),
         "receive_total": round(mine["received"] - mine["receive"], 3),
     }
-    if theirs:
+    if theirs and "offer" in theirs:
         out["donor_staging"] = round(theirs["offered"] - theirs["offer"], 3)
         out["donor_offered_after_transfer_start"] = round(theirs["offered"] - mine["fetch"], 3)
     return out
