@@ -188,7 +188,10 @@ def _torchft_ddp(torchft: Any, manager: Any, model: Any) -> Any:
         def _comm_hook(state, bucket):  # unannotated: DDP checks the annotations
             work = state.allreduce(bucket.buffer())
             work.wait()
-            fut = work.get_future()._fut
+            fut = work.get_future()
+            # a _ManagedFuture wraps the inner future; an errored Manager's dummy work returns
+            # a plain one
+            fut = getattr(fut, "_fut", fut)
             if fut is None:
                 fut = torch.futures.Future()
                 fut.set_result(bucket.buffer())
