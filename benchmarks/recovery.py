@@ -177,6 +177,18 @@ def _time_heal(manager: Any) -> dict[str, float]:
 
         return wrapper
 
+    import torchtitan_ft.manager.healing as healing_module
+
+    client_class = healing_module.ManagerClient
+
+    class TimedClient(client_class):  # the donor's client: connect, metadata RPC, close
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            timed("connect", "connected", super().__init__)(*args, **kwargs)
+
+        def _checkpoint_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            return timed("rpc", "rpc_done", super()._checkpoint_metadata)(*args, **kwargs)
+
+    healing_module.ManagerClient = TimedClient
     healing._receive = timed("receive", "received", healing._receive)
     transport.recv_checkpoint = timed("fetch", "fetched", transport.recv_checkpoint)
     transport.send_checkpoint = timed("offer", "offered", transport.send_checkpoint)
@@ -338,6 +350,10 @@ def _heal_profile(replacement: Proc, donor: Proc) -> dict[str, float] | None:
     out = {
         "manager_to_receive": round(mine["receive"] - m, 3),
         "metadata_rpc": round(mine["fetch"] - mine["receive"], 3),
+        "of_which_connect": round(mine["connected"] - mine["connect"], 3)
+        if "connected" in mine
+        else None,
+        "of_which_rpc": round(mine["rpc_done"] - mine["rpc"], 3) if "rpc_done" in mine else None,
         "transfer": round(mine["fetched"] - mine["fetch"], 3),
         "receive_total": round(mine["received"] - mine["receive"], 3),
     }
