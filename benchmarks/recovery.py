@@ -3,12 +3,14 @@
 Time must be recorded before the first import, so only the standard library is imported here
 at module level (torch is imported inside the worker, and timed).
 
-For each size (a 2-layer MLP of ~10 MB and ~200 MB of fp32 parameters) two replica groups of
-one process each (``Manager`` with async quorum + ``DistributedDataParallel`` +
-``OptimizerWrapper`` + SGD, ``ProcessGroupGloo``, ``HTTPTransport``, a real
-``LighthouseServer`` with its default timeouts in this process, min_replicas=1) train as
-fast as they can. Every worker is a fresh ``python -m benchmarks.recovery --worker ...``
-process (not a fork), so a replacement pays its imports honestly. Replica 0 survives
+For each size (a 2-layer MLP of ~10 MB and ~200 MB of fp32 parameters) and implementation
+(``--impls``: ``ours``, torchtitan_ft; ``torchft``, torchft 0.2.0's own Python runtime and Rust
+servers, see ``benchmarks._mlp.IMPLS``), in rotating order, two replica groups of one process
+each (``Manager`` with async quorum + ``DistributedDataParallel`` + ``OptimizerWrapper`` + SGD,
+``ProcessGroupGloo``, ``HTTPTransport``, the implementation's lighthouse with its default
+timeouts in this process, min_replicas=1) train as fast as they can. Every worker is a fresh
+``python -m benchmarks.recovery --worker ...`` process (not a fork), so a replacement pays its
+imports honestly. Replica 0 survives
 throughout; replica 1 is the victim, then its replacements, one per kill:
 
 1. once both have committed ``--steady`` steps together, replica 1 is SIGKILLed at a random
@@ -22,7 +24,10 @@ throughout; replica 1 is the victim, then its replacements, one per kill:
    first committed step as a participant, and Manager constructed -> that step; plus
    Manager constructed -> the start of that step (the time before it contributes, without
    the participating step's own compute), its import and setup times (wall, and CPU time of
-   the imports: the machine is shared, wall times grow with its load), and its first steps.
+   the imports: the machine is shared, wall times grow with its load), its first steps, the
+   survivor's steps meanwhile (the donor's slowest over its steady step), and (ours) a heal
+   profile: first quorum, connecting to the donor, the metadata RPC, the transfer, and when
+   the donor had staged and offered its snapshot.
    With an async quorum the replacement's first step heals and does not participate (its
    gradients would be stale), so it participates in its second step at the earliest.
    Replacement kinds (they alternate):
@@ -42,7 +47,10 @@ throughout; replica 1 is the victim, then its replacements, one per kill:
 3. the replacement trains ``--steady`` steps, and is itself the victim of the next kill.
 
     python -m benchmarks.recovery [--sizes-mb 10 200] [--kinds cold warm bg_dynamo]
-        [--repeats 2]
+        [--impls ours torchft] [--trials 3] [--repeats 1] [--steady 8] [--seed N]
+
+Summaries give medians and ranges per row and ``ours_over_torchft`` (``RATIO_ROWS``); runs whose
+worker died are listed under ``failed_runs``.
 """
 
 from __future__ import annotations
