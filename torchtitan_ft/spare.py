@@ -31,7 +31,8 @@ Options:
     --lock PATH: the lock file (created if missing; its directory must exist). One per replica
         group, or per rank for a group of several processes, each launched this way.
         Required. The training must not open this file: closing any descriptor of it releases
-        a POSIX record lock.
+        a POSIX record lock. Do not delete it while processes use it: a spare waits on the
+        file it opened, not on a new one at the same path.
     --preload MODULE: a module to import while waiting, beside the defaults (torch,
         torch._dynamo, torch.optim, torch.distributed and torchtitan_ft's runtime); repeat it.
         Preload what the training imports before its first step (e.g. ``torchtitan.train``).
