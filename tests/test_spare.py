@@ -149,6 +149,7 @@ def _wait_for(condition: Any, timeout_s: float, what: str, logs: list[Path]) -> 
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timeout(420)  # the waits below add up to 400 s at most
 def test_spare_takes_over_a_sigkilled_group_heals_and_trains_identically(
     tmp_path: Path, children: list[Any]
 ) -> None:
@@ -202,9 +203,9 @@ def test_spare_takes_over_a_sigkilled_group_heals_and_trains_identically(
     try:
         children.append(spawn_rank(config(0, "survivor")))
         active = under_spare("active")
-        _wait_for(lambda: len(together("active")) >= 3, 120, "groups 0 and 1 to train", all_logs)
+        _wait_for(lambda: len(together("active")) >= 3, 90, "groups 0 and 1 to train", all_logs)
         spare = under_spare("spare", "--ready-file", str(ready))
-        _wait_for(ready.exists, 120, "the spare to be warm", all_logs)
+        _wait_for(ready.exists, 90, "the spare to be warm", all_logs)
         assert spare.poll() is None and not _records(logs["spare"])  # waiting, not training
 
         os.kill(active.pid, signal.SIGKILL)
