@@ -60,32 +60,9 @@ def optimizer(params: Any) -> Any:
     return torch.optim.SGD(params, lr=LR)
 
 
-def retrying_transport(timeout: timedelta) -> Any:
-    """``HTTPTransport`` whose receiver retries while the donor has not offered the step yet.
-
-    Workaround for a race in ``HTTPTransport`` (reported): the donor offers its snapshot only
-    after copying it (``send_checkpoint`` on its quorum thread), but a receiver that asks
-    before that is refused at once (400 "not offering any checkpoint") instead of waiting, so
-    a heal of 200 MB usually fails -- and the failed healer then skips the allreduce, which
-    stalls the donor for the whole collective timeout. Retries are counted in ``retries``.
-    """
-    from torchtitan_ft.checkpoint import CheckpointTransferError, HTTPTransport
-
-    class RetryingHTTPTransport(HTTPTransport):
-        retries = 0
-
-        def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: Any) -> Any:
-            deadline = time.monotonic() + timeout.total_seconds()
-            while True:
-                try:
-                    return super().recv_checkpoint(src_rank, metadata, step, timeout)
-                except CheckpointTransferError as e:
-                    if "not offering any checkpoint" not in str(e) or (time.monotonic() > deadline):
-                        raise
-                    RetryingHTTPTransport.retries += 1
-                    time.sleep(0.002)
-
-    return RetryingHTTPTransport(timeout=timeout, num_chunks=0, hostname=HOST)
+IMPLS = ("ours", "torchft")
+"""``ours``: torchtitan_ft; ``torchft``: the reference, torchft 0.2.0's own Python runtime (its
+Manager, DDP, optimizer wrapper, ProcessGroupGloo and HTTPTransport) and Rust servers."""
 
 
 def ft_setup(
@@ -95,11 +72,16 @@ def ft_setup(
     timeout_s: float = 30.0,
     marks: dict[str, float] | None = None,
     bucket_cap_mb: float = 25.0,
+    impl: str = "ours",
 ) -> tuple[Any, Any, Any, Any]:
-    """(manager, pg, ddp, optim) for replica group ``replica`` (1 process, async quorum).
+    """(manager, pg, ddp, optim) for replica group ``replica`` (1 process, async quorum), of
+    ``impl`` (see :data:`IMPLS`).
 
     ``marks`` (if given) gets the wall-clock times at which the optimizer and the Manager
     were constructed."""
+    if impl == "torchft":
+        return _torchft_setup(replica, lighthouse_addr, model, timeout_s, marks)
+    from torchtitan_ft.checkpoint import HTTPTransport
     from torchtitan_ft.ddp import DistributedDataParallel
     from torchtitan_ft.manager import Manager
     from torchtitan_ft.optim import OptimizerWrapper
@@ -133,12 +115,89 @@ def ft_setup(
         lighthouse_addr=lighthouse_addr,
         replica_id=f"replica_{replica}",
         hostname=HOST,
-        checkpoint_transport=retrying_transport(timeout),
+        checkpoint_transport=HTTPTransport(timeout=timeout, num_chunks=0, hostname=HOST),
     )
     marks["manager"] = time.time()
     ddp = DistributedDataParallel(manager, model, bucket_cap_mb=bucket_cap_mb)
     optim = OptimizerWrapper(manager, inner)
     return manager, pg, ddp, optim
+
+
+def _torchft_setup(
+    replica: int,
+    lighthouse_addr: str,
+    model: Any,
+    timeout_s: float,
+    marks: dict[str, float] | None,
+) -> tuple[Any, Any, Any, Any]:
+    """:func:`ft_setup` with torchft 0.2.0's own classes, set up the same way. torchft's
+    Manager needs a TCPStore already listening (torchrun's, normally): hosted here."""
+    import torch.distributed as dist
+
+    from benchmarks._reference import import_torchft
+
+    torchft = import_torchft()
+    marks = {} if marks is None else marks
+    inner = optimizer(model.parameters())
+    marks["optimizer"] = time.time()
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": inner.state_dict()}
+
+    def load_state_dict(sd: dict[str, Any]) -> None:
+        model.load_state_dict(sd["model"])
+        inner.load_state_dict(sd["optim"])
+
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False)
+    pg = torchft.ProcessGroupGloo(timeout=timeout)
+    manager = torchft.Manager(
+        pg=pg,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        min_replica_size=1,
+        use_async_quorum=True,
+        timeout=timeout,
+        quorum_timeout=timedelta(seconds=120),
+        connect_timeout=timeout,
+        rank=0,
+        world_size=1,
+        store_addr=HOST,
+        store_port=store.port,
+        lighthouse_addr=lighthouse_addr,
+        replica_id=f"replica_{replica}",
+        hostname=HOST,
+    )
+    manager._benchmark_store = store  # kept alive with the Manager
+    marks["manager"] = time.time()
+    ddp = _torchft_ddp(torchft, manager, model)
+    optim = torchft.Optimizer(manager, inner)  # torchft.optim.OptimizerWrapper
+    return manager, pg, ddp, optim
+
+
+def _torchft_ddp(torchft: Any, manager: Any, model: Any) -> Any:
+    """torchft 0.2.0's ``DistributedDataParallel`` with one fix to its comm hook, which asserts
+    (``assert fut._fut``) when the allreduce fails -- a peer SIGKILLed mid-allreduce -- and so
+    kills the survivor's backward. Its Manager has already recorded the error then (the step
+    will not commit), so the hook returns the bucket unchanged, as its Manager's error path
+    intends; everything else is torchft's."""
+    import torch
+
+    class _DDP(torchft.DistributedDataParallel):
+        @staticmethod
+        def _comm_hook(state, bucket):  # unannotated: DDP checks the annotations
+            work = state.allreduce(bucket.buffer())
+            work.wait()
+            fut = work.get_future()
+            # a _ManagedFuture wraps the inner future; an errored Manager's dummy work returns
+            # a plain one
+            fut = getattr(fut, "_fut", fut)
+            if fut is None:
+                fut = torch.futures.Future()
+                fut.set_result(bucket.buffer())
+            return fut
+
+    return _DDP(manager, model)
 
 
 def summary(values: list[float]) -> dict[str, float]:

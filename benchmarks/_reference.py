@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -32,3 +33,32 @@ def load_reference() -> ModuleType | None:
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+RUNTIME_DEPS_DIR = Path(
+    os.environ.get("TORCHFT_REFERENCE_DEPS_DIR", REFERENCE_DIR.parent / "torchft_reference_deps")
+)
+"""torchft's Python dependencies besides torch (OpenTelemetry), installed apart by
+``scripts/install_reference.sh`` so that importing the reference's Python runtime works."""
+
+
+def import_torchft() -> ModuleType:
+    """torchft 0.2.0's Python package (Manager, DDP, process groups, ...) for side-by-side
+    benchmark workers: its directories are appended to ``sys.path`` (after site-packages, so
+    that this environment's packages win). Call only in a process of its own, never beside
+    ``torchtitan_ft``'s torchft compatibility package.
+
+    Raises:
+        RuntimeError: the reference or its dependencies are not installed.
+    """
+    if not sorted(REFERENCE_DIR.glob("torchft/_torchft*.so")) or not RUNTIME_DEPS_DIR.is_dir():
+        raise RuntimeError(
+            f"torchft 0.2.0 is not installed under {REFERENCE_DIR} (with its dependencies in "
+            f"{RUNTIME_DEPS_DIR}); run scripts/install_reference.sh"
+        )
+    for directory in (REFERENCE_DIR, RUNTIME_DEPS_DIR):
+        if str(directory) not in sys.path:
+            sys.path.append(str(directory))
+    import torchft
+
+    return torchft

@@ -3,12 +3,14 @@
 Time must be recorded before the first import, so only the standard library is imported here
 at module level (torch is imported inside the worker, and timed).
 
-For each size (a 2-layer MLP of ~10 MB and ~200 MB of fp32 parameters) two replica groups of
-one process each (``Manager`` with async quorum + ``DistributedDataParallel`` +
-``OptimizerWrapper`` + SGD, ``ProcessGroupGloo``, ``HTTPTransport``, a real
-``LighthouseServer`` with its default timeouts in this process, min_replicas=1) train as
-fast as they can. Every worker is a fresh ``python -m benchmarks.recovery --worker ...``
-process (not a fork), so a replacement pays its imports honestly. Replica 0 survives
+For each size (a 2-layer MLP of ~10 MB and ~200 MB of fp32 parameters) and implementation
+(``--impls``: ``ours``, torchtitan_ft; ``torchft``, torchft 0.2.0's own Python runtime and Rust
+servers, see ``benchmarks._mlp.IMPLS``), in rotating order, two replica groups of one process
+each (``Manager`` with async quorum + ``DistributedDataParallel`` + ``OptimizerWrapper`` + SGD,
+``ProcessGroupGloo``, ``HTTPTransport``, the implementation's lighthouse with its default
+timeouts in this process, min_replicas=1) train as fast as they can. Every worker is a fresh
+``python -m benchmarks.recovery --worker ...`` process (not a fork), so a replacement pays its
+imports honestly. Replica 0 survives
 throughout; replica 1 is the victim, then its replacements, one per kill:
 
 1. once both have committed ``--steady`` steps together, replica 1 is SIGKILLed at a random
@@ -22,7 +24,10 @@ throughout; replica 1 is the victim, then its replacements, one per kill:
    first committed step as a participant, and Manager constructed -> that step; plus
    Manager constructed -> the start of that step (the time before it contributes, without
    the participating step's own compute), its import and setup times (wall, and CPU time of
-   the imports: the machine is shared, wall times grow with its load), and its first steps.
+   the imports: the machine is shared, wall times grow with its load), its first steps, the
+   survivor's steps meanwhile (the donor's slowest over its steady step), and (ours) a heal
+   profile: first quorum, connecting to the donor, the metadata RPC, the transfer, and when
+   the donor had staged and offered its snapshot.
    With an async quorum the replacement's first step heals and does not participate (its
    gradients would be stale), so it participates in its second step at the earliest.
    Replacement kinds (they alternate):
@@ -30,8 +35,11 @@ throughout; replica 1 is the victim, then its replacements, one per kill:
    - ``cold``: a fresh process that imports everything at startup (torch, torchtitan_ft,
      torch._dynamo -- which any torch optimizer imports, in its constructor or first step;
      imported explicitly here so it is timed on its own);
-   - ``warm``: a pre-started spare that already imported torch, torchtitan_ft and
-     torch._dynamo and built its model, then waits; timed from the moment it is told to go;
+   - ``warm`` (ours only): a warm spare, ``python -m torchtitan_ft.spare --lock L -- -m
+     benchmarks.recovery --worker ...`` (docs/operations.md), started and warm before the
+     steady steps; the parent holds the lock ``L`` in the victim's place and releases it once
+     the stall is measured. Timed from that release (a spare behind an active process that
+     dies is released by the kernel at the same moment);
    - ``bg_dynamo``: like ``cold``, but torch._dynamo is imported on a background thread while
      the main thread imports torchtitan_ft and builds the model (the optimizer, built next,
      needs the import done).
@@ -39,7 +47,10 @@ throughout; replica 1 is the victim, then its replacements, one per kill:
 3. the replacement trains ``--steady`` steps, and is itself the victim of the next kill.
 
     python -m benchmarks.recovery [--sizes-mb 10 200] [--kinds cold warm bg_dynamo]
-        [--repeats 2]
+        [--impls ours torchft] [--trials 3] [--repeats 1] [--steady 8] [--seed N]
+
+Summaries give medians and ranges per row and ``ours_over_torchft`` (``RATIO_ROWS``); runs whose
+worker died are listed under ``failed_runs``.
 """
 
 from __future__ import annotations
@@ -50,14 +61,17 @@ T_MAIN = time.time()  # the interpreter is up and running this module
 CPU_MAIN = time.process_time()
 
 import argparse  # noqa: E402
+import fcntl  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import queue  # noqa: E402
 import random  # noqa: E402
+import shutil  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import threading  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -65,13 +79,12 @@ from benchmarks import _mlp, machine  # noqa: E402
 
 MODULE = "benchmarks.recovery"
 TARGETS = {"stall_s": 0.5, "spawn_to_participating_s": 3.0, "manager_to_participating_s": 0.5}
-REFERENCE = {"stall_s": 5.05, "spawn_to_participating_s": 6.0, "manager_to_participating_s": 2.2}
 
 
 # ------------------------------------------------------------------ worker
 
 
-def worker(replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
+def worker(replica: int, size_mb: float, lighthouse: str, kind: str, impl: str) -> None:
     marks: dict[str, float] = {"main": T_MAIN}
     cpu: dict[str, float] = {"main": CPU_MAIN}
     import torch
@@ -82,14 +95,19 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
     if kind == "bg_dynamo":
         dynamo_thread = threading.Thread(target=_import_dynamo, name="import-dynamo")
         dynamo_thread.start()
-    import torchtitan_ft.checkpoint
-    import torchtitan_ft.ddp
-    import torchtitan_ft.manager
-    import torchtitan_ft.optim
-    import torchtitan_ft.process_group  # noqa: F401
+    if impl == "torchft":
+        from benchmarks._reference import import_torchft
 
-    marks["torchtitan_ft"] = time.time()
-    cpu["torchtitan_ft"] = time.process_time()
+        import_torchft()
+    else:
+        import torchtitan_ft.checkpoint
+        import torchtitan_ft.ddp
+        import torchtitan_ft.manager
+        import torchtitan_ft.optim
+        import torchtitan_ft.process_group  # noqa: F401
+
+    marks["ft_library"] = time.time()
+    cpu["ft_library"] = time.process_time()
     if dynamo_thread is None:
         import torch._dynamo
 
@@ -98,16 +116,11 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
     torch.set_num_threads(1)
     model = _mlp.mlp(size_mb)
     marks["model"] = time.time()
-    if kind == "warm":
-        _mlp.send({"warm": True})
-        if _mlp.recv() is None:
-            return
-        marks["go"] = time.time()
     if dynamo_thread is not None:
         # The optimizer is built inside ft_setup: it would wait for the import anyway.
         dynamo_thread.join()
         marks["dynamo"] = time.time()
-    manager, _pg, ddp, optim = _mlp.ft_setup(replica, lighthouse, model, marks=marks)
+    manager, _pg, ddp, optim = _mlp.ft_setup(replica, lighthouse, model, marks=marks, impl=impl)
     _mlp.send({"marks": marks, "cpu": cpu})
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
@@ -123,6 +136,7 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
             probe["wait_quorum"] += time.perf_counter() - t
 
     manager.wait_quorum = timed_wait
+    heal = _time_heal(manager) if impl == "ours" else {}
     i = 0
     while not stop.is_set():
         probe["wait_quorum"] = 0.0
@@ -131,7 +145,9 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
         x, y = _mlp.batch(dim, replica, i)
         loss = torch.nn.functional.mse_loss(ddp(x), y)
         loss.backward()
-        committed = optim.step()
+        before = manager.current_step()
+        optim.step()  # torchft's wrapper returns None: a commit is seen in the step count
+        committed = manager.current_step() > before
         _mlp.send(
             {
                 "t0": t0,
@@ -141,11 +157,50 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
                 "participants": manager.num_participants(),
                 "participating": manager.is_participating(),
                 "wait_quorum_s": probe["wait_quorum"],
-                "recv_retries": type(manager._checkpoint_transport).__dict__.get("retries", 0),
+                # ours only (torchft's Manager has no stats): the last heal's transfer time
+                "last_heal_s": manager.stats().last_heal_seconds if impl == "ours" else None,
+                "heal_marks": dict(heal),
             }
         )
         i += 1
     manager.shutdown(wait=False)
+
+
+def _time_heal(manager: Any) -> dict[str, float]:
+    """Wall-clock marks of this process's last heal (ours): ``receive`` (the quorum thread
+    starts receiving: quorum and reconfiguration done), ``fetch`` (the donor's metadata RPC
+    done, the transfer starts), ``received``; and of its last serve: ``offer`` (the donor starts
+    staging its snapshot), ``offered`` (the snapshot is offered)."""
+    marks: dict[str, float] = {}
+    healing = manager._heal
+    transport = healing.transport
+
+    def timed(start: str, end: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            marks[start] = time.time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                marks[end] = time.time()
+
+        return wrapper
+
+    import torchtitan_ft.manager.healing as healing_module
+
+    client_class = healing_module.ManagerClient
+
+    class TimedClient(client_class):  # the donor's client: connect, metadata RPC, close
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            timed("connect", "connected", super().__init__)(*args, **kwargs)
+
+        def _checkpoint_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            return timed("rpc", "rpc_done", super()._checkpoint_metadata)(*args, **kwargs)
+
+    healing_module.ManagerClient = TimedClient
+    healing._receive = timed("receive", "received", healing._receive)
+    transport.recv_checkpoint = timed("fetch", "fetched", transport.recv_checkpoint)
+    transport.send_checkpoint = timed("offer", "offered", transport.send_checkpoint)
+    return marks
 
 
 def _import_dynamo() -> None:
@@ -158,11 +213,24 @@ def _import_dynamo() -> None:
 class Proc:
     """A worker process whose JSON lines are read on a thread into a queue."""
 
-    def __init__(self, replica: int, size_mb: float, lighthouse: str, kind: str) -> None:
+    def __init__(
+        self,
+        replica: int,
+        size_mb: float,
+        lighthouse: str,
+        kind: str,
+        impl: str,
+        spare: list[str] | None = None,
+    ) -> None:
+        """``spare``: the spare's own options (a ``warm`` worker runs under
+        ``torchtitan_ft.spare``)."""
         args = ["--worker", "--replica", str(replica), "--size-mb", str(size_mb)]
-        args += ["--lighthouse", lighthouse, "--kind", kind]
+        args += ["--lighthouse", lighthouse, "--kind", kind, "--impl", impl]
         self.kind = kind
-        self.w = _mlp.Worker(MODULE, args)
+        if spare is None:
+            self.w = _mlp.Worker(MODULE, args)
+        else:
+            self.w = _mlp.Worker("torchtitan_ft.spare", [*spare, "--", "-m", MODULE, *args])
         self.events: list[dict[str, Any]] = []
         self.marks: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
@@ -230,13 +298,100 @@ def _steady_steps(events: list[dict[str, Any]], n: int) -> list[float]:
     return [b - a for a, b in itertools.pairwise(times)]
 
 
-def run_size(size_mb: float, kinds: list[str], steady: int, rng: random.Random) -> dict[str, Any]:
+def _lighthouse(impl: str) -> Any:
+    """The impl's own lighthouse (torchft's Rust one for the reference), defaults."""
+    if impl == "torchft":
+        from benchmarks._reference import load_reference
+
+        # torchft's Rust servers log every quorum at INFO; its workers inherit this too.
+        os.environ.setdefault("RUST_LOG", "warn")
+
+        reference = load_reference()
+        if reference is None:
+            raise SystemExit("torchft 0.2.0 is not installed: run scripts/install_reference.sh")
+        return reference.LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=1)
     from torchtitan_ft.lighthouse import LighthouseServer
 
-    lighthouse = LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=1)
+    return LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=1)
+
+
+class _Spare:
+    """The parent's side of a warm spare: it holds the spare's lock in place of the active
+    process, and releases it to make the spare take over."""
+
+    def __init__(self, tmp: str, n: int) -> None:
+        self.lock_path = os.path.join(tmp, f"replica1-{n}.lock")
+        self.ready_path = os.path.join(tmp, f"replica1-{n}.ready")
+        self.lock = open(self.lock_path, "ab")  # noqa: SIM115 -- closed by release()
+        fcntl.lockf(self.lock, fcntl.LOCK_EX)
+        self.options = ["--lock", self.lock_path, "--ready-file", self.ready_path]
+
+    def wait_ready(self, proc: Proc, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.ready_path):
+            if proc.w.proc.poll() is not None:
+                raise RuntimeError(f"spare pid {proc.w.proc.pid} exited ({proc.w.proc.poll()})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"spare not warm after {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def release(self) -> None:
+        self.lock.close()
+
+
+def _heal_profile(replacement: Proc, donor: Proc) -> dict[str, float] | None:
+    """Where the replacement's heal went (ours): from its Manager to the start of the receive
+    (first quorum and reconfiguration), the donor's metadata RPC, the transfer, and when the
+    donor had staged and offered its snapshot, relative to the transfer's start."""
+    mine = next((e["heal_marks"] for e in replacement.events if e.get("heal_marks")), None)
+    theirs = next(
+        (
+            e["heal_marks"]
+            for e in donor.events
+            if e.get("heal_marks", {}).get("offered", 0) >= replacement.marks["manager"]
+        ),
+        None,
+    )
+    if not mine or not {"receive", "fetch", "fetched", "received"} <= mine.keys():
+        return None
+    m = replacement.marks["manager"]
+    out = {
+        "manager_to_receive": round(mine["receive"] - m, 3),
+        "metadata_rpc": round(mine["fetch"] - mine["receive"], 3),
+        "of_which_connect": round(mine["connected"] - mine["connect"], 3)
+        if "connected" in mine
+        else None,
+        "of_which_rpc": round(mine["rpc_done"] - mine["rpc"], 3) if "rpc_done" in mine else None,
+        "transfer": round(mine["fetched"] - mine["fetch"], 3),
+        "receive_total": round(mine["received"] - mine["receive"], 3),
+    }
+    if theirs and "offer" in theirs:
+        out["donor_staging"] = round(theirs["offered"] - theirs["offer"], 3)
+        out["donor_offered_after_transfer_start"] = round(theirs["offered"] - mine["fetch"], 3)
+    return out
+
+
+def _donor_slowest(survivor: Proc, joined_from: float, participated: float, steady: float) -> float:
+    """The survivor's slowest step overlapping [the replacement's Manager is ready, its first
+    participating step ended], over its steady step."""
+    survivor.drain()
+    events = survivor.events
+    overlapping = [
+        e["t"] - e["t0"] for e in events if joined_from <= e["t"] and e["t0"] <= participated
+    ]
+    return round(max(overlapping) / steady, 2) if overlapping else 0.0
+
+
+def run_size(
+    size_mb: float, kinds: list[str], steady: int, rng: random.Random, impl: str
+) -> dict[str, Any]:
+    if impl != "ours":  # the warm spare is torchtitan_ft's; torchft has none
+        kinds = [kind for kind in kinds if kind != "warm"]
+    lighthouse = _lighthouse(impl)
     addr = lighthouse.address()
-    survivor = Proc(0, size_mb, addr, "cold")
-    victim = Proc(1, size_mb, addr, "cold")
+    tmp = tempfile.mkdtemp(prefix="recovery-spare-")
+    survivor = Proc(0, size_mb, addr, "cold", impl)
+    victim = Proc(1, size_mb, addr, "cold", impl)
     procs = [survivor, victim]
     stalls: list[dict[str, Any]] = []
     replacements: list[dict[str, Any]] = []
@@ -244,6 +399,13 @@ def run_size(size_mb: float, kinds: list[str], steady: int, rng: random.Random) 
         for p in (survivor, victim):
             p.wait_for(lambda m: "marks" in m)
         for kind in kinds:
+            spare = None
+            if kind == "warm":
+                # Started and warm before the steady steps (its warm-up takes CPU from them).
+                spare = _Spare(tmp, len(procs))
+                replacement = Proc(1, size_mb, addr, kind, impl, spare=spare.options)
+                procs.append(replacement)
+                spare.wait_ready(replacement)
             # steady state: both commit together for `steady` steps
             count = 0
             while count < steady:
@@ -294,12 +456,12 @@ def run_size(size_mb: float, kinds: list[str], steady: int, rng: random.Random) 
             )
             print(f"[{size_mb} MB] stall {stalls[-1]}", file=sys.stderr)
             # replacement
-            replacement = Proc(1, size_mb, addr, kind)
-            procs.append(replacement)
-            if kind == "warm":
-                replacement.wait_for(lambda m: "warm" in m)
+            if spare is not None:
                 go = time.time()
-                replacement.w.send({"go": True})
+                spare.release()
+            else:
+                replacement = Proc(1, size_mb, addr, kind, impl)
+                procs.append(replacement)
             replacement.wait_for(lambda m: "marks" in m)
             first = replacement.wait_for(lambda m: "t" in m and m["committed"])
             part = (
@@ -309,16 +471,34 @@ def run_size(size_mb: float, kinds: list[str], steady: int, rng: random.Random) 
                     lambda m: "t" in m and m["committed"] and m["participating"]
                 )
             )
-            replacements.append(
-                _replacement_report(replacement, go if kind == "warm" else None, first, part)
+            report = _replacement_report(replacement, go if kind == "warm" else None, first, part)
+            report["donor_slowest_step_over_steady"] = _donor_slowest(
+                survivor, replacement.marks["manager"], part["t"], steady_s
             )
+            report["donor_steps_while_joining"] = [
+                {
+                    "start_s": round(e["t0"] - replacement.marks["manager"], 3),
+                    "dur_over_steady": round((e["t"] - e["t0"]) / steady_s, 2),
+                    "wait_quorum_s": round(e["wait_quorum_s"], 3),
+                    "participants": e["participants"],
+                    "committed": e["committed"],
+                }
+                for e in survivor.events
+                if replacement.marks["manager"] <= e["t"] and e["t0"] <= part["t"]
+            ]
+            report["heal_profile_s"] = _heal_profile(replacement, survivor)
+            report["participating_step_over_steady"] = round(
+                report["participating_step_s"] / steady_s, 2
+            )
+            replacements.append(report)
             print(f"[{size_mb} MB] replacement {replacements[-1]}", file=sys.stderr)
             victim = replacement
     finally:
         for p in procs:
             p.stop()
         lighthouse.shutdown()
-    return {"size_mb": size_mb, "stalls": stalls, "replacements": replacements}
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"impl": impl, "size_mb": size_mb, "stalls": stalls, "replacements": replacements}
 
 
 def _replacement_report(
@@ -338,13 +518,13 @@ def _replacement_report(
         out["phases_s"] = {
             "spawn_to_python_main": round(m["main"] - p.w.spawned, 3),
             "import_torch": round(m["torch"] - m["main"], 3),
-            "import_torchtitan_ft": round(m["torchtitan_ft"] - m["torch"], 3),
-            "import_torch_dynamo": round(m["dynamo"] - m["torchtitan_ft"], 3)
+            "import_ft_library": round(m["ft_library"] - m["torch"], 3),
+            "import_torch_dynamo": round(m["dynamo"] - m["ft_library"], 3)
             if p.kind == "cold"
             else None,
-            "build_model": round(m["model"] - m.get("dynamo", m["torchtitan_ft"]), 3)
+            "build_model": round(m["model"] - m.get("dynamo", m["ft_library"]), 3)
             if p.kind == "cold"
-            else round(m["model"] - m["torchtitan_ft"], 3),
+            else round(m["model"] - m["ft_library"], 3),
             "wait_bg_dynamo_after_model": round(m["dynamo"] - m["model"], 3)
             if p.kind == "bg_dynamo"
             else None,
@@ -353,8 +533,8 @@ def _replacement_report(
         out["import_cpu_s"] = {
             "python_startup_and_this_module": round(c["main"], 3),
             "import_torch": round(c["torch"] - c["main"], 3),
-            "import_torchtitan_ft": round(c["torchtitan_ft"] - c["torch"], 3),
-            "import_torch_dynamo": round(c["dynamo"] - c["torchtitan_ft"], 3)
+            "import_ft_library": round(c["ft_library"] - c["torch"], 3),
+            "import_torch_dynamo": round(c["dynamo"] - c["ft_library"], 3)
             if "dynamo" in c
             else None,
         }
@@ -373,16 +553,70 @@ def _replacement_report(
             "participating": e["participating"],
             "participants": e["participants"],
             "wait_quorum_s": round(e["wait_quorum_s"], 3),
+            "last_heal_s": e["last_heal_s"] and round(e["last_heal_s"], 3),
         }
         for e in p.events
         if e["t"] <= part["t"]
     ]
-    out["recv_retries"] = part["recv_retries"]
     return out
 
 
 def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
+
+
+def _range(values: list[float]) -> list[float] | None:
+    return [round(min(values), 3), round(max(values), 3)] if values else None
+
+
+def summarize(runs: list[dict[str, Any]], kinds: list[str]) -> dict[str, Any]:
+    """Medians and ranges over every kill and replacement of ``runs`` (one impl, one size)."""
+    stalls = [s for r in runs for s in r["stalls"]]
+    stall = [s["stall_s"] for s in stalls]
+    out: dict[str, Any] = {
+        "kills": len(stalls),
+        "stall_s_median": _median(stall),
+        "stall_s_range": _range(stall),
+        "to_first_commit_without_victim_s_median": _median(
+            [s["to_first_commit_without_victim_s"] for s in stalls]
+        ),
+        "steady_step_s_median": _median([s["steady_step_s"] for s in stalls]),
+    }
+    for kind in kinds:
+        reps = [rep for r in runs for rep in r["replacements"] if rep["kind"] == kind]
+        for key in (
+            "spawn_to_participating_s",
+            "manager_to_participating_s",
+            "manager_to_participating_step_start_s",
+            "donor_slowest_step_over_steady",
+            "participating_step_over_steady",
+        ):
+            values = [rep[key] for rep in reps]
+            out[f"{kind}_{key}_median"] = _median(values)
+            out[f"{kind}_{key}_range"] = _range(values)
+    return out
+
+
+RATIO_ROWS = {
+    "stall_s_median": "stall_s_median",
+    "cold_spawn_to_participating_s_median": "cold_spawn_to_participating_s_median",
+    "warm_spare_go_to_participating_over_torchft_cold_spawn": (
+        "cold_spawn_to_participating_s_median"
+    ),
+    "cold_donor_slowest_step_over_steady_median": "cold_donor_slowest_step_over_steady_median",
+    "warm_donor_slowest_step_over_steady_median": "cold_donor_slowest_step_over_steady_median",
+    "cold_participating_step_over_steady_median": "cold_participating_step_over_steady_median",
+}
+"""ours' row -> torchft's row it is divided by (torchft has no warm spare: ours' spare is
+compared with its fresh process)."""
+
+
+def _ours_row(row: str) -> str:
+    return (
+        "warm_spawn_to_participating_s_median"
+        if row == "warm_spare_go_to_participating_over_torchft_cold_spawn"
+        else row
+    )
 
 
 def main() -> None:
@@ -391,7 +625,11 @@ def main() -> None:
     parser.add_argument(
         "--kinds", nargs="+", choices=["cold", "warm", "bg_dynamo"], default=["cold", "warm"]
     )
+    parser.add_argument("--impls", nargs="+", choices=_mlp.IMPLS, default=["ours"])
     parser.add_argument("--repeats", type=int, default=2, help="kills per replacement kind")
+    parser.add_argument(
+        "--trials", type=int, default=1, help="runs per impl and size (alternating impls)"
+    )
     parser.add_argument("--steady", type=int, default=8, help="steady steps before each kill")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -399,36 +637,40 @@ def main() -> None:
     parser.add_argument("--size-mb", type=float, default=10.0, help=argparse.SUPPRESS)
     parser.add_argument("--lighthouse", default="", help=argparse.SUPPRESS)
     parser.add_argument("--kind", default="cold", help=argparse.SUPPRESS)
+    parser.add_argument("--impl", default="ours", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.replica, args.size_mb, args.lighthouse, args.kind)
+        worker(args.replica, args.size_mb, args.lighthouse, args.kind, args.impl)
         return
 
     started = time.time()
     rng = random.Random(args.seed)
     kinds = [k for _ in range(args.repeats) for k in args.kinds]
     sizes = []
+    errors: list[dict[str, Any]] = []
     for size_mb in args.sizes_mb:
-        result = run_size(size_mb, kinds, args.steady, rng)
-        stall = _median([s["stall_s"] for s in result["stalls"]])
-        summary: dict[str, Any] = {
-            "stall_s_median": stall,
-            "stall_met": stall is not None and stall <= TARGETS["stall_s"],
-            "to_first_commit_without_victim_s_median": _median(
-                [s["to_first_commit_without_victim_s"] for s in result["stalls"]]
-            ),
-            "steady_step_s_median": _median([s["steady_step_s"] for s in result["stalls"]]),
-        }
-        for kind in args.kinds:
-            reps = [r for r in result["replacements"] if r["kind"] == kind]
-            keys = ("spawn_to_participating_s", "manager_to_participating_s")
-            for key in (*keys, "manager_to_participating_step_start_s"):
-                value = _median([r[key] for r in reps])
-                summary[f"{kind}_{key}_median"] = value
-                if key in TARGETS:
-                    summary[f"{kind}_{key}_met"] = value is not None and value <= TARGETS[key]
-        result["summary"] = summary
-        sizes.append(result)
+        runs: dict[str, list[dict[str, Any]]] = {impl: [] for impl in args.impls}
+        for trial in range(args.trials):
+            order = args.impls[trial % len(args.impls) :] + args.impls[: trial % len(args.impls)]
+            for impl in order:
+                try:
+                    runs[impl].append(run_size(size_mb, kinds, args.steady, rng, impl))
+                except (RuntimeError, queue.Empty) as e:  # a worker died or hung: recorded
+                    print(f"[{size_mb} MB] {impl} trial {trial} failed: {e}", file=sys.stderr)
+                    errors.append(
+                        {"impl": impl, "size_mb": size_mb, "trial": trial, "error": str(e)}
+                    )
+        summaries = {impl: summarize(runs[impl], args.kinds) for impl in args.impls}
+        entry: dict[str, Any] = {"size_mb": size_mb, "summary": summaries, "runs": runs}
+        if "ours" in summaries and "torchft" in summaries:
+            ours, torchft = summaries["ours"], summaries["torchft"]
+            entry["ours_over_torchft"] = {
+                row: round(ours[_ours_row(row)] / torchft[theirs], 2)
+                if ours.get(_ours_row(row)) and torchft.get(theirs)
+                else None
+                for row, theirs in RATIO_ROWS.items()
+            }
+        sizes.append(entry)
     command = "python -m " + MODULE + " " + " ".join(sys.argv[1:])
     print(
         json.dumps(
@@ -437,13 +679,14 @@ def main() -> None:
                 "machine": machine(),
                 "setup": {
                     **_mlp.setup(),
-                    "lighthouse": "in-process LighthouseServer, min_replicas=1, defaults",
+                    "lighthouse": "in-process, the impl's own (torchft: its Rust one), "
+                    "min_replicas=1, default timeouts",
                     "manager": "async quorum, timeout 30 s, HTTPTransport",
                     "kill": "SIGKILL at a random moment of a step after steady training",
                 },
                 "targets": TARGETS,
-                "reference_torchft_0_2_0": REFERENCE,
                 "sizes": sizes,
+                "failed_runs": errors,
                 "wall_s": round(time.time() - started, 1),
             },
             indent=1,

@@ -16,6 +16,7 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 
@@ -34,6 +35,9 @@ class WorkerConfig:
     stop_step: int = 10
     """Stop once this step is committed and ``stop_participants`` took part in it."""
     stop_participants: int = 1
+    stop_step_file: str | None = None
+    """When set, ``stop_step`` is read from this file at every step (no file yet: no stop), so
+    that a test can pick it once the workers it compares train together."""
     kill_at_step: int | None = None
     """SIGKILL this process right after launching the allreduce of this step, provided
     ``kill_participants`` replica groups take part (i.e. peers are in the collective)."""
@@ -249,9 +253,16 @@ def train_worker(cfg: WorkerConfig) -> None:
                 time.time(),
             )
         )
+        stop_step = cfg.stop_step
+        if cfg.stop_step_file is not None:
+            try:
+                stop_step = int(Path(cfg.stop_step_file).read_text())
+            except FileNotFoundError:
+                stop_step = None
         if (
             committed
-            and manager.current_step() >= cfg.stop_step
+            and stop_step is not None
+            and manager.current_step() >= stop_step
             and manager.num_participants() == cfg.stop_participants
         ):
             break

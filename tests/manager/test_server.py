@@ -270,6 +270,32 @@ def test_checkpoint_metadata(lighthouse, cleanup) -> None:
     assert client._checkpoint_metadata(0, SHORT) == "second"
 
 
+def test_close_without_waiting_still_closes_the_channel(lighthouse, cleanup) -> None:
+    server = _server(lighthouse.address())
+    cleanup.append(server.shutdown)
+    client = ManagerClient(server.address(), connect_timeout=SHORT)
+    closer_threads = {t for t in threading.enumerate() if t.name == "close-manager-client"}
+    client.close(wait=False)
+
+    def closed() -> bool:
+        try:
+            client._checkpoint_metadata(0, SHORT)
+        except RuntimeError as e:  # NOT_FOUND from the server while the channel is open
+            assert "NOT_FOUND" in str(e)
+            return False
+        except (TimeoutError, ValueError):  # grpcio: the channel is closed
+            return True
+        raise AssertionError("no rank has sent metadata: the call cannot succeed")
+
+    assert _wait_until(closed)
+    # the close ran on its own thread, which has finished
+    assert _wait_until(
+        lambda: (
+            {t for t in threading.enumerate() if t.name == "close-manager-client"} <= closer_threads
+        )
+    )
+
+
 def test_should_commit_is_an_and_over_ranks(lighthouse, cleanup) -> None:
     _, client = _start(cleanup, lighthouse.address(), world_size=3)
 

@@ -4,10 +4,27 @@ to a recovering peer.
 torchft 0.2.0 names, importable from here (``torchft.checkpointing`` maps to this package):
 ``CheckpointTransport``, ``HTTPTransport``, ``PGTransport``. ``CheckpointTransferError`` is what
 ``recv_checkpoint`` raises on any failed transfer.
+
+Names load lazily, on first use: a process that heals over HTTP never imports
+``PGTransport``.
 """
 
-from torchtitan_ft.checkpoint.http_transport import HTTPTransport
-from torchtitan_ft.checkpoint.pg_transport import PGTransport
-from torchtitan_ft.checkpoint.transport import CheckpointTransferError, CheckpointTransport
+from importlib import import_module
+from typing import Any
 
-__all__ = ["CheckpointTransferError", "CheckpointTransport", "HTTPTransport", "PGTransport"]
+_PUBLIC = {
+    "CheckpointTransferError": "torchtitan_ft.checkpoint.transport",
+    "CheckpointTransport": "torchtitan_ft.checkpoint.transport",
+    "HTTPTransport": "torchtitan_ft.checkpoint.http_transport",
+    "PGTransport": "torchtitan_ft.checkpoint.pg_transport",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
+
+__all__ = sorted(_PUBLIC)

@@ -4,6 +4,7 @@ donor group's, when healing): ``torchft.ManagerService`` over gRPC, blocking.
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -136,9 +137,23 @@ class ManagerClient:
             metadata,
         )
 
-    def close(self) -> None:
-        """Closes the channel; in-flight calls fail."""
-        self._channel.close()
+    def close(self, wait: bool = True) -> None:
+        """Closes the channel; in-flight calls fail.
+
+        Args:
+            wait: return once the channel is closed (default). grpcio's close waits for the
+                connectivity watcher that the constructor's readiness wait started, which
+                wakes every 0.2 s: a client closed within 0.2 s of its construction blocks
+                for the rest of that. ``False`` closes on a daemon thread instead, for a
+                short-lived client whose caller must not wait (a healing rank's client of its
+                donor, on the path every peer waits on).
+        """
+        if wait:
+            self._channel.close()
+        else:
+            threading.Thread(
+                target=self._channel.close, name="close-manager-client", daemon=True
+            ).start()
 
     def _call(
         self,

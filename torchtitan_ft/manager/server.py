@@ -39,7 +39,7 @@ from grpc import aio
 
 from torchtitan_ft.addresses import AddressProblem, Advertised, QuorumAddressCheck, Severity
 from torchtitan_ft.auth import RefusalLog, TokenInterceptor, check_token, peer_host
-from torchtitan_ft.lighthouse import LighthouseClient
+from torchtitan_ft.lighthouse.client import LighthouseClient
 from torchtitan_ft.lighthouse.types import Quorum
 from torchtitan_ft.manager.decisions import compute_quorum_results, impostor_refusal
 from torchtitan_ft.manager.identity import GroupIdentity, identity_conflict

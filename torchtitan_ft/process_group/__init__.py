@@ -6,35 +6,36 @@ data, routing through the Manager), ``fakes`` (groups for tests), ``store`` (the
 TCPStore), ``futures`` and ``quantized`` (what collectives return and an int8 allreduce),
 ``lifecycle`` (process-wide state, hooks installed on first use). torchft 0.2.0's names are
 importable here.
+
+Names load lazily, on first use: a trainer imports only the group it uses (not the baby
+groups' multiprocessing machinery, the fakes or the wrappers).
 """
 
-from torchtitan_ft.process_group.baby import (
-    ProcessGroupBaby,
-    ProcessGroupBabyGloo,
-    ProcessGroupBabyNCCL,
-)
-from torchtitan_ft.process_group.base import GroupConfig, ProcessGroup
-from torchtitan_ft.process_group.fakes import FakeProcessGroupWrapper, ProcessGroupDummy
-from torchtitan_ft.process_group.gloo import ProcessGroupGloo
-from torchtitan_ft.process_group.nccl import ProcessGroupNCCL
-from torchtitan_ft.process_group.store import create_store_client, parse_store_addr
-from torchtitan_ft.process_group.wrappers import (
-    ErrorSwallowingProcessGroupWrapper,
-    ManagedProcessGroup,
-)
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "ErrorSwallowingProcessGroupWrapper",
-    "FakeProcessGroupWrapper",
-    "GroupConfig",
-    "ManagedProcessGroup",
-    "ProcessGroup",
-    "ProcessGroupBaby",
-    "ProcessGroupBabyGloo",
-    "ProcessGroupBabyNCCL",
-    "ProcessGroupDummy",
-    "ProcessGroupGloo",
-    "ProcessGroupNCCL",
-    "create_store_client",
-    "parse_store_addr",
-]
+_PUBLIC = {
+    "ProcessGroupBaby": "torchtitan_ft.process_group.baby",
+    "ProcessGroupBabyGloo": "torchtitan_ft.process_group.baby",
+    "ProcessGroupBabyNCCL": "torchtitan_ft.process_group.baby",
+    "GroupConfig": "torchtitan_ft.process_group.base",
+    "ProcessGroup": "torchtitan_ft.process_group.base",
+    "FakeProcessGroupWrapper": "torchtitan_ft.process_group.fakes",
+    "ProcessGroupDummy": "torchtitan_ft.process_group.fakes",
+    "ProcessGroupGloo": "torchtitan_ft.process_group.gloo",
+    "ProcessGroupNCCL": "torchtitan_ft.process_group.nccl",
+    "create_store_client": "torchtitan_ft.process_group.store",
+    "parse_store_addr": "torchtitan_ft.process_group.store",
+    "ErrorSwallowingProcessGroupWrapper": "torchtitan_ft.process_group.wrappers",
+    "ManagedProcessGroup": "torchtitan_ft.process_group.wrappers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
+
+__all__ = sorted(_PUBLIC)
