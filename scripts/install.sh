@@ -9,7 +9,13 @@ py="${PYTHON:-python3}"
 stamp_dir="$root/.cache"
 key="$( { cat "$root/pyproject.toml"; "$py" -c 'import sys; print(sys.executable)'; echo "$root"; } | sha256sum | cut -c1-16)"
 stamp="$stamp_dir/install-$key"
-if [ -f "$stamp" ] && "$py" -c 'import torchtitan_ft, torch, torchtitan, grpc' 2>/dev/null; then
+# The check runs outside the checkout (where the checkout itself would be importable) and wants
+# this checkout's package: an editable install of another clone must be redone.
+installed_here() {
+    (cd / && "$py" -c 'import sys, torch, torchtitan, grpc, torchtitan_ft
+sys.exit(not torchtitan_ft.__file__.startswith(sys.argv[1] + "/"))' "$root") 2>/dev/null
+}
+if [ -f "$stamp" ] && installed_here; then
     exit 0
 fi
 echo "install: installing torchtitan_ft and its dependencies into $("$py" -c 'import sys; print(sys.prefix)')" >&2
