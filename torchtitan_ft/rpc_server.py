@@ -1,6 +1,7 @@
 """What the job's gRPC servers (the lighthouse and the ManagerServer) share: request parsing
-that turns bytes which are not the expected message into ``INVALID_ARGUMENT``, and the limits
-that keep a flood of connections from taking the server's file descriptors.
+that turns bytes which are not the expected message into ``INVALID_ARGUMENT``, the limits
+that keep a flood of connections from taking the server's file descriptors, and the filter
+for grpc.aio's spurious event-loop errors.
 
 gRPC's generated servicers parse requests themselves and answer a malformed one with
 ``UNKNOWN`` and an ERROR traceback in the log; handlers registered with ``parser`` receive a
@@ -9,12 +10,15 @@ gRPC's generated servicers parse requests themselves and answer a malformed one 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
 M = TypeVar("M", bound=Message)
+logger = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 1 << 20
 """Largest request accepted (RESOURCE_EXHAUSTED beyond). A lighthouse member's request is a
@@ -57,3 +61,27 @@ def server_options(max_connections: int, idle_connection_ms: int) -> list[tuple[
         ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
         ("grpc.max_connection_idle_ms", idle_connection_ms),
     ]
+
+
+def is_grpc_poller_noise(context: dict[str, Any]) -> bool:
+    """Whether an event-loop error report is grpc.aio's process-wide poller waking a loop the
+    event was not for. grpc keeps one completion queue per process and every event loop that
+    served gRPC stays bound to it (grpc/grpc#25364): a wake-up runs the poller's callback in
+    each bound loop, one of which consumes it (the others raise ``BlockingIOError``), and a
+    loop of a server already shut down in this process raises "Event loop is closed". The
+    event itself reaches the loop it belongs to, so neither report is an error."""
+    if "PollerCompletionQueue" not in repr(context.get("handle")):
+        return False
+    error = context.get("exception")
+    return isinstance(error, BlockingIOError) or (
+        isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+    )
+
+
+def handle_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """An event loop's exception handler for the servers' loops: grpc.aio's poller noise
+    (:func:`is_grpc_poller_noise`) at DEBUG, everything else to asyncio's default handler."""
+    if is_grpc_poller_noise(context):
+        logger.debug("grpc.aio poller: %s (spurious, grpc/grpc#25364)", context.get("exception"))
+        return
+    loop.default_exception_handler(context)

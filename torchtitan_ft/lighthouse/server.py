@@ -34,7 +34,7 @@ from torchtitan_ft.lighthouse.state import LighthouseState
 from torchtitan_ft.lighthouse.types import QuorumMember
 from torchtitan_ft.netaddr import advertised_host, bind_problem, join_host_port, split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
-from torchtitan_ft.rpc_server import Malformed, parser, server_options
+from torchtitan_ft.rpc_server import Malformed, handle_loop_error, parser, server_options
 
 logger = logging.getLogger(__name__)
 
@@ -360,7 +360,7 @@ class _LoopErrors:
 
     def handle(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         if context.get("message") != "socket.accept() out of system resource":
-            loop.default_exception_handler(context)
+            handle_loop_error(loop, context)
             return
         now = time.monotonic()
         if now - self._last_warning >= 60:

@@ -45,7 +45,7 @@ from torchtitan_ft.manager.decisions import compute_quorum_results, impostor_ref
 from torchtitan_ft.manager.identity import GroupIdentity, identity_conflict
 from torchtitan_ft.netaddr import port_in_use, split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
-from torchtitan_ft.rpc_server import Malformed, parser, server_options
+from torchtitan_ft.rpc_server import Malformed, handle_loop_error, parser, server_options
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +195,7 @@ class ManagerServer:
         self._ranks: dict[int, _RankRecord] = {}
         self._impostors = RefusalLog(f"the manager server of replica {replica_id!r}")
         self._loop = asyncio.new_event_loop()
+        self._loop.set_exception_handler(handle_loop_error)
         self._quorum_round = _QuorumRound(self._new_future())
         self._commit_rounds: dict[int, _CommitRound] = {}
         self._tasks: set[asyncio.Task[None]] = set()
