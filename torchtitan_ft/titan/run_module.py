@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import runpy
+import subprocess
 import sys
 
 from torchtitan_ft.titan.launch import USER_ERROR_EXIT
@@ -56,10 +57,18 @@ def check(module: str) -> None:
     if problem:
         _refuse(problem)
     if module in NEEDS_TORCHFT:
-        try:
-            import torchft  # noqa: F401  (the compatibility package refuses a real torchft beside it)
-        except ImportError as e:
-            _refuse(f"torchtitan_ft: TRAIN_FILE={module}: {e}")
+        # Probed in a child process: this project never imports torchft itself. The
+        # compatibility package refuses (ImportError, one line) when the real torchft is
+        # visible beside it.
+        probe = subprocess.run(
+            [sys.executable, "-c", "import torchft"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if probe.returncode != 0:
+            lines = probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"]
+            _refuse(f"torchtitan_ft: TRAIN_FILE={module}: cannot import torchft: {lines[-1]}")
 
 
 def main(argv: list[str] | None = None) -> None:
