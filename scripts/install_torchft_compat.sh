@@ -29,7 +29,6 @@ if ! "$py" -c 'import torchtitan_ft' 2>/dev/null; then
     echo "install_torchft_compat: torchtitan_ft is not installed in $py; run scripts/install.sh first" >&2
     exit 1
 fi
-# No build isolation: setuptools is already there (torchtitan_ft was built with it).
-"$py" -m pip install --quiet --no-deps --no-build-isolation -e "$root/compat"
+"$py" -m pip install --quiet --no-deps -e "$root/compat"
 echo "install_torchft_compat: installed; \`import torchft\` is now torchtitan_ft" \
     "($("$py" -c 'import torchft, os; print(os.path.dirname(torchft.__file__))'))" >&2
