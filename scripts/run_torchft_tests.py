@@ -81,7 +81,6 @@ PRIVATE_STANDINS = {
     "torchft.futures": ["stream_timeout"],
     "torchft.manager": ["_ManagedWork", "MANAGER_ADDR_KEY", "REPLICA_ID_KEY"],
     "torchft.checkpointing._rwlock": ["RWLock"],
-    "torchft.process_group": ["ProcessGroupWrapper"],
     "torchft.multiprocessing": ["_MonitoredPipe"],
     "torchft.checkpointing.http_transport_bench": ["main"],
 }

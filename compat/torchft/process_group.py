@@ -11,6 +11,7 @@ from torchtitan_ft.process_group import (
     ProcessGroupDummy,
     ProcessGroupGloo,
     ProcessGroupNCCL,
+    ProcessGroupWrapper,
     create_store_client,
 )
 
@@ -29,5 +30,6 @@ __all__ = [
     "ProcessGroupDummy",
     "ProcessGroupGloo",
     "ProcessGroupNCCL",
+    "ProcessGroupWrapper",
     "create_store_client",
 ]

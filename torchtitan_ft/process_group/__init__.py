@@ -21,6 +21,7 @@ from torchtitan_ft.process_group.store import create_store_client, parse_store_a
 from torchtitan_ft.process_group.wrappers import (
     ErrorSwallowingProcessGroupWrapper,
     ManagedProcessGroup,
+    ProcessGroupWrapper,
 )
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "ProcessGroupDummy",
     "ProcessGroupGloo",
     "ProcessGroupNCCL",
+    "ProcessGroupWrapper",
     "create_store_client",
     "parse_store_addr",
 ]
