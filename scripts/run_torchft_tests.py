@@ -98,9 +98,12 @@ INERT_STANDINS = {"torchft.futures": {"_TIMEOUT_MANAGER": {"_watchdog_interval":
 # stand-ins.
 CONFTEST = """\
 import importlib
+import os
 import sys
 import types
 from pathlib import Path
+
+import pytest
 
 import torchft
 import torchft.checkpointing
@@ -139,6 +142,21 @@ for module_name, objects in {inert!r}.items():
     for name, attributes in objects.items():
         if not hasattr(module, name):
             setattr(module, name, types.SimpleNamespace(**attributes))
+
+# A failed integration test can leave non-daemon threads (replicas blocked in a quorum) that
+# would keep the interpreter from exiting once pytest is done: exit at the very end.
+_exit_status = {{}}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _exit_status["code"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_exit_status.get("code", 1))
 """
 
 _EXCLUSION_ROW = re.compile(r"^\| `([^`]+)` \| (.+?) \|$")
