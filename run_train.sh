@@ -28,6 +28,18 @@ if [ -n "${MODEL:-}${MODULE:-}${CONFIG:-}" ]; then
 fi
 CONFIG_FILE=${CONFIG_FILE:-"$root/configs/debug_cpu.toml"}
 TRAIN_FILE=${TRAIN_FILE:-"torchtitan_ft.titan.train"}
+# Another trainer module (TorchTitan's torchtitan.train, or its fault-tolerance trainer
+# torchtitan.experiments.ft.train, which needs the opt-in torchft compatibility package) runs
+# through a wrapper that applies the CPU fixes first; a trainer that cannot run here stops now,
+# with one line, before torchrun starts.
+train_module=("$TRAIN_FILE")
+case "$TRAIN_FILE" in
+    torchtitan_ft.*) ;;
+    *)
+        "$PYTHON" -m torchtitan_ft.titan.run_module --check "$TRAIN_FILE" || exit $?
+        train_module=(torchtitan_ft.titan.run_module "$TRAIN_FILE")
+        ;;
+esac
 export TORCHFT_LIGHTHOUSE=${TORCHFT_LIGHTHOUSE:-"http://localhost:29510"}
 export MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
 # No network: datasets and tokenizers are local files.
@@ -58,4 +70,4 @@ exec "$PYTHON" -m torchtitan_ft.titan.launch \
     --nnodes="$NNODES" --nproc_per_node="$NGPU" --max-restarts="$MAX_RESTARTS" \
     --rdzv_backend c10d --rdzv_endpoint="$RDZV_ENDPOINT" ${node[@]+"${node[@]}"} \
     --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
-    -m "$TRAIN_FILE" --job.config_file "$CONFIG_FILE" "$@"
+    -m "${train_module[@]}" --job.config_file "$CONFIG_FILE" "$@"

@@ -21,6 +21,8 @@ from torchtitan_ft.process_group import (
     ErrorSwallowingProcessGroupWrapper,
     ManagedProcessGroup,
     ProcessGroup,
+    ProcessGroupDummy,
+    ProcessGroupWrapper,
 )
 
 
@@ -271,3 +273,18 @@ def test_managed_process_group_in_fsdp_hook_and_torchtitan(store: dist.TCPStore)
     assert out["grad"] == out["expected"]
     assert out["ops"][0].endswith("AVG")
     assert out["dist_sum"] == 3.0 and out["dist_max"] == 3.0
+
+
+def test_plain_wrapper_forwards_configure_collectives_and_errors() -> None:
+    inner = ProcessGroupDummy(0, 1)
+    wrapper = ProcessGroupWrapper(inner)
+    assert wrapper.parent is inner
+    assert repr(wrapper) == "ProcessGroupWrapper(pg=ProcessGroupDummy())"
+    wrapper.configure("unused:0/p", "r", 0, 1)
+    assert inner.configure_count == 1
+    t = torch.ones(3)
+    work = wrapper.allreduce([t])
+    assert work.wait() and work.get_future().wait() == [t]
+    assert (wrapper.size(), wrapper.getBackendName()) == (1, inner.getBackendName())
+    assert wrapper.errored() is None
+    assert isinstance(ErrorSwallowingProcessGroupWrapper(inner), ProcessGroupWrapper)

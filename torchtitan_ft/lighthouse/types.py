@@ -17,6 +17,21 @@ from torchtitan_ft.proto import torchft_pb2 as pb
 
 @dataclass(frozen=True)
 class QuorumMember:
+    """One replica group as it asks the lighthouse for a quorum (wire message ``QuorumMember``).
+
+    Args:
+        replica_id: the replica group's id (unique in the job).
+        address: its ManagerServer's URL, ``http://host:port``.
+        store_address: its TCPStore, ``host:port`` (the cross-group process group's rendezvous
+            when this member is the primary).
+        step: its last committed step.
+        world_size: the number of ranks in the replica group.
+        shrink_only: when set, the quorum may only lose members, never gain them.
+        data: user data sent with the request (JSON-serializable), or None.
+        commit_failures: consecutive failed commits it reports; a positive count makes the
+            lighthouse issue a new quorum id.
+    """
+
     replica_id: str
     address: str = ""
     """Manager URL, ``http://host:port``."""
@@ -68,6 +83,15 @@ class QuorumMember:
 
 @dataclass(frozen=True)
 class Quorum:
+    """A quorum the lighthouse issued (wire message ``Quorum``).
+
+    Args:
+        quorum_id: its id; it changes whenever membership changes (or a member reports commit
+            failures), which is what makes the managers reconfigure their process groups.
+        participants: the members, sorted by ``replica_id``.
+        created: when the lighthouse issued it (UTC).
+    """
+
     quorum_id: int
     participants: tuple[QuorumMember, ...]
     """Members sorted by ``replica_id``."""

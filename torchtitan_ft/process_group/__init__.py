@@ -28,6 +28,7 @@ _PUBLIC = {
     "parse_store_addr": "torchtitan_ft.process_group.store",
     "ErrorSwallowingProcessGroupWrapper": "torchtitan_ft.process_group.wrappers",
     "ManagedProcessGroup": "torchtitan_ft.process_group.wrappers",
+    "ProcessGroupWrapper": "torchtitan_ft.process_group.wrappers",
 }
 
 

@@ -67,6 +67,12 @@ from torchtitan_ft.process_group.nccl import ProcessGroupNCCL
 
 logger = logging.getLogger(__name__)
 
+CHILD_START_TIMEOUT_S = 120.0
+"""How long ``configure`` waits for the spawned child to start (a new Python process importing
+torch: about a second on an idle machine, many on a busy one, more when several groups spawn at
+once), in seconds. Not counted against the group's ``timeout``, which bounds building the group
+with its peers; a child that dies while starting is noticed at once."""
+
 _OPTION_TYPES = (
     AllgatherOptions,
     AllreduceCoalescedOptions,
@@ -160,7 +166,8 @@ def _child_main(
 ) -> None:  # runs in the spawned child
     """Build the group, then run the collectives the parent sends until its pipe closes.
 
-    Replies are ``("ready", None, None)`` or ``("failed", None, error)`` once, then
+    Replies are ``("started", None, None)`` once imports are done, then
+    ``("ready", None, None)`` or ``("failed", None, error)`` once, then
     ``("done", op_id, None)`` / ``("error", op_id, error)`` per collective, sent from gloo's
     threads as collectives complete (hence the lock).
     """
@@ -170,8 +177,12 @@ def _child_main(
         with reply_lock, contextlib.suppress(OSError):  # parent gone: nothing to tell
             replies.send((kind, op_id, error))
 
+    reply("started", None, None)
     try:
-        pg = backend(timeout=timedelta(seconds=timeout_s))
+        # The parent enforces timeout_s (from now on, for configure) and kills this process when
+        # it passes; the group's own timeout is only a backstop behind it, so that the error
+        # reported is the parent's TimeoutError.
+        pg = backend(timeout=timedelta(seconds=2 * timeout_s))
         pg.configure(
             config.store_addr,
             config.replica_id,
@@ -320,9 +331,9 @@ class ProcessGroupBaby(ProcessGroup):
     :class:`ProcessGroupGloo`'s do), with ``None`` for barrier and send.
 
     Args:
-        timeout: seconds (float) or ``timedelta``; bounds ``configure`` (spawning the child and
-            building its group with every peer) and each collective. Default 60 s. Spawning the
-            child costs a few seconds of it (a Python process importing torch).
+        timeout: seconds (float) or ``timedelta``; bounds ``configure`` (building the child's
+            group with every peer, once the child has started: its start is bounded by
+            :data:`CHILD_START_TIMEOUT_S` apart) and each collective. Default 60 s.
     """
 
     _BACKEND: ClassVar[type[ProcessGroupGloo]] = ProcessGroupGloo
@@ -422,15 +433,26 @@ class ProcessGroupBaby(ProcessGroup):
         """Wait for the child's first reply: ``None`` when its group is built, else the error."""
         seconds = self._timeout.total_seconds()
         try:
-            arrived = child.replies.poll(seconds)
-            message = child.replies.recv() if arrived else None
+            # The child's start (spawn, imports) does not count against the timeout.
+            started = child.replies.poll(CHILD_START_TIMEOUT_S)
+            if started and child.replies.recv()[0] == "started":
+                arrived = child.replies.poll(seconds)
+                message = child.replies.recv() if arrived else None
+            else:
+                message = None
+                seconds = CHILD_START_TIMEOUT_S
         except (EOFError, OSError):
             code = child.process.exitcode
             return ("ChildExited", f"the child exited (code {code}) before building its group")
         if message is None:
             error = TimeoutError(
                 f"{self._BACKEND_NAME} configure timed out after {seconds:g} seconds "
-                f"({config.describe()}): a peer did not join, or the store is unreachable"
+                f"({config.describe()}): "
+                + (
+                    "a peer did not join, or the store is unreachable"
+                    if started
+                    else "the child process did not start"
+                )
             )
             with self._lock:
                 self._errored = error

@@ -1,6 +1,7 @@
-"""Process groups that wrap another, in every rank: errors as data
-(``ErrorSwallowingProcessGroupWrapper``) and collectives routed through the Manager
-(``ManagedProcessGroup``, for model code and TorchTitan)."""
+"""Process groups that wrap another, in every rank: the plain forwarding base
+(``ProcessGroupWrapper``), errors as data (``ErrorSwallowingProcessGroupWrapper``) and
+collectives routed through the Manager (``ManagedProcessGroup``, for model code and
+TorchTitan)."""
 
 from __future__ import annotations
 
@@ -53,28 +54,22 @@ class ManagerLike(Protocol):
 
 
 # --------------------------------------------------------------------------------------------
-# Error swallowing
+# Forwarding
 # --------------------------------------------------------------------------------------------
 
 
-class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
-    """Errors are data: a process group whose collectives never raise.
-
-    The first error of a collective (raised when it starts, or by its ``wait()`` or future) is
-    recorded and returned by :meth:`error`; from then on every collective returns an already
-    completed Work without communicating (tensors are left as they are), until
-    :meth:`configure` clears the error. ``wait()`` always returns ``True``; a future completes
-    with the collective's usual value, or with its input/output tensors after an error.
+class ProcessGroupWrapper(ProcessGroup):
+    """A process group that hands everything to another one, ``pg``: the base of wrappers that
+    change what some calls do (subclasses override :meth:`_forward`, which every collective goes
+    through, or single methods). As it is, it changes nothing.
 
     Args:
-        pg: the process group that does the communication (e.g. :class:`ProcessGroupGloo`).
+        pg: the process group that does the communication.
     """
 
     def __init__(self, pg: ProcessGroup) -> None:
         super().__init__()
         self._pg = pg
-        self._error: Exception | None = None
-        self._lock = threading.Lock()
 
     @property
     def parent(self) -> ProcessGroup:
@@ -82,39 +77,11 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
         return self._pg
 
     def _configure(self, config: GroupConfig) -> None:
-        """Clear the recorded error and configure the wrapped group.
-
-        A configure failure is recorded as the error (so collectives become no-ops) and raised:
-        the caller must know the group is not usable.
-        """
-        with self._lock:
-            self._error = None
-        try:
-            self._pg.configure(**asdict(config))
-        except COLLECTIVE_ERRORS as e:
-            if is_collective_error(e):
-                self.report_error(e)
-            raise
-
-    def report_error(self, e: Exception) -> None:
-        """Record ``e`` unless an error is already recorded; later collectives are skipped.
-
-        Args:
-            e: the error to record.
-        """
-        with self._lock:
-            if self._error is None:
-                self._error = e
-                logger.warning("collective error recorded, skipping until reconfigured: %s", e)
-
-    def error(self) -> Exception | None:
-        """The first error recorded since the last ``configure``, or ``None``."""
-        with self._lock:
-            return self._error
+        self._pg.configure(**asdict(config))
 
     def errored(self) -> Exception | None:
-        """The recorded error, else the wrapped group's :meth:`ProcessGroup.errored`."""
-        return self.error() or self._pg.errored()
+        """The wrapped group's :meth:`ProcessGroup.errored`."""
+        return self._pg.errored()
 
     def abort(self) -> None:
         """Abort the wrapped group."""
@@ -137,19 +104,12 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
         return self._pg.getBackendName()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(pg={self._pg!r}, error={self._error!r})"
+        return f"{type(self).__name__}(pg={self._pg!r})"
 
     def _forward(self, start: Callable[[], Work], default: object) -> Work:
-        if self.error() is not None:
-            return CompletedWork(default)
-        try:
-            work = start()
-        except COLLECTIVE_ERRORS as e:
-            if not is_collective_error(e):
-                raise
-            self.report_error(e)
-            return CompletedWork(default)
-        return _ErrorSwallowingWork(self, work, default)
+        """Run one collective of the wrapped group: ``start()`` starts it and returns its
+        Work; ``default`` is what its future holds (the tensors it writes, or None)."""
+        return start()
 
     def allreduce(
         self,
@@ -244,6 +204,80 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
     def barrier(self, opts: BarrierOptions | None = None) -> Work:
         """See :meth:`ProcessGroup.barrier`."""
         return self._forward(lambda: self._pg.barrier(opts), None)
+
+
+# --------------------------------------------------------------------------------------------
+# Error swallowing
+# --------------------------------------------------------------------------------------------
+
+
+class ErrorSwallowingProcessGroupWrapper(ProcessGroupWrapper):
+    """Errors are data: a process group whose collectives never raise.
+
+    The first error of a collective (raised when it starts, or by its ``wait()`` or future) is
+    recorded and returned by :meth:`error`; from then on every collective returns an already
+    completed Work without communicating (tensors are left as they are), until
+    :meth:`configure` clears the error. ``wait()`` always returns ``True``; a future completes
+    with the collective's usual value, or with its input/output tensors after an error.
+
+    Args:
+        pg: the process group that does the communication (e.g. :class:`ProcessGroupGloo`).
+    """
+
+    def __init__(self, pg: ProcessGroup) -> None:
+        super().__init__(pg)
+        self._error: Exception | None = None
+        self._lock = threading.Lock()
+
+    def _configure(self, config: GroupConfig) -> None:
+        """Clear the recorded error and configure the wrapped group.
+
+        A configure failure is recorded as the error (so collectives become no-ops) and raised:
+        the caller must know the group is not usable.
+        """
+        with self._lock:
+            self._error = None
+        try:
+            self._pg.configure(**asdict(config))
+        except COLLECTIVE_ERRORS as e:
+            if is_collective_error(e):
+                self.report_error(e)
+            raise
+
+    def report_error(self, e: Exception) -> None:
+        """Record ``e`` unless an error is already recorded; later collectives are skipped.
+
+        Args:
+            e: the error to record.
+        """
+        with self._lock:
+            if self._error is None:
+                self._error = e
+                logger.warning("collective error recorded, skipping until reconfigured: %s", e)
+
+    def error(self) -> Exception | None:
+        """The first error recorded since the last ``configure``, or ``None``."""
+        with self._lock:
+            return self._error
+
+    def errored(self) -> Exception | None:
+        """The recorded error, else the wrapped group's :meth:`ProcessGroup.errored`."""
+        return self.error() or self._pg.errored()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(pg={self._pg!r}, error={self._error!r})"
+
+    def _forward(self, start: Callable[[], Work], default: object) -> Work:
+        if self.error() is not None:
+            return CompletedWork(default)
+        try:
+            work = start()
+        except COLLECTIVE_ERRORS as e:
+            if not is_collective_error(e):
+                raise
+            self.report_error(e)
+            return CompletedWork(default)
+        return _ErrorSwallowingWork(self, work, default)
 
 
 class _ErrorSwallowingWork(Work):

@@ -17,7 +17,12 @@ from torchtitan_ft.semi_sync.config import (
 from torchtitan_ft.semi_sync.fragments import ModelFragment, fragments_from_fqns, split_model
 from torchtitan_ft.semi_sync.local_sgd import DiLoCo, LocalSGD
 from torchtitan_ft.semi_sync.per_step import PerStepSync
-from torchtitan_ft.semi_sync.strategy import CommStats, ManagerLike, SyncStrategy
+from torchtitan_ft.semi_sync.strategy import (
+    CommStats,
+    ManagerLike,
+    SyncStrategy,
+    extract_local_tensor,
+)
 
 __all__ = [
     "CommStats",
@@ -33,6 +38,7 @@ __all__ = [
     "SyncMethod",
     "SyncStrategy",
     "build_strategy",
+    "extract_local_tensor",
     "fragments_from_fqns",
     "split_model",
 ]

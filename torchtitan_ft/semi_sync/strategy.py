@@ -123,6 +123,15 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def extract_local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A detached copy of ``t``'s local shard (``t`` itself when it is not a DTensor), with no
+    ``grad``: the backup a sync strategy restores from. torchft's name for it."""
+    local = t.to_local() if isinstance(t, DTensor) else t
+    copy = local.detach().clone()
+    copy.grad = None
+    return copy
+
+
 def param_data(p: nn.Parameter) -> torch.Tensor:
     """The local storage of parameter ``p`` (no autograd), for in-place copies."""
     return local_tensor(p.data)
