@@ -331,6 +331,7 @@ def assert_groups_identical(tmp_path: Path, ranks: int) -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.step_timing
 @pytest.mark.timeout(E2E_TIMEOUT_S)
 @pytest.mark.parametrize("ranks", [1, 2], ids=["1rank", "2ranks"])
 def test_killed_replica_group_heals_to_identical_state(tmp_path: Path, ranks: int) -> None:
@@ -350,6 +351,7 @@ DILOCO = (
 
 
 @pytest.mark.multiprocess
+@pytest.mark.step_timing
 @pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_killed_diloco_group_heals_to_the_global_model(tmp_path: Path) -> None:
     """DiLoCo (sync every 3 steps, one fragment): the restarted group heals at a sync point

@@ -28,6 +28,7 @@ RANKS = 2
 
 
 @pytest.mark.multiprocess
+@pytest.mark.step_timing
 @pytest.mark.timeout(E2E_TIMEOUT_S)
 def test_killed_replica_group_heals_over_the_process_group(tmp_path: Path) -> None:
     job = kill_and_restart_group_1(tmp_path, RANKS, *PG)

@@ -27,6 +27,7 @@ def test_one_process_debugmodel_trains(tmp_path: Path) -> None:
     _assert_trained(run_train(tmp_path, 1, 5), 5)
 
 
+@pytest.mark.slow  # the native HSDP 2x2 run of test_ft_replica_groups_reproduce_native_hsdp
 def test_two_process_fsdp_debugmodel_trains(tmp_path: Path) -> None:
     result = run_train(tmp_path, 2, 5)
     assert "FSDP modules reduce with SUM" in result.output
@@ -44,7 +45,8 @@ def test_ft_replica_groups_reproduce_native_hsdp(tmp_path: Path) -> None:
     same ``training.global_batch_size``, which with FT covers all replica groups (TorchTitan's
     FT doc): each group takes half, so both jobs train on 16 samples a step in 2 gradient
     accumulation steps. Native HSDP 2x2's grad norm at every step, and its loss as the mean of
-    the two groups' losses (each group logs its own).
+    the two groups' losses (each group logs its own). The native run also stands for FSDP
+    training on CPU (gloo's SUM reduction, a falling loss) in the default tier.
 
     ``init_sync`` is off: both groups initialise from the same seed, and with an async quorum a
     group healing at step 0 would sit out that step's gradient average."""
@@ -59,6 +61,8 @@ def test_ft_replica_groups_reproduce_native_hsdp(tmp_path: Path) -> None:
     )
     native_metrics = _assert_trained_quietly(native, steps)
     assert BATCH_LINE.search(native.output).groups() == ("16", "2")
+    assert "FSDP modules reduce with SUM" in native.output
+    assert native_metrics[steps][0] < native_metrics[1][0]  # the loss went down
 
     outputs = run_ft_groups(
         tmp_path,
