@@ -95,8 +95,10 @@ def ft_setup(
     timeout_s: float = 30.0,
     marks: dict[str, float] | None = None,
     bucket_cap_mb: float = 25.0,
+    retry_inflight_allreduce: bool = False,
 ) -> tuple[Any, Any, Any, Any]:
-    """(manager, pg, ddp, optim) for replica group ``replica`` (1 process, async quorum).
+    """(manager, pg, ddp, optim) for replica group ``replica`` (1 process, async quorum;
+    ``retry_inflight_allreduce`` is the Manager's).
 
     ``marks`` (if given) gets the wall-clock times at which the optimizer and the Manager
     were constructed."""
@@ -134,6 +136,7 @@ def ft_setup(
         replica_id=f"replica_{replica}",
         hostname=HOST,
         checkpoint_transport=retrying_transport(timeout),
+        retry_inflight_allreduce=retry_inflight_allreduce,
     )
     marks["manager"] = time.time()
     ddp = DistributedDataParallel(manager, model, bucket_cap_mb=bucket_cap_mb)
