@@ -467,9 +467,10 @@ class Manager:
         """Whether this step, if it failed in an allreduce, is finished with the survivors at
         ``should_commit`` (``retry_inflight_allreduce``; ``decisions.inflight_retry_decision``).
         ``DistributedDataParallel`` asks after its backward: a retried step keeps its buffers."""
+        error = self.errored()
         return inflight_retry_decision(
             enabled=self._retry_enabled,
-            first_error=self.errored(),
+            first_error=error.original_exception if error is not None else None,
             first_error_is_collective=self._collectives.first_error_is_collective,
             participated=self._participated,
             inputs_kept=self._collectives.inputs_kept,
