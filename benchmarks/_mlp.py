@@ -73,9 +73,10 @@ def ft_setup(
     marks: dict[str, float] | None = None,
     bucket_cap_mb: float = 25.0,
     impl: str = "ours",
+    retry_inflight_allreduce: bool = False,
 ) -> tuple[Any, Any, Any, Any]:
     """(manager, pg, ddp, optim) for replica group ``replica`` (1 process, async quorum), of
-    ``impl`` (see :data:`IMPLS`).
+    ``impl`` (see :data:`IMPLS`; ``retry_inflight_allreduce`` is our Manager's).
 
     ``marks`` (if given) gets the wall-clock times at which the optimizer and the Manager
     were constructed."""
@@ -116,6 +117,7 @@ def ft_setup(
         replica_id=f"replica_{replica}",
         hostname=HOST,
         checkpoint_transport=HTTPTransport(timeout=timeout, num_chunks=0, hostname=HOST),
+        retry_inflight_allreduce=retry_inflight_allreduce,
     )
     marks["manager"] = time.time()
     ddp = DistributedDataParallel(manager, model, bucket_cap_mb=bucket_cap_mb)

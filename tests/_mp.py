@@ -208,13 +208,14 @@ def train_worker(cfg: WorkerConfig) -> None:
     marks["manager"] = time.time()
     if cfg.fail_first_heal:
         transport = manager._checkpoint_transport
-        real_recv = transport.recv_checkpoint
+        # The Manager receives with recv_checkpoint_borrowed (HTTPTransport's reused buffer).
+        real_recv = transport.recv_checkpoint_borrowed
 
         def recv_fails_once(*args: Any, **kwargs: Any) -> Any:
-            transport.recv_checkpoint = real_recv
+            transport.recv_checkpoint_borrowed = real_recv
             raise ConnectionResetError("injected: donor lost mid-transfer")
 
-        transport.recv_checkpoint = recv_fails_once
+        transport.recv_checkpoint_borrowed = recv_fails_once
     if cfg.kill_at_step is not None:
         real_allreduce = pg.allreduce
 

@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from tests._mp import WorkerConfig, spawn_rank
 from torchtitan_ft.ddp import DistributedDataParallel, PureDistributedDataParallel, _make_buckets
 from torchtitan_ft.lighthouse import LighthouseServer
+from torchtitan_ft.manager.decisions import RetryDecision
 
 
 class ScriptedManager:
@@ -33,6 +34,8 @@ class ScriptedManager:
         self.error: Exception | None = None
         self.calls: list[int] = []
         self.abandoned: list[torch.Tensor] = []
+        self.retry = False
+        """What ``retry_decision`` answers for a failed step."""
 
     def allreduce(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
         self.calls.append(tensor.numel())
@@ -55,6 +58,9 @@ class ScriptedManager:
 
     def errored(self) -> Exception | None:
         return self.error
+
+    def retry_decision(self) -> RetryDecision:
+        return RetryDecision(self.retry and self.error is not None, "scripted")
 
 
 def _model() -> nn.Module:
@@ -228,6 +234,18 @@ def test_a_failed_allreduce_leaves_its_buffer_behind() -> None:
     reference(x).sum().backward()
     ddp(x).sum().backward()
     _assert_averaged(wrapped_module, reference, 0.5)
+
+
+def test_a_step_the_manager_retries_keeps_its_buffers() -> None:
+    manager = ScriptedManager(0.5)
+    manager.fail, manager.retry = True, True
+    ddp = DistributedDataParallel(manager, _model())  # type: ignore[arg-type]
+    before = [flat.data_ptr() for flat in _buffers(ddp)]
+    ddp(torch.randn(3, 4)).sum().backward()
+    # the retry re-runs the allreduces in these very buffers, which the gradients view
+    assert [flat.data_ptr() for flat in _buffers(ddp)] == before
+    assert [t.data_ptr() for t in manager.abandoned] == before
+    _assert_grads_are_bucket_views(ddp)
 
 
 def test_a_second_gradient_in_one_backward_is_an_error() -> None:

@@ -179,7 +179,9 @@ class DistributedDataParallel(nn.Module):
                 futures.append(bucket.future)
         for future in futures:
             future.wait()  # never raises: Manager.allreduce swallows errors
-        if self._manager.errored() is not None:
+        # A step the Manager retries re-runs the allreduces in these buffers (once gloo is
+        # done with them); a discarded one leaves them to the abandoned collectives.
+        if self._manager.errored() is not None and not self._manager.retry_decision().retry:
             for bucket in self._buckets:
                 bucket.move_to_new_buffer()
 

@@ -73,6 +73,51 @@ def test_round_trip_is_bitwise_equal(donor: HTTPTransport, num_chunks: int) -> N
     assert not torch.equal(got["model"]["w"], state["model"]["w"])
 
 
+@pytest.mark.parametrize("num_chunks", [0, 3])
+def test_borrowed_receives_reuse_one_buffer(donor: HTTPTransport, num_chunks: int) -> None:
+    rx: HTTPTransport = HTTPTransport(TIMEOUT, num_chunks=num_chunks, hostname="127.0.0.1")
+    try:
+        first = mixed_state_dict(seed=1)
+        donor.send_checkpoint([1], 1, first, TIMEOUT)
+        got = rx.recv_checkpoint_borrowed(0, donor.metadata(), 1, TIMEOUT)
+        assert_bitwise_equal(got, first)  # mixed dtypes at odd byte offsets, laid out aligned
+        ptr, held = got["model"]["w"].data_ptr(), rx._receive_buffer.nbytes
+        assert held >= sum(t.numel() * t.element_size() for t in first["model"].values())
+
+        second = mixed_state_dict(seed=2)
+        donor.disallow_checkpoint()
+        donor.send_checkpoint([1], 2, second, TIMEOUT)
+        again = rx.recv_checkpoint_borrowed(0, donor.metadata(), 2, TIMEOUT)
+        assert_bitwise_equal(again, second)
+        assert again["model"]["w"].data_ptr() == ptr and rx._receive_buffer.nbytes == held
+        assert torch.equal(got["model"]["w"], second["model"]["w"])  # overwritten: borrowed
+
+        bigger = {"w": torch.randn(held)}  # does not fit: the buffer grows
+        donor.disallow_checkpoint()
+        donor.send_checkpoint([1], 3, bigger, TIMEOUT)
+        assert_bitwise_equal(rx.recv_checkpoint_borrowed(0, donor.metadata(), 3, TIMEOUT), bigger)
+        assert rx._receive_buffer.nbytes >= 4 * held
+    finally:
+        rx.shutdown()
+
+
+def test_without_reuse_borrowed_receives_get_new_tensors(donor: HTTPTransport) -> None:
+    rx: HTTPTransport = HTTPTransport(
+        TIMEOUT, num_chunks=0, hostname="127.0.0.1", reuse_receive_buffer=False
+    )
+    try:
+        state = {"w": torch.randn(1000)}
+        donor.send_checkpoint([1], 1, state, TIMEOUT)
+        got = rx.recv_checkpoint_borrowed(0, donor.metadata(), 1, TIMEOUT)
+        again = rx.recv_checkpoint_borrowed(0, donor.metadata(), 1, TIMEOUT)
+        assert_bitwise_equal(got, state)
+        got["w"].add_(1.0)
+        assert_bitwise_equal(again, state)  # independent tensors
+        assert rx._receive_buffer is None
+    finally:
+        rx.shutdown()
+
+
 def test_receiver_gets_the_snapshot_not_later_mutations(
     donor: HTTPTransport, receiver: HTTPTransport
 ) -> None:
@@ -237,6 +282,8 @@ def test_constructor_rejects_bad_arguments() -> None:
         HTTPTransport(TIMEOUT, -1, hostname="127.0.0.1")
     with pytest.raises(ValueError, match="auth_token"):
         HTTPTransport(TIMEOUT, 0, hostname="127.0.0.1", auth_token="")
+    with pytest.raises(ValueError, match="reuse_receive_buffer must be a bool, got 'yes'"):
+        HTTPTransport(TIMEOUT, 0, hostname="127.0.0.1", reuse_receive_buffer="yes")  # type: ignore[arg-type]
 
 
 _DONOR = """

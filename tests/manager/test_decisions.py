@@ -12,6 +12,7 @@ from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
 from torchtitan_ft.manager.decisions import (
     Participation,
     QuorumResult,
+    RetryDecision,
     WorldSizeMode,
     check_commit_failures,
     compute_participation,
@@ -19,6 +20,7 @@ from torchtitan_ft.manager.decisions import (
     global_ranks,
     heal_needs_group_agreement,
     impostor_refusal,
+    inflight_retry_decision,
     local_commit_vote,
     quorum_store_address,
 )
@@ -392,3 +394,47 @@ def test_another_connection_is_refused_naming_both() -> None:
     assert refusal is not None
     assert refusal.startswith("vote as group rank 1 of replica 'group' refused: ")
     assert "ipv4:10.0.0.5:41234" in refusal and "ipv4:10.0.0.9:5000" in refusal
+
+
+# ------------------------------------------------------------------------------ in-flight retry
+
+
+def _retry(**changes: Any) -> RetryDecision:
+    failure = RuntimeError("Connection closed by peer [127.0.0.1]:4242")
+    args: dict[str, Any] = dict(
+        enabled=True,
+        first_error=failure,
+        first_error_is_collective=True,
+        participated=True,
+        inputs_kept=True,
+        retries_done=0,
+        group_world_size=1,
+        can_wait_abandoned=True,
+    )
+    args.update(changes)
+    return inflight_retry_decision(**args)
+
+
+def test_a_failed_allreduce_of_a_participant_is_retried() -> None:
+    decision = _retry()
+    assert decision.retry and "Connection closed by peer" in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"enabled": False}, "retry_inflight_allreduce is off"),
+        ({"first_error": None}, "no error this step"),
+        ({"first_error_is_collective": False}, "first error is not a failed allreduce"),
+        ({"first_error": TimeoutError("allreduce did not complete")}, "timed out"),
+        ({"retries_done": 1}, "retried already"),
+        ({"participated": False}, "did not contribute"),
+        ({"inputs_kept": False}, "input was not kept"),
+        ({"group_world_size": 2}, "several ranks"),
+        ({"can_wait_abandoned": False}, "no wait_abandoned"),
+    ],
+)
+def test_what_is_not_retried(changes: dict[str, Any], reason: str) -> None:
+    decision = _retry(**changes)
+    assert not decision.retry
+    assert reason in decision.reason

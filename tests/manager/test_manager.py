@@ -282,6 +282,10 @@ def test_not_enough_replicas_votes_no(lighthouse: LighthouseServer) -> None:
 def test_api_misuse_raises_clear_errors(lighthouse: LighthouseServer) -> None:
     with pytest.raises(ValueError, match="min_replica_size must be >= 1"):
         _manager(lighthouse, "x", min_replica_size=0)
+    with pytest.raises(ValueError, match="retry_inflight_allreduce must be a bool, got 'yes'"):
+        _manager(lighthouse, "x", retry_inflight_allreduce="yes")
+    with pytest.raises(ValueError, match="retry_inflight_allreduce=True needs use_async_quorum"):
+        _manager(lighthouse, "x", retry_inflight_allreduce=True, use_async_quorum=False)
     manager = _manager(lighthouse, "misuse")
     try:
         with pytest.raises(RuntimeError, match="before start_quorum"):

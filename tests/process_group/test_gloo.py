@@ -169,6 +169,12 @@ def _collectives_worker(rank: int, port: int) -> dict[str, Any]:
         assert isinstance(pg.errored(), RuntimeError)
         with pytest.raises(RuntimeError, match="aborted"):
             pg.allreduce([torch.ones(1)]).wait()  # fails fast, no communication
+        # The caller was released, but gloo is still inside the collective (rank 1 never
+        # joins) until its own timeout: its tensor is not free yet.
+        out["abandoned_done_at_abort"] = pg.wait_abandoned(timedelta(0))
+        start = time.monotonic()
+        out["abandoned_done_later"] = pg.wait_abandoned(timedelta(seconds=10))
+        out["abandoned_done_after_s"] = time.monotonic() - start
         control.set("c_done", "1")
     else:
         # Keep the phase C group open: dropping it would fail rank 0's collective first.
@@ -215,6 +221,8 @@ def test_collectives_reconfigure_abort_timeout(store: dist.TCPStore) -> None:
         assert results[rank]["sum_b"] == [3.0] * 4
         assert results[rank]["sum_e"] == [30.0] * 4
     assert results[0]["abort_released_after_s"] < 1.5
+    assert results[0]["abandoned_done_at_abort"] is False, results[0]
+    assert results[0]["abandoned_done_later"] is True
     assert 0.4 < results[0]["timeout_released_after_s"] < 1.5
     print("gloo hung collective:", {k: v for k, v in results[0].items() if k.endswith("_s")})
 
@@ -251,6 +259,8 @@ def _peer_death_worker(rank: int, port: int) -> dict[str, Any]:
         with pytest.raises(RuntimeError):
             pg.allreduce([big]).wait()
         out["fail_fast_s"] = time.monotonic() - t0
+        # gloo itself is done with the failed collective at once (a reset, not a hang).
+        out["abandoned_done"] = gloo.wait_abandoned(timedelta(seconds=1))
     else:
         while pg.error() is None:  # type: ignore[attr-defined]
             assert pg.allreduce([big]).wait() is True  # never raises
@@ -293,6 +303,7 @@ def test_peer_sigkilled_mid_collective(store: dist.TCPStore) -> None:
         assert out["pair"] == [3.0] * 4
         assert out["alone"] == [7.0] * 4
     assert results[0]["fail_fast_s"] < 0.5
+    assert results[0]["abandoned_done"] is True
     assert results[1]["noop_completed"] is True
     print(
         "peer death:",

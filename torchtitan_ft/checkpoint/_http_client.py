@@ -23,6 +23,7 @@ from torchtitan_ft.checkpoint._serialization import Header, check_header_length,
 from torchtitan_ft.checkpoint._staging import (
     Prefaulter,
     PrefaultJob,
+    ReceiveBuffer,
     set_io_timeout,
     writable_view,
 )
@@ -133,8 +134,11 @@ class Source:
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
 
-    def full(self, step: int, deadline: float) -> tuple[Header, list[torch.Tensor]]:
-        """Header and all bytes in one response (one round trip)."""
+    def full(
+        self, step: int, deadline: float, into: ReceiveBuffer | None = None
+    ) -> tuple[Header, list[torch.Tensor]]:
+        """Header and all bytes in one response (one round trip); into views of ``into`` when
+        given, else into new tensors."""
         with self._get(f"{self._base}/{step}/full", "", 200, deadline) as resp:
             size = int.from_bytes(resp.read(8, deadline), "big")
             if size > resp.length:
@@ -145,8 +149,8 @@ class Source:
                 raise ValueError(
                     f"header describes {header.total_bytes} bytes, response has {resp.length}"
                 )
-            tensors = allocate(header, step)
-            prefault = resp.progress = Prefaulter.submit(tensors, _PREFAULT_WINDOW)
+            tensors, fresh = receive_tensors(header, step, into)
+            prefault = resp.progress = Prefaulter.submit(fresh, _PREFAULT_WINDOW)
             try:
                 views = [writable_view(t) for t in tensors]
                 offsets = [s.offset for s in header.tensors]
@@ -168,7 +172,10 @@ class Source:
         tensors: list[torch.Tensor],
         num_chunks: int,
         deadline: float,
+        fresh: list[torch.Tensor],
     ) -> None:
+        """Reads the bytes into ``tensors``; ``fresh``: the memory among them whose pages are
+        not populated yet (faulted in a window ahead of the bytes received)."""
         total = header.total_bytes
         if total == 0:
             return
@@ -178,7 +185,7 @@ class Source:
         bounds = _split(total, num_chunks)
         errors: list[BaseException] = []
 
-        prefault = Prefaulter.submit(tensors, _PREFAULT_WINDOW)
+        prefault = Prefaulter.submit(fresh, _PREFAULT_WINDOW)
 
         def worker(start: int, end: int) -> None:
             try:
@@ -291,6 +298,19 @@ class Source:
             for sock in self._socks:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+
+
+def receive_tensors(
+    header: Header, step: int, into: ReceiveBuffer | None
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The tensors to receive the header's table into (views of ``into`` when given, else new
+    ones), and the memory among them that is fresh (to prefault)."""
+    if into is None:
+        tensors = allocate(header, step)
+        return tensors, tensors
+    if header.step != step:
+        raise ValueError(f"donor sent step {header.step}, requested step {step}")
+    return into.views(header.tensors)
 
 
 def allocate(header: Header, step: int) -> list[torch.Tensor]:

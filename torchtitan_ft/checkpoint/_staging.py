@@ -19,8 +19,11 @@ import socket
 import struct
 import sys
 import threading
+from collections.abc import Sequence
 
 import torch
+
+from torchtitan_ft.checkpoint._serialization import TensorSpec, available_memory
 
 _PAGE = mmap.PAGESIZE
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14
@@ -87,6 +90,65 @@ class Staging:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+_RECEIVE_ALIGN = 64
+"""Each tensor of a ``ReceiveBuffer`` starts at a multiple of this (any dtype's alignment)."""
+
+
+class ReceiveBuffer:
+    """A receiver's area for incoming states, reused from one receive to the next.
+
+    Receiving into memory whose pages are already mapped runs at socket speed; receiving into
+    new tensors is bound by first-touch page faults (docs/performance.md, "Healing
+    transfer"). ``views`` lays a state's tensors out in one buffer, growing it (new memory,
+    ``fresh`` pages) only when a state does not fit. The views of a receive are overwritten by
+    the next one: whoever holds them copies what it keeps first. Memory cost: the largest
+    state received so far (plus alignment), held until the owner drops the buffer.
+    """
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now (0 before the first receive)."""
+        return 0 if self._buffer is None else self._buffer.numel()
+
+    def views(self, specs: Sequence[TensorSpec]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Tensors of the specs' dtypes and shapes laid out in the buffer, and the part of the
+        buffer that is new memory (empty when the buffer was reused as it is).
+
+        Raises:
+            ValueError: the state needs more memory than this machine has available.
+        """
+        offsets, end = [], 0
+        for s in specs:
+            offsets.append(end)
+            end += -(-s.nbytes // _RECEIVE_ALIGN) * _RECEIVE_ALIGN
+        fresh: list[torch.Tensor] = []
+        if end > self.nbytes:
+            self._buffer = None  # views of the old buffer keep it alive until dropped
+            needed = end - self.nbytes
+            available = available_memory()
+            if needed > available:
+                raise ValueError(
+                    f"the sender's header describes {end} bytes of tensors; growing the receive "
+                    f"buffer needs {needed} bytes, more than the {available} available here"
+                )
+            try:
+                self._buffer = torch.empty(end, dtype=torch.uint8)
+            except (RuntimeError, MemoryError) as e:  # the allocator refused
+                raise ValueError(f"cannot allocate the {end} bytes announced: {e}") from e
+            fresh = [self._buffer]
+        buffer = self._buffer
+        tensors = [
+            buffer[o : o + s.nbytes].view(s.dtype).view(s.shape)
+            if s.nbytes
+            else torch.empty(s.shape, dtype=s.dtype)
+            for s, o in zip(specs, offsets, strict=True)
+        ]
+        return tensors, fresh
 
 
 def set_io_timeout(sock: socket.socket, seconds: float) -> None:

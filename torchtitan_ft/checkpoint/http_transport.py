@@ -10,9 +10,10 @@ the header (they hold a *lease*) may finish fetching the bytes of that snapshot.
 buffer is reused for the next snapshot only once every receiver of the old one is done.
 
 Receiver side. ``recv_checkpoint`` fetches a small JSON header (tree, dtypes, shapes, byte
-offsets; no pickle), allocates the tensors, and reads the raw bytes straight into them
+offsets; no pickle), allocates the tensors (``recv_checkpoint_borrowed``: lays them out in a
+receive buffer reused from heal to heal), and reads the raw bytes straight into them
 (``recv_into`` with ``MSG_WAITALL``), either in one response (``num_chunks`` 0 or 1) or in
-``num_chunks`` parallel range requests. A helper thread faults in the new tensors' pages
+``num_chunks`` parallel range requests. A helper thread faults in new memory's pages
 meanwhile (first-touch page faults cost as much as the copy). Any failure raises
 ``CheckpointTransferError`` and returns nothing.
 
@@ -49,9 +50,10 @@ from datetime import timedelta
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from torchtitan_ft.checkpoint._http_client import Source, allocate
+from torchtitan_ft.checkpoint._http_client import Source, receive_tensors
 from torchtitan_ft.checkpoint._http_server import CheckpointServer, Snapshot
 from torchtitan_ft.checkpoint._serialization import Header, flatten, layout, unflatten
+from torchtitan_ft.checkpoint._staging import ReceiveBuffer
 from torchtitan_ft.checkpoint.transport import (
     CheckpointTransferError,
     CheckpointTransport,
@@ -81,6 +83,12 @@ class HTTPTransport(CheckpointTransport[T]):
         auth_token: when set, the server answers only requests with
             ``Authorization: Bearer <auth_token>`` (401 otherwise), and this transport sends it
             when receiving. Use the same job-wide secret on every replica.
+        reuse_receive_buffer: what ``recv_checkpoint_borrowed`` (the Manager's heals) receives
+            into. True (default): one buffer kept from receive to receive, so every heal after
+            the first writes into memory already mapped, at socket speed instead of page-fault
+            speed; memory cost: the largest state received, held until ``shutdown`` (a receive
+            allocates that much anyway; the buffer only keeps it). False: new tensors each time
+            (no memory kept between heals). ``recv_checkpoint`` always returns new tensors.
     """
 
     def __init__(
@@ -91,6 +99,7 @@ class HTTPTransport(CheckpointTransport[T]):
         bind: str | None = None,
         port: int = 0,
         auth_token: str | None = None,
+        reuse_receive_buffer: bool = True,
     ) -> None:
         if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
             raise ValueError(f"timeout must be a positive timedelta, got {timeout!r}")
@@ -98,8 +107,11 @@ class HTTPTransport(CheckpointTransport[T]):
             raise ValueError(f"num_chunks must be an int >= 0, got {num_chunks!r}")
         if auth_token is not None and not auth_token:
             raise ValueError("auth_token must be a non-empty string or None")
+        if not isinstance(reuse_receive_buffer, bool):
+            raise ValueError(f"reuse_receive_buffer must be a bool, got {reuse_receive_buffer!r}")
         self._timeout = timeout
         self._num_chunks = num_chunks
+        self._receive_buffer = ReceiveBuffer() if reuse_receive_buffer else None
         self._auth_token = auth_token
         self._hostname = hostname or socket.gethostname()
         bind_host = bind if bind is not None else _resolve(self._hostname)
@@ -159,6 +171,25 @@ class HTTPTransport(CheckpointTransport[T]):
         donor unreachable or killed, connection reset, timeout, refused (wrong step, 401),
         malformed header. Nothing is returned in that case.
         """
+        return self._receive(src_rank, metadata, step, timeout, None)
+
+    def recv_checkpoint_borrowed(
+        self, src_rank: int, metadata: str, step: int, timeout: timedelta
+    ) -> T:
+        """Like ``recv_checkpoint``, but the returned tensors are views of this transport's
+        receive buffer (see ``reuse_receive_buffer``), valid until the next call: copy what
+        you keep (the Manager copies them into the live state, ``healing.land_in_place``).
+        A failed receive leaves garbage only in that buffer."""
+        return self._receive(src_rank, metadata, step, timeout, self._receive_buffer)
+
+    def _receive(
+        self,
+        src_rank: int,
+        metadata: str,
+        step: int,
+        timeout: timedelta,
+        into: ReceiveBuffer | None,
+    ) -> T:
         deadline = time.monotonic() + timeout.total_seconds()
         started = time.perf_counter()
         try:
@@ -167,11 +198,13 @@ class HTTPTransport(CheckpointTransport[T]):
                 raise ValueError(f"metadata {metadata!r} is not an http://host:port/... URL")
             source = Source(url.hostname, url.port, url.path.rstrip("/"), self._auth_token)
             if self._num_chunks <= 1:
-                header, tensors = source.retrying(lambda: source.full(step, deadline), deadline)
+                header, tensors = source.retrying(
+                    lambda: source.full(step, deadline, into), deadline
+                )
             else:
                 header, lease = source.retrying(lambda: source.header(step, deadline), deadline)
-                tensors = allocate(header, step)
-                source.data(header, lease, tensors, self._num_chunks, deadline)
+                tensors, fresh = receive_tensors(header, step, into)
+                source.data(header, lease, tensors, self._num_chunks, deadline, fresh)
             state_dict = unflatten(header.tree, tensors)
         except (OSError, ValueError) as e:
             raise CheckpointTransferError(
@@ -182,7 +215,7 @@ class HTTPTransport(CheckpointTransport[T]):
         return state_dict
 
     def shutdown(self, wait: bool = True) -> None:
-        """Stops accepting requests and frees the staging buffers.
+        """Stops accepting requests and frees the staging and receive buffers.
 
         Args:
             wait: block until in-flight responses finished (at most ``timeout``). Without it
@@ -190,6 +223,7 @@ class HTTPTransport(CheckpointTransport[T]):
                 last reader.
         """
         self._server.shutdown(wait)
+        self._receive_buffer = None
 
 
 def _resolve(hostname: str) -> str:

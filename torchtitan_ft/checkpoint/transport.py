@@ -66,6 +66,11 @@ class CheckpointTransport(Generic[T], ABC):
                 returned or applied in that case.
         """
 
+    # Optional: ``recv_checkpoint_borrowed(src_rank, metadata, step, timeout)``, the same
+    # contract as ``recv_checkpoint`` except that the returned tensors may be views of a buffer
+    # the transport reuses for its next receive (``HTTPTransport``'s). The Manager prefers it
+    # and copies the tensors into the live state before the next heal.
+
     def shutdown(self, wait: bool = True) -> None:  # optional hook
         """Releases servers, threads and buffers.
 

@@ -10,6 +10,7 @@ import logging
 import threading
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -34,6 +35,15 @@ class ExceptionWithTraceback(Exception):
         super().__init__(f"{type(e).__name__}: {e}")
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One ``allreduce`` of the step, as called (to re-run it)."""
+
+    tensor: torch.Tensor
+    should_quantize: bool
+    reduce_op: ReduceOp.RedOpType
+
+
 class StepCollectives:
     """The current step's collectives of one rank and the first error recorded in the step.
 
@@ -47,18 +57,36 @@ class StepCollectives:
         timeout: default deadline of ``wrap_future``.
         counters: where allreduce bytes are counted.
         log: the Manager's logger (level, message).
+        keep_inputs: copy every allreduce's input before it is reduced, so a failed step can
+            re-run its allreduces over a new quorum (``Manager``'s
+            ``retry_inflight_allreduce``); costs one copy of the step's allreduced bytes.
     """
 
     def __init__(
-        self, pg: Any, *, timeout: timedelta, counters: Counters, log: Callable[[int, str], None]
+        self,
+        pg: Any,
+        *,
+        timeout: timedelta,
+        counters: Counters,
+        log: Callable[[int, str], None],
+        keep_inputs: bool = False,
     ) -> None:
         self._pg = pg
         self._timeout = timeout
         self._counters = counters
         self._log = log
+        self._keep_inputs = keep_inputs
         self._lock = threading.Lock()
         self._error: ExceptionWithTraceback | None = None
         self._pending: list[torch.futures.Future[Any]] = []
+        self._calls: list[_Call] = []
+        self._kept: list[torch.Tensor] = []
+        """Copies of the inputs, by call index, reused from step to step (no page faults)."""
+        self._replaying = False
+        self.first_error_is_collective = False
+        """The step's first error was raised by an allreduce in the process group."""
+        self.inputs_kept = keep_inputs
+        """Every allreduce of this step kept a copy of its input (see ``keep_inputs``)."""
         self.usable = False
         """Whether the process group may run this step's collectives (configured for this
         quorum and not aborted)."""
@@ -67,15 +95,25 @@ class StepCollectives:
         """Forgets the previous step's error and work (training thread, before the quorum)."""
         with self._lock:
             self._error = None
+            self.first_error_is_collective = False
         self._pending = []
+        self._calls = []
+        self.inputs_kept = self._keep_inputs
         self.usable = False
 
-    def report_error(self, e: BaseException) -> None:
-        """Records ``e`` unless the step already has an error (the first is the root cause)."""
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes held by the kept input copies (the memory cost of ``keep_inputs``)."""
+        return sum(t.numel() * t.element_size() for t in self._kept)
+
+    def report_error(self, e: BaseException, *, collective: bool = False) -> None:
+        """Records ``e`` unless the step already has an error (the first is the root cause);
+        ``collective``: ``e`` was raised by an allreduce in the process group."""
         with self._lock:
             first = self._error is None
             if first:
                 self._error = ExceptionWithTraceback(e)
+                self.first_error_is_collective = collective
         self._log(
             logging.WARNING,
             f"{'error' if first else 'further error'} this step: {type(e).__name__}: {e}",
@@ -119,6 +157,8 @@ class StepCollectives:
     ) -> torch.futures.Future[torch.Tensor]:
         """See ``Manager.allreduce``; the quorum is known (``participants`` groups average,
         this one among them if ``participating``)."""
+        if not self._replaying:
+            self._keep(tensor, participating, should_quantize, reduce_op)
         try:
             if self._error is not None and not self._join_despite_error(participating):
                 return completed_future(tensor)
@@ -144,7 +184,8 @@ class StepCollectives:
         def finish(fut: torch.futures.Future[Any]) -> torch.Tensor:
             try:
                 fut.value()  # raises the collective's error, swallowed by wrap_future
-            except Exception:
+            except Exception as e:
+                self.report_error(e, collective=True)
                 # Peers blocked on this replica (a ring passes through it) fail now instead
                 # of at their timeout.
                 self.usable = False
@@ -155,6 +196,58 @@ class StepCollectives:
             return tensor
 
         return self.wrap_future(fut.then(normalize), tensor, None)
+
+    def _keep(
+        self,
+        tensor: torch.Tensor,
+        participating: bool,
+        should_quantize: bool,
+        reduce_op: ReduceOp.RedOpType,
+    ) -> None:
+        """Records the call and, with ``keep_inputs``, copies its input (before the collective
+        mutates it) into a buffer reused by the call of the same index next step."""
+        i = len(self._calls)
+        self._calls.append(_Call(tensor, should_quantize, reduce_op))
+        if not self.inputs_kept:
+            return
+        if not participating:  # zeros are sent: nothing of ours to re-send
+            self.inputs_kept = False
+            return
+        if i == len(self._kept):
+            self._kept.append(torch.empty_like(tensor))
+        kept = self._kept[i]
+        if (kept.shape, kept.dtype, kept.device) != (tensor.shape, tensor.dtype, tensor.device):
+            kept = self._kept[i] = torch.empty_like(tensor)
+        kept.copy_(tensor)
+
+    def replay(self, *, participants: int, participating: bool) -> None:
+        """Re-runs this step's allreduces, in order, over the current (new) quorum: each
+        tensor gets its kept input back (zeros if this group no longer participates) and is
+        reduced again, averaging over ``participants``. Call ``begin_retry`` and wait for the
+        new quorum first; the futures join ``wait_pending``."""
+        self._replaying = True
+        try:
+            for i, call in enumerate(self._calls):
+                if participating:
+                    call.tensor.copy_(self._kept[i])
+                self.allreduce(
+                    call.tensor,
+                    participants=participants,
+                    participating=participating,
+                    should_quantize=call.should_quantize,
+                    reduce_op=call.reduce_op,
+                )
+        finally:
+            self._replaying = False
+
+    def begin_retry(self) -> None:
+        """Forgets the failed attempt's error and work, keeping its calls and their inputs
+        (training thread, before the retry's quorum)."""
+        with self._lock:
+            self._error = None
+            self.first_error_is_collective = False
+        self._pending = []
+        self.usable = False
 
     def _join_despite_error(self, participating: bool) -> bool:
         """This step already failed here; decides whether to still run a collective.

@@ -277,6 +277,71 @@ def local_commit_vote(
     return CommitVote(True, f"{num_participants} participants, no error")
 
 
+@dataclass(frozen=True)
+class RetryDecision:
+    """Whether a step whose allreduce failed re-runs its collectives over a new quorum
+    (``Manager(retry_inflight_allreduce=True)``), with the reason (logged)."""
+
+    retry: bool
+    reason: str
+
+
+def inflight_retry_decision(
+    *,
+    enabled: bool,
+    first_error: BaseException | None,
+    first_error_is_collective: bool,
+    participated: bool,
+    inputs_kept: bool,
+    retries_done: int,
+    group_world_size: int,
+    can_wait_abandoned: bool,
+) -> RetryDecision:
+    """Decides whether to finish a failed step with the survivors instead of discarding it.
+
+    Retried only when the step's *first* error is an allreduce that failed in the process
+    group (a peer died or dropped the group: gloo says so within milliseconds). Not when the
+    first error is anything else (a user's ``report_error``, a failed heal, a timeout: a peer
+    that stops answering would stall the retry as long), when this group contributed zeros (a
+    healing or spare group has no gradients of its own to re-send), when some allreduce's input
+    was not kept, when the step was retried already (one retry a step), for groups of several
+    ranks (their ranks would have to agree first), or when the process group cannot say when
+    gloo is done writing into the failed collectives' tensors.
+
+    Args:
+        enabled: ``retry_inflight_allreduce``.
+        first_error: the step's first recorded error (None: nothing failed).
+        first_error_is_collective: ``first_error`` was raised by an allreduce in the process
+            group.
+        participated: this group contributed its gradients in the failed attempt.
+        inputs_kept: every allreduce of the step kept a copy of its input.
+        retries_done: retries already run this step.
+        group_world_size: ranks in this replica group.
+        can_wait_abandoned: the process group has ``wait_abandoned``.
+    """
+    if not enabled:
+        return RetryDecision(False, "retry_inflight_allreduce is off")
+    if first_error is None:
+        return RetryDecision(False, "no error this step")
+    if not first_error_is_collective:
+        return RetryDecision(
+            False, f"the step's first error is not a failed allreduce: {first_error}"
+        )
+    if isinstance(first_error, TimeoutError):
+        return RetryDecision(False, f"the allreduce timed out (a stuck peer): {first_error}")
+    if retries_done >= 1:
+        return RetryDecision(False, "the step was retried already")
+    if not participated:
+        return RetryDecision(False, "this group did not contribute gradients to the step")
+    if not inputs_kept:
+        return RetryDecision(False, "an allreduce's input was not kept")
+    if group_world_size > 1:
+        return RetryDecision(False, "replica groups of several ranks are not retried")
+    if not can_wait_abandoned:
+        return RetryDecision(False, "the process group has no wait_abandoned")
+    return RetryDecision(True, f"an allreduce failed ({first_error}): retrying over a new quorum")
+
+
 def heal_needs_group_agreement(step: int, result: QuorumResult, init_sync: bool) -> bool:
     """Whether this group's ranks might heal this quorum (sync quorum only).
 

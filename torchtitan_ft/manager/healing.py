@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, cast
 
+import torch
 from torch.profiler import record_function
 
 from torchtitan_ft.checkpoint import CheckpointTransport
@@ -62,6 +63,7 @@ class Healing:
         self._save_fns: dict[str, Callable[[], Any]] = {}
         self._pending: dict[str, Any] | None = None
         self._receive_seconds = 0.0
+        self._borrowed = False
         self._served = False
 
     # ---------------------------------------------------------------- user state
@@ -144,8 +146,12 @@ class Healing:
             metadata = source._checkpoint_metadata(self._group_rank, timeout=self._timeout)
         finally:
             source.close(wait=False)  # a wait here would delay the heal by up to 0.2 s
+        # Borrowed: views of the transport's reused receive buffer (no page faults after the
+        # first heal); apply_all_or_nothing copies them into the live state.
+        recv = getattr(self.transport, "recv_checkpoint_borrowed", None)
+        self._borrowed = recv is not None
         with record_function("torchft::manager::_checkpoint_transport::recv_checkpoint"):
-            state = self.transport.recv_checkpoint(
+            state = (recv or self.transport.recv_checkpoint)(
                 src_rank=src_rank, metadata=metadata, step=result.max_step, timeout=self._timeout
             )
         self._counters.add(heal_bytes_received=tensor_bytes(state))
@@ -164,7 +170,8 @@ class Healing:
         (training thread, when the group may heal this step): ``group_and`` of "I received my
         state, or had none to receive"; the user state, then the Manager's step
         (``load_manager_state``). Otherwise nothing is applied and ``report_error`` records
-        why.
+        why. A state received into the transport's reused buffer is first copied into the
+        live tensors it replaces (``land_in_place``), and the load functions get those.
 
         All or nothing, so a group's ranks never end up at different steps; and independent of
         the step's commit vote, so replicas behind can catch up even while too few replicas are
@@ -185,7 +192,10 @@ class Healing:
         start = time.perf_counter()
         try:
             for key, load in self._load_fns.items():
-                load(pending["user"][key])
+                received = pending["user"][key]
+                if self._borrowed:
+                    received = land_in_place(received, self._save_fns[key]())
+                load(received)
             load_manager_state(pending["torchft"])
         except Exception as e:
             raise RuntimeError(
@@ -207,6 +217,47 @@ class Healing:
         """
         if not self._served:
             self.transport.disallow_checkpoint()
+
+
+def land_in_place(received: Any, live: Any) -> Any:
+    """``received`` with every tensor leaf moved out of a borrowed receive buffer: copied into
+    the tensor at the same place of ``live`` (this rank's current state) when that is a plain
+    tensor of the same shape and dtype (the leaf becomes that live tensor; a copy to its
+    device), else cloned. Other leaves are returned as received.
+
+    The load function then gets the rank's own storage back (``nn.Module.load_state_dict``
+    copies a tensor onto itself: nothing; an optimizer keeps its own tensors), and nothing
+    refers to the receive buffer, which the next heal overwrites. Only called once the whole
+    state arrived, was checked and the group agreed: live tensors are written only then.
+    """
+    if isinstance(received, torch.Tensor):
+        if _same_kind(received, live):
+            with torch.no_grad():
+                live.copy_(received)
+            return live
+        return received.clone()
+    if isinstance(received, dict):
+        live_map = live if isinstance(live, Mapping) else {}
+        return {k: land_in_place(v, live_map.get(k)) for k, v in received.items()}
+    if isinstance(received, list | tuple):
+        live_seq = live if isinstance(live, list | tuple) and len(live) == len(received) else ()
+        leaves = [
+            land_in_place(v, live_seq[i] if live_seq else None) for i, v in enumerate(received)
+        ]
+        return type(received)(leaves) if isinstance(received, tuple) else leaves
+    return received
+
+
+def _same_kind(received: torch.Tensor, live: Any) -> bool:
+    # Plain tensors only: a DTensor's placement is the receiver's own (rebuilt on its mesh).
+    return (
+        type(received) is torch.Tensor
+        and isinstance(live, torch.Tensor)
+        and type(live) in (torch.Tensor, torch.nn.Parameter)
+        and live.shape == received.shape
+        and live.dtype == received.dtype
+        and not live.is_meta
+    )
 
 
 def _check_healed_state(state: Any, keys: Any, step: int) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -38,10 +39,12 @@ from torch.profiler import record_function
 from torchtitan_ft.checkpoint import CheckpointTransport
 from torchtitan_ft.manager.collectives import ExceptionWithTraceback, StepCollectives
 from torchtitan_ft.manager.decisions import (
+    RetryDecision,
     WorldSizeMode,
     check_commit_failures,
     check_step_arguments,
     heal_needs_group_agreement,
+    inflight_retry_decision,
     local_commit_vote,
 )
 from torchtitan_ft.manager.healing import Healing
@@ -121,6 +124,20 @@ class Manager:
         num_replica_groups: the planned number of replica groups (TorchTitan's
             ``fault_tolerance.group_size``), checked the same way; default ``None``. A replica
             id that a live group already uses is always refused.
+        retry_inflight_allreduce: when a step's allreduce fails because a peer group died
+            (or dropped the group), finish the same step with the survivors instead of
+            discarding it: get a new quorum, re-run the step's allreduces from copies of their
+            inputs over it (averaging over its participants) and vote (default False). Every
+            allreduce's input is copied before it is reduced: memory cost one copy of the
+            step's allreduced bytes (the gradients, for ``DistributedDataParallel``), held
+            while the Manager lives, plus that memcpy each step. Applies to groups of one rank
+            with an async quorum and a process group with ``wait_abandoned``
+            (``ProcessGroupGloo``); not after a timeout (see
+            ``decisions.inflight_retry_decision``). Use the same value in every group. The
+            retried allreduces rewrite their tensors in place inside ``should_commit``: for
+            code that reads the results after it (``DistributedDataParallel``,
+            ``PureDistributedDataParallel``, ``OptimizerWrapper``, a participation vector), not
+            for the semi-sync strategies (they judge the sync by the first attempt's futures).
 
     Raises:
         ValueError: bad settings (see ``settings``), ``min_replica_size < 1``.
@@ -154,8 +171,18 @@ class Manager:
         auth_token: str | None = None,
         model_fingerprint: str | Callable[[], str] | None = None,
         num_replica_groups: int | None = None,
+        retry_inflight_allreduce: bool = False,
     ) -> None:
         check_step_arguments(min_replica_size, world_size_mode, max_retries)
+        if not isinstance(retry_inflight_allreduce, bool):
+            raise ValueError(
+                f"retry_inflight_allreduce must be a bool, got {retry_inflight_allreduce!r}"
+            )
+        if retry_inflight_allreduce and not use_async_quorum:
+            raise ValueError(
+                "retry_inflight_allreduce=True needs use_async_quorum=True (with a sync quorum "
+                "a group healed by the retry's quorum would count as a participant)"
+            )
         if (load_state_dict is None) != (state_dict is None):
             raise ValueError("pass both load_state_dict and state_dict, or neither")
         settings = resolve_manager_settings(
@@ -192,8 +219,16 @@ class Manager:
             settings.replica_id.value, model_fingerprint, num_replica_groups
         )
         self._counters = Counters()
+        self._retry_enabled = retry_inflight_allreduce
+        self._retries_this_step = 0
+        self._participated = False
+        """This group contributed its own tensors to the step's allreduces."""
         self._collectives = StepCollectives(
-            pg, timeout=timeout, counters=self._counters, log=self._log
+            pg,
+            timeout=timeout,
+            counters=self._counters,
+            log=self._log,
+            keep_inputs=retry_inflight_allreduce,
         )
 
         group = join_replica_group(
@@ -271,6 +306,8 @@ class Manager:
             self._server.set_identity(identity())
         self._collectives.new_step()
         self._heal.new_step()
+        self._retries_this_step = 0
+        self._participated = False
         self._quorum.start(
             QuorumRequest(
                 step=self._step,
@@ -346,6 +383,7 @@ class Manager:
         except Exception as e:  # recorded: the step is discarded, the future completes
             self.report_error(e)
             return completed_future(tensor)
+        self._participated = self.is_participating()
         return self._collectives.allreduce(
             tensor,
             participants=self._quorum.participation.world_size,
@@ -394,10 +432,9 @@ class Manager:
 
     def _should_commit(self, timeout: timedelta | None) -> bool:
         self.wait_quorum()
-        self._collectives.wait_pending()
-        pg_error = self._pg.errored()
-        if pg_error is not None:
-            self.report_error(pg_error)
+        self._settle_collectives()
+        if self.retry_decision().retry:
+            self._retry_inflight()
         if self._use_async_quorum:
             # Safe point: after the backward, before the optimizer step; on commit the
             # averaged gradient applies to the healed weights.
@@ -419,6 +456,85 @@ class Manager:
             self._counters.add(steps_discarded=1)
             check_commit_failures(self._commit_failures, self._max_retries)
         return decision
+
+    def _settle_collectives(self) -> None:
+        self._collectives.wait_pending()
+        pg_error = self._pg.errored()
+        if pg_error is not None:
+            self.report_error(pg_error)
+
+    def retry_decision(self) -> RetryDecision:
+        """Whether this step, if it failed in an allreduce, is finished with the survivors at
+        ``should_commit`` (``retry_inflight_allreduce``; ``decisions.inflight_retry_decision``).
+        ``DistributedDataParallel`` asks after its backward: a retried step keeps its buffers."""
+        error = self.errored()
+        return inflight_retry_decision(
+            enabled=self._retry_enabled,
+            first_error=error.original_exception if error is not None else None,
+            first_error_is_collective=self._collectives.first_error_is_collective,
+            participated=self._participated,
+            inputs_kept=self._collectives.inputs_kept,
+            retries_done=self._retries_this_step,
+            group_world_size=self._group_world_size,
+            can_wait_abandoned=hasattr(self._pg, "wait_abandoned"),
+        )
+
+    def _retry_inflight(self) -> None:
+        """Finishes a step whose allreduce failed with the groups still alive: waits until
+        gloo is done with the failed collectives' tensors, gets a new quorum at the same step,
+        and re-runs the step's allreduces from their kept inputs over it. Its participants (a
+        group now behind heals and sends zeros) are the step's: the average and
+        ``batches_committed`` count exactly them. On failure the step is discarded as usual.
+
+        Raises:
+            RuntimeError: gloo did not finish the failed collectives within its timeout (the
+                tensors they write into can no longer be trusted).
+        """
+        decision = self.retry_decision()
+        self._log(logging.WARNING, decision.reason)
+        self._retries_this_step += 1
+        started = time.perf_counter()
+        limit = self._timeout + self._pg_timeout()
+        if not self._pg.wait_abandoned(limit):
+            raise RuntimeError(
+                f"the failed collectives did not end within {limit}; their tensors (the "
+                "gradients) may still be written: cannot continue"
+            )
+        self._collectives.begin_retry()
+        self._heal.new_step()
+        self._quorum.start(
+            QuorumRequest(
+                step=self._step,
+                # As a group that discarded the step would ask: the quorum id changes.
+                commit_failures=self._commit_failures + 1,
+                allow_heal=True,
+                shrink_only=False,
+                timeout=self._quorum_timeout,
+                manager_state=self.state_dict(),
+            )
+        )
+        try:
+            self._quorum.wait_ready()
+            self._participated = self.is_participating()
+            self._collectives.replay(
+                participants=self._quorum.participation.world_size,
+                participating=self._participated,
+            )
+            self.wait_quorum()
+        except Exception as e:  # recorded: the step is discarded
+            self.report_error(e)
+        self._settle_collectives()
+        self._counters.add(steps_retried=1)
+        self._log(
+            logging.INFO,
+            f"retried the step over quorum {self.stats().quorum_id} with "
+            f"{self._quorum.participation.world_size} participants in "
+            f"{time.perf_counter() - started:.3f} s (error: {self.errored()})",
+        )
+
+    def _pg_timeout(self) -> timedelta:
+        timeout = getattr(self._pg, "_timeout", None)
+        return timeout if isinstance(timeout, timedelta) else self._timeout
 
     def _group_and(self, vote: bool, timeout: timedelta) -> bool:
         """The logical AND of this vote over the replica group's ranks (a barrier); a group

@@ -47,6 +47,9 @@ class ManagerStats:
     """Tensor bytes of the state this rank served as donor, once per healing peer."""
     allreduce_bytes: int
     """Tensor bytes handed to the cross-group allreduce (before any quantization)."""
+    steps_retried: int = 0
+    """Steps whose allreduces were re-run over a new quorum after a peer died mid-step
+    (``retry_inflight_allreduce``); a retried step that then commits is not discarded."""
 
 
 @dataclass
@@ -58,6 +61,7 @@ class _Totals:
     heal_bytes_received: int = 0
     heal_bytes_sent: int = 0
     allreduce_bytes: int = 0
+    steps_retried: int = 0
 
 
 class Counters:

@@ -31,6 +31,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -83,6 +84,8 @@ class _LiveGroup:
         self.pg: dist.ProcessGroup | None = pg
         self._works: list[Work] = []
         self._lock = threading.Lock()
+        self.released = threading.Event()
+        """Set once gloo is done with every work started here (``release`` returned)."""
 
     def track(self, work: Work) -> None:
         with self._lock:
@@ -106,6 +109,7 @@ class _LiveGroup:
                 with contextlib.suppress(*COLLECTIVE_ERRORS):
                     work.wait()
         self.pg = None
+        self.released.set()
 
 
 def _release_in_background(group: _LiveGroup | None) -> None:
@@ -186,6 +190,7 @@ class ProcessGroupGloo(ProcessGroup):
         self._store: tuple[tuple[str, int], dist.TCPStore] | None = None
         self._errored: Exception | None = None
         self._pending: set[TimedWork] = set()
+        self._dropped: list[_LiveGroup] = []
         self._rank = 0
         self._world_size = 0
         self._desc = "unconfigured"
@@ -266,6 +271,8 @@ class ProcessGroupGloo(ProcessGroup):
             group, self._group = self._group, None
             pending = list(self._pending)
             self._pending.clear()
+            if group is not None:  # under the same lock: wait_abandoned sees it at once
+                self._dropped = [g for g in self._dropped if not g.released.is_set()] + [group]
         for work in pending:
             work._fail(error)
         return group, pending
@@ -275,6 +282,17 @@ class ProcessGroupGloo(ProcessGroup):
         group, pending = self._detach_group(error)
         _release_in_background(group)
         return pending
+
+    def wait_abandoned(self, timeout: timedelta) -> bool:
+        """Waits until gloo is done with every collective of the groups dropped so far (by
+        ``abort``, ``configure`` or ``shutdown``): their works failed at once for the caller,
+        but gloo may still be writing into their tensors until its own timeout. Returns False
+        if that did not happen within ``timeout``. The Manager calls it before reusing a failed
+        collective's tensors."""
+        deadline = time.monotonic() + timeout.total_seconds()
+        with self._lock:
+            groups = list(self._dropped)
+        return all(g.released.wait(max(0.0, deadline - time.monotonic())) for g in groups)
 
     def __del__(self) -> None:
         # The last reference may go on a gloo worker thread (a completed work's callback holds
@@ -294,6 +312,7 @@ class ProcessGroupGloo(ProcessGroup):
         lifecycle.keep_forever(*(x for x in (self._group, self._store) if x is not None))
         self._group = None
         self._store = None
+        self._dropped = []  # their release threads do not exist in this process
         self._pending.clear()
         self._errored = RuntimeError(
             f"{self._BACKEND_NAME} was inherited through fork: call configure() again"
