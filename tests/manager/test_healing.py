@@ -77,7 +77,7 @@ class _DonorGroupStub:
     def _checkpoint_metadata(self, rank: int, timeout: timedelta) -> str:
         return self.metadata
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         pass
 
 

@@ -216,7 +216,8 @@ def test_lighthouse_down_gives_a_timeout(cleanup) -> None:
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="lighthouse"):
         _quorum(client, 0, timeout=timedelta(seconds=1))
-    assert time.monotonic() - started < 3
+    # Bounded by the call's 1 s, not by the 5 s connect timeout (SHORT) or retries.
+    assert time.monotonic() - started < SHORT.total_seconds()
     # The server is still up and answers other calls; the failed call recorded nothing.
     with pytest.raises(RuntimeError, match=r"NOT_FOUND.*not completed a Quorum call"):
         client._checkpoint_metadata(0, SHORT)
