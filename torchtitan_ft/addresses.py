@@ -15,7 +15,8 @@ clear line at the group's first quorum, naming the address to set:
   so it is advertised under ``hostname`` instead.
 - :func:`quorum_address_problem` (pure; resolution and routing are passed in): after every
   quorum, a group that advertises loopback while a member runs on another host gets an error
-  (fatal for a newcomer, see ``ManagerServer``); a group seeing a member that advertises
+  (fatal, even for a group that trained before: ``manager.decisions.QuorumGate``); a group
+  seeing a member that advertises
   loopback gets a warning naming it. :class:`QuorumAddressCheck` runs it with the real
   resolver, once per set of member addresses.
 - :func:`hostname_problem`: at start-up, a ``hostname`` that is not an address of this host

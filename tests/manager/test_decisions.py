@@ -8,9 +8,12 @@ from typing import Any
 
 import pytest
 
+from torchtitan_ft.addresses import AddressProblem, Severity
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
 from torchtitan_ft.manager.decisions import (
     Participation,
+    QuorumAdmission,
+    QuorumGate,
     QuorumResult,
     RetryDecision,
     WorldSizeMode,
@@ -438,3 +441,52 @@ def test_what_is_not_retried(changes: dict[str, Any], reason: str) -> None:
     decision = _retry(**changes)
     assert not decision.retry
     assert reason in decision.reason
+
+
+# ------------------------------------------------------------------------------ quorum gate
+
+_UNREACHABLE = AddressProblem(Severity.ERROR, "group 1 advertises loopback; set 10.0.0.2")
+_PEER_LOOPBACK = AddressProblem(Severity.WARNING, "group 2 advertises loopback")
+_OTHER_MODEL = "replica group 'ft_1' runs a different model than 'ft_0'"
+
+
+def test_gate_stops_a_loopback_group_at_its_first_remote_peer_even_after_training() -> None:
+    """Trained alone, then beside a group of its own host (no problem: loopback is fine
+    there), then a group on another host joins: this group stops, though no newcomer."""
+    gate = QuorumGate()
+    assert gate.admit(None, None) == QuorumAdmission()
+    assert gate.admit(None, None) == QuorumAdmission()
+    assert gate.accepted
+    assert gate.admit(None, _UNREACHABLE) == QuorumAdmission(refusal=_UNREACHABLE.message)
+
+
+def test_gate_stops_a_newcomer_with_an_unreachable_address() -> None:
+    gate = QuorumGate()
+    assert gate.admit(None, _UNREACHABLE).refusal == _UNREACHABLE.message
+    assert not gate.accepted
+
+
+def test_gate_stops_a_newcomer_that_conflicts_and_a_running_group_carries_on() -> None:
+    newcomer = QuorumGate()
+    assert newcomer.admit(_OTHER_MODEL, None) == QuorumAdmission(refusal=_OTHER_MODEL)
+    running = QuorumGate()
+    running.admit(None, None)
+    assert running.admit(_OTHER_MODEL, None) == QuorumAdmission(error=_OTHER_MODEL)
+    assert running.admit(_OTHER_MODEL, None) == QuorumAdmission()  # logged once
+    assert running.admit(None, None) == QuorumAdmission()
+    assert running.admit(_OTHER_MODEL, None) == QuorumAdmission(error=_OTHER_MODEL)  # again
+
+
+def test_gate_names_the_identity_conflict_of_a_newcomer_first() -> None:
+    assert QuorumGate().admit(_OTHER_MODEL, _UNREACHABLE).refusal == _OTHER_MODEL
+    running = QuorumGate()
+    running.admit(None, None)
+    assert running.admit(_OTHER_MODEL, _UNREACHABLE).refusal == _UNREACHABLE.message
+
+
+def test_gate_returns_an_address_warning_when_it_changes() -> None:
+    gate = QuorumGate()
+    assert gate.admit(None, _PEER_LOOPBACK) == QuorumAdmission(warning=_PEER_LOOPBACK.message)
+    assert gate.admit(None, _PEER_LOOPBACK) == QuorumAdmission()
+    assert gate.admit(None, None) == QuorumAdmission()
+    assert gate.admit(None, _PEER_LOOPBACK).warning == _PEER_LOOPBACK.message

@@ -538,6 +538,51 @@ def test_second_group_with_a_used_replica_id_fails(cleanup) -> None:
     assert isinstance(a_result, QuorumResult)
 
 
+class ScriptedLighthouse(RecordingLighthouse):
+    """A lighthouse whose n-th quorum holds the requester and the n-th list of ``others``."""
+
+    def __init__(self, others: list[list[pb.QuorumMember]]) -> None:
+        super().__init__()
+        self.others = others
+
+    def Quorum(self, request, context):
+        self.requests.append(request.requester)
+        others = self.others[len(self.requests) - 1]
+        quorum = pb.Quorum(quorum_id=len(self.requests), participants=[request.requester, *others])
+        return pb.LighthouseQuorumResponse(quorum=quorum)
+
+
+def _member(replica_id: str, host: str, step: int) -> pb.QuorumMember:
+    return pb.QuorumMember(
+        replica_id=replica_id,
+        address=f"http://{host}:1234",
+        store_address=f"{host}:5678",
+        step=step,
+        world_size=1,
+    )
+
+
+def test_loopback_group_that_trained_before_a_remote_peer_came_stops_at_that_quorum(
+    cleanup,
+) -> None:
+    """The start order of the multi-host test that kept failing reconfigurations: this group
+    (advertising 127.0.0.1) trains alone, then beside a group of its own host (advertising
+    ``localhost``); the first quorum with a group on another host (192.0.2.1, not an address
+    of this machine) must stop it with the address to set, though it is no newcomer."""
+    local = _member("local:u2", "localhost", step=1)
+    remote = _member("remote:u3", "192.0.2.1", step=0)
+    scripted = ScriptedLighthouse([[], [local], [local, remote]])
+    cleanup.append(scripted.stop)
+    _, client = _start(cleanup, scripted.address(), replica_id="loopback:u1")
+    assert _quorum(client, 0, step=1).replica_world_size == 1
+    assert _quorum(client, 0, step=1).replica_world_size == 2
+    with pytest.raises(ReplicaGroupMismatchError) as refused:
+        _quorum(client, 0, step=1)
+    assert "replica group 'loopback:u1' advertises loopback (127.0.0.1" in str(refused.value)
+    assert "replica group 'remote:u3' runs on another host (192.0.2.1)" in str(refused.value)
+    assert "set fault_tolerance.hostname to" in str(refused.value)
+
+
 def test_port_in_use_is_named(lighthouse) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

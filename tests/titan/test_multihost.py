@@ -405,3 +405,29 @@ def test_group_advertising_loopback_while_peers_are_remote_is_told_what_to_set(
             assert f"set fault_tolerance.hostname to {host.address}" in line.group(0)
         good.wait_for(r"advertises loopback .* unless it runs on this host", 30)
         assert good.returncode is None
+
+
+@pytest.mark.slow  # the default tier: tests/manager/test_server.py's scripted quorums
+@pytest.mark.timeout(240)
+def test_loopback_group_that_trained_alone_stops_when_a_remote_group_joins(
+    tmp_path: Path,
+) -> None:
+    """The start order a slow machine allows (min_replicas 1): group 1 on B, advertising
+    127.0.0.1, commits steps alone before group 0 on A (set up right) asks. Group 1 stops at
+    its first quorum with A all the same, with the line naming the address to set, and group 0
+    then trains on alone."""
+    with HostNetwork(["L", "A", "B"]) as net:
+        _, url = lighthouse(net["L"])
+        two = "--fault_tolerance.group_size=2"
+        bad = group("group 1 on B", 1, net["B"], tmp_path, url, two, ngpu=1, hostname="127.0.0.1")
+        wait_until(lambda: any(c.committed for c in commits(bad)), "group 1 commits alone")
+        good = group("group 0 on A", 0, net["A"], tmp_path, url, two, ngpu=1)
+        bad.finish()
+        assert bad.returncode == 2, f"{bad.name} exited {bad.returncode}"
+        line = re.search(r"torchtitan_ft: replica group .*", bad.output)
+        assert line, f"{bad.name} did not say what is wrong"
+        assert f"runs on another host ({net['A'].address})" in line.group(0)
+        assert f"set fault_tolerance.hostname to {net['B'].address}" in line.group(0)
+        wait_until(lambda: any(c.committed for c in commits(good)), "group 0 trains alone")
+        stop_after_next_steps(tmp_path, [good])
+        finish_all([good])

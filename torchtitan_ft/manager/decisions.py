@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 
+from torchtitan_ft.addresses import AddressProblem, Severity
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
 
@@ -185,6 +186,65 @@ def impostor_refusal(
         f"{peer}; only the rank's own client may {action} for it (another process is using "
         "this group rank, or the rank reconnected between its Quorum and this call)"
     )
+
+
+# ------------------------------------------------------------------- whether a quorum is taken
+# On group rank 0's ManagerServer, after every quorum: what the identity and address checks
+# found, and whether this group takes part, stops, or logs and carries on.
+
+
+@dataclass(frozen=True)
+class QuorumAdmission:
+    """What :meth:`QuorumGate.admit` decided about one quorum."""
+
+    refusal: str | None = None
+    """One line saying what to change: this group's round fails (``FAILED_PRECONDITION``, the
+    trainer stops with ``ReplicaGroupMismatchError``); ``None``: it takes part."""
+    error: str | None = None
+    """A conflict this group logs as an error and carries on with (new since the last one)."""
+    warning: str | None = None
+    """An address warning about a peer to log (new since the last one)."""
+
+
+class QuorumGate:
+    """Whether this group takes part in each quorum it is issued, given what the checks found.
+
+    - An identity conflict (``identity.identity_conflict``) stops a newcomer (a group that has
+      not yet taken part in a quorum); a group already training logs it and carries on, since
+      the newcomer stops.
+    - An address ERROR (``addresses.quorum_address_problem``: this group advertises loopback
+      and a member runs on another host) always stops this group, whether or not it trained
+      before: no quorum with that member can ever build its process groups, and a group that
+      trained alone or beside groups of its own host first (``min_replicas`` lets a fast
+      starter go ahead) would otherwise fail every reconfiguration from then on.
+    - Warnings and carried-on conflicts are returned only when they change, so each is logged
+      once.
+    """
+
+    def __init__(self) -> None:
+        self.accepted = False
+        """Whether this group took part in a quorum: until then it is a newcomer."""
+        self._last_conflict: str | None = None
+        self._last_warning: str | None = None
+
+    def admit(self, identity: str | None, addresses: AddressProblem | None) -> QuorumAdmission:
+        warning = (
+            addresses.message if addresses and addresses.severity is Severity.WARNING else None
+        )
+        new_warning = warning if warning != self._last_warning else None
+        self._last_warning = warning
+        if addresses is not None and addresses.severity is Severity.ERROR:
+            refusal = identity if identity is not None and not self.accepted else addresses.message
+            return QuorumAdmission(refusal=refusal, warning=new_warning)
+        if identity is None:
+            self.accepted = True
+            self._last_conflict = None
+            return QuorumAdmission(warning=new_warning)
+        if not self.accepted:
+            return QuorumAdmission(refusal=identity, warning=new_warning)
+        error = identity if identity != self._last_conflict else None
+        self._last_conflict = identity
+        return QuorumAdmission(error=error, warning=new_warning)
 
 
 # ------------------------------------------------------------------------------ step decisions

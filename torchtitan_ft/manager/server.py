@@ -37,11 +37,11 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 from grpc import aio
 
-from torchtitan_ft.addresses import AddressProblem, Advertised, QuorumAddressCheck, Severity
+from torchtitan_ft.addresses import AddressProblem, Advertised, QuorumAddressCheck
 from torchtitan_ft.auth import RefusalLog, TokenInterceptor, check_token, peer_host
 from torchtitan_ft.lighthouse.client import LighthouseClient
 from torchtitan_ft.lighthouse.types import Quorum
-from torchtitan_ft.manager.decisions import compute_quorum_results, impostor_refusal
+from torchtitan_ft.manager.decisions import QuorumGate, compute_quorum_results, impostor_refusal
 from torchtitan_ft.manager.identity import GroupIdentity, identity_conflict
 from torchtitan_ft.netaddr import port_in_use, split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
@@ -199,11 +199,8 @@ class ManagerServer:
         self._quorum_round = _QuorumRound(self._new_future())
         self._commit_rounds: dict[int, _CommitRound] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._accepted_quorum = False
-        """Whether a quorum passed the identity check: until then this group is a newcomer."""
-        self._last_conflict: str | None = None
+        self._gate = QuorumGate()
         self._address_check = QuorumAddressCheck()
-        self._last_address_warning: str | None = None
 
         self._closed = False
         self._lighthouse = LighthouseClient(lighthouse_addr, connect_timeout, auth_token)
@@ -496,32 +493,21 @@ class ManagerServer:
                 )
 
     def _check_identities(self, quorum: Quorum, addresses: AddressProblem | None) -> None:
-        """Fails the round of a newcomer that conflicts with a peer (identity, or an address
-        the peer cannot reach); a group that is already training logs the conflict (when it
-        changes) and goes on. An address warning is logged when it changes."""
-        conflict = identity_conflict(self._replica_id, quorum)
-        if conflict is None and addresses is not None and addresses.severity is Severity.ERROR:
-            conflict = addresses.message
-        warning = (
-            addresses.message if addresses and addresses.severity is Severity.WARNING else None
-        )
-        if warning is not None and warning != self._last_address_warning:
-            logger.warning("replica %s: %s", self._replica_id, warning)
-        self._last_address_warning = warning
-        if conflict is None:
-            self._accepted_quorum = True
-            self._last_conflict = None
-            return
-        if not self._accepted_quorum:
-            raise _RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, conflict)
-        if conflict != self._last_conflict:
+        """Fails this group's round when the gate refuses the quorum (``QuorumGate``: an
+        identity conflict of a newcomer, or this group advertising loopback beside a member on
+        another host); logs a conflict it carries on with, and an address warning, once."""
+        admission = self._gate.admit(identity_conflict(self._replica_id, quorum), addresses)
+        if admission.warning is not None:
+            logger.warning("replica %s: %s", self._replica_id, admission.warning)
+        if admission.refusal is not None:
+            raise _RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, admission.refusal)
+        if admission.error is not None:
             logger.error(
                 "replica %s: quorum %d: %s (this group carries on; the step may be discarded)",
                 self._replica_id,
                 quorum.quorum_id,
-                conflict,
+                admission.error,
             )
-        self._last_conflict = conflict
 
     async def _lighthouse_quorum(
         self, step: int, shrink_only: bool, commit_failures: int, budget_s: float

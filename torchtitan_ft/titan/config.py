@@ -141,8 +141,9 @@ class FaultTolerance(TitanFaultTolerance):
     server listens on the address ``hostname`` resolves to. Use "127.0.0.1" for single-machine
     runs and tests; with groups on several machines, each machine's address on the network
     they share. It must be an address of this machine (checked at start-up), and a loopback
-    one while another group runs on another machine stops this group at its first quorum,
-    naming the address to set. Applies when ``enable``.
+    one stops this group at its first quorum with a group on another machine (even if it
+    trained before, alone or beside groups of its own machine), naming the address to set.
+    Applies when ``enable``.
     """
 
     step_timeout_ms: int = 60000
