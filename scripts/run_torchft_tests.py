@@ -55,7 +55,7 @@ FAST = [
 ]
 # The default run: the fast files, then the slower unit files in priority order. The
 # integration files (manager_integ_test.py, local_sgd_integ_test.py) are named explicitly:
-# they take minutes; run them under the shared lock (flock /tmp/tft-heavy.lock).
+# they take minutes; run them on an otherwise idle machine.
 FILES = [
     "manager_test.py",
     "process_group_test.py",
