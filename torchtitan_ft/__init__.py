@@ -9,14 +9,14 @@ lighthouse (which needs no torch) starts fast.
 """
 
 import os
-from importlib import import_module
-from typing import Any
 
 # grpc's C core logs through absl, which by default prints INFO lines such as
 # "chttp2_transport.cc ... Got goaway" whenever a peer closes a channel (routine at shutdown)
 # into the training log. Errors only, unless the user chose a verbosity; grpc reads it once when
 # it is imported, so it is set here, before any module of this package imports grpc.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from torchtitan_ft._lazy import lazy_exports
 
 _PUBLIC = {
     "LighthouseServer": "torchtitan_ft.lighthouse",
@@ -53,12 +53,7 @@ _PUBLIC = {
     "DiLoCo": "torchtitan_ft.semi_sync",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'torchtitan_ft' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+__getattr__ = lazy_exports(__name__, _PUBLIC)
 
 
 __all__ = sorted(_PUBLIC)

@@ -46,7 +46,10 @@ from tests.titan._jobs import (
 
 STEPS = 30
 KILL_AT_STEP = 8
-"""Group 1 is killed once it has logged this trainer step."""
+"""Group 1 is killed once it has logged this trainer step (later if it started late: see
+:func:`kill_and_restart_group_1`)."""
+STEPS_BEFORE_KILL = 5
+"""Step times of group 1 before the kill that the recovery-speed check compares against."""
 MAX_ALONE = 6
 ALONE_WAIT_S = 150.0
 RECOVERY_SLOWDOWN_LIMIT = 1.5
@@ -232,8 +235,13 @@ class KilledAndHealed:
     """The runs of :func:`kill_and_restart_group_1`: group 0, group 1 as it was killed, and
     group 1 restarted; all runs but the killed one exited 0."""
 
-    def __init__(self, survivor: TrainRun, killed: TrainRun, restarted: TrainRun) -> None:
+    def __init__(
+        self, survivor: TrainRun, killed: TrainRun, restarted: TrainRun, before: range
+    ) -> None:
         self.survivor, self.killed, self.restarted = survivor, killed, restarted
+        self.before = before
+        """Trainer steps both groups trained together before the kill (their step times are
+        the baseline of :meth:`recovery_slowdown`)."""
         self.outputs = [survivor.output, restarted.output]
 
     @property
@@ -245,16 +253,18 @@ class KilledAndHealed:
 
     def recovery_slowdown(self) -> dict[str, float]:
         """Per group, its median step time once both groups train again after the heal ÷ its
-        median before the kill. Before: trainer steps 3..KILL_AT_STEP-1 (step 1 heals with
-        init_sync and sleeps, and step 2's time includes that sleep). After: from two steps
-        past the restarted group's first step (with an async quorum that step heals and
-        contributes zeros, so the survivor trains alone in it and sleeps)."""
+        median before the kill. Before: :attr:`before` (from two steps past group 1's first
+        step: that step heals, with init_sync, and sleeps, and the next one's time includes
+        that sleep). After: from two steps past the restarted group's first step (with an async
+        quorum that step heals and contributes zeros, so the survivor trains alone in it and
+        sleeps)."""
         restarted_steps = self.restarted.step_lines()
         assert restarted_steps, "the restarted group logged no step"
         first_after = restarted_steps[0][0] + 2
+        first, last = self.before[0], self.before[-1]
         before = {
-            "group 0": step_durations(self.survivor, 3, KILL_AT_STEP - 1),
-            "group 1": step_durations(self.killed, 3, KILL_AT_STEP - 1),
+            "group 0": step_durations(self.survivor, first, last),
+            "group 1": step_durations(self.killed, first, last),
         }
         after = {
             "group 0": step_durations(self.survivor, first_after, STEPS),
@@ -275,7 +285,8 @@ def kill_and_restart_group_1(
     tmp_path: Path, ranks: int, *args: str, config: str = "debug_ft_cpu.toml"
 ) -> KilledAndHealed:
     """Two replica groups of ``ranks`` ranks train ``STEPS`` steps of ``config`` against a fresh
-    lighthouse; group 1 is SIGKILLed once it logged ``KILL_AT_STEP`` and started again."""
+    lighthouse; group 1 is SIGKILLed once it logged ``KILL_AT_STEP`` (and ``STEPS_BEFORE_KILL``
+    steps past its own first one) and started again."""
 
     def group(replica: int, address: str) -> TrainRun:
         return TrainRun(
@@ -298,6 +309,11 @@ def kill_and_restart_group_1(
     with lighthouse(min_replicas=1, join_timeout_ms=20000, heartbeat_timeout_ms=2000) as address:
         survivor, killed = group(0, address), group(1, address)
         killed.wait_for(rf"step:\s*{KILL_AT_STEP}\s+loss")
+        # On a busy machine group 1 may start late and heal into a later step (with DiLoCo, to
+        # the last sync): it then trains STEPS_BEFORE_KILL steps beside group 0 before the kill.
+        first = killed.step_lines()[0][0] + 2
+        kill_at = max(KILL_AT_STEP, first + STEPS_BEFORE_KILL)
+        killed.wait_for(rf"step:\s*{kill_at}\s+loss")
         killed.sigkill()
         killed.name = "replica group 1 (killed)"
         for rank in range(ranks):
@@ -305,7 +321,7 @@ def kill_and_restart_group_1(
         restarted = group(1, address)
         restarted.name = "replica group 1 (restarted)"
         finish_all([survivor, restarted])
-    return KilledAndHealed(survivor, killed, restarted)
+    return KilledAndHealed(survivor, killed, restarted, range(first, kill_at))
 
 
 def _load_states(tmp_path: Path, rank: int) -> list[dict]:

@@ -9,8 +9,7 @@ Names load lazily, on first use: a process that heals over HTTP never imports
 ``PGTransport``.
 """
 
-from importlib import import_module
-from typing import Any
+from torchtitan_ft._lazy import lazy_exports
 
 _PUBLIC = {
     "CheckpointTransferError": "torchtitan_ft.checkpoint.transport",
@@ -19,12 +18,7 @@ _PUBLIC = {
     "PGTransport": "torchtitan_ft.checkpoint.pg_transport",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(module), name)
+__getattr__ = lazy_exports(__name__, _PUBLIC)
 
 
 __all__ = sorted(_PUBLIC)

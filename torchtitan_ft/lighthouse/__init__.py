@@ -7,8 +7,7 @@ Names load lazily, on first use: a replica group needs the client only, not the 
 and its status page.
 """
 
-from importlib import import_module
-from typing import Any
+from torchtitan_ft._lazy import lazy_exports
 
 _PUBLIC = {
     "LighthouseClient": "torchtitan_ft.lighthouse.client",
@@ -17,12 +16,7 @@ _PUBLIC = {
     "QuorumMember": "torchtitan_ft.lighthouse.types",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(module), name)
+__getattr__ = lazy_exports(__name__, _PUBLIC)
 
 
 __all__ = sorted(_PUBLIC)

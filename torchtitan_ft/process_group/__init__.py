@@ -11,8 +11,7 @@ Names load lazily, on first use: a trainer imports only the group it uses (not t
 groups' multiprocessing machinery, the fakes or the wrappers).
 """
 
-from importlib import import_module
-from typing import Any
+from torchtitan_ft._lazy import lazy_exports
 
 _PUBLIC = {
     "ProcessGroupBaby": "torchtitan_ft.process_group.baby",
@@ -31,12 +30,7 @@ _PUBLIC = {
     "ProcessGroupWrapper": "torchtitan_ft.process_group.wrappers",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(module), name)
+__getattr__ = lazy_exports(__name__, _PUBLIC)
 
 
 __all__ = sorted(_PUBLIC)
