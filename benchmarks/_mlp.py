@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -231,6 +233,10 @@ def recv() -> Any:
     return json.loads(line) if line else None
 
 
+_EXITED = object()
+"""What :meth:`Worker.next` gets once the worker's output ended."""
+
+
 class Worker:
     """A fresh ``python -m <module> <args>`` process driven by JSON lines."""
 
@@ -256,6 +262,25 @@ class Worker:
         if not line:
             raise RuntimeError(f"worker pid {self.proc.pid} exited ({self.proc.wait()})")
         return json.loads(line)
+
+    def stream(self) -> None:
+        """From now on a thread reads the worker's JSON lines, for :meth:`next` (a wait with a
+        timeout; :meth:`recv` blocks until the worker writes or exits)."""
+        self._lines: queue.Queue[Any] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(json.loads(line))
+        self._lines.put(_EXITED)
+
+    def next(self, timeout: float) -> Any:
+        """The next message (after :meth:`stream`), waiting at most ``timeout`` seconds."""
+        msg = self._lines.get(timeout=timeout)
+        if msg is _EXITED:
+            raise RuntimeError(f"worker pid {self.proc.pid} exited ({self.proc.wait()})")
+        return msg
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -23,7 +23,6 @@ import argparse
 import itertools
 import json
 import os
-import queue
 import random
 import signal
 import statistics
@@ -93,19 +92,10 @@ class Proc:
         args += ["--lighthouse", lighthouse] + (["--retry"] if retry else [])
         self.w = _mlp.Worker(MODULE, args)
         self.events: list[dict[str, Any]] = []
-        self.q: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.w.proc.stdout is not None
-        for line in self.w.proc.stdout:
-            self.q.put(json.loads(line))
-        self.q.put(None)
+        self.w.stream()
 
     def next(self, timeout: float = 300.0) -> dict[str, Any]:
-        msg = self.q.get(timeout=timeout)
-        if msg is None:
-            raise RuntimeError(f"worker pid {self.w.proc.pid} exited ({self.w.proc.wait()})")
+        msg = self.w.next(timeout)
         self.events.append(msg)
         return msg
 

@@ -234,19 +234,10 @@ class Proc:
         self.events: list[dict[str, Any]] = []
         self.marks: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
-        self.q: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.w.proc.stdout is not None
-        for line in self.w.proc.stdout:
-            self.q.put(json.loads(line))
-        self.q.put(None)
+        self.w.stream()
 
     def next(self, timeout: float = 180.0) -> dict[str, Any]:
-        msg = self.q.get(timeout=timeout)
-        if msg is None:
-            raise RuntimeError(f"worker pid {self.w.proc.pid} exited ({self.w.proc.wait()})")
+        msg = self.w.next(timeout)
         if "marks" in msg:
             self.marks = msg["marks"]
             self.cpu = msg["cpu"]
