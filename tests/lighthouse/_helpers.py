@@ -66,7 +66,11 @@ def get(url: str, headers: dict[str, str] | None = None, method: str = "GET"):
 
 
 def wait_serving(proc: subprocess.Popen) -> None:
+    """Returns once the lighthouse logged that it serves; fails with what it printed if it
+    exited first."""
+    seen = []
     for line in proc.stderr:
         if "lighthouse serving on" in line:
             return
-    raise AssertionError(f"lighthouse exited with {proc.wait()}")
+        seen.append(line)
+    raise AssertionError(f"lighthouse exited with {proc.wait()}: {''.join(seen)[-3000:]}")
