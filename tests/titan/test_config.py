@@ -735,3 +735,22 @@ def test_the_check_before_tyro_stops_at_help_and_at_types_it_does_not_know() -> 
     check_cli_args(["--no.such=flag"], [])  # a custom config module that does not import
     with pytest.raises(ConfigError, match=r"unknown flag --no\.such"):
         check_cli_args(["--training.steps=3", "--no.such=flag"], [JobConfig])
+
+
+def test_the_titan_side_validates_the_sync_config_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parse checks the strategy's settings (before any process group); building the
+    replica axis does not check them again (the strategy's builder does, once)."""
+    from types import SimpleNamespace
+
+    from torchtitan_ft.semi_sync.config import SyncConfig
+    from torchtitan_ft.titan import semi_sync
+
+    calls = []
+    validate = SyncConfig.validate
+    monkeypatch.setattr(SyncConfig, "validate", lambda self: calls.append(self) or validate(self))
+    config = parse_job_config([*FT_ON, "--fault_tolerance.semi_sync_method=diloco"])
+    assert len(calls) == 1
+    monkeypatch.setattr(semi_sync, "build_manager_runtime", lambda _: SimpleNamespace(manager=None))
+    axis = semi_sync.build_semi_sync_axis(config)
+    assert axis.config.method is SyncMethod.DILOCO
+    assert len(calls) == 1
