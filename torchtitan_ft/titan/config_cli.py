@@ -177,8 +177,8 @@ def custom_config_module(args: list[str], toml_values: dict[str, Any]) -> str | 
 
 def _config_classes(custom_module: str | None) -> list[type]:
     """:class:`JobConfig`, and the ``JobConfig`` of a custom config module TorchTitan merges on
-    top (its fields win); without the module's class when it cannot be imported (the parse
-    then reports that)."""
+    top (its fields win); none when the module cannot be imported (nothing is checked then:
+    TorchTitan's parse reports the import error)."""
     if custom_module is None:
         return [JobConfig]
     try:

@@ -25,6 +25,7 @@ from torchtitan_ft.titan.compute_dtype import choose_param_dtype, probe_cpu
 from torchtitan_ft.titan.config_schema import (
     SECTION,
     ConfigError,
+    JobConfig,
     fragment_fqns,
     num_fragments,
     quorum_mode,
@@ -394,7 +395,7 @@ def per_group_batch(config: Any, world_size: int) -> Derived | None:
     )
 
 
-def with_values(config: Any, values: Mapping[str, Any]) -> Any:
+def with_values(config: JobConfig, values: Mapping[str, Any]) -> JobConfig:
     """A deep copy of ``config`` with each ``section.name`` of ``values`` set (``config`` is
     left as it is)."""
     copied = copy.deepcopy(config)
@@ -404,7 +405,9 @@ def with_values(config: Any, values: Mapping[str, Any]) -> Any:
     return copied
 
 
-def trainer_job_config(config: Any, *, explicit_param_dtype: bool, world_size: int) -> Any:
+def trainer_job_config(
+    config: JobConfig, *, explicit_param_dtype: bool, world_size: int
+) -> JobConfig:
     """The config TorchTitan's Trainer is given: ``config`` (which keeps the user's values)
     with the values the plugin derives (:func:`implied_quorum_mode`, :func:`per_group_batch`,
     and ``training.mixed_precision_param`` by what this machine runs fast unless
