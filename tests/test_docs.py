@@ -47,7 +47,7 @@ def test_every_config_field_has_a_docstring(gen: ModuleType) -> None:
     missing = gen.undocumented_fields()
     assert not missing, (
         f"fault_tolerance fields without a docstring right under them in "
-        f"torchtitan_ft/titan/config.py: {missing}"
+        f"torchtitan_ft/titan/config_schema.py: {missing}"
     )
 
 

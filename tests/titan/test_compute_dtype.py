@@ -86,26 +86,26 @@ def test_an_explicit_setting_is_recognised(toml: dict, args: list[str], expected
     assert set_explicitly(toml, args) is expected
 
 
-def test_parse_applies_the_choice_unless_set(monkeypatch, tmp_path) -> None:
-    from torchtitan_ft.titan import config
+def test_the_trainer_is_given_the_choice_unless_set(monkeypatch, tmp_path) -> None:
+    """The parsed config keeps what the user wrote; the trainer's config has the choice."""
+    from torchtitan_ft.titan import preflight
+    from torchtitan_ft.titan.config_cli import parse_job
 
-    monkeypatch.setattr(config, "probe_cpu", lambda: EPYC_AVX2)
+    def trainer_dtype(*args: str) -> str:
+        job = parse_job(["--job.config_file", str(path), *args])
+        trainer = preflight.trainer_job_config(
+            job.config, explicit_param_dtype=job.explicit_param_dtype, world_size=1
+        )
+        assert job.config.training.mixed_precision_param == "bfloat16"  # TorchTitan's default
+        return trainer.training.mixed_precision_param
+
+    monkeypatch.setattr(preflight, "probe_cpu", lambda: EPYC_AVX2)
     path = tmp_path / "c.toml"
     path.write_text('[model]\nname = "llama3"\n')
-    assert (
-        config.parse_job_config(["--job.config_file", str(path)]).training.mixed_precision_param
-        == "float32"
-    )
-    cli = ["--job.config_file", str(path), "--training.mixed_precision_param=bfloat16"]
-    assert config.parse_job_config(cli).training.mixed_precision_param == "bfloat16"
+    assert trainer_dtype() == "float32"
+    assert trainer_dtype("--training.mixed_precision_param=bfloat16") == "bfloat16"
     path.write_text('[training]\nmixed_precision_param = "bfloat16"\n')
-    assert (
-        config.parse_job_config(["--job.config_file", str(path)]).training.mixed_precision_param
-        == "bfloat16"
-    )
-    monkeypatch.setattr(config, "probe_cpu", lambda: SAPPHIRE_RAPIDS)
+    assert trainer_dtype() == "bfloat16"
+    monkeypatch.setattr(preflight, "probe_cpu", lambda: SAPPHIRE_RAPIDS)
     path.write_text("")
-    assert (
-        config.parse_job_config(["--job.config_file", str(path)]).training.mixed_precision_param
-        == "bfloat16"
-    )
+    assert trainer_dtype() == "bfloat16"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from torchtitan_ft.semi_sync.config import QuorumMode, SyncMethod
 from torchtitan_ft.titan.config import (
     ConfigError,
     FaultTolerance,
@@ -15,7 +16,11 @@ from torchtitan_ft.titan.config import (
     check_local_address,
     check_local_paths,
     check_timeout_order,
+    parse_job,
     parse_job_config,
+    quorum_mode,
+    sync_method,
+    trainer_job_config,
     validate_fault_tolerance,
 )
 
@@ -34,7 +39,8 @@ def test_defaults_are_valid_and_ft_off() -> None:
     assert isinstance(config.fault_tolerance, FaultTolerance)
     assert config.fault_tolerance.enable is False
     assert config.fault_tolerance.semi_sync_method is None  # TorchTitan's "no method"
-    assert config.fault_tolerance.quorum_mode == "async"
+    assert config.fault_tolerance.quorum_mode is None
+    assert quorum_mode(config.fault_tolerance) is QuorumMode.ASYNC
 
 
 def test_every_field_has_a_docstring() -> None:
@@ -168,13 +174,13 @@ def test_bad_cli_flag_is_one_config_error(args: list[str], message: str) -> None
     assert str(error.value).startswith(message), str(error.value)
 
 
-def test_cli_error_tyro_does_not_report_through_its_hook_is_still_one_line(
+def test_cli_error_only_tyro_finds_is_still_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Without tyro's (private) error hook, tyro's own box is squeezed into the one line."""
-    from torchtitan_ft.titan import config
+    """A mistake the check before tyro lets through: tyro's own box, squeezed into one line."""
+    from torchtitan_ft.titan import config_cli
 
-    monkeypatch.setattr(config, "tyro_errors", None)
+    monkeypatch.setattr(config_cli, "check_cli_args", lambda args, classes: None)
     with pytest.raises(ConfigError) as error:
         parse_job_config(["--fault_tolerance.group_size", "abc"])
     message = str(error.value)
@@ -570,21 +576,29 @@ def test_semi_sync_method_is_case_insensitive_and_implies_a_sync_quorum(
     given: str, method: str | None
 ) -> None:
     ft = parse_job_config([*FT_ON, f"--fault_tolerance.semi_sync_method={given}"]).fault_tolerance
-    assert ft.semi_sync_method == method
-    assert ft.quorum_mode == ("async" if method is None else "sync")
+    assert ft.semi_sync_method == (None if given == "None" else given)  # as the user wrote it
+    assert sync_method(ft) is (SyncMethod(method) if method else SyncMethod.PER_STEP)
+    assert quorum_mode(ft) is (QuorumMode.ASYNC if method is None else QuorumMode.SYNC)
 
 
 def test_semi_sync_alone_logs_that_it_implies_a_sync_quorum(caplog) -> None:
     import logging
 
+    config = parse_job_config([*FT_ON, "--fault_tolerance.semi_sync_method=DiLoCo"])
     with caplog.at_level(logging.INFO):
-        parse_job_config([*FT_ON, "--fault_tolerance.semi_sync_method=diloco"])
-    assert "semi_sync_method='diloco' implies a synchronous quorum" in caplog.text
+        trainer = trainer_job_config(config, explicit_param_dtype=False, world_size=1)
+    assert (
+        "FT: derived fault_tolerance.quorum_mode='sync' from fault_tolerance.semi_sync_method="
+        "'DiLoCo': semi_sync_method='diloco' implies a synchronous quorum" in caplog.text
+    )
+    assert config.fault_tolerance.quorum_mode is None  # the user's field is not rewritten
+    assert trainer.fault_tolerance.quorum_mode == "sync"
 
 
 def test_none_in_toml_means_per_step(tmp_path: Path) -> None:
     path = _toml(tmp_path, '[fault_tolerance]\nsemi_sync_method = "none"\n')
-    assert parse_job_config(["--job.config_file", path]).fault_tolerance.semi_sync_method is None
+    ft = parse_job_config(["--job.config_file", path]).fault_tolerance
+    assert sync_method(ft) is SyncMethod.PER_STEP
 
 
 FRAGMENTS = [["tok_embeddings", "layers.0", "layers.1", "layers.2"], ["layers.3", "layers.4"]]
@@ -602,7 +616,7 @@ def test_fragments_from_the_command_line(value: str) -> None:
     ):
         ft = parse_job_config([*args, *form]).fault_tolerance
         assert ft.module_fqns_per_model_fragment == [*FRAGMENTS, LAST]
-        from torchtitan_ft.titan.semi_sync import sync_config
+        from torchtitan_ft.titan.config import sync_config
 
         config = sync_config(ft)
         assert (config.num_fragments, config.fragment_fqns) == (3, [*FRAGMENTS, LAST])
@@ -658,15 +672,21 @@ def test_fragment_count_must_agree_with_num_fragments() -> None:
 def test_global_batch_covers_all_replica_groups(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
     import logging
 
-    monkeypatch.setenv("WORLD_SIZE", "2")
     args = [*FT_ON, "--training.local_batch_size=2", "--training.global_batch_size=16"]
+    job = parse_job(args)
     with caplog.at_level(logging.INFO):
-        config = parse_job_config(args)
-    assert config.training.global_batch_size == 8  # per group: 2 accumulation steps x 2 x 2
-    assert "global_batch_size=16 covers 2 replica groups: 8 per group = 2 gradient" in caplog.text
+        trainer = trainer_job_config(job.config, explicit_param_dtype=False, world_size=2)
+    assert job.config.training.global_batch_size == 16  # the user's field is not rewritten
+    assert trainer.training.global_batch_size == 8  # per group: 2 accumulation steps x 2 x 2
+    assert (
+        "FT: derived training.global_batch_size=8 from fault_tolerance.group_size=2: "
+        "training.global_batch_size=16 covers 2 replica groups: 8 per group = 2 gradient"
+    ) in caplog.text
+    assert caplog.text.count("FT: derived") == 1
     # FT off: TorchTitan's meaning (the job's own data-parallel ranks) is unchanged.
     off = parse_job_config(["--training.local_batch_size=2", "--training.global_batch_size=16"])
-    assert off.training.global_batch_size == 16
+    trainer = trainer_job_config(off, explicit_param_dtype=False, world_size=2)
+    assert trainer.training.global_batch_size == 16
 
 
 @pytest.mark.parametrize(
@@ -676,10 +696,61 @@ def test_global_batch_covers_all_replica_groups(monkeypatch: pytest.MonkeyPatch,
         (12, r"6 per replica group .*multiple of training.local_batch_size=2 x 2"),
     ],
 )
-def test_global_batch_that_does_not_split_is_an_error(
-    monkeypatch: pytest.MonkeyPatch, total: int, message: str
-) -> None:
-    monkeypatch.setenv("WORLD_SIZE", "2")
+def test_global_batch_that_does_not_split_is_an_error(total: int, message: str) -> None:
     args = [*FT_ON, "--training.local_batch_size=2", f"--training.global_batch_size={total}"]
+    config = parse_job_config(args)
     with pytest.raises(ConfigError, match=message):
-        parse_job_config(args)
+        trainer_job_config(config, explicit_param_dtype=False, world_size=2)
+
+
+@pytest.mark.parametrize(
+    ("text", "annotation", "fits"),
+    [
+        ("3", int, True),
+        ("-1", int, True),
+        ("3.5", int, False),
+        ("1e-3", float, True),
+        ("None", int | None, True),
+        ("x", int | None, False),
+        ("sync", FaultTolerance.__annotations__["quorum_mode"], True),
+        ("bogus", FaultTolerance.__annotations__["quorum_mode"], False),
+        ("a,b", list[str], True),
+        ("a;b", list[list[str]], None),  # a type the check does not know: left to tyro
+        ("{}", dict[str, int] | None, None),
+    ],
+)
+def test_command_line_text_is_checked_against_the_field_type(
+    text: str, annotation: object, fits: bool | None
+) -> None:
+    from torchtitan_ft.titan.config_cli import text_fits
+
+    assert text_fits(text, annotation) is fits
+
+
+def test_the_check_before_tyro_stops_at_help_and_at_types_it_does_not_know() -> None:
+    from torchtitan_ft.titan.config_cli import check_cli_args
+
+    check_cli_args(["--help", "--no.such=flag"], [JobConfig])
+    check_cli_args(["--fault_tolerance.module_fqns_per_model_fragment", "a;b", "x"], [JobConfig])
+    check_cli_args(["--no.such=flag"], [])  # a custom config module that does not import
+    with pytest.raises(ConfigError, match=r"unknown flag --no\.such"):
+        check_cli_args(["--training.steps=3", "--no.such=flag"], [JobConfig])
+
+
+def test_the_titan_side_validates_the_sync_config_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parse checks the strategy's settings (before any process group); building the
+    replica axis does not check them again (the strategy's builder does, once)."""
+    from types import SimpleNamespace
+
+    from torchtitan_ft.semi_sync.config import SyncConfig
+    from torchtitan_ft.titan import semi_sync
+
+    calls = []
+    validate = SyncConfig.validate
+    monkeypatch.setattr(SyncConfig, "validate", lambda self: calls.append(self) or validate(self))
+    config = parse_job_config([*FT_ON, "--fault_tolerance.semi_sync_method=diloco"])
+    assert len(calls) == 1
+    monkeypatch.setattr(semi_sync, "build_manager_runtime", lambda _: SimpleNamespace(manager=None))
+    axis = semi_sync.build_semi_sync_axis(config)
+    assert axis.config.method is SyncMethod.DILOCO
+    assert len(calls) == 1

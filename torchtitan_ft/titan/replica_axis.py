@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from torchtitan_ft.semi_sync.config import QuorumMode
-from torchtitan_ft.titan.config import quorum_mode, uses_semi_sync
+from torchtitan_ft.titan.config_schema import quorum_mode, uses_semi_sync
 
 GradientReduce = Callable[[torch.Tensor], None]
 """Averages a gradient shard across replica groups, in place."""
@@ -406,7 +406,7 @@ def model_config_fingerprint(job_config: Any) -> str:
 
 def build_manager_runtime(job_config: Any) -> ManagerRuntime:
     """This rank's Manager and cross-group process group, from ``job_config.fault_tolerance``
-    (mapping: :mod:`torchtitan_ft.titan.config`); the one place both FT axes get theirs.
+    (mapping: :mod:`torchtitan_ft.titan.config_schema`); the one place both FT axes get theirs.
     Call after the default process group and torchrun's env exist: the Manager reads
     ``RANK``/``WORLD_SIZE``/``MASTER_ADDR/PORT``.
 

@@ -12,19 +12,12 @@ from torch.distributed.tensor import DTensor
 from torchtitan_ft.semi_sync import (
     DiLoCo,
     LocalSGD,
-    OuterOptimizerConfig,
     SyncConfig,
     SyncStrategy,
     build_strategy,
 )
 from torchtitan_ft.semi_sync.strategy import local_tensor, param_data
-from torchtitan_ft.titan.config import (
-    fragment_fqns,
-    num_fragments,
-    quorum_mode,
-    sync_method,
-    uses_semi_sync,
-)
+from torchtitan_ft.titan.config_schema import sync_config, uses_semi_sync
 from torchtitan_ft.titan.healing import like_param
 from torchtitan_ft.titan.replica_axis import (
     CommitGate,
@@ -33,26 +26,6 @@ from torchtitan_ft.titan.replica_axis import (
     ReplicaSlice,
     build_manager_runtime,
 )
-
-
-def sync_config(ft: Any) -> SyncConfig:
-    """The ``SyncConfig`` of a ``fault_tolerance`` section (one field each, see config.py)."""
-    return SyncConfig(
-        method=sync_method(ft),
-        quorum_mode=quorum_mode(ft),
-        sync_every=ft.sync_steps,
-        num_fragments=num_fragments(ft),
-        fragment_fqns=fragment_fqns(ft),
-        fragment_sync_delay=ft.fragment_sync_delay,
-        fragment_update_alpha=ft.fragment_update_alpha,
-        should_quantize=ft.should_quantize,
-        outer_optimizer=OuterOptimizerConfig(
-            type=ft.outer_optimizer,
-            lr=ft.outer_lr,
-            momentum=ft.outer_momentum,
-            nesterov=ft.outer_nesterov,
-        ),
-    )
 
 
 class StrategyDrivenOptimizers:
@@ -204,13 +177,13 @@ class SemiSyncReplicaAxis:
     Args:
         runtime: the Manager (synchronous quorum) and its cross-group process group.
         data: this group's slice of the data.
-        config: the strategy to build (``sync_config(job_config.fault_tolerance)``).
+        config: the strategy to build (``sync_config(job_config.fault_tolerance)``), validated
+            (the strategy's builder checks it again).
     """
 
     enabled = True
 
     def __init__(self, runtime: ManagerRuntime, data: ReplicaSlice, config: SyncConfig) -> None:
-        config.validate()
         self._runtime = runtime
         self._data = data
         self.config = config
@@ -289,8 +262,11 @@ def build_semi_sync_axis(job_config: Any) -> SemiSyncReplicaAxis:
     and process group; the method makes its quorum synchronous), wrapped in
     :class:`SemiSyncReplicaAxis`.
 
+    ``job_config`` is validated (:func:`~torchtitan_ft.titan.preflight.validate_job_config`,
+    run by the parse, checks the strategy's settings before any process group exists).
+
     Raises:
-        ValueError: FT is off, the method is "none", or the quorum mode is not "sync".
+        ValueError: FT is off or the method is "none".
     """
     ft = job_config.fault_tolerance
     if not uses_semi_sync(job_config):
@@ -298,7 +274,5 @@ def build_semi_sync_axis(job_config: Any) -> SemiSyncReplicaAxis:
             "build_semi_sync_axis needs fault_tolerance.enable and a semi_sync_method "
             f"(got enable={ft.enable}, semi_sync_method={ft.semi_sync_method!r})"
         )
-    config = sync_config(ft)
-    config.validate()  # before any Manager exists: quorum mode, schedule, outer optimizer
     data = ReplicaSlice(ft.replica_id, ft.group_size)
-    return SemiSyncReplicaAxis(build_manager_runtime(job_config), data, config)
+    return SemiSyncReplicaAxis(build_manager_runtime(job_config), data, sync_config(ft))

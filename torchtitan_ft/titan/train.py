@@ -42,9 +42,11 @@ def _config_error(message: str) -> NoReturn:
 
 
 def main(argv: list[str] | None = None, trainer_class: type | None = None) -> None:
-    """Parse, validate, train; mirrors ``torchtitan.train.main`` with the plugin's config.
+    """Parse, check, train; mirrors ``torchtitan.train.main`` with the plugin's config.
 
-    ``trainer_class`` defaults to ``FaultTolerantTrainer`` (tests pass a subclass).
+    The trainer is given the parsed config with the values the plugin derives
+    (:func:`~torchtitan_ft.titan.preflight.trainer_job_config`). ``trainer_class`` defaults to
+    ``FaultTolerantTrainer`` (tests pass a subclass).
     """
     import torch
     from torchtitan.tools.logging import init_logger, logger
@@ -59,7 +61,8 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         check_local_address,
         check_local_paths,
         check_model_fragments,
-        parse_job_config,
+        parse_job,
+        trainer_job_config,
     )
     from torchtitan_ft.titan.data import register_datasets
     from torchtitan_ft.titan.trainer import FaultTolerantTrainer
@@ -67,19 +70,24 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     init_logger()
     register_datasets()
     args = with_default_config(list(sys.argv[1:] if argv is None else argv))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        config = parse_job_config(args)
+        job = parse_job(args)
+        config = job.config
         check_local_paths(config)
         check_local_address(config)
         check_model_fragments(config)
+        trainer_config = trainer_job_config(
+            config, explicit_param_dtype=job.explicit_param_dtype, world_size=world_size
+        )
     except ConfigError as e:
         _config_error(str(e))
 
     trainer: FaultTolerantTrainer | None = None
     try:
-        trainer = (trainer_class or FaultTolerantTrainer)(config)
+        trainer = (trainer_class or FaultTolerantTrainer)(trainer_config)
         if config.checkpoint.create_seed_checkpoint:
-            if int(os.environ.get("WORLD_SIZE", "1")) != 1:
+            if world_size != 1:
                 _config_error("--checkpoint.create_seed_checkpoint needs one process (NGPU=1)")
             if not config.checkpoint.enable:
                 _config_error("--checkpoint.create_seed_checkpoint needs --checkpoint.enable")

@@ -14,7 +14,7 @@ from torchtitan.train import Trainer
 
 from torchtitan_ft.titan import cpu_compat
 from torchtitan_ft.titan.checkpointing import ReplicaCheckpointer
-from torchtitan_ft.titan.config import uses_semi_sync
+from torchtitan_ft.titan.config_schema import uses_semi_sync
 from torchtitan_ft.titan.healing import HealedState
 from torchtitan_ft.titan.metrics import attach_ft_metrics, attach_log_prefix
 from torchtitan_ft.titan.replica_axis import ReplicaAxis, build_replica_axis
