@@ -32,11 +32,16 @@ def bearer(token: str) -> str:
 
 
 def presents(value: str | bytes | None, token: str) -> bool:
-    """Whether an ``authorization`` value presents ``token`` (constant-time comparison)."""
+    """Whether an ``authorization`` value presents ``token`` (constant-time comparison).
+
+    Compares bytes: a ``str`` value is encoded as UTF-8 (lone surrogates kept as their own
+    bytes), so no two different values can encode alike, and ``token`` is visible ASCII
+    (``check_token``), which only the exact value encodes to.
+    """
     if value is None:
         return False
-    given = value.encode("latin-1", "replace") if isinstance(value, str) else value
-    return hmac.compare_digest(given, bearer(token).encode("latin-1", "replace"))
+    given = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+    return hmac.compare_digest(given, bearer(token).encode("ascii"))
 
 
 def grpc_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -45,9 +50,25 @@ def grpc_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 
 
 def check_token(token: str | None, what: str) -> None:
-    """Raises ValueError for an empty token (``None`` means "no token")."""
-    if token is not None and (not isinstance(token, str) or not token):
+    """Raises ValueError for a token no client could present (``None`` means "no token").
+
+    A token is a non-empty string of visible ASCII characters (``!`` to ``~``): gRPC metadata
+    carries nothing else, and a space, a control character or a trailing newline (a token
+    read from a file) would be kept by the server and dropped or refused on the client's side.
+    """
+    if token is None:
+        return
+    if not isinstance(token, str) or not token:
         raise ValueError(f"{what} must be None (no token) or a non-empty string, got {token!r}")
+    bad = sorted({c for c in token if not "!" <= c <= "~"})
+    if bad:
+        shown = ", ".join(repr(c) for c in bad[:5])
+        raise ValueError(
+            f"{what} may hold only visible ASCII characters ('!' to '~'), and it has {shown}: "
+            "use letters, digits and punctuation (e.g. the output of "
+            "'python -c \"import secrets; print(secrets.token_urlsafe(32))\"'), and strip "
+            "a trailing newline if the token was read from a file"
+        )
 
 
 def peer_host(peer: str) -> str:
