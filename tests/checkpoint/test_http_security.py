@@ -297,6 +297,13 @@ TWO_TENSORS = [spec([1]), spec([1], 4)]
         (full(header_json([], {"B": "not base64!"})), 0, "malformed checkpoint header tree"),
         (full(header_json([spec([2.5])], {"T": 0})), 0, "is not a list of sizes"),
         (full(header_json([], None, step="3")), 0, "malformed checkpoint header"),
+        # many tiny tensors: each cost a parse and an allocation (issue 20, N7)
+        pytest.param(
+            full(header_json([spec([1], 4 * i) for i in range(100_001)], {"T": 0})), 0,
+            "100001 tensors, expected at most 100000", id="100001-tensors"),
+        pytest.param(
+            full(header_json([], {"L": [{"L": []}] * 600_000})), 0,
+            r"\d+ JSON objects and arrays, expected at most 1000000", id="1.2M-containers"),
     ],
 )  # fmt: skip
 def test_lying_donor_gets_a_transfer_error_before_any_allocation(
