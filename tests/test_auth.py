@@ -6,9 +6,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+import torch
 
-from torchtitan_ft.auth import bearer, check_token, presents
-from torchtitan_ft.lighthouse import LighthouseServer
+from torchtitan_ft.auth import AUTH_TOKEN_ENV, bearer, check_token, presents
+from torchtitan_ft.checkpoint import HTTPTransport
+from torchtitan_ft.lighthouse import LighthouseClient, LighthouseServer
 from torchtitan_ft.manager.server import ManagerServer
 
 
@@ -71,3 +73,27 @@ def test_visible_ascii_tokens_are_accepted(token) -> None:
 def test_servers_refuse_a_non_ascii_token_at_start(make) -> None:
     with pytest.raises(ValueError, match="visible ASCII"):
         make("\u043a\u043b\u044e\u0447-\u0441\u0435\u043a\u0440\u0435\u0442")
+
+
+def test_torchft_style_clients_take_the_token_from_the_env(monkeypatch) -> None:
+    """torchft's API has no token argument: a program written for it joins a job with a
+    token through TORCHFT_AUTH_TOKEN (real lighthouse, real HTTP checkpoint server)."""
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, auth_token="job-s3cret")
+    donor = HTTPTransport(timedelta(seconds=10), 0, "127.0.0.1", auth_token="job-s3cret")
+    try:
+        donor.send_checkpoint([1], 3, {"w": torch.arange(4.0)}, timedelta(seconds=10))
+        monkeypatch.delenv(AUTH_TOKEN_ENV, raising=False)
+        with pytest.raises(PermissionError):
+            LighthouseClient(lighthouse.address()).quorum("r", timedelta(seconds=10))
+        monkeypatch.setenv(AUTH_TOKEN_ENV, "job-s3cret")
+        quorum = LighthouseClient(lighthouse.address()).quorum("r", timedelta(seconds=10))
+        assert [m.replica_id for m in quorum.participants] == ["r"]
+        receiver = HTTPTransport(timedelta(seconds=10), 0, "127.0.0.1")
+        try:
+            got = receiver.recv_checkpoint(0, donor.metadata(), 3, timedelta(seconds=10))
+        finally:
+            receiver.shutdown()
+        assert torch.equal(got["w"], torch.arange(4.0))
+    finally:
+        donor.shutdown(wait=False)
+        lighthouse.shutdown()

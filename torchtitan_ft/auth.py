@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Callable, Collection
+import os
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import grpc
 
 logger = logging.getLogger(__name__)
+
+AUTH_TOKEN_ENV = "TORCHFT_AUTH_TOKEN"
+"""The environment variable a component reads the job token from when it is given none: the
+lighthouse CLI, the Manager, ``LighthouseClient``, ``ManagerClient`` and ``HTTPTransport``. It
+is how a program written for torchft, whose API has no token argument, joins a job that has
+one."""
 
 AUTHORIZATION = "authorization"
 """The gRPC metadata key (lower case, as gRPC requires) and HTTP header carrying the token."""
@@ -42,6 +49,18 @@ def presents(value: str | bytes | None, token: str) -> bool:
         return False
     given = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
     return hmac.compare_digest(given, bearer(token).encode("ascii"))
+
+
+def resolve_token(token: str | None, env: Mapping[str, str] | None = None) -> str | None:
+    """The job token: ``token`` if given, else ``$TORCHFT_AUTH_TOKEN`` (empty counts as
+    unset), else ``None`` (no token). Raises ValueError, naming where it came from, for a token
+    no client could present (``check_token``)."""
+    if token is not None:
+        check_token(token, "auth_token")
+        return token
+    value = (os.environ if env is None else env).get(AUTH_TOKEN_ENV) or None
+    check_token(value, f"${AUTH_TOKEN_ENV}")
+    return value
 
 
 def grpc_metadata(token: str | None) -> tuple[tuple[str, str], ...]:

@@ -18,12 +18,11 @@ import sys
 from collections.abc import Mapping
 from typing import NoReturn
 
-from torchtitan_ft.auth import check_token
+from torchtitan_ft.auth import AUTH_TOKEN_ENV, check_token
 from torchtitan_ft.lighthouse.server import LighthouseServer, validate_options
 from torchtitan_ft.netaddr import join_host_port, split_host_port
 
 PROG = "torchft_lighthouse"
-AUTH_TOKEN_ENV = "TORCHFT_AUTH_TOKEN"
 logger = logging.getLogger(PROG)
 
 
