@@ -93,6 +93,37 @@ def test_cli_names_the_bad_lock_path_and_loses_nothing(tmp_path: Path) -> None:
     assert "must not run" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("make", "flags", "message"),
+    [
+        # A FIFO: opening it for writing waited for a reader forever (issue 20, N12).
+        (lambda d: os.mkfifo(d / "fifo"), ["--lock", "{d}/fifo"], "is not a regular file"),
+        (lambda d: (d / "dir").mkdir(), ["--lock", "{d}/dir"], "--lock '{d}/dir'"),
+        # Checked at start, not after the lock is taken (N13).
+        (None, ["--lock", "{d}/l", "--preload", "no_such_mod"], "--preload 'no_such_mod'"),
+        (None, ["--lock", "{d}/l", "--preload", "no_such.sub"], "--preload 'no_such.sub'"),
+        (None, ["--lock", "{d}/l", "--ready-file", "{d}/no/r"], "--ready-file '{d}/no/r'"),
+        (lambda d: (d / "r").mkdir(), ["--lock", "{d}/l", "--ready-file", "{d}/r"],
+         "is not a regular file"),
+    ],
+    ids=["fifo-lock", "dir-lock", "preload", "preload-parent", "ready-dir-missing", "ready-is-dir"],
+)  # fmt: skip
+def test_cli_refuses_bad_options_at_start_without_running_anything(
+    tmp_path: Path, make, flags: list[str], message: str
+) -> None:
+    if make is not None:
+        make(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('must not run')\n")
+    args = [f.format(d=tmp_path) for f in flags]
+    result = subprocess.run(
+        [*SPARE, *args, "--", str(script)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    assert message.format(d=tmp_path) in result.stderr.splitlines()[-1], result.stderr
+    assert "must not run" not in result.stderr and "Traceback" not in result.stderr
+
+
 def test_first_process_runs_at_once_with_the_script_as_main(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("import sys\nprint(__name__, sys.argv[1:])\nsys.exit(7)\n")

@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Callable, Collection
+import os
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import grpc
 
 logger = logging.getLogger(__name__)
+
+AUTH_TOKEN_ENV = "TORCHFT_AUTH_TOKEN"
+"""The environment variable a component reads the job token from when it is given none: the
+lighthouse CLI, the Manager, ``LighthouseClient``, ``ManagerClient`` and ``HTTPTransport``. It
+is how a program written for torchft, whose API has no token argument, joins a job that has
+one."""
 
 AUTHORIZATION = "authorization"
 """The gRPC metadata key (lower case, as gRPC requires) and HTTP header carrying the token."""
@@ -32,11 +39,28 @@ def bearer(token: str) -> str:
 
 
 def presents(value: str | bytes | None, token: str) -> bool:
-    """Whether an ``authorization`` value presents ``token`` (constant-time comparison)."""
+    """Whether an ``authorization`` value presents ``token`` (constant-time comparison).
+
+    Compares bytes: a ``str`` value is encoded as UTF-8 (lone surrogates kept as their own
+    bytes), so no two different values can encode alike, and ``token`` is visible ASCII
+    (``check_token``), which only the exact value encodes to.
+    """
     if value is None:
         return False
-    given = value.encode("latin-1", "replace") if isinstance(value, str) else value
-    return hmac.compare_digest(given, bearer(token).encode("latin-1", "replace"))
+    given = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+    return hmac.compare_digest(given, bearer(token).encode("ascii"))
+
+
+def resolve_token(token: str | None, env: Mapping[str, str] | None = None) -> str | None:
+    """The job token: ``token`` if given, else ``$TORCHFT_AUTH_TOKEN`` (empty counts as
+    unset), else ``None`` (no token). Raises ValueError, naming where it came from, for a token
+    no client could present (``check_token``)."""
+    if token is not None:
+        check_token(token, "auth_token")
+        return token
+    value = (os.environ if env is None else env).get(AUTH_TOKEN_ENV) or None
+    check_token(value, f"${AUTH_TOKEN_ENV}")
+    return value
 
 
 def grpc_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -45,9 +69,25 @@ def grpc_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 
 
 def check_token(token: str | None, what: str) -> None:
-    """Raises ValueError for an empty token (``None`` means "no token")."""
-    if token is not None and (not isinstance(token, str) or not token):
+    """Raises ValueError for a token no client could present (``None`` means "no token").
+
+    A token is a non-empty string of visible ASCII characters (``!`` to ``~``): gRPC metadata
+    carries nothing else, and a space, a control character or a trailing newline (a token
+    read from a file) would be kept by the server and dropped or refused on the client's side.
+    """
+    if token is None:
+        return
+    if not isinstance(token, str) or not token:
         raise ValueError(f"{what} must be None (no token) or a non-empty string, got {token!r}")
+    bad = sorted({c for c in token if not "!" <= c <= "~"})
+    if bad:
+        shown = ", ".join(repr(c) for c in bad[:5])
+        raise ValueError(
+            f"{what} may hold only visible ASCII characters ('!' to '~'), and it has {shown}: "
+            "use letters, digits and punctuation (e.g. the output of "
+            "'python -c \"import secrets; print(secrets.token_urlsafe(32))\"'), and strip "
+            "a trailing newline if the token was read from a file"
+        )
 
 
 def peer_host(peer: str) -> str:

@@ -28,8 +28,9 @@ until one ends with exit status 0)::
     done
 
 Options:
-    --lock PATH: the lock file (created if missing; its directory must exist). One per replica
-        group, or per rank for a group of several processes, each launched this way.
+    --lock PATH: the lock file, a regular file (created if missing; its directory must
+        exist). One per replica group, or per rank for a group of several processes, each
+        launched this way.
         Required. The training must not open this file: closing any descriptor of it releases
         a POSIX record lock. Do not delete it while processes use it: a spare waits on the
         file it opened, not on a new one at the same path.
@@ -51,12 +52,14 @@ Exit status: the training command's (a spare that never took over is ended by a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import importlib
 import importlib.util
 import logging
 import os
 import runpy
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -135,15 +138,50 @@ def open_lock(path: str) -> IO[bytes]:
     """The lock file, opened for writing (a POSIX record lock needs a writable descriptor).
 
     Raises:
-        ValueError: the directory does not exist, or the path cannot be opened.
+        ValueError: the directory does not exist, the path cannot be opened, or it is not a
+            regular file (opening a FIFO for writing would wait for a reader forever).
     """
     directory = Path(path).resolve().parent
     if not directory.is_dir():
         raise ValueError(f"--lock {path!r}: directory {str(directory)!r} does not exist")
+    not_regular = ValueError(f"--lock {path!r} is not a regular file; give the path of a file")
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise not_regular
     try:
-        return open(path, "ab")  # held open for the life of the process
+        # Non-blocking: a FIFO put there since the check fails at once instead of hanging.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o644)
     except OSError as e:
         raise ValueError(f"--lock {path!r} cannot be opened for writing: {e}") from e
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise not_regular
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab")  # held open for the life of the process
+
+
+def check_preload(modules: list[str]) -> None:
+    """Raises ValueError now, rather than when the spare warms up, for a module that cannot
+    be found."""
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package missing, or a bad name
+            found = False
+        if not found:
+            raise ValueError(f"--preload {name!r} is not an importable module")
+
+
+def check_ready_file(path: str) -> None:
+    """Raises ValueError now, rather than once warm, if the ready file cannot be created."""
+    target = Path(path)
+    if target.exists() and not target.is_file():
+        raise ValueError(f"--ready-file {path!r} exists and is not a regular file")
+    directory = target.resolve().parent
+    if not directory.is_dir() or not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"--ready-file {path!r}: directory {str(directory)!r} does not exist or is not writable"
+        )
 
 
 def try_lock(lock: IO[bytes]) -> bool:
@@ -248,6 +286,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         command = parse_command(command_argv)
         check_command(command)
+        check_preload(args.preload)
+        if args.ready_file:
+            check_ready_file(args.ready_file)
         lock = open_lock(args.lock)
     except ValueError as e:
         parser.error(str(e))

@@ -173,6 +173,42 @@ def test_bad_request_heads_are_answered_and_the_server_keeps_serving(
     assert torch.equal(heal(donor, 5.0)["w"], torch.arange(1 << 20, dtype=torch.float32))
 
 
+def ask(donor: HTTPTransport, path: str, *headers: str) -> tuple[bytes, dict[str, str], bytes]:
+    """One GET with the token: the status line, the headers (lower-case names), the body."""
+    lines = [f"GET {path} HTTP/1.1", f"Authorization: Bearer {TOKEN}", *headers, "", ""]
+    with socket.create_connection(("127.0.0.1", port_of(donor)), timeout=10) as s:
+        s.sendall("\r\n".join(lines).encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer and (chunk := s.recv(65536)):
+            answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        status, *fields = head.decode("latin-1").split("\r\n")
+        named = {k.strip().lower(): v.strip() for k, _, v in (f.partition(":") for f in fields)}
+        while len(body) < int(named.get("content-length", "0")) and (chunk := s.recv(65536)):
+            body += chunk
+    return status.encode(), named, body
+
+
+def test_numbers_too_long_for_int_are_refused_with_a_status(donor, caplog) -> None:
+    """A step or a Range of 5,000 digits got no answer and a traceback (int() refuses over
+    4,300 digits; issue 20, N6); digits of other scripts passed str.isdigit the same way."""
+    huge = "9" * 5000
+    for path, status in [
+        (f"/checkpoint/{huge}/header", b"404"),
+        ("/checkpoint/\u0663/header", b"404"),
+    ]:
+        assert ask(donor, path)[0].startswith(b"HTTP/1.1 " + status), path[:40]
+    _, fields, header = ask(donor, f"/checkpoint/{STEP}/header")
+    snapshot = json.loads(header)["snapshot_id"]
+    data = f"/checkpoint/{STEP}/data?snapshot={snapshot}&lease={fields['x-checkpoint-lease']}"
+    for value in [f"bytes=0-{huge}", f"bytes={huge}-1", "bytes=\u0660-1"]:
+        status_line, _, body = ask(donor, data, f"Range: {value}")
+        assert status_line.startswith(b"HTTP/1.1 416"), (value[:40], status_line)
+        assert len(body) < 300, body  # the 5,000 digits are not echoed back
+    assert "Traceback" not in caplog.text
+    assert torch.equal(heal(donor, 5.0)["w"], torch.arange(1 << 20, dtype=torch.float32))
+
+
 # --- donors that lie --------------------------------------------------------------------------
 
 
@@ -261,6 +297,13 @@ TWO_TENSORS = [spec([1]), spec([1], 4)]
         (full(header_json([], {"B": "not base64!"})), 0, "malformed checkpoint header tree"),
         (full(header_json([spec([2.5])], {"T": 0})), 0, "is not a list of sizes"),
         (full(header_json([], None, step="3")), 0, "malformed checkpoint header"),
+        # many tiny tensors: each cost a parse and an allocation (issue 20, N7)
+        pytest.param(
+            full(header_json([spec([1], 4 * i) for i in range(100_001)], {"T": 0})), 0,
+            "100001 tensors, expected at most 100000", id="100001-tensors"),
+        pytest.param(
+            full(header_json([], {"L": [{"L": []}] * 600_000})), 0,
+            r"\d+ JSON objects and arrays, expected at most 1000000", id="1.2M-containers"),
     ],
 )  # fmt: skip
 def test_lying_donor_gets_a_transfer_error_before_any_allocation(

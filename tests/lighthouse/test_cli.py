@@ -56,6 +56,15 @@ def run(*args: str) -> subprocess.CompletedProcess:
             "cannot serve the status page on 192.0.2.1:4000: '192.0.2.1' is not an address",
         ),
         (["--min_replicas", "1", "--auth_token", ""], "--auth_token is empty"),
+        # gRPC logged a line of its own before this error (issue 20, N14).
+        (["--min_replicas", "1", "--bind", ":0"], "--bind ':0' has no host"),
+        # No client can present these: a non-Latin-1 token compared equal to '?'s (N4), and a
+        # trailing newline was kept by the server and dropped by every client (N5).
+        (
+            ["--min_replicas", "1", "--auth_token", "ключ-секрет"],
+            "--auth_token may hold only visible ASCII characters",
+        ),
+        (["--min_replicas", "1", "--auth_token", "abc\n"], "it has '\\n'"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_naming_the_flag(args, flag) -> None:
@@ -180,6 +189,11 @@ def test_version_prints_the_package_version() -> None:
 )
 def test_auth_token_precedence(flag, env, expected) -> None:
     assert resolve_auth_token(flag, env) == expected
+
+
+def test_token_from_env_that_no_client_can_present_names_the_variable() -> None:
+    with pytest.raises(ValueError, match=r"^\$TORCHFT_AUTH_TOKEN may hold only visible ASCII"):
+        resolve_auth_token(None, {AUTH_TOKEN_ENV: "s3cret\n"})
 
 
 @pytest.mark.multiprocess

@@ -148,3 +148,25 @@ def test_torchft_quorum_retries_env_var() -> None:
         resolve_manager_settings(env={"TORCHFT_QUORUM_RETRIES": "many"})
     with pytest.raises(ValueError, match=r"quorum_retries .*must be >= 0"):
         resolve_manager_settings(env={"TORCHFT_QUORUM_RETRIES": "-2"})
+
+
+@pytest.mark.parametrize(
+    ("arg", "env", "value", "shown"),
+    [
+        ("arg-s3cret", {"TORCHFT_AUTH_TOKEN": "env-s3cret"}, "arg-s3cret", "set (argument)"),
+        (None, {"TORCHFT_AUTH_TOKEN": "env-s3cret"}, "env-s3cret", "set (env TORCHFT_AUTH_TOKEN)"),
+        (None, {"TORCHFT_AUTH_TOKEN": ""}, None, "none (default)"),
+        (None, {}, None, "none (default)"),
+    ],
+)
+def test_auth_token_argument_then_env_and_never_shown(arg, env, value, shown) -> None:
+    settings = resolve_manager_settings(env=env, auth_token=arg)
+    assert settings.auth_token.value == value
+    line = settings.describe()
+    assert f"auth_token={shown}" in line
+    assert "s3cret" not in line
+
+
+def test_auth_token_env_no_client_can_present_names_the_variable() -> None:
+    with pytest.raises(ValueError, match=r"^\$TORCHFT_AUTH_TOKEN may hold only visible ASCII"):
+        resolve_manager_settings(env={"TORCHFT_AUTH_TOKEN": "s3cret\n"})

@@ -162,6 +162,18 @@ def test_a_config_name_selects_a_file(model: str | None, config: str | None, fil
     assert line.endswith(f"-> configs/{file}")
 
 
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"MODULE": "torchft.llama3"}, "MODULE=torchft.llama3 ->"),
+        ({"MODEL": "llama3", "CONFIG": "llama3_debugmodel"}, "MODEL=llama3 CONFIG="),
+        ({"MODEL": "ft.llama3", "MODULE": "FT.llama3"}, "MODEL=ft.llama3 ->"),
+    ],
+)
+def test_the_line_names_the_variable_the_user_set(env: dict[str, str], named: str) -> None:
+    assert named in resolve_env(env)[1]
+
+
 def test_every_titan_name_has_a_config() -> None:
     for file in TITAN_CONFIGS.values():
         assert (ROOT / "configs" / file).exists(), file

@@ -293,9 +293,9 @@ class CheckpointServer:
         parts = url.path.split("/")
         if len(parts) != 4 or parts[1] != "checkpoint" or parts[3] not in _RESOURCES:
             raise _Refused(404, f"no such resource {url.path!r}")
-        if not parts[2].isdigit():
-            raise _Refused(404, f"{parts[2]!r} is not a step number")
-        step = int(parts[2])
+        step = _decimal(parts[2])
+        if step is None:
+            raise _Refused(404, f"{_shorten(parts[2])!r} is not a step number")
         if parts[3] == "header":
             self._serve_header(request.sock, step)
         elif parts[3] == "full":
@@ -679,9 +679,28 @@ def _parse_range(value: str | None, total: int) -> tuple[int, int]:
         return 0, total
     unit, _, spec = value.partition("=")
     first, dash, last = spec.partition("-")
-    if unit.strip() != "bytes" or not dash or not first.isdigit() or not last.isdigit():
-        raise _Refused(416, f"unsupported Range {value!r}; expected bytes=<first>-<last>")
-    start, end = int(first), int(last) + 1
+    start, last_byte = _decimal(first), _decimal(last)
+    if unit.strip() != "bytes" or not dash or start is None or last_byte is None:
+        raise _Refused(416, f"unsupported Range {_shorten(value)!r}; expected bytes=<first>-<last>")
+    end = last_byte + 1
     if not 0 <= start < end <= total:
-        raise _Refused(416, f"Range {value!r} is outside the snapshot's {total} bytes")
+        raise _Refused(416, f"Range {_shorten(value)!r} is outside the snapshot's {total} bytes")
     return start, end
+
+
+_MAX_DIGITS = 18
+"""Step numbers and byte offsets fit in 18 decimal digits (an int64). Longer ones are refused
+before ``int()`` sees them, which raises for over 4,300 digits."""
+
+
+def _decimal(text: str) -> int | None:
+    """``text`` as a number if it is 1 to ``_MAX_DIGITS`` ASCII digits, else None (no sign, no
+    spaces, no other scripts' digits, which ``str.isdigit`` accepts and ``int`` may not)."""
+    if not 0 < len(text) <= _MAX_DIGITS or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
+
+
+def _shorten(text: str, keep: int = 40) -> str:
+    """``text`` cut to ``keep`` characters for an error message (a stranger chooses its size)."""
+    return text if len(text) <= keep else f"{text[:keep]}...({len(text)} characters)"

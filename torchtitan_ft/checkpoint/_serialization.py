@@ -33,6 +33,15 @@ HEADER_VERSION = 1
 MAX_HEADER_BYTES = 64 << 20
 """Largest header a receiver reads: ~100 bytes per tensor plus the tree, so room for hundreds of
 thousands of tensors; a claim beyond it is refused before anything is allocated."""
+MAX_HEADER_TENSORS = 100_000
+"""Most tensors a receiver accepts in one header: a state dict holds a few per parameter (the
+weight, its optimizer moments), so about a thousand for Llama 3 405B with Adam; each costs the
+receiver a parse and an allocation (400,000 one-byte tensors took 11 s of CPU and 600 MiB)."""
+MAX_HEADER_CONTAINERS = 1_000_000
+"""Most JSON objects and arrays (``{`` and ``[``) a receiver parses in one header, counted
+before parsing: each costs a Python dict or list, while a long string (a ``bytes`` leaf) costs
+one object for its whole length. A tensor takes about five (its spec and shape, its tree node,
+its key), so twice what the tensor cap needs."""
 _MAX_DIM = (1 << 63) - 1
 
 
@@ -107,10 +116,20 @@ class Header:
     def from_bytes(cls, data: bytes) -> Header:
         """Parses a header; raises ValueError when it is not one this version understands."""
         try:
+            # Bounded before parsing: a stranger's header costs at most its length in strings
+            # and MAX_HEADER_CONTAINERS in dicts and lists.
+            containers = data.count(b"{") + data.count(b"[")
+            if containers > MAX_HEADER_CONTAINERS:
+                raise ValueError(
+                    f"{containers} JSON objects and arrays, expected at most "
+                    f"{MAX_HEADER_CONTAINERS}"
+                )
             obj = json.loads(data)
             version = obj["version"]
             if version != HEADER_VERSION:
                 raise ValueError(f"header version {version}, expected {HEADER_VERSION}")
+            if (count := len(obj["tensors"])) > MAX_HEADER_TENSORS:
+                raise ValueError(f"{count} tensors, expected at most {MAX_HEADER_TENSORS}")
             tensors = tuple(TensorSpec.from_json(t) for t in obj["tensors"])
             if tensors != layout_specs(tensors):
                 raise ValueError("tensor offsets are not packed back to back")

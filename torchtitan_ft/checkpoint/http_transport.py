@@ -50,6 +50,7 @@ from datetime import timedelta
 from typing import TypeVar
 from urllib.parse import urlsplit
 
+from torchtitan_ft.auth import resolve_token
 from torchtitan_ft.checkpoint._http_client import Source, receive_tensors
 from torchtitan_ft.checkpoint._http_server import CheckpointServer, Snapshot
 from torchtitan_ft.checkpoint._serialization import Header, flatten, layout, unflatten
@@ -82,7 +83,8 @@ class HTTPTransport(CheckpointTransport[T]):
         port: the port to listen on; 0 (default) picks a free one.
         auth_token: when set, the server answers only requests with
             ``Authorization: Bearer <auth_token>`` (401 otherwise), and this transport sends it
-            when receiving. Use the same job-wide secret on every replica.
+            when receiving. Use the same job-wide secret on every replica. Default ``None``:
+            ``$TORCHFT_AUTH_TOKEN`` if set, else none.
         reuse_receive_buffer: what ``recv_checkpoint_borrowed`` (the Manager's heals) receives
             into. True (default): one buffer kept from receive to receive, so every heal after
             the first writes into memory already mapped, at socket speed instead of page-fault
@@ -105,8 +107,7 @@ class HTTPTransport(CheckpointTransport[T]):
             raise ValueError(f"timeout must be a positive timedelta, got {timeout!r}")
         if not isinstance(num_chunks, int) or num_chunks < 0:
             raise ValueError(f"num_chunks must be an int >= 0, got {num_chunks!r}")
-        if auth_token is not None and not auth_token:
-            raise ValueError("auth_token must be a non-empty string or None")
+        auth_token = resolve_token(auth_token)
         if not isinstance(reuse_receive_buffer, bool):
             raise ValueError(f"reuse_receive_buffer must be a bool, got {reuse_receive_buffer!r}")
         self._timeout = timeout

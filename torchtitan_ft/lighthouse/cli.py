@@ -18,11 +18,11 @@ import sys
 from collections.abc import Mapping
 from typing import NoReturn
 
+from torchtitan_ft.auth import AUTH_TOKEN_ENV, check_token
 from torchtitan_ft.lighthouse.server import LighthouseServer, validate_options
 from torchtitan_ft.netaddr import join_host_port, split_host_port
 
 PROG = "torchft_lighthouse"
-AUTH_TOKEN_ENV = "TORCHFT_AUTH_TOKEN"
 logger = logging.getLogger(PROG)
 
 
@@ -104,15 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve_auth_token(flag: str | None, env: Mapping[str, str]) -> tuple[str | None, str]:
     """The job token and where it came from: ``--auth_token`` > ``$TORCHFT_AUTH_TOKEN`` > none.
 
-    Raises ValueError for an empty ``--auth_token`` (an empty env var counts as unset).
+    Raises ValueError for an empty ``--auth_token`` (an empty env var counts as unset), and for
+    a token no client could present (``auth.check_token``), naming where it came from.
     """
     if flag is not None:
         if not flag:
             raise ValueError("--auth_token is empty; pass the job token or leave the flag out")
-        return flag, "--auth_token"
-    if value := env.get(AUTH_TOKEN_ENV):
-        return value, f"${AUTH_TOKEN_ENV}"
-    return None, "none"
+        token, source = flag, "--auth_token"
+    elif value := env.get(AUTH_TOKEN_ENV):
+        token, source = value, f"${AUTH_TOKEN_ENV}"
+    else:
+        return None, "none"
+    check_token(token, source)
+    return token, source
 
 
 def default_status_bind(host: str, port: int) -> str:
@@ -152,6 +156,11 @@ def main(argv: list[str] | None = None) -> None:
         host, port = split_host_port(args.bind, "bind address")
     except ValueError as e:
         parser.error(f"--bind: {e}")
+    if not host:
+        # gRPC would log its own error line before refusing the port.
+        parser.error(
+            f"--bind {args.bind!r} has no host; give one, e.g. 127.0.0.1:{port} or [::]:{port}"
+        )
     if args.status_bind is None:
         try:
             args.status_bind = default_status_bind(host, port)

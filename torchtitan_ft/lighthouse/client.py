@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from torchtitan_ft.auth import check_token, grpc_metadata
+from torchtitan_ft.auth import grpc_metadata, resolve_token
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
@@ -48,10 +48,11 @@ class LighthouseClient:
             connection before raising ``TimeoutError``.
         auth_token: the job token, sent with every call (``authorization: Bearer <token>``)
             when set. A lighthouse with a token refuses calls without it (``PermissionError``);
-            one without a token (ours or torchft's) ignores it. Default None: none sent.
+            one without a token (ours or torchft's) ignores it. Default None:
+            ``$TORCHFT_AUTH_TOKEN`` if set, else none sent.
 
     Raises:
-        ValueError: ``auth_token`` is the empty string.
+        ValueError: ``auth_token`` is not a token a server could check (``auth.check_token``).
     """
 
     def __init__(
@@ -60,7 +61,7 @@ class LighthouseClient:
         connect_timeout: timedelta = timedelta(seconds=10),
         auth_token: str | None = None,
     ) -> None:
-        check_token(auth_token, "auth_token")
+        auth_token = resolve_token(auth_token)
         self.addr = addr
         self._connect_timeout = connect_timeout.total_seconds()
         self._metadata = grpc_metadata(auth_token)

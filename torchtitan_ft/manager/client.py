@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from torchtitan_ft.auth import check_token, grpc_metadata
+from torchtitan_ft.auth import grpc_metadata, resolve_token
 from torchtitan_ft.lighthouse.client import CHANNEL_OPTIONS, grpc_target
 from torchtitan_ft.manager.decisions import QuorumResult
 from torchtitan_ft.proto import torchft_pb2 as pb
@@ -51,21 +51,22 @@ class ManagerClient:
             the deadline of ``kill`` when it is given none.
         auth_token: the job token, sent with every call (``authorization: Bearer <token>``);
             a server with a token refuses calls without it (UNAUTHENTICATED), one without
-            ignores it. Default ``None``: sends none. Every rank uses the ``auth_token`` its
-            ``Manager`` got, the same one the group's ManagerServer checks.
+            ignores it. Default ``None``: ``$TORCHFT_AUTH_TOKEN`` if set, else none. Every
+            rank uses the ``auth_token`` its ``Manager`` resolved, the same one the group's
+            ManagerServer checks.
 
     A server binds each group rank to the connection of its Quorum call, and this client holds
     one connection: make a rank's ``_quorum`` and ``should_commit`` calls through one client.
 
     Raises:
         TimeoutError: the server was not reachable within ``connect_timeout``.
-        ValueError: ``auth_token`` is empty.
+        ValueError: ``auth_token`` is not a token a server could check (``auth.check_token``).
     """
 
     def __init__(
         self, addr: str, connect_timeout: timedelta, auth_token: str | None = None
     ) -> None:
-        check_token(auth_token, "auth_token")
+        auth_token = resolve_token(auth_token)
         self._addr = addr
         self._connect_timeout = connect_timeout
         self._metadata = list(grpc_metadata(auth_token))

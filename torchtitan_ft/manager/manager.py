@@ -116,7 +116,9 @@ class Manager:
             lighthouse. With one, the group's ManagerServer answers only calls carrying it
             (every rank's client sends it; its Kill RPC is enabled), it presents it to the
             lighthouse and to donor groups' ManagerServers, and the default checkpoint
-            transport serves and fetches state only with it. Not read from env.
+            transport serves and fetches state only with it: argument >
+            ``TORCHFT_AUTH_TOKEN`` > none (the env var lets a program written for torchft,
+            whose API has no such argument, join a job with a token).
         model_fingerprint: what model this group trains (``model_fingerprint(model)``) or a
             function returning it, called once at the first ``start_quorum``; a group whose
             fingerprint differs from a live group's fails its first quorum with
@@ -198,8 +200,10 @@ class Manager:
             quorum_timeout=quorum_timeout,
             connect_timeout=connect_timeout,
             quorum_retries=quorum_retries,
+            auth_token=auth_token,
             default_store_host=hostname,
         )
+        auth_token = settings.auth_token.value
         timeout = settings.timeout.value
         connect_timeout = settings.connect_timeout.value
         self._settings: ManagerSettings = settings

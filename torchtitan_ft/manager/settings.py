@@ -15,6 +15,8 @@ from enum import Enum
 from typing import Generic, TypeVar
 from urllib.parse import urlsplit
 
+from torchtitan_ft.auth import AUTH_TOKEN_ENV, resolve_token
+
 T = TypeVar("T")
 
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
@@ -54,8 +56,11 @@ class Resolved(Generic[T]):
     source: Source
     env_var: str | None = None
 
-    def describe(self) -> str:
+    def describe(self, secret: bool = False) -> str:
+        """``value (origin)``; a ``secret`` is shown only as set or not."""
         origin = f"env {self.env_var}" if self.source is Source.ENV else self.source.value
+        if secret:
+            return f"{'set' if self.value is not None else 'none'} ({origin})"
         if isinstance(self.value, timedelta):
             return f"{self.value.total_seconds():g} s ({origin})"
         return f"{self.value!r} ({origin})"
@@ -88,6 +93,8 @@ class ManagerSettings:
     """Connecting to the ManagerServer, the lighthouse and the TCPStore."""
     quorum_retries: Resolved[int]
     """Retries of a failed lighthouse quorum request by group rank 0's ManagerServer."""
+    auth_token: Resolved[str | None]
+    """The job token; ``None``: none. Never logged."""
 
     def describe(self) -> str:
         """One line naming every value and its source, e.g. for the start-up log."""
@@ -104,7 +111,8 @@ class ManagerSettings:
             "connect_timeout",
             "quorum_retries",
         )
-        return ", ".join(f"{n}={getattr(self, n).describe()}" for n in names)
+        described = [f"{n}={getattr(self, n).describe()}" for n in names]
+        return ", ".join([*described, f"auth_token={self.auth_token.describe(secret=True)}"])
 
 
 def _pick(arg: T | None, env: Mapping[str, str], var: str, default: T | None) -> Resolved[T]:
@@ -116,6 +124,16 @@ def _pick(arg: T | None, env: Mapping[str, str], var: str, default: T | None) ->
     if default is None:
         raise ValueError(f"no value given and env var {var} is not set")
     return Resolved(default, Source.DEFAULT)
+
+
+def _token(arg: str | None, env: Mapping[str, str]) -> Resolved[str | None]:
+    """The job token: argument > ``TORCHFT_AUTH_TOKEN`` > none (``auth.resolve_token``)."""
+    token = resolve_token(arg, env)
+    if arg is not None:
+        return Resolved(token, Source.ARGUMENT)
+    if token is not None:
+        return Resolved(token, Source.ENV, AUTH_TOKEN_ENV)
+    return Resolved(None, Source.DEFAULT)
 
 
 def _as_int(r: Resolved[object], what: str) -> Resolved[int]:
@@ -163,6 +181,7 @@ def resolve_manager_settings(
     quorum_timeout: timedelta | None = None,
     connect_timeout: timedelta | None = None,
     quorum_retries: int | None = None,
+    auth_token: str | None = None,
     default_store_host: str = "127.0.0.1",
 ) -> ManagerSettings:
     """Resolves the Manager's settings: argument, else env var, else default.
@@ -180,6 +199,7 @@ def resolve_manager_settings(
     | quorum_timeout | TORCHFT_QUORUM_TIMEOUT_SEC (seconds) | 60 s |
     | connect_timeout | TORCHFT_CONNECT_TIMEOUT_SEC (seconds) | 60 s |
     | quorum_retries | TORCHFT_QUORUM_RETRIES | 0 |
+    | auth_token | TORCHFT_AUTH_TOKEN | none |
 
     torchft 0.2.0 reads the same four ``TORCHFT_*`` variables but lets them override the
     arguments; here an argument wins, as for every other setting.
@@ -212,6 +232,7 @@ def resolve_manager_settings(
             _pick(quorum_retries, env, QUORUM_RETRIES_ENV, DEFAULT_QUORUM_RETRIES),
             "quorum_retries",
         ),
+        auth_token=_token(auth_token, env),
     )
     if settings.quorum_retries.value < 0:
         raise ValueError(f"quorum_retries ({settings.quorum_retries.describe()}) must be >= 0")

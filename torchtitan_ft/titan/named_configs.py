@@ -43,9 +43,13 @@ def _own_configs(configs_dir: Path) -> dict[str, str]:
 
 
 def resolve(
-    model: str | None, config: str | None, configs_dir: Path = CONFIGS_DIR
+    model: str | None,
+    config: str | None,
+    configs_dir: Path = CONFIGS_DIR,
+    model_var: str = "MODEL",
 ) -> tuple[Path, str]:
-    """The config file ``model`` / ``config`` select, and the line that says so."""
+    """The config file ``model`` / ``config`` select, and the line that says so (naming the
+    model as ``model_var``, the variable it was given in: ``MODEL`` or ``MODULE``)."""
     own = _own_configs(configs_dir)
     if model is not None and model.lower() not in MODEL_FAMILIES:
         raise UnknownConfigName(
@@ -63,7 +67,7 @@ def resolve(
             f"(or give a file with CONFIG_FILE)"
         )
     path = configs_dir / file
-    given = " ".join(f"{k}={v}" for k, v in (("MODEL", model), ("CONFIG", config)) if v)
+    given = " ".join(f"{k}={v}" for k, v in ((model_var, model), ("CONFIG", config)) if v)
     return path, f"run_train.sh: {given} -> {path.relative_to(configs_dir.parent)}"
 
 
@@ -72,7 +76,11 @@ def resolve_env(env: Mapping[str, str]) -> tuple[Path, str]:
     model, module = env.get("MODEL") or None, env.get("MODULE") or None
     if model and module and model.lower() != module.lower():
         raise UnknownConfigName(f"MODEL={model!r} and MODULE={module!r} disagree; set one")
-    return resolve(model or module, env.get("CONFIG") or None)
+    return resolve(
+        model or module,
+        env.get("CONFIG") or None,
+        model_var="MODEL" if model or not module else "MODULE",
+    )
 
 
 def main() -> None:
