@@ -211,7 +211,8 @@ class FaultTolerance(TitanFaultTolerance):
 
     auth_token: str = ""
     """
-    Job-wide secret, the same in every replica group and in the lighthouse. Default "" = none:
+    Job-wide secret, the same in every replica group and in the lighthouse. Default "" = the
+    ``TORCHFT_AUTH_TOKEN`` environment variable if set (this field wins over it), else none:
     the ManagerServer refuses every Kill request (the lighthouse's kill action cannot stop this
     group) and the HTTP checkpoint server answers anyone who reaches its port. When set, group
     rank 0 presents it to the lighthouse (a lighthouse with a token refuses groups without
@@ -219,9 +220,10 @@ class FaultTolerance(TitanFaultTolerance):
     Kill, and a healing group's CheckpointMetadata; its ranks send it), and with
     ``checkpoint_transport = "http"`` so must every checkpoint request, so groups with
     different tokens cannot heal from each other (401). What it does not protect: see the
-    security section of docs/operations.md. It travels in clear text (no TLS) and
-    is not read from ``TORCHFT_AUTH_TOKEN``. A token in a TOML file is visible to whoever
-    reads the file, one on the command line in the process list. Applies when ``enable``.
+    security section of docs/operations.md. It travels in clear text (no TLS). Visible
+    ASCII only (``!`` to ``~``). A token in a TOML file is visible to whoever reads the file,
+    one on the command line in the process list, one in the environment only to the process's
+    owner. Applies when ``enable``.
     """
 
     sync_steps: int = 5
