@@ -1,5 +1,7 @@
 """Address policy: what counts as loopback, which address a server binds and advertises, and
-whether the replica groups can reach each other. (Address syntax: :mod:`torchtitan_ft.netaddr`.)
+whether the replica groups can reach each other; in every trainer rank (the ManagerServer's
+checks on group rank 0's ManagerServer loop) and the lighthouse. (Address syntax:
+:mod:`torchtitan_ft.netaddr`.)
 
 A replica group is reached by the other groups at three addresses, all advertised to the
 lighthouse by its ManagerServer: the ManagerServer itself (``http://<hostname>:<port>``), the

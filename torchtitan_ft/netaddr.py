@@ -1,8 +1,9 @@
 """Address syntax: ``host:port`` and URLs (IPv6 in brackets), IP literals, port probes.
 
-The lighthouse, the ManagerServer, the process groups' stores and the checkpoint servers parse
-and format their addresses here. Which address a replica group binds or advertises, and what
-counts as loopback, is policy: :mod:`torchtitan_ft.addresses`.
+Used in every process (lighthouse, trainer rank): the lighthouse, the ManagerServer, the
+process groups' stores and the checkpoint servers parse and format their addresses here.
+Which address a replica group binds or advertises, and what counts as loopback, is policy:
+:mod:`torchtitan_ft.addresses`.
 """
 
 from __future__ import annotations
