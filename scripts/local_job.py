@@ -1,11 +1,13 @@
 """The main job on its embedded default: a local lighthouse and two replica groups training
 TorchTitan's llama3 debug model with fault tolerance on CPU (``configs/debug_ft_cpu.toml``).
 
-Each replica group is its own ``run_train.sh`` (torchrun) job. Every log line names its source
-once: the trainer's ``[replica=<id> rank=<r> train_step=<n> committed_steps=<m>]`` (the
-Manager's ``[<replica id>:<uuid> group_rank=<r> committed_steps=<m>]`` before training starts),
-else ``[replica=<id>]`` (torchrun's lines, TorchTitan's start-up) or ``[lighthouse]``. The
-lighthouse's status page is on http://127.0.0.1:29511/.
+Each replica group is its own ``run_train.sh`` (torchrun) job. Every line starts with one prefix
+naming its source: a trainer's log lines with the trainer's ``[replica=<id> rank=<r>
+train_step=<n> committed_steps=<m>]`` (moved to the front, in place of torchrun's ``[rank<r>]:``),
+a trainer's other lines (TorchTitan's start-up, warnings) with ``[replica=<id> rank=<r>]``, its
+torchrun agent's with ``[replica=<id>]``; else ``[lighthouse]`` or ``[run_local]``. Warnings
+known to be harmless on CPU are quieted in the trainers (``torchtitan_ft.titan.known_warnings``).
+The lighthouse's status page is on http://127.0.0.1:29511/.
 
     python scripts/local_job.py [--steps 20] [--ngpu 1] [extra trainer flags...]
 """
@@ -13,10 +15,13 @@ lighthouse's status page is on http://127.0.0.1:29511/.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import re
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -26,11 +31,28 @@ ROOT = Path(__file__).resolve().parent.parent
 GROUPS = 2
 
 
-def relay(label: str, proc: subprocess.Popen) -> None:
-    """Prints ``proc``'s lines with ``[label]`` in front, unless the trainer's or the Manager's
-    prefix (both name the committed steps) already names the source."""
+_TORCHRUN_PREFIX = re.compile(r"\[rank(\d+)\]:")
+"""What torchrun (``--tee``) puts in front of each line of a worker."""
+_TRAINER_PREFIX = re.compile(r"\[replica=\d+ rank=\d+ train_step=\d+ committed_steps=\d+\] ")
+"""What the trainer puts in front of each log message (``titan.metrics.ReplicaLogPrefix``)."""
+
+
+def one_prefix(replica: int, line: str) -> str:
+    """``line`` of replica group ``replica``'s ``run_train.sh`` with one prefix, in front (see
+    the module docstring)."""
+    worker = _TORCHRUN_PREFIX.match(line)
+    rest = line[worker.end() :] if worker else line
+    trainer = _TRAINER_PREFIX.search(rest)
+    if trainer:
+        return f"{trainer.group()}{rest[: trainer.start()]}{rest[trainer.end() :]}"
+    source = f"replica={replica} rank={worker.group(1)}" if worker else f"replica={replica}"
+    return f"[{source}] {rest}"
+
+
+def relay(proc: subprocess.Popen, prefixed: Callable[[str], str]) -> None:
+    """Prints ``proc``'s lines, each as ``prefixed`` gives it."""
     for line in proc.stdout:
-        print(line if "committed_steps=" in line else f"[{label}] {line}", end="", flush=True)
+        print(prefixed(line), end="", flush=True)
 
 
 def main() -> None:
@@ -45,7 +67,9 @@ def main() -> None:
          "--bind", f"127.0.0.1:{args.port}", "--join_timeout_ms", "20000"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    threading.Thread(target=relay, args=("lighthouse", lighthouse), daemon=True).start()
+    threading.Thread(
+        target=relay, args=(lighthouse, lambda line: f"[lighthouse] {line}"), daemon=True
+    ).start()
     addr = f"http://127.0.0.1:{args.port}"
     groups: list[subprocess.Popen] = []
     try:
@@ -69,8 +93,8 @@ def main() -> None:
                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )  # fmt: skip
             groups.append(proc)
-            label = f"replica={replica}"
-            threading.Thread(target=relay, args=(label, proc), daemon=True).start()
+            prefixed = functools.partial(one_prefix, replica)
+            threading.Thread(target=relay, args=(proc, prefixed), daemon=True).start()
         codes = [proc.wait() for proc in groups]
     finally:
         for proc in groups:

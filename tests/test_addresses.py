@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from torchtitan_ft.addresses import (
     Advertised,
     QuorumAddressCheck,
     Severity,
+    advertised_host,
     advertised_store_host,
     gloo_bind_address,
     hostname_problem,
     is_local_address,
-    is_loopback_name,
+    is_loopback,
+    loopback_address,
     quorum_address_problem,
     resolves_to_loopback,
     route_source,
-    url_hostname,
 )
 
 # Two machines as the pure check sees them: this one (loopback, 10.0.0.2) and another (10.0.0.3).
@@ -118,15 +121,47 @@ def test_store_behind_a_loopback_master_addr_is_advertised_under_hostname() -> N
     assert advertised_store_host("10.0.0.5", "10.0.0.2") == "10.0.0.5"  # a node 0 elsewhere
 
 
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("localhost", True),
+        ("LocalHost", True),
+        ("localhost.localdomain", True),
+        ("ip6-localhost", True),
+        ("127.0.0.1", True),
+        ("127.0.1.1", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.2", False),
+        ("vm", False),  # names are not resolved
+        ("", False),
+    ],
+)
+def test_is_loopback_is_one_definition_without_lookups(host: str, expected: bool) -> None:
+    assert is_loopback(host) is expected
+
+
+def test_loopback_address_is_where_a_server_for_a_loopback_host_listens() -> None:
+    assert loopback_address("localhost") == "127.0.0.1"
+    assert loopback_address("localhost.localdomain") == "127.0.0.1"
+    assert loopback_address("ip6-localhost") == "::1"
+    assert loopback_address("[::1]") == "::1"
+    assert loopback_address("127.0.0.2") == "127.0.0.2"
+    with pytest.raises(ValueError, match="host 'vm' is not a loopback address or name"):
+        loopback_address("vm")
+
+
+def test_advertised_host_replaces_wildcards() -> None:
+    for wildcard in ("", "0.0.0.0", "::"):
+        assert advertised_host(wildcard) == socket.gethostname()
+    assert advertised_host("127.0.0.1") == "127.0.0.1"
+
+
 def test_names_and_addresses() -> None:
-    assert is_loopback_name("127.0.0.1") and is_loopback_name("127.0.1.1")
-    assert is_loopback_name("::1") and is_loopback_name("[::1]") and is_loopback_name("localhost")
-    assert not is_loopback_name("10.0.0.2") and not is_loopback_name("vm")
     assert resolves_to_loopback("localhost") and resolves_to_loopback("127.0.0.1")
     assert not resolves_to_loopback("192.0.2.77")
-    assert url_hostname("http://10.0.0.2:1234") == "10.0.0.2"
-    assert url_hostname("node-a:5678") == "node-a"
-    assert url_hostname("http://[::1]:1") == "::1"
     assert is_local_address("127.0.0.1")
     assert not is_local_address("192.0.2.77")  # TEST-NET-1: never an address of this host
     assert not is_local_address("not-an-address")

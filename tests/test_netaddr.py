@@ -1,5 +1,5 @@
-"""Host and port strings (``torchtitan_ft.netaddr``): parsing with IPv6 brackets, loopback,
-formatting, and the port probe against a real listening socket."""
+"""Address syntax (``torchtitan_ft.netaddr``): parsing with IPv6 brackets, formatting, IP
+literals, and the port probe against a real listening socket."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import socket
 import pytest
 
 from torchtitan_ft.netaddr import (
-    advertised_host,
-    is_loopback,
+    ip_literal,
     join_host_port,
     port_in_use,
     split_host_port,
     url_host,
+    url_hostname,
 )
 
 
@@ -58,29 +58,17 @@ def test_url_host_brackets_ipv6_once() -> None:
     assert join_host_port("::", 5) == "[::]:5"
 
 
-@pytest.mark.parametrize(
-    ("host", "expected"),
-    [
-        ("localhost", True),
-        ("127.0.0.1", True),
-        ("127.0.0.2", True),
-        ("::1", True),
-        ("[::1]", True),
-        ("0.0.0.0", False),
-        ("::", False),
-        ("10.0.0.1", False),
-        ("example-host", False),  # names are not resolved
-        ("", False),
-    ],
-)
-def test_is_loopback(host: str, expected: bool) -> None:
-    assert is_loopback(host) is expected
+def test_url_hostname_takes_the_host_of_a_url_or_of_host_port() -> None:
+    assert url_hostname("http://10.0.0.2:1234") == "10.0.0.2"
+    assert url_hostname("node-a:5678") == "node-a"
+    assert url_hostname("http://[::1]:1") == "::1"
 
 
-def test_advertised_host_replaces_wildcards() -> None:
-    for wildcard in ("", "0.0.0.0", "::"):
-        assert advertised_host(wildcard) == socket.gethostname()
-    assert advertised_host("127.0.0.1") == "127.0.0.1"
+def test_ip_literal_parses_addresses_only() -> None:
+    assert str(ip_literal("[::1]")) == "::1"
+    assert str(ip_literal("127.0.0.1")) == "127.0.0.1"
+    assert ip_literal("localhost") is None
+    assert ip_literal("") is None
 
 
 def test_port_in_use_sees_a_listener_only() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import re
 from pathlib import Path
 from types import ModuleType
@@ -208,3 +209,25 @@ def test_nothing_marked_not_provided_exists_in_its_module() -> None:
         if hasattr(importlib.import_module(ours[module]), name):  # type: ignore[arg-type]
             stale.append(f"{key} (now {ours[module]}.{name})")
     assert not stale, f"marked 'not provided' but present; update the table: {stale}"
+
+
+def test_manager_takes_torchfts_arguments_in_its_order_and_ours_by_keyword_only() -> None:
+    """A call written for torchft 0.2.0 binds the same arguments here, and an argument torchft
+    lacks cannot be passed by position (a positional call would bind another meaning)."""
+    tree = ast.parse((TORCHFT / "manager.py").read_text())
+    manager = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Manager")
+    init = next(n for n in manager.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    reference = [a.arg for a in init.args.args]
+
+    from torchtitan_ft import Manager
+
+    parameters = list(inspect.signature(Manager.__init__).parameters.values())
+    positional = [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
+    keyword_only = [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
+    assert positional == reference
+    assert keyword_only == [
+        "auth_token",
+        "model_fingerprint",
+        "num_replica_groups",
+        "retry_inflight_allreduce",
+    ]

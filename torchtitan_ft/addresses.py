@@ -1,4 +1,7 @@
-"""Which address a replica group advertises, and whether the groups can reach each other.
+"""Address policy: what counts as loopback, which address a server binds and advertises, and
+whether the replica groups can reach each other; in every trainer rank (the ManagerServer's
+checks on group rank 0's ManagerServer loop) and the lighthouse. (Address syntax:
+:mod:`torchtitan_ft.netaddr`.)
 
 A replica group is reached by the other groups at three addresses, all advertised to the
 lighthouse by its ManagerServer: the ManagerServer itself (``http://<hostname>:<port>``), the
@@ -6,9 +9,15 @@ checkpoint servers of its ranks (``http://<hostname>:<port>/checkpoint``) and it
 (``<store host>:<port>``, where the cross-group process groups rendezvous). On one machine
 everything may be loopback; across machines a loopback address names the dialer's own machine,
 and a group advertising one cannot be reached. Nothing fails at once then: the quorum forms,
-and every reconfiguration with that group times out. The functions here turn that into one
-clear line at the group's first quorum, naming the address to set:
+and every reconfiguration with that group times out. The functions here decide the
+addresses, and turn a wrong one into one clear line at the group's first quorum, naming the
+address to set:
 
+- :func:`is_loopback`: the one definition of a loopback host (an address in ``127.0.0.0/8``
+  or ``::1``, or a name in :data:`LOOPBACK_NAMES`), without a name lookup;
+  :func:`resolves_to_loopback` also resolves other names; :func:`loopback_address` is the
+  address a server listens on for a loopback host.
+- :func:`advertised_host`: the name peers dial for a server bound to a wildcard address.
 - :func:`advertised_store_host`: the TCPStore host to advertise. torchrun gives its workers
   ``MASTER_ADDR`` = the node's ``--local-addr``, else its FQDN, which is often ``localhost``;
   the store (torchrun's agent store) then runs on this machine and listens on every interface,
@@ -16,9 +25,8 @@ clear line at the group's first quorum, naming the address to set:
 - :func:`quorum_address_problem` (pure; resolution and routing are passed in): after every
   quorum, a group that advertises loopback while a member runs on another host gets an error
   (fatal, even for a group that trained before: ``manager.decisions.QuorumGate``); a group
-  seeing a member that advertises
-  loopback gets a warning naming it. :class:`QuorumAddressCheck` runs it with the real
-  resolver, once per set of member addresses.
+  seeing a member that advertises loopback gets a warning naming it.
+  :class:`QuorumAddressCheck` runs it with the real resolver, once per set of member addresses.
 - :func:`hostname_problem`: at start-up, a ``hostname`` that is not an address of this host
   (the checkpoint server could not listen on it).
 - :func:`gloo_bind_address`: the local address the cross-group gloo transport listens on and
@@ -28,15 +36,21 @@ clear line at the group's first quorum, naming the address to set:
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from urllib.parse import urlsplit
 
-LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+from torchtitan_ft.netaddr import WILDCARD_HOSTS, ip_literal, url_hostname
+
+LOOPBACK_NAMES = {
+    "localhost": "127.0.0.1",
+    "localhost.localdomain": "127.0.0.1",
+    "ip6-localhost": "::1",
+}
+"""The names that are loopback without a lookup (lower case), and the address a server that
+peers reach under that name listens on."""
 GLOO_SOCKET_IFNAME_ENV = "GLOO_SOCKET_IFNAME"
 HOSTNAME_SETTING = "fault_tolerance.hostname"
 """How the setting is named in messages (the Manager's ``hostname`` argument)."""
@@ -44,21 +58,39 @@ _DISCARD_PORT = 9
 """Any port: connecting a UDP socket only picks a route, it sends nothing."""
 
 
-def _literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    with contextlib.suppress(ValueError):
-        return ipaddress.ip_address(host.strip("[]"))
-    return None
-
-
-def is_loopback_name(host: str) -> bool:
-    """Whether ``host`` is a loopback address or a loopback name, without resolving it."""
-    literal = _literal(host)
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback without a name lookup: an address in
+    ``127.0.0.0/8`` or ``::1`` (brackets allowed), or one of :data:`LOOPBACK_NAMES` (any
+    case). Other names count as not loopback (:func:`resolves_to_loopback` resolves them)."""
+    literal = ip_literal(host)
     return literal.is_loopback if literal is not None else host.lower() in LOOPBACK_NAMES
+
+
+def loopback_address(host: str) -> str:
+    """The address a server listens on when peers dial it at the loopback ``host``
+    (:func:`is_loopback`): ``host`` itself if it is an address (brackets removed), else the
+    address :data:`LOOPBACK_NAMES` gives its name."""
+    literal = ip_literal(host)
+    if literal is not None:
+        return str(literal)
+    try:
+        return LOOPBACK_NAMES[host.lower()]
+    except KeyError:
+        raise ValueError(
+            f"host {host!r} is not a loopback address or name, expected one of "
+            f"127.0.0.0/8, ::1, {', '.join(sorted(LOOPBACK_NAMES))}"
+        ) from None
+
+
+def advertised_host(host: str) -> str:
+    """The name peers should dial for a server bound to ``host``: this machine's host name
+    (looked up now) for a wildcard bind, else ``host`` itself."""
+    return socket.gethostname() if host in WILDCARD_HOSTS else host
 
 
 def resolve(host: str) -> list[str]:
     """The addresses ``host`` resolves to here (``[]`` if it does not resolve)."""
-    literal = _literal(host)
+    literal = ip_literal(host)
     if literal is not None:
         return [str(literal)]
     try:
@@ -71,7 +103,7 @@ def resolve(host: str) -> list[str]:
 def resolves_to_loopback(host: str) -> bool:
     """Whether ``host`` names this machine's loopback (by name, or every address it resolves
     to is loopback, e.g. a host name mapped to 127.0.1.1 in /etc/hosts)."""
-    if is_loopback_name(host):
+    if is_loopback(host):
         return True
     addresses = resolve(host)
     return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
@@ -79,7 +111,7 @@ def resolves_to_loopback(host: str) -> bool:
 
 def is_local_address(address: str) -> bool:
     """Whether ``address`` (an IP literal) belongs to this host: a socket can bind it."""
-    literal = _literal(address)
+    literal = ip_literal(address)
     if literal is None:
         return False
     family = socket.AF_INET6 if literal.version == 6 else socket.AF_INET
@@ -111,11 +143,6 @@ def route_source(host: str) -> str | None:
     return None
 
 
-def url_hostname(url: str) -> str:
-    """The host of ``http://host:port`` (or of a bare ``host:port``)."""
-    return urlsplit(url if "://" in url else f"//{url}").hostname or ""
-
-
 # ---------------------------------------------------------------------------- what to advertise
 
 
@@ -124,7 +151,7 @@ def advertised_store_host(store_host: str, hostname: str) -> str:
     (``MASTER_ADDR``): ``hostname`` when ``store_host`` is a loopback name and ``hostname``
     is not (the store is on this machine, and peers on other machines dial ``hostname``),
     else ``store_host``."""
-    if is_loopback_name(store_host) and not is_loopback_name(hostname):
+    if is_loopback(store_host) and not is_loopback(hostname):
         return hostname
     return store_host
 
@@ -135,7 +162,7 @@ def gloo_bind_address(store_host: str, env: Mapping[str, str]) -> str | None:
     else this host's address on the route towards the store, which is the network the peers
     share. ``None`` when ``GLOO_SOCKET_IFNAME`` is set (gloo then uses that interface) or
     there is no route (gloo's default: this machine's host name)."""
-    if is_loopback_name(store_host):
+    if is_loopback(store_host):
         return "127.0.0.1"
     if env.get(GLOO_SOCKET_IFNAME_ENV):
         return None

@@ -1,14 +1,18 @@
-"""Host and port strings, in every process: ``host:port`` (IPv6 in brackets), loopback, bind probes.
+"""Address syntax: ``host:port`` and URLs (IPv6 in brackets), IP literals, port probes.
 
-One spelling for every server and client of the package: the lighthouse, the manager server,
-the process groups' stores and the checkpoint servers all parse and format addresses here.
+Used in every process (lighthouse, trainer rank): the lighthouse, the ManagerServer, the
+process groups' stores and the checkpoint servers parse and format their addresses here.
+Which address a replica group binds or advertises, and what counts as loopback, is policy:
+:mod:`torchtitan_ft.addresses`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import socket
+from urllib.parse import urlsplit
 
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 """Hosts that mean "every interface" when binding (brackets removed)."""
@@ -46,23 +50,16 @@ def join_host_port(host: str, port: int) -> str:
     return f"{url_host(host)}:{port}"
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine's loopback interface without a name lookup:
-    ``localhost``, ``127.0.0.0/8`` or ``::1`` (brackets allowed). Other names are not
-    resolved, so they count as not loopback."""
-    host = host.removeprefix("[").removesuffix("]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+def url_hostname(url: str) -> str:
+    """The host of ``http://host:port`` (or of a bare ``host:port``), brackets removed."""
+    return urlsplit(url if "://" in url else f"//{url}").hostname or ""
 
 
-def advertised_host(host: str) -> str:
-    """The name peers should dial for a server bound to ``host``: the machine's host name for
-    a wildcard bind, else ``host`` itself."""
-    return socket.gethostname() if host in WILDCARD_HOSTS else host
+def ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` as an IP address (brackets allowed), or ``None`` when it is a name."""
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+    return None
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -29,7 +29,8 @@ from urllib.parse import urlsplit
 
 import torch.distributed as dist
 
-from torchtitan_ft.netaddr import advertised_host, join_host_port, url_host
+from torchtitan_ft.addresses import advertised_host
+from torchtitan_ft.netaddr import join_host_port, url_host
 from torchtitan_ft.process_group import ProcessGroup
 
 logger = logging.getLogger(__name__)

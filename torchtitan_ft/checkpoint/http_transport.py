@@ -50,6 +50,7 @@ from datetime import timedelta
 from typing import TypeVar
 from urllib.parse import urlsplit
 
+from torchtitan_ft.addresses import is_loopback
 from torchtitan_ft.auth import resolve_token
 from torchtitan_ft.checkpoint._http_client import Source, receive_tensors
 from torchtitan_ft.checkpoint._http_server import CheckpointServer, Snapshot
@@ -60,7 +61,7 @@ from torchtitan_ft.checkpoint.transport import (
     CheckpointTransport,
     log_received,
 )
-from torchtitan_ft.netaddr import is_loopback, url_host
+from torchtitan_ft.netaddr import url_host
 
 logger = logging.getLogger(__name__)
 

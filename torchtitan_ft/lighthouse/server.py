@@ -27,12 +27,13 @@ from typing import Any
 
 import grpc
 
+from torchtitan_ft.addresses import advertised_host
 from torchtitan_ft.auth import TokenInterceptor, check_token
 from torchtitan_ft.lighthouse import status
 from torchtitan_ft.lighthouse.decision import DecisionOptions
 from torchtitan_ft.lighthouse.state import LighthouseState
 from torchtitan_ft.lighthouse.types import QuorumMember
-from torchtitan_ft.netaddr import advertised_host, bind_problem, join_host_port, split_host_port
+from torchtitan_ft.netaddr import bind_problem, join_host_port, split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.rpc_server import Malformed, handle_loop_error, parser, server_options
 

@@ -68,7 +68,8 @@ class Manager:
     other ranks find the server in that store. Save and restore ``Manager.state_dict()`` with
     periodic checkpoints: it holds the committed step count.
 
-    Args (torchft 0.2.0's, then three of ours; "A > B > C": argument, else env var, else default):
+    Args (torchft 0.2.0's in its order, then four of ours, keyword-only; "A > B > C": argument,
+    else env var, else default):
         pg: the reconfigurable cross-replica-group process group (e.g. ``ProcessGroupGloo``),
             reconfigured whenever the quorum id changes.
         load_state_dict: loads user state received when healing, on the training thread at a
@@ -101,7 +102,8 @@ class Manager:
             digits number the group's global ranks.
         port: ManagerServer port (group rank 0): argument > ``TORCHFT_MANAGER_PORT`` > 0 (free).
         hostname: the name other groups dial for this one's ManagerServer and checkpoint
-            server (default ``socket.gethostname()``); a loopback name keeps both on loopback.
+            server; a loopback name keeps both on loopback. Default ``None``: this machine's
+            name, ``socket.gethostname()`` when the Manager is constructed.
         heartbeat_interval: how often group rank 0 heartbeats the lighthouse (default 100 ms).
         checkpoint_transport: how state moves to healing peers; default ``HTTPTransport`` with
             ``timeout``, ``hostname`` and ``auth_token``.
@@ -164,12 +166,13 @@ class Manager:
         lighthouse_addr: str | None = None,
         replica_id: str | None = None,
         port: int | None = None,
-        hostname: str = socket.gethostname(),
+        hostname: str | None = None,
         heartbeat_interval: timedelta = timedelta(milliseconds=100),
         checkpoint_transport: CheckpointTransport | None = None,
         init_sync: bool = True,
         max_retries: int | None = None,
         quorum_retries: int | None = None,
+        *,
         auth_token: str | None = None,
         model_fingerprint: str | Callable[[], str] | None = None,
         num_replica_groups: int | None = None,
@@ -187,6 +190,8 @@ class Manager:
             )
         if (load_state_dict is None) != (state_dict is None):
             raise ValueError("pass both load_state_dict and state_dict, or neither")
+        if hostname is None:
+            hostname = socket.gethostname()
         settings = resolve_manager_settings(
             env=os.environ,
             lighthouse_addr=lighthouse_addr,

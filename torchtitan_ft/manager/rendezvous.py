@@ -14,12 +14,12 @@ from typing import Any
 
 from torch.distributed import TCPStore
 
-from torchtitan_ft.addresses import advertised_store_host
+from torchtitan_ft.addresses import advertised_store_host, is_loopback, loopback_address
 from torchtitan_ft.checkpoint import CheckpointTransport, HTTPTransport
 from torchtitan_ft.manager.client import ManagerClient
 from torchtitan_ft.manager.server import AddressInUseError, ManagerServer
 from torchtitan_ft.manager.settings import ManagerSettings, port_in_use_message, store_key_prefix
-from torchtitan_ft.netaddr import is_loopback, join_host_port
+from torchtitan_ft.netaddr import join_host_port
 
 logger = logging.getLogger(__name__)
 
@@ -136,13 +136,7 @@ def _server_bind_host(hostname: str) -> str:
     on every interface."""
     if not is_loopback(hostname):
         return "::"
-    return _loopback_address(hostname)
-
-
-def _loopback_address(host: str) -> str:
-    """The loopback address to listen on for ``host``: itself if it is an address (e.g.
-    ``::1``), 127.0.0.1 for ``localhost``."""
-    return "127.0.0.1" if host == "localhost" else host.removeprefix("[").removesuffix("]")
+    return loopback_address(hostname)
 
 
 def open_store(host: str, port: int, *, host_it: bool, timeout: timedelta) -> TCPStore:
@@ -165,7 +159,7 @@ def _host_store(host: str, port: int, timeout: timedelta) -> TCPStore:
             return TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout)
         except RuntimeError as e:  # DistNetworkError: EADDRINUSE
             raise OSError(str(e)) from e
-    address = _loopback_address(host)
+    address = loopback_address(host)
     sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
     try:
         sock.bind((address, port))

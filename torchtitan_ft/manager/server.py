@@ -131,8 +131,9 @@ class ManagerServer:
             incarnation, e.g. ``"train_0:<uuid>"``).
         lighthouse_addr: lighthouse URL, ``http://host:port``.
         hostname: host name advertised in ``address()`` (and so to other replica groups that
-            heal from this one). Default: ``socket.gethostname()``. Set it when that name
-            resolves to a slow or unreachable network.
+            heal from this one). Default ``None``: ``socket.gethostname()``, looked up when the
+            server is constructed. Set it when that name resolves to a slow or unreachable
+            network.
         bind: ``host:port`` to listen on; port 0 picks a free port. Default ``"[::]:0"`` (all
             interfaces).
         store_addr: ``host:port`` of this replica group's TCPStore, advertised to the lighthouse;
@@ -162,7 +163,7 @@ class ManagerServer:
         self,
         replica_id: str,
         lighthouse_addr: str,
-        hostname: str = socket.gethostname(),
+        hostname: str | None = None,
         bind: str = "[::]:0",
         *,
         store_addr: str,
@@ -184,7 +185,7 @@ class ManagerServer:
 
         self._replica_id = replica_id
         self._lighthouse_addr = lighthouse_addr
-        self._hostname = hostname
+        self._hostname = socket.gethostname() if hostname is None else hostname
         self._store_addr = store_addr
         self._world_size = world_size
         self._quorum_retries = quorum_retries

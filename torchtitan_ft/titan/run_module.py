@@ -90,6 +90,9 @@ def main(argv: list[str] | None = None) -> None:
     from torchtitan_ft.titan.data import register_datasets
 
     register_datasets()
+    from torchtitan_ft.titan.known_warnings import quiet_known_warnings
+
+    quiet_known_warnings()  # a filter on TorchTitan's logger: its init_logger keeps it
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

@@ -1,6 +1,7 @@
 """The trainer process's entry point, ``python -m torchtitan_ft.titan.train [TorchTitan args]``
-(run_train.sh's ``TRAIN_FILE``), in every rank of a replica group: CPU fixes, config, then
-TorchTitan's Trainer (docs/titan.md, "Running it").
+(run_train.sh's ``TRAIN_FILE``), in every rank of a replica group: CPU fixes, the known
+harmless CPU warnings quieted (``known_warnings``), config, then TorchTitan's Trainer
+(docs/titan.md, "Running it").
 
 Without ``--job.config_file`` the checkout's ``configs/debug_cpu.toml`` is used when it exists.
 """
@@ -65,9 +66,11 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         trainer_job_config,
     )
     from torchtitan_ft.titan.data import register_datasets
+    from torchtitan_ft.titan.known_warnings import quiet_known_warnings
     from torchtitan_ft.titan.trainer import FaultTolerantTrainer
 
     init_logger()
+    quiet_known_warnings()
     register_datasets()
     args = with_default_config(list(sys.argv[1:] if argv is None else argv))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
