@@ -15,6 +15,15 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 NGPU=${NGPU:-"1"}
+# A count torchrun would refuse with a traceback: one line instead (exit 2, as a config error).
+for count in "NGPU=$NGPU" "NNODES=${NNODES:-1}"; do
+    case "${count#*=}" in
+        '' | *[!0-9]* | 0*)
+            echo "run_train.sh: ${count} is not a count; set ${count%%=*} to a whole number >= 1" >&2
+            exit 2
+            ;;
+    esac
+done
 export LOG_RANK=${LOG_RANK:-0}
 PYTHON=${PYTHON:-python3}
 # A config by name, as TorchTitan's later launch commands spell it (MODEL or MODULE, and CONFIG;

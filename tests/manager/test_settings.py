@@ -12,6 +12,7 @@ from torchtitan_ft.manager.settings import (
     DEFAULT_LIGHTHOUSE_ADDR,
     Resolved,
     Source,
+    overridden_message,
     port_in_use_message,
     resolve_manager_settings,
     store_key_prefix,
@@ -146,7 +147,7 @@ def test_torchft_quorum_retries_env_var() -> None:
     assert resolve_manager_settings(env={}).quorum_retries == Resolved(0, Source.DEFAULT)
     with pytest.raises(ValueError, match="env var TORCHFT_QUORUM_RETRIES must be an integer"):
         resolve_manager_settings(env={"TORCHFT_QUORUM_RETRIES": "many"})
-    with pytest.raises(ValueError, match=r"quorum_retries .*must be >= 0"):
+    with pytest.raises(ValueError, match=r"TORCHFT_QUORUM_RETRIES must be >= 0, got '-2'"):
         resolve_manager_settings(env={"TORCHFT_QUORUM_RETRIES": "-2"})
 
 
@@ -170,3 +171,49 @@ def test_auth_token_argument_then_env_and_never_shown(arg, env, value, shown) ->
 def test_auth_token_env_no_client_can_present_names_the_variable() -> None:
     with pytest.raises(ValueError, match=r"^\$TORCHFT_AUTH_TOKEN may hold only visible ASCII"):
         resolve_manager_settings(env={"TORCHFT_AUTH_TOKEN": "s3cret\n"})
+
+
+@pytest.mark.parametrize(
+    ("var", "bad", "match"),
+    [
+        ("TORCHFT_MANAGER_PORT", "abc", "TORCHFT_MANAGER_PORT must be an integer"),
+        ("TORCHFT_MANAGER_PORT", "70000", r"TORCHFT_MANAGER_PORT must be a port in \[0, 65536\)"),
+        ("TORCHFT_TIMEOUT_SEC", "abc", "TORCHFT_TIMEOUT_SEC must be a number of seconds"),
+        ("TORCHFT_TIMEOUT_SEC", "-5", "TORCHFT_TIMEOUT_SEC must be positive"),
+        ("TORCHFT_QUORUM_TIMEOUT_SEC", "nan", "TORCHFT_QUORUM_TIMEOUT_SEC must be a number"),
+        ("TORCHFT_CONNECT_TIMEOUT_SEC", "1e400", "TORCHFT_CONNECT_TIMEOUT_SEC must be a number"),
+        ("TORCHFT_QUORUM_RETRIES", "-1", "TORCHFT_QUORUM_RETRIES must be >= 0"),
+        ("TORCHFT_QUORUM_RETRIES", "two", "TORCHFT_QUORUM_RETRIES must be an integer"),
+        ("TORCHFT_LIGHTHOUSE", "lighthouse:29510", "is not http://host:port"),
+    ],
+)
+def test_bad_env_var_is_an_error_even_when_an_argument_overrides_it(var, bad, match) -> None:
+    """They were silently ignored whenever an argument was given (issue 20, N9)."""
+    arguments = {
+        "port": 0,
+        "timeout": timedelta(seconds=5),
+        "quorum_timeout": timedelta(seconds=5),
+        "connect_timeout": timedelta(seconds=5),
+        "quorum_retries": 0,
+        "lighthouse_addr": "http://127.0.0.1:1",
+    }
+    with pytest.raises(ValueError, match=match):
+        resolve_manager_settings(env={var: bad}, **arguments)
+
+
+def test_overridden_env_vars_are_named_with_the_winning_argument() -> None:
+    env = {
+        "TORCHFT_TIMEOUT_SEC": "5",
+        "TORCHFT_AUTH_TOKEN": "env-s3cret",
+        "TORCHFT_QUORUM_RETRIES": "2",
+    }
+    settings = resolve_manager_settings(
+        env=env, timeout=timedelta(seconds=60), auth_token="arg-s3cret"
+    )
+    assert settings.overridden == ("TORCHFT_TIMEOUT_SEC", "TORCHFT_AUTH_TOKEN")
+    message = overridden_message(settings, env)
+    assert message is not None
+    assert "TORCHFT_TIMEOUT_SEC='5' loses to timeout=60 s (argument)" in message
+    assert "TORCHFT_AUTH_TOKEN=(set) loses to auth_token=set (argument)" in message
+    assert "s3cret" not in message and "QUORUM_RETRIES" not in message
+    assert overridden_message(resolve_manager_settings(env=env), env) is None

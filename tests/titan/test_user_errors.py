@@ -102,3 +102,85 @@ def test_config_error_through_run_train_sh_is_the_workers_only_line(tmp_path: Pa
         "fault_tolerance.group_size=2"
     ]
     assert not [line for line in lines if "Traceback" in line or "failed (exitcode" in line]
+
+
+def test_bad_torchft_env_var_through_run_train_sh_is_one_line(tmp_path: Path) -> None:
+    """TORCHFT_MANAGER_PORT=abc gave about 100 lines and 3 tracebacks (issue 20, N8)."""
+    env = {
+        **os.environ,
+        "NGPU": "1",
+        "PYTHON": sys.executable,
+        "CONFIG_FILE": str(ROOT / "configs" / "debug_ft_cpu.toml"),
+        "TORCHFT_MANAGER_PORT": "abc",
+    }
+    result = subprocess.run(
+        [str(ROOT / "run_train.sh"), "--fault_tolerance.replica_id=0",
+         f"--job.dump_folder={tmp_path}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = (result.stdout + result.stderr).splitlines()
+    assert [line for line in lines if line.startswith("[rank0]")] == [
+        "[rank0]:torchtitan_ft: config error: env var TORCHFT_MANAGER_PORT must be an integer, "
+        "got 'abc'"
+    ]
+    assert not [line for line in lines if "Traceback" in line]
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "message"),
+    [
+        ("TORCHFT_MANAGER_PORT", "70000", "TORCHFT_MANAGER_PORT must be a port in [0, 65536)"),
+        ("TORCHFT_TIMEOUT_SEC", "nan", "TORCHFT_TIMEOUT_SEC must be a number of seconds"),
+        ("TORCHFT_QUORUM_RETRIES", "-1", "TORCHFT_QUORUM_RETRIES must be >= 0"),
+        ("TORCHFT_AUTH_TOKEN", "s3cret\n", "$TORCHFT_AUTH_TOKEN may hold only visible ASCII"),
+    ],
+)
+def test_bad_torchft_env_var_stops_the_entry_point_before_any_process_group(
+    monkeypatch, capsys, var: str, value: str, message: str
+) -> None:
+    """Checked even though the plugin passes every timeout as an argument (N9)."""
+    import torch.distributed as dist
+
+    from torchtitan_ft.titan.train import main
+
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SystemExit) as stop:
+        main(["--fault_tolerance.enable", "--fault_tolerance.group_size=1",
+              "--fault_tolerance.lighthouse_addr=http://127.0.0.1:29510",
+              "--fault_tolerance.hostname=127.0.0.1"])  # fmt: skip
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"torchtitan_ft: config error: env var {message}") or err.startswith(
+        f"torchtitan_ft: config error: {message}"
+    ), err
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", ""])
+def test_bad_ngpu_is_one_line_before_torchrun(value: str) -> None:
+    """NGPU=abc or 0 ended in a torchrun traceback (N10)."""
+    result = subprocess.run(
+        [str(ROOT / "run_train.sh")], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHON": sys.executable, "NGPU": value},
+    )  # fmt: skip
+    assert result.returncode == 2
+    if value:  # an empty NGPU means the default, 1, as in TorchTitan's script
+        assert result.stderr.splitlines() == [
+            f"run_train.sh: NGPU={value} is not a count; set NGPU to a whole number >= 1"
+        ]
+
+
+@pytest.mark.parametrize("entry", ["torchtitan_ft.train", "torchtitan_ft.titan.train"])
+def test_trainer_outside_torchrun_is_one_line(entry: str) -> None:
+    """``python -m torchtitan_ft.train`` alone raised KeyError: 'LOCAL_RANK' (N11)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
+    result = subprocess.run(
+        [sys.executable, "-m", entry, "--training.steps=1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1].startswith(
+        "torchtitan_ft: the trainer runs under torchrun, which sets LOCAL_RANK"
+    )

@@ -51,7 +51,11 @@ from torchtitan_ft.manager.healing import Healing
 from torchtitan_ft.manager.identity import GroupIdentity
 from torchtitan_ft.manager.quorum import QuorumRequest, QuorumThread
 from torchtitan_ft.manager.rendezvous import join_replica_group
-from torchtitan_ft.manager.settings import ManagerSettings, resolve_manager_settings
+from torchtitan_ft.manager.settings import (
+    ManagerSettings,
+    overridden_message,
+    resolve_manager_settings,
+)
 from torchtitan_ft.manager.stats import Counters, ManagerStats
 from torchtitan_ft.process_group.futures import completed_future
 
@@ -282,6 +286,8 @@ class Manager:
             f"settings: {settings.describe()}; manager server {group.manager_address}, "
             f"store {group.store_address}",
         )
+        if (overridden := overridden_message(settings, os.environ)) is not None:
+            self._log(logging.WARNING, overridden)
 
     def register_state_dict_fn(
         self, key: str, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]

@@ -8,6 +8,7 @@ with an env mapping. ``ManagerSettings.describe`` is the one line the Manager lo
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -95,6 +96,8 @@ class ManagerSettings:
     """Retries of a failed lighthouse quorum request by group rank 0's ManagerServer."""
     auth_token: Resolved[str | None]
     """The job token; ``None``: none. Never logged."""
+    overridden: tuple[str, ...] = ()
+    """The ``TORCHFT_*`` variables that are set but lose to an argument (``overridden_env``)."""
 
     def describe(self) -> str:
         """One line naming every value and its source, e.g. for the start-up log."""
@@ -134,6 +137,70 @@ def _token(arg: str | None, env: Mapping[str, str]) -> Resolved[str | None]:
     if token is not None:
         return Resolved(token, Source.ENV, AUTH_TOKEN_ENV)
     return Resolved(None, Source.DEFAULT)
+
+
+_ENV_SETTINGS = {
+    LIGHTHOUSE_ENV: "lighthouse_addr",
+    MANAGER_PORT_ENV: "manager_port",
+    TIMEOUT_SEC_ENV: "timeout",
+    QUORUM_TIMEOUT_SEC_ENV: "quorum_timeout",
+    CONNECT_TIMEOUT_SEC_ENV: "connect_timeout",
+    QUORUM_RETRIES_ENV: "quorum_retries",
+    AUTH_TOKEN_ENV: "auth_token",
+}
+"""The ``TORCHFT_*`` variables the Manager reads -> the setting each one gives."""
+
+
+def validate_env(env: Mapping[str, str]) -> None:
+    """Raises ValueError, naming the variable, for a ``TORCHFT_*`` variable that is set to a
+    value the Manager could not use, whether or not an argument overrides it (a bad value is
+    a mistake either way, and must not pass silently)."""
+
+    def given(var: str) -> Resolved[object] | None:
+        raw = env.get(var)
+        return Resolved(raw, Source.ENV, var) if raw else None
+
+    if (port := given(MANAGER_PORT_ENV)) is not None:
+        value = _as_int(port, "port").value
+        if not 0 <= value < 65536:
+            raise ValueError(
+                f"env var {MANAGER_PORT_ENV} must be a port in [0, 65536), got {value}"
+            )
+    for var in (TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, CONNECT_TIMEOUT_SEC_ENV):
+        if (timeout := given(var)) is not None:
+            _as_timeout(timeout, _ENV_SETTINGS[var])
+    retries = given(QUORUM_RETRIES_ENV)
+    if retries is not None and _as_int(retries, "quorum_retries").value < 0:
+        raise ValueError(f"env var {QUORUM_RETRIES_ENV} must be >= 0, got {retries.value!r}")
+    if (lighthouse := given(LIGHTHOUSE_ENV)) is not None:
+        check_lighthouse_url(lighthouse)  # type: ignore[arg-type]
+    resolve_token(None, env)
+
+
+def overridden_env(settings: ManagerSettings, env: Mapping[str, str]) -> tuple[str, ...]:
+    """The ``TORCHFT_*`` variables set in ``env`` whose setting came from an argument."""
+    return tuple(
+        var
+        for var, name in _ENV_SETTINGS.items()
+        if env.get(var) and getattr(settings, name).source is Source.ARGUMENT
+    )
+
+
+def overridden_message(settings: ManagerSettings, env: Mapping[str, str]) -> str | None:
+    """One line naming each overridden variable, its value and the argument that wins (the
+    token's value is never shown), or None."""
+    if not settings.overridden:
+        return None
+    parts = []
+    for var in settings.overridden:
+        name = _ENV_SETTINGS[var]
+        secret = name == "auth_token"
+        shown = "(set)" if secret else f"{env.get(var)!r}"
+        parts.append(f"{var}={shown} loses to {name}={getattr(settings, name).describe(secret)}")
+    return (
+        "set but overridden (an argument wins over the environment here; torchft 0.2.0 would "
+        "use the variable): " + "; ".join(parts)
+    )
 
 
 def _as_int(r: Resolved[object], what: str) -> Resolved[int]:
@@ -204,13 +271,16 @@ def resolve_manager_settings(
     torchft 0.2.0 reads the same four ``TORCHFT_*`` variables but lets them override the
     arguments; here an argument wins, as for every other setting.
 
-    An empty env var counts as unset. Raises ValueError for non-integer ports/ranks/retries,
+    An empty env var counts as unset; a set ``TORCHFT_*`` variable is checked even when an
+    argument overrides it (``validate_env``), and ``overridden`` names those that lose to an
+    argument. Raises ValueError for non-integer ports/ranks/retries,
     timeouts that are not positive numbers of seconds (the message names the env var when the
     value came from one), for a rank outside ``[0, world_size)`` and for a multi-rank group
     without a store port (its ranks could not find each other).
     """
     if store_port is not None and store_port < 0:
         raise ValueError(f"store_port must be >= 0, got {store_port}")
+    validate_env(env)
     settings = ManagerSettings(
         lighthouse_addr=_pick(lighthouse_addr, env, LIGHTHOUSE_ENV, DEFAULT_LIGHTHOUSE_ADDR),
         manager_port=_as_int(_pick(port, env, MANAGER_PORT_ENV, 0), "port"),
@@ -234,6 +304,7 @@ def resolve_manager_settings(
         ),
         auth_token=_token(auth_token, env),
     )
+    settings = dataclasses.replace(settings, overridden=overridden_env(settings, env))
     if settings.quorum_retries.value < 0:
         raise ValueError(f"quorum_retries ({settings.quorum_retries.describe()}) must be >= 0")
     size, rank_ = settings.group_world_size.value, settings.group_rank.value

@@ -1,7 +1,8 @@
 """Checks run before any process group exists, in every trainer process (the entry point
 calls them in this order): the values of the ``fault_tolerance`` section
 (:func:`validate_job_config`, also run by the parse), what this machine must have for the run
-(:func:`check_local_paths`, :func:`check_local_address`, :func:`check_model_fragments`), and
+(:func:`check_local_paths`, :func:`check_local_address`, :func:`check_manager_env`,
+:func:`check_model_fragments`), and
 the values the plugin derives for TorchTitan's Trainer (:func:`trainer_job_config`: the
 user's config keeps what the user wrote; each derived value is logged once, with where it came
 from).
@@ -284,6 +285,20 @@ def check_local_address(job_config: Any, env: Mapping[str, str] | None = None) -
     )
     if problem is not None:
         raise ConfigError(problem)
+
+
+def check_manager_env(job_config: Any, env: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`ConfigError` for a ``TORCHFT_*`` variable the Manager would refuse
+    (``manager.settings.validate_env``; ``env``: default ``os.environ``), before TorchTitan
+    builds anything: one line naming the variable instead of a traceback in every rank."""
+    from torchtitan_ft.manager.settings import validate_env
+
+    if not job_config.fault_tolerance.enable:
+        return
+    try:
+        validate_env(os.environ if env is None else env)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_model_fragments(job_config: Any) -> None:

@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         ConfigError,
         check_local_address,
         check_local_paths,
+        check_manager_env,
         check_model_fragments,
         parse_job,
         trainer_job_config,
@@ -79,12 +80,19 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         config = job.config
         check_local_paths(config)
         check_local_address(config)
+        check_manager_env(config)
         check_model_fragments(config)
         trainer_config = trainer_job_config(
             config, explicit_param_dtype=job.explicit_param_dtype, world_size=world_size
         )
     except ConfigError as e:
         _config_error(str(e))
+    if "LOCAL_RANK" not in os.environ:  # TorchTitan's Trainer reads it: a KeyError otherwise
+        _user_error(
+            "the trainer runs under torchrun, which sets LOCAL_RANK, RANK and WORLD_SIZE; start "
+            "it with ./run_train.sh (e.g. ./run_train.sh --fault_tolerance.enable "
+            "--fault_tolerance.replica_id=0 --fault_tolerance.group_size=2)"
+        )
 
     trainer: FaultTolerantTrainer | None = None
     try:
