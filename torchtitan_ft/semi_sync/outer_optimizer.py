@@ -1,6 +1,10 @@
 """DiLoCo's outer optimizers and their state, in the trainer of every rank: one per fragment
 (or one shared), their state copied for healing peers, and created before the first outer
 step for disk checkpoints.
+
+The state is always the torch optimizer's own: healing moves it with ``state_dict`` /
+``load_state_dict``, and the state a checkpoint needs before the first outer step is made by
+the optimizer itself (:func:`initial_optimizer_state`), never written out by hand.
 """
 
 from __future__ import annotations
@@ -74,45 +78,52 @@ def initial_optimizer_state(optimizer: optim.Optimizer, p: nn.Parameter) -> dict
     """The state ``optimizer`` would create for ``p`` at its first step, with values its step
     treats exactly as no state: creating it early changes no numerics.
 
+    Made by the optimizer's own code: a scratch optimizer of the same type and param group
+    options takes one real step of a zero copy of ``p`` with a zero gradient, which leaves
+    every moment at zero; its step counter is then set back to 0. The tensors thus have the
+    dtype, device and layout (a DTensor for a DTensor ``p``) torch gives them.
+
     Supported: SGD without dampening (a zero momentum buffer: ``0 * momentum + grad`` is the
     first buffer), Adam and AdamW, neither fused nor capturable (zero moments, step 0, as their
     own first step creates them).
 
     Raises:
-        ValueError: another optimizer type, or an unsupported option.
+        ValueError: ``p`` not in ``optimizer``, another optimizer type, or an unsupported
+            option.
     """
     group = next((g for g in optimizer.param_groups if any(q is p for q in g["params"])), None)
     if group is None:
         raise ValueError("the parameter is not in the outer optimizer's param_groups")
+    _check_neutral_initial_state(optimizer, group)
+    scratch_param = torch.zeros_like(p).detach()
+    scratch_param.grad = torch.zeros_like(scratch_param)
+    options = {key: value for key, value in group.items() if key != "params"}
+    scratch = type(optimizer)([{**options, "params": [scratch_param]}])
+    scratch.step()
+    state = dict(scratch.state[scratch_param])
+    if "step" in state:
+        state["step"].zero_()
+    return state
+
+
+def _check_neutral_initial_state(optimizer: optim.Optimizer, group: dict[str, Any]) -> None:
+    """Raises ``ValueError`` unless ``optimizer``'s first step with the state of a zero-gradient
+    step from zero parameters (step counter 0) is the same as its first step with no state."""
     if isinstance(optimizer, optim.SGD):
-        if group["momentum"] == 0:
-            return {}
-        if group["dampening"] != 0:
+        if group["momentum"] != 0 and group["dampening"] != 0:
             raise ValueError(
                 f"outer SGD dampening={group['dampening']}: a checkpoint cannot hold its state "
                 "before the first outer step (dampening must be 0)"
             )
-        return {"momentum_buffer": torch.zeros_like(p).detach()}
+        return
     if isinstance(optimizer, optim.Adam | optim.AdamW):
         if group.get("fused") or group.get("capturable"):
             raise ValueError(
                 f"outer {type(optimizer).__name__} with fused or capturable: a checkpoint cannot "
                 "hold its state before the first outer step (use the default implementation)"
             )
-        state = {
-            "step": torch.tensor(0.0, dtype=_scalar_dtype()),
-            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format).detach(),
-            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format).detach(),
-        }
-        if group["amsgrad"]:
-            state["max_exp_avg_sq"] = torch.zeros_like(p).detach()
-        return state
+        return
     raise ValueError(
         f"outer optimizer {type(optimizer).__name__} is not supported by disk checkpoints of "
         "DiLoCo (supported: SGD, Adam, AdamW)"
     )
-
-
-def _scalar_dtype() -> torch.dtype:
-    """The dtype of Adam's ``step`` counter (float64 only under a float64 default dtype)."""
-    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
