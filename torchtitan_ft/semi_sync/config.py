@@ -2,9 +2,10 @@
 outer optimizer.
 
 Everything a user may choose is a field here with its meaning, unit and default, so that the
-TorchTitan config (``fault_tolerance`` section) can map onto it one to one. ``SyncConfig.validate``
-rejects combinations that cannot work (e.g. DiLoCo with an asynchronous quorum) with an error
-that names the bad value and what is expected.
+TorchTitan config (``fault_tolerance`` section) can map onto it one to one. A ``SyncConfig``
+is checked once, when it is built (``SyncConfig.validate``): combinations that cannot work (e.g.
+DiLoCo with an asynchronous quorum) are refused with an error that names the bad value and what
+is expected, so whoever receives one (``build_strategy``) need not check it again.
 """
 
 from __future__ import annotations
@@ -115,9 +116,14 @@ class OuterOptimizerConfig:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class SyncConfig:
-    """Which sync strategy the trainer uses, and its knobs."""
+    """Which sync strategy the trainer uses, and its knobs; checked when built (frozen, so it
+    stays valid).
+
+    Raises:
+        ValueError: at construction, as :meth:`validate`.
+    """
 
     method: SyncMethod = SyncMethod.PER_STEP
     """``per_step`` (default), ``local_sgd`` or ``diloco``."""
@@ -149,8 +155,12 @@ class SyncConfig:
     """Per-step: average gradients in the strategy. Set False when the model is wrapped in
     ``torchtitan_ft.ddp.DistributedDataParallel`` (which already averages them)."""
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> None:
-        """Raises ``ValueError`` naming the first invalid field or combination."""
+        """Raises ``ValueError`` naming the first invalid field or combination (runs at
+        construction)."""
         method = SyncMethod(self.method)
         check_quorum_mode(method, QuorumMode(self.quorum_mode))
         if method is SyncMethod.PER_STEP:
