@@ -60,6 +60,7 @@ import torch
 from torch import nn, optim
 
 from torchtitan_ft.process_group.quantized import DEFAULT_BLOCK_SIZE, quantized_nbytes
+from torchtitan_ft.semi_sync.backup import ParameterBackup, dtype_groups, flatten, unflatten
 from torchtitan_ft.semi_sync.config import (
     QuorumMode,
     SyncMethod,
@@ -85,70 +86,6 @@ from torchtitan_ft.semi_sync.strategy import (
 )
 
 logger: logging.Logger = logging.getLogger(__name__)
-
-
-def _flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
-def _unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    out, offset = [], 0
-    for t in like:
-        out.append(flat[offset : offset + t.numel()].view_as(t))
-        offset += t.numel()
-    return out
-
-
-def _dtype_groups(params: Sequence[nn.Parameter]) -> list[list[int]]:
-    """Indices of ``params`` grouped by dtype and device (one flat buffer per group)."""
-    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
-    for i, p in enumerate(params):
-        data = param_data(p)
-        groups.setdefault((data.dtype, data.device), []).append(i)
-    return list(groups.values())
-
-
-class _Backup:
-    """A copy of some parameters on ``device`` (the last agreed, global, values)."""
-
-    def __init__(
-        self, named_params: Sequence[tuple[str, nn.Parameter]], device: torch.device | None
-    ) -> None:
-        self.names = [name for name, _ in named_params]
-        self.params = [p for _, p in named_params]
-        self.device = device or torch.device("cpu")
-        pin = self.device.type == "cpu" and torch.cuda.is_available()
-        self.tensors: list[torch.Tensor] = []
-        for p in self.params:
-            data = param_data(p)
-            t = torch.empty(data.shape, dtype=data.dtype, device=self.device)
-            self.tensors.append(t.pin_memory() if pin else t)
-        self.save()
-
-    @torch.no_grad()
-    def save(self) -> None:
-        """Copies the parameters into the backup."""
-        for t, p in zip(self.tensors, self.params, strict=True):
-            t.copy_(param_data(p))
-
-    @torch.no_grad()
-    def restore(self) -> None:
-        """Copies the backup into the parameters."""
-        for t, p in zip(self.tensors, self.params, strict=True):
-            param_data(p).copy_(t)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The backup tensors by parameter name (clones)."""
-        return {name: t.clone() for name, t in zip(self.names, self.tensors, strict=True)}
-
-    @torch.no_grad()
-    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Loads backup tensors by parameter name; every name must be present."""
-        missing = [name for name in self.names if name not in state_dict]
-        if missing:
-            raise ValueError(f"state_dict lacks global parameters {missing[:5]}")
-        for name, t in zip(self.names, self.tensors, strict=True):
-            t.copy_(state_dict[name])
 
 
 @dataclass
@@ -283,7 +220,7 @@ class _SemiSync(SyncStrategy, _OptimizerHooks):
 
     # Disk checkpoints: the same state, by parameter, in tensors a checkpoint can fill in place.
 
-    def _backups(self) -> list[_Backup]:
+    def _backups(self) -> list[ParameterBackup]:
         raise NotImplementedError
 
     def global_parameters(self) -> list[tuple[nn.Parameter, torch.Tensor]]:
@@ -346,15 +283,15 @@ class LocalSGD(_SemiSync):
             manager, optimizer, model.parameters(), quorum_mode, SyncSchedule(sync_every)
         )
         self._model = model
-        self._backup = _Backup(list(model.named_parameters()), backup_device)
+        self._backup = ParameterBackup(list(model.named_parameters()), backup_device)
         self._register()
 
     def _prepare(self, index: int) -> None:
         """Starts the allreduce of the parameters (``index`` is 0: one fragment)."""
         params = self._backup.params
         pending = _PendingSync(index, [])
-        for group in _dtype_groups(params):
-            flat = _flatten([param_data(params[i]) for i in group]).clone()
+        for group in dtype_groups(params):
+            flat = flatten([param_data(params[i]) for i in group]).clone()
             pending.futures.append(self._manager.allreduce(flat))
             pending.buffers.append((group, flat))
             self.stats.allreduce_calls += 1
@@ -374,7 +311,7 @@ class LocalSGD(_SemiSync):
             if committed:
                 for group, flat in pending.buffers:
                     datas = [param_data(params[i]) for i in group]
-                    for data, avg in zip(datas, _unflatten(flat, datas), strict=True):
+                    for data, avg in zip(datas, unflatten(flat, datas), strict=True):
                         data.copy_(avg)
                 self._backup.save()
                 self.stats.syncs_committed += 1
@@ -391,7 +328,7 @@ class LocalSGD(_SemiSync):
         self._backup.load_state_dict(state_dict["global"])
         self._backup.restore()
 
-    def _backups(self) -> list[_Backup]:
+    def _backups(self) -> list[ParameterBackup]:
         return [self._backup]
 
 
@@ -405,9 +342,9 @@ class _Fragment:
         backup_device: torch.device | None,
     ) -> None:
         self.module = module
-        self.backup = _Backup(list(module.named_parameters()), backup_device)
+        self.backup = ParameterBackup(list(module.named_parameters()), backup_device)
         self.params = self.backup.params
-        self.groups = _dtype_groups(self.params)
+        self.groups = dtype_groups(self.params)
         self.outer_optimizer = outer_optimizer
 
     def pseudo_gradients(self) -> list[tuple[list[int], torch.Tensor]]:
@@ -420,7 +357,7 @@ class _Fragment:
                     - param_data(self.params[i])
                     for i in group
                 ]
-                out.append((group, _flatten(deltas)))
+                out.append((group, flatten(deltas)))
         return out
 
     def outer_step(self, buffers: list[tuple[list[int], torch.Tensor]]) -> None:
@@ -438,7 +375,7 @@ class _Fragment:
                     p.grad = None
         for group_idx, flat in buffers:
             datas = [param_data(self.params[i]) for i in group_idx]
-            for i, grad in zip(group_idx, _unflatten(flat, datas), strict=True):
+            for i, grad in zip(group_idx, unflatten(flat, datas), strict=True):
                 p = self.params[i]
                 p.grad = _as_param_grad(p, grad.to(param_data(p).dtype))
         self.outer_optimizer.step()
@@ -628,7 +565,7 @@ class DiLoCo(_SemiSync):
         self._syncs_committed = int(state_dict["syncs_committed"])
         self._pending = None
 
-    def _backups(self) -> list[_Backup]:
+    def _backups(self) -> list[ParameterBackup]:
         return [f.backup for f in self._fragments]
 
     def schedule_state(self) -> dict[str, int]:
