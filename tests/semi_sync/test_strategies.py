@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -131,6 +133,31 @@ def test_config_validation() -> None:
     ):
         with pytest.raises(ValueError, match="must be a finite number, got"):
             bad.validate()
+
+
+def test_a_sync_config_is_checked_once_when_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Construction checks the config (an invalid one never exists); ``build_strategy`` does
+    not check it again, and the config cannot be changed into an invalid one afterwards."""
+    calls: list[SyncConfig] = []
+    check = SyncConfig.validate
+
+    def counted(self: SyncConfig) -> None:
+        calls.append(self)
+        check(self)
+
+    monkeypatch.setattr(SyncConfig, "validate", counted)
+    config = SyncConfig(
+        method=SyncMethod.DILOCO, quorum_mode=QuorumMode.SYNC, sync_every=4, num_fragments=2
+    )
+    assert calls == [config]
+    model = make_model(num_layers=4)
+    manager = SimulatedReplicaGroups(1, quorum_mode=QuorumMode.SYNC).manager("a")
+    build_strategy(config, manager, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert calls == [config]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.sync_every = 3  # type: ignore[misc]
+    with pytest.raises(ValueError, match="multiple of the number of fragments"):
+        dataclasses.replace(config, sync_every=3)
 
 
 def test_build_strategy_picks_the_configured_one() -> None:

@@ -3,7 +3,9 @@ LocalSGD, DiLoCo, Streaming DiLoCo.
 
 torchft 0.2.0's ``torchft.local_sgd.LocalSGD`` and ``DiLoCo`` map to the classes of the same
 name here. The trainer builds one with ``build_strategy(SyncConfig(...), manager, model,
-optimizer)`` and drives it through ``SyncStrategy`` (see ``strategy.py``).
+optimizer)`` and drives it through ``SyncStrategy`` (see ``strategy.py``). LocalSGD and DiLoCo
+(``local_sgd.py``) carry out the sync schedule of ``schedule.py``; DiLoCo's outer optimizers
+are in ``outer_optimizer.py``, the global parameters in ``backup.py``.
 """
 
 from torchtitan_ft.semi_sync.builder import build_strategy

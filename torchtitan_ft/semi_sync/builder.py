@@ -20,11 +20,11 @@ def build_strategy(
 ) -> SyncStrategy:
     """The strategy ``config`` asks for, wired to ``manager``, ``model`` and ``inner_optimizer``.
 
+    ``config`` was checked when it was built; the strategies check their own arguments.
+
     Raises:
-        ValueError: an invalid config, or a Manager whose quorum mode differs from
-            ``config.quorum_mode``.
+        ValueError: a Manager whose quorum mode differs from ``config.quorum_mode``.
     """
-    config.validate()
     quorum_mode_of(manager, config.quorum_mode)
     backup_device = torch.device(config.backup_device) if config.backup_device else None
     method = SyncMethod(config.method)

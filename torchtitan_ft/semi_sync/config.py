@@ -2,9 +2,10 @@
 outer optimizer.
 
 Everything a user may choose is a field here with its meaning, unit and default, so that the
-TorchTitan config (``fault_tolerance`` section) can map onto it one to one. ``SyncConfig.validate``
-rejects combinations that cannot work (e.g. DiLoCo with an asynchronous quorum) with an error
-that names the bad value and what is expected.
+TorchTitan config (``fault_tolerance`` section) can map onto it one to one. A ``SyncConfig``
+is checked once, when it is built (``SyncConfig.validate``): combinations that cannot work (e.g.
+DiLoCo with an asynchronous quorum) are refused with an error that names the bad value and what
+is expected, so whoever receives one (``build_strategy``) need not check it again.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from enum import StrEnum
 
 import torch
 from torch import optim
+
+from torchtitan_ft.semi_sync.schedule import SyncSchedule
 
 
 class SyncMethod(StrEnum):
@@ -113,9 +116,14 @@ class OuterOptimizerConfig:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class SyncConfig:
-    """Which sync strategy the trainer uses, and its knobs."""
+    """Which sync strategy the trainer uses, and its knobs; checked when built (frozen, so it
+    stays valid).
+
+    Raises:
+        ValueError: at construction, as :meth:`validate`.
+    """
 
     method: SyncMethod = SyncMethod.PER_STEP
     """``per_step`` (default), ``local_sgd`` or ``diloco``."""
@@ -147,8 +155,12 @@ class SyncConfig:
     """Per-step: average gradients in the strategy. Set False when the model is wrapped in
     ``torchtitan_ft.ddp.DistributedDataParallel`` (which already averages them)."""
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> None:
-        """Raises ``ValueError`` naming the first invalid field or combination."""
+        """Raises ``ValueError`` naming the first invalid field or combination (runs at
+        construction)."""
         method = SyncMethod(self.method)
         check_quorum_mode(method, QuorumMode(self.quorum_mode))
         if method is SyncMethod.PER_STEP:
@@ -181,29 +193,18 @@ def check_quorum_mode(method: SyncMethod, mode: QuorumMode, name: str | None = N
 def validate_diloco_schedule(
     sync_every: int, num_fragments: int, fragment_sync_delay: int, fragment_update_alpha: float
 ) -> int:
-    """Checks a (Streaming) DiLoCo schedule; returns the steps between two fragment syncs.
+    """Checks a (Streaming) DiLoCo schedule (``SyncSchedule``) and its ``fragment_update_alpha``;
+    returns the steps between two fragment syncs.
 
     Raises:
         ValueError: naming the bad value and the constraint it breaks.
     """
-    if num_fragments < 1:
-        raise ValueError(f"DiLoCo needs at least one fragment, got {num_fragments}")
-    if sync_every < num_fragments:
-        raise ValueError(
-            f"sync_every ({sync_every}) must be >= the number of fragments ({num_fragments}): "
-            "at most one fragment is synced per step"
-        )
-    if sync_every % num_fragments != 0:
-        raise ValueError(
-            f"sync_every ({sync_every}) must be a multiple of the number of fragments "
-            f"({num_fragments})"
-        )
-    cycle = sync_every // num_fragments
-    if not 0 <= fragment_sync_delay < cycle:
-        raise ValueError(
-            f"fragment_sync_delay must be in [0, sync_every / num_fragments = {cycle}), got "
-            f"{fragment_sync_delay}: a fragment's sync must finish before the next one starts"
-        )
+    cycle = SyncSchedule(sync_every, num_fragments, fragment_sync_delay).cycle
+    check_fragment_update_alpha(fragment_update_alpha)
+    return cycle
+
+
+def check_fragment_update_alpha(fragment_update_alpha: float) -> None:
+    """Raises ``ValueError`` unless ``fragment_update_alpha`` is in [0, 1]."""
     if not 0.0 <= fragment_update_alpha <= 1.0:
         raise ValueError(f"fragment_update_alpha must be in [0, 1], got {fragment_update_alpha}")
-    return cycle

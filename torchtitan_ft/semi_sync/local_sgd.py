@@ -14,11 +14,10 @@ global parameters with it; every group continues from the new global parameters.
 
 **Streaming DiLoCo** (https://arxiv.org/abs/2501.18512): the model is split into F fragments,
 synced in turn, one every ``sync_every / F`` steps (so each fragment still every
-``sync_every`` steps). Schedule, with ``cycle = sync_every / F`` and tau =
-``fragment_sync_delay``: in each cycle, after inner step ``cycle - tau`` the quorum is formed and
-fragment ``(committed fragment syncs) % F`` starts its (asynchronous) allreduce; after inner
-step ``cycle`` the result is applied. The fragment index advances only when a sync commits, so
-a failed fragment is retried next cycle. After applying, the fragment's parameters are
+``sync_every`` steps); with tau = ``fragment_sync_delay``, a fragment's allreduce overlaps
+the tau inner steps before it is applied. When the quorum is formed and which fragment starts
+or applies its sync is decided by ``schedule.SyncSchedule`` (one pure function); the strategies
+here carry it out. After applying, the fragment's parameters are
 ``(1 - alpha) * global + alpha * local`` with alpha = ``fragment_update_alpha`` (``local`` =
 the parameters just before the sync, including the tau inner steps taken while the allreduce
 was in flight).
@@ -34,7 +33,7 @@ schedule) is registered with the Manager (``register_state_dict_fn``, key ``"dil
 save ``state_dict()`` carry it; loading it also resets the model's parameters to the global
 ones. Disk checkpoints that load in place (DCP) use the same state by parameter instead:
 ``global_parameters()``, DiLoCo's ``outer_optimizer_state()`` (created before the first outer
-step where needed, with equal numerics: ``initial_optimizer_state``) and
+step where needed, with equal numerics: ``outer_optimizer.initial_optimizer_state``) and
 ``schedule_state()``; see ``torchtitan_ft.titan.semi_sync.StrategyState``.
 
 Quorums are formed only at sync points, plus once before the first inner step (the first
@@ -52,7 +51,6 @@ before it trains:
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -60,22 +58,28 @@ from typing import Any
 
 import torch
 from torch import nn, optim
-from torch.distributed.tensor import DTensor
 
 from torchtitan_ft.process_group.quantized import DEFAULT_BLOCK_SIZE, quantized_nbytes
+from torchtitan_ft.semi_sync.backup import ParameterBackup, dtype_groups, flatten, unflatten
 from torchtitan_ft.semi_sync.config import (
-    OuterOptimizerConfig,
     QuorumMode,
     SyncMethod,
+    check_fragment_update_alpha,
     check_quorum_mode,
-    validate_diloco_schedule,
 )
+from torchtitan_ft.semi_sync.outer_optimizer import (
+    OuterOptimizerArg,
+    build_outer_optimizers,
+    initial_optimizer_state,
+    local_copy,
+    shard_like_params,
+)
+from torchtitan_ft.semi_sync.schedule import SyncActions, SyncSchedule
 from torchtitan_ft.semi_sync.strategy import (
     CommStats,
     ManagerLike,
     SyncStrategy,
     _OptimizerHooks,
-    local_tensor,
     param_data,
     quorum_mode_of,
     wait_future,
@@ -84,80 +88,30 @@ from torchtitan_ft.semi_sync.strategy import (
 logger: logging.Logger = logging.getLogger(__name__)
 
 
-def _flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.reshape(-1) for t in tensors])
+@dataclass
+class _PendingSync:
+    """A sync whose allreduce has been started (LocalSGD: of the parameters, fragment 0;
+    DiLoCo: of one fragment's pseudo-gradients)."""
 
-
-def _unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    out, offset = [], 0
-    for t in like:
-        out.append(flat[offset : offset + t.numel()].view_as(t))
-        offset += t.numel()
-    return out
-
-
-def _dtype_groups(params: Sequence[nn.Parameter]) -> list[list[int]]:
-    """Indices of ``params`` grouped by dtype and device (one flat buffer per group)."""
-    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
-    for i, p in enumerate(params):
-        data = param_data(p)
-        groups.setdefault((data.dtype, data.device), []).append(i)
-    return list(groups.values())
-
-
-class _Backup:
-    """A copy of some parameters on ``device`` (the last agreed, global, values)."""
-
-    def __init__(
-        self, named_params: Sequence[tuple[str, nn.Parameter]], device: torch.device | None
-    ) -> None:
-        self.names = [name for name, _ in named_params]
-        self.params = [p for _, p in named_params]
-        self.device = device or torch.device("cpu")
-        pin = self.device.type == "cpu" and torch.cuda.is_available()
-        self.tensors: list[torch.Tensor] = []
-        for p in self.params:
-            data = param_data(p)
-            t = torch.empty(data.shape, dtype=data.dtype, device=self.device)
-            self.tensors.append(t.pin_memory() if pin else t)
-        self.save()
-
-    @torch.no_grad()
-    def save(self) -> None:
-        """Copies the parameters into the backup."""
-        for t, p in zip(self.tensors, self.params, strict=True):
-            t.copy_(param_data(p))
-
-    @torch.no_grad()
-    def restore(self) -> None:
-        """Copies the backup into the parameters."""
-        for t, p in zip(self.tensors, self.params, strict=True):
-            param_data(p).copy_(t)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The backup tensors by parameter name (clones)."""
-        return {name: t.clone() for name, t in zip(self.names, self.tensors, strict=True)}
-
-    @torch.no_grad()
-    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Loads backup tensors by parameter name; every name must be present."""
-        missing = [name for name in self.names if name not in state_dict]
-        if missing:
-            raise ValueError(f"state_dict lacks global parameters {missing[:5]}")
-        for name, t in zip(self.names, self.tensors, strict=True):
-            t.copy_(state_dict[name])
+    fragment: int
+    buffers: list[tuple[list[int], torch.Tensor]]
+    futures: list[torch.futures.Future[torch.Tensor]] = field(default_factory=list)
 
 
 class _SemiSync(SyncStrategy, _OptimizerHooks):
-    """What LocalSGD and DiLoCo share: the step counter, quorum points and healing.
+    """What LocalSGD and DiLoCo share: the step counter, carrying out the sync schedule
+    (``SyncSchedule``) and healing.
 
-    Subclasses set ``_quorum_at`` (the local step after which the quorum is formed) and
-    implement ``_after_quorum`` (the rest of the sync), ``state_dict``/``_load_state`` and
-    ``_backups`` (the global copies).
+    Subclasses implement ``_prepare`` (start a fragment's sync) and ``_finish_sync`` (apply or
+    discard the sync in flight), ``state_dict``/``_load_state`` and ``_backups`` (the global
+    copies).
     """
 
     _state_key = "semi_sync"
     _method: SyncMethod
+    _syncs_committed = 0
+    """Committed fragment syncs, which pick the next fragment (DiLoCo counts them; LocalSGD's
+    one fragment needs no count)."""
 
     def __init__(
         self,
@@ -165,14 +119,16 @@ class _SemiSync(SyncStrategy, _OptimizerHooks):
         optimizer: optim.Optimizer,
         params: Iterable[nn.Parameter],
         quorum_mode: QuorumMode | None,
+        schedule: SyncSchedule,
     ) -> None:
         _check_sync_quorum(type(self).__name__, self._method, manager, quorum_mode)
         _OptimizerHooks.__init__(self, optimizer, params)
         self._manager = manager
+        self._schedule = schedule
         self._local_step = 0
-        self._quorum_at = 1
         self._started = False
         self._healed = False
+        self._pending: _PendingSync | None = None
         self.stats = CommStats()
 
     def _register(self) -> None:
@@ -195,11 +151,24 @@ class _SemiSync(SyncStrategy, _OptimizerHooks):
         return not self._initial_quorum()
 
     def after_step(self) -> None:
-        """Counts the inner step and runs the sync schedule."""
+        """Counts the inner step and does what the sync schedule says at it."""
         self._local_step += 1
-        if self._local_step == self._quorum_at:
+        if self._actions().form_quorum:
             self._quorum()
-            self._after_quorum()
+        self._sync()
+
+    def _actions(self) -> SyncActions:
+        return self._schedule.actions(self._local_step, self._syncs_committed)
+
+    def _sync(self) -> None:
+        """Starts and applies the syncs the schedule names at the current position. Runs
+        after any quorum, so it sees the position that a heal there loaded."""
+        actions = self._actions()
+        if actions.start_fragment is not None:
+            self._prepare(actions.start_fragment)
+        if actions.apply_fragment is not None:
+            self._local_step = 0
+            self._finish_sync()
 
     def _quorum(self) -> None:
         self._healed = False
@@ -219,9 +188,9 @@ class _SemiSync(SyncStrategy, _OptimizerHooks):
         while True:
             self._quorum()
             healed, self._healed = healed or self._healed, False
-            if healed and self._local_step == self._quorum_at:
+            if healed and self._actions().form_quorum:
                 # The peers are at a sync point: take part in the rest of that sync.
-                self._after_quorum()
+                self._sync()
                 self.joined_peers_sync = True
                 return healed
             # A collective before the vote: a peer serving our heal (or healing from us) must
@@ -231,7 +200,13 @@ class _SemiSync(SyncStrategy, _OptimizerHooks):
                 return healed
             logger.warning("initial quorum did not commit (%s); retrying", self._manager.errored())
 
-    def _after_quorum(self) -> None:
+    def _prepare(self, index: int) -> None:
+        """Starts the sync of fragment ``index`` (sets ``_pending``)."""
+        raise NotImplementedError
+
+    def _finish_sync(self) -> None:
+        """Waits for the sync in flight (``_pending``) and applies it, or discards it unless
+        it committed."""
         raise NotImplementedError
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -245,7 +220,7 @@ class _SemiSync(SyncStrategy, _OptimizerHooks):
 
     # Disk checkpoints: the same state, by parameter, in tensors a checkpoint can fill in place.
 
-    def _backups(self) -> list[_Backup]:
+    def _backups(self) -> list[ParameterBackup]:
         raise NotImplementedError
 
     def global_parameters(self) -> list[tuple[nn.Parameter, torch.Tensor]]:
@@ -304,30 +279,39 @@ class LocalSGD(_SemiSync):
     ) -> None:
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
-        super().__init__(manager, optimizer, model.parameters(), quorum_mode)
+        super().__init__(
+            manager, optimizer, model.parameters(), quorum_mode, SyncSchedule(sync_every)
+        )
         self._model = model
-        self._sync_every = sync_every
-        self._quorum_at = sync_every
-        self._backup = _Backup(list(model.named_parameters()), backup_device)
+        self._backup = ParameterBackup(list(model.named_parameters()), backup_device)
         self._register()
 
-    def _after_quorum(self) -> None:
+    def _prepare(self, index: int) -> None:
+        """Starts the allreduce of the parameters (``index`` is 0: one fragment)."""
         params = self._backup.params
-        futures = []
-        buffers = []
-        for group in _dtype_groups(params):
-            flat = _flatten([param_data(params[i]) for i in group]).clone()
-            futures.append(self._manager.allreduce(flat))
-            buffers.append((group, flat))
+        pending = _PendingSync(index, [])
+        for group in dtype_groups(params):
+            flat = flatten([param_data(params[i]) for i in group]).clone()
+            pending.futures.append(self._manager.allreduce(flat))
+            pending.buffers.append((group, flat))
             self.stats.allreduce_calls += 1
             self.stats.payload_bytes += flat.numel() * flat.element_size()
-        ok = all([wait_future(self._manager, fut) for fut in futures])
+        self._pending = pending
+
+    def _finish_sync(self) -> None:
+        """Sets the parameters to their average if the sync commits, else restores the last
+        average."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            raise RuntimeError("no LocalSGD sync in flight to finish")
+        params = self._backup.params
+        ok = all([wait_future(self._manager, fut) for fut in pending.futures])
         committed = self._manager.should_commit() and ok
         with torch.no_grad():
             if committed:
-                for group, flat in buffers:
+                for group, flat in pending.buffers:
                     datas = [param_data(params[i]) for i in group]
-                    for data, avg in zip(datas, _unflatten(flat, datas), strict=True):
+                    for data, avg in zip(datas, unflatten(flat, datas), strict=True):
                         data.copy_(avg)
                 self._backup.save()
                 self.stats.syncs_committed += 1
@@ -335,7 +319,6 @@ class LocalSGD(_SemiSync):
                 self._backup.restore()
                 self.stats.syncs_failed += 1
                 logger.warning("LocalSGD sync failed; parameters restored to the last average")
-        self._local_step = 0
 
     def state_dict(self) -> dict[str, Any]:
         """``{"local_step", "global"}``: the step counter and the last averaged parameters."""
@@ -345,17 +328,8 @@ class LocalSGD(_SemiSync):
         self._backup.load_state_dict(state_dict["global"])
         self._backup.restore()
 
-    def _backups(self) -> list[_Backup]:
+    def _backups(self) -> list[ParameterBackup]:
         return [self._backup]
-
-
-@dataclass
-class _PendingSync:
-    """A fragment sync whose allreduce has been started."""
-
-    fragment: int
-    buffers: list[tuple[list[int], torch.Tensor]]
-    futures: list[torch.futures.Future[torch.Tensor]] = field(default_factory=list)
 
 
 class _Fragment:
@@ -368,9 +342,9 @@ class _Fragment:
         backup_device: torch.device | None,
     ) -> None:
         self.module = module
-        self.backup = _Backup(list(module.named_parameters()), backup_device)
+        self.backup = ParameterBackup(list(module.named_parameters()), backup_device)
         self.params = self.backup.params
-        self.groups = _dtype_groups(self.params)
+        self.groups = dtype_groups(self.params)
         self.outer_optimizer = outer_optimizer
 
     def pseudo_gradients(self) -> list[tuple[list[int], torch.Tensor]]:
@@ -383,7 +357,7 @@ class _Fragment:
                     - param_data(self.params[i])
                     for i in group
                 ]
-                out.append((group, _flatten(deltas)))
+                out.append((group, flatten(deltas)))
         return out
 
     def outer_step(self, buffers: list[tuple[list[int], torch.Tensor]]) -> None:
@@ -401,7 +375,7 @@ class _Fragment:
                     p.grad = None
         for group_idx, flat in buffers:
             datas = [param_data(self.params[i]) for i in group_idx]
-            for i, grad in zip(group_idx, _unflatten(flat, datas), strict=True):
+            for i, grad in zip(group_idx, unflatten(flat, datas), strict=True):
                 p = self.params[i]
                 p.grad = _as_param_grad(p, grad.to(param_data(p).dtype))
         self.outer_optimizer.step()
@@ -420,9 +394,6 @@ def _as_param_grad(p: nn.Parameter, local_grad: torch.Tensor) -> torch.Tensor:
             local_grad, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
         )
     return local_grad
-
-
-OuterOptimizerArg = optim.Optimizer | Sequence[optim.Optimizer] | OuterOptimizerConfig
 
 
 class DiLoCo(_SemiSync):
@@ -479,22 +450,17 @@ class DiLoCo(_SemiSync):
         fragments = (
             [model_fragments] if isinstance(model_fragments, nn.Module) else list(model_fragments)
         )
-        self._cycle = validate_diloco_schedule(
-            sync_every, len(fragments), fragment_sync_delay, fragment_update_alpha
-        )
+        schedule = SyncSchedule(sync_every, len(fragments), fragment_sync_delay)
+        check_fragment_update_alpha(fragment_update_alpha)
         all_params = [p for f in fragments for p in f.parameters()]
-        super().__init__(manager, inner_optimizer, all_params, quorum_mode)
-        self._sync_every = sync_every
-        self._sync_delay = fragment_sync_delay
+        super().__init__(manager, inner_optimizer, all_params, quorum_mode, schedule)
         self._alpha = fragment_update_alpha
         self._should_quantize = should_quantize
-        self._quorum_at = self._cycle - fragment_sync_delay
-        optimizers = _outer_optimizers(outer_optimizer, fragments)
+        optimizers = build_outer_optimizers(outer_optimizer, fragments)
         self._fragments = [
             _Fragment(module, opt, backup_device)
             for module, opt in zip(fragments, optimizers, strict=True)
         ]
-        self._pending: _PendingSync | None = None
         # Committed fragment syncs; picks the next fragment (healed with the state, so every
         # replica picks the same one).
         self._syncs_committed = 0
@@ -508,21 +474,6 @@ class DiLoCo(_SemiSync):
     def outer_optimizers(self) -> list[optim.Optimizer]:
         """The outer optimizer of each fragment (the same object when shared)."""
         return [f.outer_optimizer for f in self._fragments]
-
-    def after_step(self) -> None:
-        """Counts the inner step; starts a fragment's sync at ``cycle - tau``, applies it at
-        ``cycle``."""
-        self._local_step += 1
-        if self._local_step == self._quorum_at:
-            self._quorum()
-            self._after_quorum()
-        elif self._local_step == self._cycle:
-            self._finish_sync()
-
-    def _after_quorum(self) -> None:
-        self._prepare(self._syncs_committed % len(self._fragments))
-        if self._local_step == self._cycle:  # tau == 0
-            self._finish_sync()
 
     def _prepare(self, index: int) -> None:
         """Computes fragment ``index``'s pseudo-gradients and starts their allreduce."""
@@ -542,10 +493,8 @@ class DiLoCo(_SemiSync):
         self._pending = pending
 
     def _finish_sync(self) -> None:
-        """Waits for the pending allreduce and applies it (or discards it), then restarts the
-        cycle."""
+        """Waits for the pending allreduce and applies it (or discards it)."""
         pending, self._pending = self._pending, None
-        self._local_step = 0
         if pending is None:
             # Only after loading a checkpoint taken while a sync was in flight: every replica
             # resumed from it is in the same position, so all skip this sync alike.
@@ -585,7 +534,7 @@ class DiLoCo(_SemiSync):
             # Copies of the local shards: a transport may serialize after later outer steps
             # mutate the state, and a healing peer rebuilds sharded state like its own params.
             "outer_optimizers": [
-                _local_copy(opt.state_dict()) for opt in self._distinct_optimizers()
+                local_copy(opt.state_dict()) for opt in self._distinct_optimizers()
             ],
         }
 
@@ -612,11 +561,11 @@ class DiLoCo(_SemiSync):
             fragment.backup.restore()
         for opt, sd in zip(optimizers, state_dict["outer_optimizers"], strict=True):
             opt.load_state_dict(sd)
-            _shard_like_params(opt)
+            shard_like_params(opt)
         self._syncs_committed = int(state_dict["syncs_committed"])
         self._pending = None
 
-    def _backups(self) -> list[_Backup]:
+    def _backups(self) -> list[ParameterBackup]:
         return [f.backup for f in self._fragments]
 
     def schedule_state(self) -> dict[str, int]:
@@ -645,82 +594,6 @@ class DiLoCo(_SemiSync):
         return out
 
 
-def _local_copy(value: Any) -> Any:
-    """A deep copy of ``value`` with every DTensor replaced by a copy of its local shard."""
-    if isinstance(value, torch.Tensor):
-        return local_tensor(value).clone()
-    if isinstance(value, dict):
-        return {k: _local_copy(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_local_copy(v) for v in value)
-    return copy.deepcopy(value)
-
-
-def _shard_like_params(optimizer: optim.Optimizer) -> None:
-    """After loading local shards (:func:`_local_copy`) into ``optimizer``: each state tensor
-    of a sharded (DTensor) parameter that has the parameter's local shape becomes a DTensor
-    laid out like the parameter, as the optimizer's own step would have created it."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if not isinstance(p, DTensor):
-                continue
-            state = optimizer.state.get(p, {})
-            local_shape = p.to_local().shape
-            for key, value in state.items():
-                if type(value) is torch.Tensor and value.shape == local_shape and value.dim():
-                    state[key] = DTensor.from_local(
-                        value, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
-                    )
-
-
-def initial_optimizer_state(optimizer: optim.Optimizer, p: nn.Parameter) -> dict[str, torch.Tensor]:
-    """The state ``optimizer`` would create for ``p`` at its first step, with values its step
-    treats exactly as no state: creating it early changes no numerics.
-
-    Supported: SGD without dampening (a zero momentum buffer: ``0 * momentum + grad`` is the
-    first buffer), Adam and AdamW, neither fused nor capturable (zero moments, step 0, as their
-    own first step creates them).
-
-    Raises:
-        ValueError: another optimizer type, or an unsupported option.
-    """
-    group = next((g for g in optimizer.param_groups if any(q is p for q in g["params"])), None)
-    if group is None:
-        raise ValueError("the parameter is not in the outer optimizer's param_groups")
-    if isinstance(optimizer, optim.SGD):
-        if group["momentum"] == 0:
-            return {}
-        if group["dampening"] != 0:
-            raise ValueError(
-                f"outer SGD dampening={group['dampening']}: a checkpoint cannot hold its state "
-                "before the first outer step (dampening must be 0)"
-            )
-        return {"momentum_buffer": torch.zeros_like(p).detach()}
-    if isinstance(optimizer, optim.Adam | optim.AdamW):
-        if group.get("fused") or group.get("capturable"):
-            raise ValueError(
-                f"outer {type(optimizer).__name__} with fused or capturable: a checkpoint cannot "
-                "hold its state before the first outer step (use the default implementation)"
-            )
-        state = {
-            "step": torch.tensor(0.0, dtype=_scalar_dtype()),
-            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format).detach(),
-            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format).detach(),
-        }
-        if group["amsgrad"]:
-            state["max_exp_avg_sq"] = torch.zeros_like(p).detach()
-        return state
-    raise ValueError(
-        f"outer optimizer {type(optimizer).__name__} is not supported by disk checkpoints of "
-        "DiLoCo (supported: SGD, Adam, AdamW)"
-    )
-
-
-def _scalar_dtype() -> torch.dtype:
-    """The dtype of Adam's ``step`` counter (float64 only under a float64 default dtype)."""
-    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-
-
 _warned_unknown_mode = False
 
 
@@ -744,19 +617,3 @@ def _check_sync_quorum(
             )
         mode = QuorumMode.SYNC
     check_quorum_mode(method, mode, name=strategy)
-
-
-def _outer_optimizers(
-    outer_optimizer: OuterOptimizerArg, fragments: Sequence[nn.Module]
-) -> list[optim.Optimizer]:
-    if isinstance(outer_optimizer, OuterOptimizerConfig):
-        return [outer_optimizer.build(f.parameters()) for f in fragments]
-    if isinstance(outer_optimizer, optim.Optimizer):
-        return [outer_optimizer] * len(fragments)
-    optimizers = list(outer_optimizer)
-    if len(optimizers) != len(fragments):
-        raise ValueError(
-            f"got {len(optimizers)} outer optimizers for {len(fragments)} fragments; pass one, "
-            "one per fragment, or an OuterOptimizerConfig"
-        )
-    return optimizers
