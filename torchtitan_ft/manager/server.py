@@ -25,11 +25,9 @@ most ``rpc_server.MAX_REQUEST_BYTES``.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import os
-import resource
 import socket
 import sys
 import threading
@@ -43,7 +41,7 @@ import grpc
 from grpc import aio
 
 from torchtitan_ft.addresses import AddressProblem, Advertised, QuorumAddressCheck
-from torchtitan_ft.auth import RefusalLog, TokenInterceptor, check_token, peer_host
+from torchtitan_ft.auth import RefusalLog, check_token, peer_host
 from torchtitan_ft.lighthouse.client import LighthouseClient
 from torchtitan_ft.lighthouse.types import Quorum
 from torchtitan_ft.manager.decisions import QuorumGate, QuorumResult, compute_quorum_results
@@ -58,9 +56,17 @@ from torchtitan_ft.manager.rounds import (
     Unknown,
     Waiting,
 )
-from torchtitan_ft.netaddr import port_in_use, split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
-from torchtitan_ft.rpc_server import Malformed, handle_loop_error, parser, server_options
+from torchtitan_ft.rpc_server import (
+    CannotListen,
+    Malformed,
+    ServerThread,
+    countable_descriptors,
+    descriptor_limit,
+    grpc_server,
+    listen,
+    parser,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -183,8 +189,8 @@ class ManagerServer:
         self._round_ends: dict[int, asyncio.Future[Any]] = {}
         """round number -> what its waiting calls get (created by the first to wait)."""
         self._impostors = RefusalLog(f"the manager server of replica {replica_id!r}")
-        self._loop = asyncio.new_event_loop()
-        self._loop.set_exception_handler(handle_loop_error)
+        self._thread = ServerThread(f"manager-server-{replica_id}")
+        self._loop = self._thread.loop
         self._tasks: set[asyncio.Task[None]] = set()
         self._gate = QuorumGate()
         self._address_check = QuorumAddressCheck()
@@ -192,18 +198,9 @@ class ManagerServer:
         self._closed = False
         self._lighthouse = LighthouseClient(lighthouse_addr, connect_timeout, auth_token)
         self._server: aio.Server | None = None
-        started: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._thread = threading.Thread(
-            target=self._run_loop,
-            args=(bind, started),
-            name=f"manager-server-{replica_id}",
-            daemon=True,
-        )
-        self._thread.start()
         try:
-            self._port = started.result()
+            self._port = self._thread.start(lambda: self._start(bind))
         except BaseException:
-            self._thread.join()
             self._lighthouse.close()
             raise
         try:
@@ -212,7 +209,7 @@ class ManagerServer:
             )
         except BaseException:
             self._closed = True
-            self._stop_loop()
+            self._thread.stop(self._stop)
             self._lighthouse.close()
             raise
         logger.info(
@@ -238,55 +235,27 @@ class ManagerServer:
             return
         self._closed = True
         self._heartbeat.close()
-        self._stop_loop()
+        self._thread.stop(self._stop)
         self._lighthouse.close()
         logger.info("manager server of replica %s stopped", self._replica_id)
 
-    def _stop_loop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-
     # ----------------------------------------------------------------------------- event loop
 
-    def _run_loop(self, bind: str, started: concurrent.futures.Future[int]) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            port = self._loop.run_until_complete(self._start(bind))
-        except BaseException as e:  # handed to the constructor, which re-raises it
-            started.set_exception(e)
-            self._loop.close()
-            return
-        started.set_result(port)
-        self._loop.run_forever()
-        self._loop.close()
-
     async def _start(self, bind: str) -> int:
-        interceptors = []
-        if self._auth_token is not None:
-            interceptors.append(
-                TokenInterceptor(
-                    self._auth_token,
-                    [f"/{SERVICE}/{name}" for name in GUARDED_METHODS],
-                    f"the manager server of replica {self._replica_id!r}",
-                )
-            )
-        fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        server = aio.server(
-            interceptors=interceptors,
-            options=server_options(connection_cap(fd_limit), _IDLE_CONNECTION_MS),
+        server = grpc_server(
+            self._handler(),
+            max_connections=connection_cap(descriptor_limit()),
+            idle_connection_ms=_IDLE_CONNECTION_MS,
+            auth_token=self._auth_token,
+            guarded_methods=[f"/{SERVICE}/{name}" for name in GUARDED_METHODS],
+            server_name=f"the manager server of replica {self._replica_id!r}",
         )
-        server.add_generic_rpc_handlers((self._handler(),))
         try:
-            port = server.add_insecure_port(bind)
-        except RuntimeError as e:
-            if _address_in_use(bind):
+            port = listen(server, bind)
+        except CannotListen as e:
+            if e.in_use:
                 raise AddressInUseError(bind) from None
-            raise RuntimeError(f"manager server cannot listen on {bind!r}: {e}") from e
-        if port == 0:
-            if _address_in_use(bind):
-                raise AddressInUseError(bind)
-            raise RuntimeError(f"manager server cannot listen on {bind!r}")
+            raise RuntimeError(f"manager server cannot listen on {bind!r}: {e.problem}") from None
         await server.start()
         self._server = server
         return port
@@ -654,18 +623,7 @@ def connection_cap(fd_limit: int) -> int:
     heals, and the lighthouse's kill: far fewer than 1024. It shares the process with the
     training (gloo, TCPStore, data loaders), so it takes at most a quarter of the descriptors.
     """
-    if fd_limit == resource.RLIM_INFINITY:
-        fd_limit = 1 << 20
-    return max(16, min(1024, fd_limit // 4))
-
-
-def _address_in_use(bind: str) -> bool:
-    """Whether binding ``host:port`` fails because the address is taken (gRPC does not say)."""
-    try:
-        host, port = split_host_port(bind)
-    except ValueError:  # not host:port at all
-        return False
-    return port_in_use(host, port)
+    return max(16, min(1024, countable_descriptors(fd_limit) // 4))
 
 
 def _exit_process() -> NoReturn:
