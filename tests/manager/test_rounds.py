@@ -161,6 +161,15 @@ def test_metadata_waits_for_the_latest_round_the_rank_is_in() -> None:
     assert rounds.checkpoint_metadata(0) == Found("ckpt-0")
 
 
+def test_a_rank_that_reconnected_is_bound_again_by_its_next_quorum() -> None:
+    rounds = GroupRounds("g", world_size=1)
+    rounds.finish_quorum(ask(rounds, joined(0, A)).round, succeeded=[0])
+    assert isinstance(rounds.vote(Ballot(0, 1, True, B)), Refused)  # not before its quorum
+    rounds.finish_quorum(ask(rounds, joined(0, B)).round, succeeded=[0])
+    assert isinstance(rounds.vote(Ballot(0, 1, True, B)), Decided)
+    assert isinstance(rounds.vote(Ballot(0, 2, True, A)), Refused)
+
+
 # ------------------------------------------------------------------------------ commit round
 
 

@@ -173,6 +173,7 @@ class GroupRounds:
     # ---------------------------------------------------------------------------- quorum
 
     def join(self, call: Joined) -> Refused | Waiting | Ask:
+        """Counts ``call`` in the forming quorum round (see the module doc)."""
         rnd = self._forming
         waiting = rnd.calls.get(call.group_rank)
         bound = waiting.peer if waiting is not None else None
@@ -211,6 +212,8 @@ class GroupRounds:
             self.records[rank] = Record(call.checkpoint_metadata, call.peer)
 
     def checkpoint_metadata(self, group_rank: int) -> Found | Waiting | Unknown:
+        """Where healers fetch ``group_rank``'s state; ``Waiting``: ask again when that
+        round has finished."""
         record = self.records.get(group_rank)
         if record is not None:
             return Found(record.checkpoint_metadata)
@@ -226,6 +229,7 @@ class GroupRounds:
     # ---------------------------------------------------------------------------- commit
 
     def vote(self, ballot: Ballot) -> Refused | Waiting | Decided:
+        """Counts ``ballot`` in the commit round of its step (see the module doc)."""
         rank = ballot.group_rank
         record = self.records.get(rank)
         bound = record.peer if record is not None else None
