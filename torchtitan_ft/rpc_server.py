@@ -1,7 +1,9 @@
-"""What the job's gRPC servers (the lighthouse and the ManagerServer) share: request parsing
-that turns bytes which are not the expected message into ``INVALID_ARGUMENT``, the limits
-that keep a flood of connections from taking the server's file descriptors, and the filter
-for grpc.aio's spurious event-loop errors.
+"""What the job's gRPC servers (the lighthouse and the ManagerServer) share: the thread that
+hosts a server's event loop, the server itself (connection limits, job-token interceptor,
+request parsing), the diagnosis of an address it cannot listen on, and the filter for
+grpc.aio's spurious event-loop errors. Each server picks its own connection cap from the
+descriptors it may use (``descriptor_limit``, ``countable_descriptors``) and its own idle
+timeout.
 
 gRPC's generated servicers parse requests themselves and answer a malformed one with
 ``UNKNOWN`` and an ERROR traceback in the log; handlers registered with ``parser`` receive a
@@ -11,14 +13,26 @@ gRPC's generated servicers parse requests themselves and answer a malformed one 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
-from collections.abc import Callable
+import resource
+import threading
+from collections.abc import Callable, Collection, Coroutine
 from typing import Any, TypeVar
 
+import grpc
 from google.protobuf.message import DecodeError, Message
+from grpc import aio
+
+from torchtitan_ft.auth import TokenInterceptor
+from torchtitan_ft.netaddr import bind_problem, port_in_use, split_host_port
 
 M = TypeVar("M", bound=Message)
+R = TypeVar("R")
 logger = logging.getLogger(__name__)
+
+_UNLIMITED_DESCRIPTORS = 1 << 20
+"""What no descriptor limit counts as: Linux's default ceiling on descriptors per process."""
 
 MAX_REQUEST_BYTES = 1 << 20
 """Largest request accepted (RESOURCE_EXHAUSTED beyond). A lighthouse member's request is a
@@ -85,3 +99,153 @@ def handle_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) 
         logger.debug("grpc.aio poller: %s (spurious, grpc/grpc#25364)", context.get("exception"))
         return
     loop.default_exception_handler(context)
+
+
+LoopErrorHandler = Callable[[asyncio.AbstractEventLoop, dict[str, Any]], None]
+
+
+class ServerThread:
+    """An asyncio event loop on a daemon thread of its own, hosting one server, so that it keeps
+    answering while the threads of its process are busy.
+
+    The loop exists from the constructor on (handlers may use ``loop`` as soon as the server
+    serves); ``start`` runs the server's start-up on it, then the loop runs until ``stop``.
+
+    Args:
+        name: the thread's name.
+        loop_errors: the loop's exception handler. Default: ``handle_loop_error``.
+    """
+
+    def __init__(self, name: str, loop_errors: LoopErrorHandler = handle_loop_error) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(loop_errors)
+        self._name = name
+        self._thread: threading.Thread | None = None
+
+    def start(self, startup: Callable[[], Coroutine[Any, Any, R]]) -> R:
+        """Runs ``startup()`` on the loop's thread and returns its result. If it raises, the
+        thread and the loop end and the error is raised here."""
+        if self._thread is not None:
+            raise RuntimeError(f"server thread {self._name!r} was already started")
+        started: concurrent.futures.Future[R] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(startup, started), name=self._name, daemon=True
+        )
+        self._thread.start()
+        try:
+            return started.result()
+        except BaseException:
+            self._thread.join()
+            raise
+
+    def _run(
+        self,
+        startup: Callable[[], Coroutine[Any, Any, R]],
+        started: concurrent.futures.Future[R],
+    ) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            result = self.loop.run_until_complete(startup())
+        except BaseException as e:  # handed to start(), which re-raises it
+            started.set_exception(e)
+            self.loop.close()
+            return
+        started.set_result(result)
+        self.loop.run_forever()
+        self.loop.close()
+
+    def call(self, coro: Coroutine[Any, Any, R]) -> R:
+        """Runs ``coro`` on the loop and blocks for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self, shutdown: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Runs ``shutdown()`` (the server's own) on the loop, then ends the loop and waits for
+        its thread. Does nothing if the loop is not running (never started, failed to start or
+        already stopped)."""
+        if not self.running():
+            return
+        self.call(shutdown())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.wait()
+
+    def running(self) -> bool:
+        """Whether the loop's thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Blocks until the loop has stopped (returns at once if it never started)."""
+        if self._thread is not None:
+            self._thread.join()
+
+
+def grpc_server(
+    handler: grpc.GenericRpcHandler,
+    *,
+    max_connections: int,
+    idle_connection_ms: int,
+    auth_token: str | None,
+    guarded_methods: Collection[str],
+    server_name: str,
+    on_refused: Callable[[], None] = lambda: None,
+) -> aio.Server:
+    """A grpc.aio server for ``handler`` with the limits of ``server_options``, not yet
+    listening (see ``listen``).
+
+    With ``auth_token`` set, calls to ``guarded_methods`` (full names,
+    ``/package.Service/Method``) must carry it (``auth.TokenInterceptor``, which names the
+    server ``server_name`` and calls ``on_refused`` per refused call).
+    """
+    interceptors = []
+    if auth_token is not None:
+        interceptors.append(
+            TokenInterceptor(auth_token, guarded_methods, server_name, on_refused=on_refused)
+        )
+    server = aio.server(
+        interceptors=interceptors, options=server_options(max_connections, idle_connection_ms)
+    )
+    server.add_generic_rpc_handlers((handler,))
+    return server
+
+
+class CannotListen(OSError):
+    """A server cannot listen on ``bind``; ``problem`` says why, in words."""
+
+    def __init__(self, bind: str, problem: str, in_use: bool) -> None:
+        super().__init__(f"cannot listen on {bind}: {problem}")
+        self.bind = bind
+        self.problem = problem
+        self.in_use = in_use
+        """Whether the port is taken by another process."""
+
+
+def listen(server: aio.Server, bind: str) -> int:
+    """Makes ``server`` listen on ``host:port`` ``bind`` and returns the port (port 0: the one
+    picked). Raises ``CannotListen`` saying why not.
+
+    The address is tried first with a test bind (``netaddr.bind_problem``): gRPC's own failure
+    is a bare "port 0" and a raw log line that cannot say what is wrong.
+    """
+    try:
+        host, port = split_host_port(bind, "bind address")
+    except ValueError as e:
+        raise CannotListen(bind, str(e), in_use=False) from None
+    problem = bind_problem(host, port)
+    if problem is None:
+        try:
+            picked = server.add_insecure_port(bind)
+        except RuntimeError:
+            picked = 0
+        if picked:
+            return picked
+        problem = "gRPC cannot listen there"
+    raise CannotListen(bind, problem, in_use=port_in_use(host, port))
+
+
+def descriptor_limit() -> int:
+    """This process's (soft) limit on file descriptors, ``resource.RLIM_INFINITY`` if none."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def countable_descriptors(fd_limit: int) -> int:
+    """``fd_limit`` as a number to divide among connections: no limit counts as 2**20."""
+    return _UNLIMITED_DESCRIPTORS if fd_limit == resource.RLIM_INFINITY else fd_limit

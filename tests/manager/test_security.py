@@ -96,7 +96,7 @@ def _waiting_ranks(server: ManagerServer) -> list[int]:
     """The group ranks waiting in the server's current quorum round (read on its loop)."""
 
     async def read() -> list[int]:
-        return sorted(server._quorum_round.requests)
+        return server._rounds.joining()
 
     return asyncio.run_coroutine_threadsafe(read(), server._loop).result(timeout=5)
 

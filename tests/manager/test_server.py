@@ -271,6 +271,41 @@ def test_checkpoint_metadata(lighthouse, cleanup) -> None:
     assert client._checkpoint_metadata(0, SHORT) == "second"
 
 
+def test_metadata_asked_while_the_ranks_first_quorum_is_with_the_lighthouse_waits_for_it(
+    cleanup,
+) -> None:
+    """A healer's group can get the quorum before the donor's server does, and ask the donor
+    for its rank's metadata then: the answer waits for the donor's round (issue 27: it was
+    NOT_FOUND, and the replacement's first heal failed)."""
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=60_000)
+    cleanup.append(lighthouse.shutdown)
+    _, donor = _start(cleanup, lighthouse.address(), replica_id="donor")
+    _, other = _start(cleanup, lighthouse.address(), replica_id="other")
+    long = timedelta(seconds=20)
+
+    def pending() -> set[str]:
+        return lighthouse.run_in_loop(lambda: set(lighthouse.state.pending))
+
+    with futures.ThreadPoolExecutor(2) as pool:
+        donor_quorum = pool.submit(_quorum, donor, 0, checkpoint_metadata="ckpt", timeout=long)
+        # The donor's round is with the lighthouse, which waits for a second group.
+        assert _wait_until(lambda: "donor" in pending())
+        metadata = pool.submit(donor._checkpoint_metadata, 0, long)
+        assert not _wait_until(metadata.done, timeout=1.0), metadata.exception()
+        _quorum(other, 0, timeout=long)
+        assert metadata.result(timeout=20) == "ckpt"
+        assert donor_quorum.result(timeout=20).replica_ids == ["donor", "other"]
+
+
+def test_metadata_of_a_round_that_fails_is_not_found(recording, cleanup) -> None:
+    recording.failures = 1
+    _, client = _start(cleanup, recording.address())
+    with pytest.raises(RuntimeError, match="injected lighthouse failure"):
+        _quorum(client, 0)
+    with pytest.raises(RuntimeError, match=r"NOT_FOUND.*not completed a Quorum call"):
+        client._checkpoint_metadata(0, SHORT)
+
+
 def test_close_without_waiting_still_closes_the_channel(lighthouse, cleanup) -> None:
     server = _server(lighthouse.address())
     cleanup.append(server.shutdown)

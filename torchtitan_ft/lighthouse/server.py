@@ -1,8 +1,8 @@
 """The lighthouse gRPC server (``torchft.LighthouseService``) and its status endpoints.
 
-Everything runs on one asyncio event loop in a background thread: the gRPC server, the tick
-that decides rounds waiting on time, and the HTTP status server. ``LighthouseState`` is only
-touched from that loop, so it needs no locks.
+Everything runs on one asyncio event loop in a background thread (``rpc_server.ServerThread``,
+as the ManagerServer's): the gRPC server, the tick that decides rounds waiting on time, and the
+HTTP status server. ``LighthouseState`` is only touched from that loop, so it needs no locks.
 
 The quorum response is serialized once per quorum and handed to every member as bytes (the
 handlers use an identity serializer): with N members that is N writes of one buffer instead of
@@ -11,7 +11,7 @@ N serializations of an N-member message.
 With a job token every ``LighthouseService`` call must carry it (``TokenInterceptor``): they
 all change what the next quorum is (who asks, who is healthy). Connections are capped to fit the
 process's file-descriptor limit, idle ones are closed, requests are at most
-``rpc_server.MAX_REQUEST_BYTES`` (see ``connection_limits`` and ``rpc_server.server_options``).
+``rpc_server.MAX_REQUEST_BYTES`` (see ``connection_limits`` and ``rpc_server.grpc_server``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import resource
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -28,14 +26,24 @@ from typing import Any
 import grpc
 
 from torchtitan_ft.addresses import advertised_host
-from torchtitan_ft.auth import TokenInterceptor, check_token
+from torchtitan_ft.auth import check_token
 from torchtitan_ft.lighthouse import status
 from torchtitan_ft.lighthouse.decision import DecisionOptions
 from torchtitan_ft.lighthouse.state import LighthouseState
 from torchtitan_ft.lighthouse.types import QuorumMember
 from torchtitan_ft.netaddr import bind_problem, join_host_port, split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
-from torchtitan_ft.rpc_server import Malformed, handle_loop_error, parser, server_options
+from torchtitan_ft.rpc_server import (
+    CannotListen,
+    Malformed,
+    ServerThread,
+    countable_descriptors,
+    descriptor_limit,
+    grpc_server,
+    handle_loop_error,
+    listen,
+    parser,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -217,18 +225,13 @@ class LighthouseServer:
                 heartbeat_timeout=heartbeat_timeout_ms / 1000,
             )
         )
-        self._loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self._startup_error: BaseException | None = None
-        self._stop: asyncio.Event | None = None
         self._port = 0
         self._status_port: int | None = None
-        self._thread = threading.Thread(target=self._run, name="lighthouse", daemon=True)
-        self._thread.start()
-        self._started.wait()
-        if self._startup_error is not None:
-            self._thread.join()
-            raise self._startup_error
+        self._server: grpc.aio.Server | None = None
+        self._status_server: asyncio.Server | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._thread = ServerThread("lighthouse", _LoopErrors().handle)
+        self._thread.start(self._start)
 
     def address(self) -> str:
         """The URL clients use: ``http://host:port``."""
@@ -247,86 +250,62 @@ class LighthouseServer:
         async def call() -> Any:
             return fn()
 
-        return asyncio.run_coroutine_threadsafe(call(), self._loop).result()
+        return self._thread.call(call())
 
     def shutdown(self) -> None:
         """Stops serving; waiting requests fail with UNAVAILABLE. Idempotent."""
-        if self._thread.is_alive() and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join()
+        self._thread.stop(self._stop)
 
     def wait(self) -> None:
         """Blocks until shutdown (used by the CLI)."""
-        self._thread.join()
+        self._thread.wait()
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.set_exception_handler(_LoopErrors().handle)
-        try:
-            self._loop.run_until_complete(self._serve())
-        finally:
-            self._loop.close()
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
-        grpc_connections, status_connections = connection_limits(
-            resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    async def _start(self) -> None:
+        """Starts the gRPC server, the status server and the tick."""
+        grpc_connections, status_connections = connection_limits(descriptor_limit())
+        server = grpc_server(
+            _Service(self.state).handler(),
+            max_connections=grpc_connections,
+            idle_connection_ms=_IDLE_CONNECTION_MS,
+            auth_token=self._auth_token,
+            guarded_methods=[f"/{SERVICE}/{name}" for name in METHODS],
+            server_name="the lighthouse",
+            on_refused=self._count_unauthenticated,
         )
-        interceptors = []
-        if self._auth_token is not None:
-            interceptors.append(
-                TokenInterceptor(
-                    self._auth_token,
-                    [f"/{SERVICE}/{name}" for name in METHODS],
-                    "the lighthouse",
-                    on_refused=self._count_unauthenticated,
-                )
-            )
-        server = grpc.aio.server(
-            interceptors=interceptors, options=server_options(grpc_connections, _IDLE_CONNECTION_MS)
-        )
-        server.add_generic_rpc_handlers((_Service(self.state).handler(),))
-        status_server: asyncio.Server | None = None
         try:
-            self._port = self._add_port(server)
+            try:
+                self._port = listen(server, self._bind)
+            except CannotListen as e:
+                raise OSError(
+                    f"cannot bind the lighthouse to {self._bind}: {e.problem}; pick another --bind"
+                ) from None
             await server.start()
             if self._status_bind is not None:
-                status_server = await self._serve_status(status_connections)
-                self._status_port = status_server.sockets[0].getsockname()[1]
-        except BaseException as e:
-            self._startup_error = e
+                self._status_server = await self._serve_status(status_connections)
+                self._status_port = self._status_server.sockets[0].getsockname()[1]
+        except BaseException:
             await server.stop(None)
-            self._started.set()
-            return
+            raise
+        self._server = server
+        self._ticker = asyncio.create_task(self._tick())
         logger.info(
             "lighthouse serving on %s (min_replicas=%d)%s; %s",
             self.address(),
             self.state.opts.min_replicas,
-            f", status on {self.status_address()}" if status_server else "",
+            f", status on {self.status_address()}" if self._status_server else "",
             "every call needs the job token"
             if self._auth_token is not None
             else "no job token: anyone who reaches the port can join quorums",
         )
-        self._started.set()
-        ticker = asyncio.create_task(self._tick())
-        await self._stop.wait()
-        ticker.cancel()
-        if status_server is not None:
-            status_server.close()
-        await server.stop(grace=0.5)
 
-    def _add_port(self, server: grpc.aio.Server) -> int:
-        # Diagnose first: gRPC's own failure says neither why nor quietly (a raw log line).
-        problem = bind_problem(*split_host_port(self._bind, "bind address"))
-        if problem is None:
-            try:
-                port = server.add_insecure_port(self._bind)
-            except RuntimeError:
-                port = 0
-            if port:
-                return port
-            problem = "gRPC cannot listen there"
-        raise OSError(f"cannot bind the lighthouse to {self._bind}: {problem}; pick another --bind")
+    async def _stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+        if self._status_server is not None:
+            self._status_server.close()
+        if self._server is not None:
+            await self._server.stop(grace=0.5)
 
     async def _serve_status(self, max_connections: int) -> asyncio.Server:
         status_bind = str(self._status_bind)
@@ -370,7 +349,7 @@ class _LoopErrors:
                 "the status server cannot accept connections: %s (file descriptor limit %d; "
                 "raise it with ulimit -n)",
                 context.get("exception"),
-                resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                descriptor_limit(),
             )
 
 
@@ -382,8 +361,7 @@ def connection_limits(fd_limit: int) -> tuple[int, int]:
     hold twice its cap (a burst of accepts, and the connections they evict, closed one loop
     iteration later; see ``status.serve``). Returns ``(grpc, status)``.
     """
-    if fd_limit == resource.RLIM_INFINITY:
-        fd_limit = 1 << 20  # Linux's default ceiling on descriptors per process
+    fd_limit = countable_descriptors(fd_limit)
     status_connections = max(4, min(64, fd_limit // 8))
     return max(8, fd_limit - 2 * status_connections - _FD_RESERVE), status_connections
 

@@ -1,8 +1,10 @@
 """The runtime of a replica group, on every rank: the Manager and the pieces it drives (group
 rank 0 also runs the group's ManagerServer, ``server.py``).
 
-Bottom to top: ``decisions``, ``identity``, ``settings`` and ``stats`` are pure;
-``client``/``server`` speak ``torchft.ManagerService``; ``rendezvous`` (start-up),
+Bottom to top: ``decisions``, ``identity``, ``settings`` and ``rounds`` make decisions without
+I/O (functions of their inputs, plus the small state of ``decisions.QuorumGate`` and
+``rounds.GroupRounds``); ``stats`` holds the counters; ``client``/``server`` speak
+``torchft.ManagerService``; ``rendezvous`` (start-up),
 ``collectives``, ``healing`` and ``quorum`` (the quorum thread) hold one rank's state;
 ``manager`` is the façade a training loop calls. torchft 0.2.0's names are importable here.
 """

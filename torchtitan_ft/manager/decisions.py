@@ -1,8 +1,10 @@
-"""Pure decisions of one step: a rank's view of a quorum (made on group rank 0's server) and
-what every rank decides from it.
+"""Decisions of one step: a rank's view of a quorum (made on group rank 0's server) and what
+every rank decides from it.
 
-The rules are in docs/architecture.md ("One step", steps 3, 4, 8 and 9); tested without servers
-in ``tests/manager/test_decisions.py``.
+No I/O and no clock. All are functions of their arguments except ``QuorumGate``, which
+remembers whether its group has taken part in a quorum and what it last reported. The rules
+are in docs/architecture.md ("One step", steps 3, 4, 8 and 9); tested without servers in
+``tests/manager/test_decisions.py``.
 """
 
 from __future__ import annotations

@@ -6,31 +6,34 @@ consistency"). Wire-compatible with torchft 0.2.0 in both directions. It runs gr
 own event-loop thread, so it keeps answering while the training thread is busy; blocking
 lighthouse calls run on short-lived daemon threads so that shutdown never waits for a long poll.
 
+The rounds themselves (who has joined, who voted, what is recorded, who is refused) are
+``rounds.GroupRounds``: each handler feeds its call in, then only does what the decision says
+(ask the lighthouse, wait for the round's end, answer or abort).
+
 Who may call what (docs/operations.md, "Security"): with a job token every call that changes
 or reveals the group's state (``Quorum``, ``ShouldCommit``, ``CheckpointMetadata``, ``Kill``)
 must carry it (``TokenInterceptor``, UNAUTHENTICATED before the request is parsed). Token or
 not, a group rank is bound to the connection it joins the quorum from: a second connection
 cannot join the same round as that rank, a vote for it from another connection is refused
 (PERMISSION_DENIED), and its checkpoint metadata (where healers fetch its state) is recorded
-only from its own Quorum call once that call succeeds. Malformed requests get
-INVALID_ARGUMENT; connections are capped, idle ones closed, requests at most
-``rpc_server.MAX_REQUEST_BYTES``.
+only from its own Quorum call, when that call's round succeeds. A healer that asks for a rank's
+metadata while the rank's first round is still with the lighthouse waits for that round.
+Malformed requests get INVALID_ARGUMENT; connections are capped, idle ones closed, requests at
+most ``rpc_server.MAX_REQUEST_BYTES``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import os
-import resource
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
@@ -38,14 +41,32 @@ import grpc
 from grpc import aio
 
 from torchtitan_ft.addresses import AddressProblem, Advertised, QuorumAddressCheck
-from torchtitan_ft.auth import RefusalLog, TokenInterceptor, check_token, peer_host
+from torchtitan_ft.auth import RefusalLog, check_token, peer_host
 from torchtitan_ft.lighthouse.client import LighthouseClient
 from torchtitan_ft.lighthouse.types import Quorum
-from torchtitan_ft.manager.decisions import QuorumGate, compute_quorum_results, impostor_refusal
+from torchtitan_ft.manager.decisions import QuorumGate, QuorumResult, compute_quorum_results
 from torchtitan_ft.manager.identity import GroupIdentity, identity_conflict
-from torchtitan_ft.netaddr import port_in_use, split_host_port
+from torchtitan_ft.manager.rounds import (
+    Ask,
+    Ballot,
+    Decided,
+    GroupRounds,
+    Joined,
+    Refused,
+    Unknown,
+    Waiting,
+)
 from torchtitan_ft.proto import torchft_pb2 as pb
-from torchtitan_ft.rpc_server import Malformed, handle_loop_error, parser, server_options
+from torchtitan_ft.rpc_server import (
+    CannotListen,
+    Malformed,
+    ServerThread,
+    countable_descriptors,
+    descriptor_limit,
+    grpc_server,
+    listen,
+    parser,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,41 +104,13 @@ class _RpcFailure(Exception):
         self.details = details
 
 
-@dataclass(eq=False, frozen=True)
-class _Registration:
-    """One group rank's call in a quorum round (compared by identity: one per call)."""
-
-    request: pb.ManagerQuorumRequest
-    peer: str
-    """The call's connection, ``context.peer()``."""
-
-
-@dataclass
-class _QuorumRound:
-    """Group ranks waiting for the next lighthouse quorum."""
-
-    result: asyncio.Future[Quorum]
-    requests: dict[int, _Registration] = field(default_factory=dict)
-    """group rank -> the call that registered it."""
-    started: bool = False
-
-
 @dataclass(frozen=True)
-class _RankRecord:
-    """What a group rank's last successful Quorum call left behind."""
+class _QuorumOutcome:
+    """What a quorum round's waiting calls get: the lighthouse's quorum, and the answer (or
+    why there is none) of each call the round counted."""
 
-    checkpoint_metadata: str
-    peer: str
-    """The connection it came from; the rank's votes must come from it too."""
-
-
-@dataclass
-class _CommitRound:
-    """Votes of the group ranks for one step."""
-
-    result: asyncio.Future[bool]
-    votes: dict[int, tuple[bool, object]] = field(default_factory=dict)
-    started: bool = False
+    quorum: Quorum
+    answers: dict[Joined, QuorumResult | ValueError]
 
 
 class ManagerServer:
@@ -193,12 +186,12 @@ class ManagerServer:
         self._identity: GroupIdentity | None = None
 
         # Only touched on the event-loop thread.
-        self._ranks: dict[int, _RankRecord] = {}
+        self._rounds = GroupRounds(replica_id, world_size)
+        self._round_ends: dict[int, asyncio.Future[Any]] = {}
+        """round number -> what its waiting calls get (created by the first to wait)."""
         self._impostors = RefusalLog(f"the manager server of replica {replica_id!r}")
-        self._loop = asyncio.new_event_loop()
-        self._loop.set_exception_handler(handle_loop_error)
-        self._quorum_round = _QuorumRound(self._new_future())
-        self._commit_rounds: dict[int, _CommitRound] = {}
+        self._thread = ServerThread(f"manager-server-{replica_id}")
+        self._loop = self._thread.loop
         self._tasks: set[asyncio.Task[None]] = set()
         self._gate = QuorumGate()
         self._address_check = QuorumAddressCheck()
@@ -206,18 +199,9 @@ class ManagerServer:
         self._closed = False
         self._lighthouse = LighthouseClient(lighthouse_addr, connect_timeout, auth_token)
         self._server: aio.Server | None = None
-        started: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._thread = threading.Thread(
-            target=self._run_loop,
-            args=(bind, started),
-            name=f"manager-server-{replica_id}",
-            daemon=True,
-        )
-        self._thread.start()
         try:
-            self._port = started.result()
+            self._port = self._thread.start(lambda: self._start(bind))
         except BaseException:
-            self._thread.join()
             self._lighthouse.close()
             raise
         try:
@@ -226,7 +210,7 @@ class ManagerServer:
             )
         except BaseException:
             self._closed = True
-            self._stop_loop()
+            self._thread.stop(self._stop)
             self._lighthouse.close()
             raise
         logger.info(
@@ -252,55 +236,27 @@ class ManagerServer:
             return
         self._closed = True
         self._heartbeat.close()
-        self._stop_loop()
+        self._thread.stop(self._stop)
         self._lighthouse.close()
         logger.info("manager server of replica %s stopped", self._replica_id)
 
-    def _stop_loop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-
     # ----------------------------------------------------------------------------- event loop
 
-    def _run_loop(self, bind: str, started: concurrent.futures.Future[int]) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            port = self._loop.run_until_complete(self._start(bind))
-        except BaseException as e:  # handed to the constructor, which re-raises it
-            started.set_exception(e)
-            self._loop.close()
-            return
-        started.set_result(port)
-        self._loop.run_forever()
-        self._loop.close()
-
     async def _start(self, bind: str) -> int:
-        interceptors = []
-        if self._auth_token is not None:
-            interceptors.append(
-                TokenInterceptor(
-                    self._auth_token,
-                    [f"/{SERVICE}/{name}" for name in GUARDED_METHODS],
-                    f"the manager server of replica {self._replica_id!r}",
-                )
-            )
-        fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        server = aio.server(
-            interceptors=interceptors,
-            options=server_options(connection_cap(fd_limit), _IDLE_CONNECTION_MS),
+        server = grpc_server(
+            self._handler(),
+            max_connections=connection_cap(descriptor_limit()),
+            idle_connection_ms=_IDLE_CONNECTION_MS,
+            auth_token=self._auth_token,
+            guarded_methods=[f"/{SERVICE}/{name}" for name in GUARDED_METHODS],
+            server_name=f"the manager server of replica {self._replica_id!r}",
         )
-        server.add_generic_rpc_handlers((self._handler(),))
         try:
-            port = server.add_insecure_port(bind)
-        except RuntimeError as e:
-            if _address_in_use(bind):
+            port = listen(server, bind)
+        except CannotListen as e:
+            if e.in_use:
                 raise AddressInUseError(bind) from None
-            raise RuntimeError(f"manager server cannot listen on {bind!r}: {e}") from e
-        if port == 0:
-            if _address_in_use(bind):
-                raise AddressInUseError(bind)
-            raise RuntimeError(f"manager server cannot listen on {bind!r}")
+            raise RuntimeError(f"manager server cannot listen on {bind!r}: {e.problem}") from None
         await server.start()
         self._server = server
         return port
@@ -386,16 +342,29 @@ class ManagerServer:
 
     # ---------------------------------------------------------------------------------- quorum
 
-    async def _refuse_impostor(
-        self, context: aio.ServicerContext, action: str, group_rank: int, bound: str | None
-    ) -> None:
-        """Aborts with PERMISSION_DENIED if this call may not ``action`` as ``group_rank``."""
-        peer = context.peer()
-        refusal = impostor_refusal(action, self._replica_id, group_rank, bound, peer)
-        if refusal is not None:
-            what = f"a call to {action} as group rank {group_rank}"
-            self._impostors.refused(peer_host(peer), what, f"that rank is bound to {bound}")
-            await _abort(context, grpc.StatusCode.PERMISSION_DENIED, refusal)
+    async def _refuse(
+        self, context: aio.ServicerContext, action: str, group_rank: int, refused: Refused
+    ) -> NoReturn:
+        """Aborts with PERMISSION_DENIED: this call may not ``action`` as ``group_rank``."""
+        what = f"a call to {action} as group rank {group_rank}"
+        bound = f"that rank is bound to {refused.bound_peer}"
+        self._impostors.refused(peer_host(context.peer()), what, bound)
+        await _abort(context, grpc.StatusCode.PERMISSION_DENIED, refused.reason)
+
+    def _round_end(self, round: int) -> asyncio.Future[Any]:
+        if round not in self._round_ends:
+            self._round_ends[round] = self._new_future()
+        return self._round_ends[round]
+
+    def _end_round(self, round: int, outcome: Any) -> None:
+        """Wakes the calls waiting for ``round`` with ``outcome`` (an exception: raised)."""
+        fut = self._round_ends.pop(round, None)
+        if fut is None:
+            return
+        if isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
 
     async def quorum(
         self, request: pb.ManagerQuorumRequest | Malformed, context: aio.ServicerContext
@@ -413,62 +382,65 @@ class ManagerServer:
         if (error := self._group_rank_error(group_rank)) is not None:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, error)
 
-        rnd = self._quorum_round
-        waiting = rnd.requests.get(group_rank)
-        await self._refuse_impostor(
-            context, "join the quorum", group_rank, waiting.peer if waiting else None
+        call = Joined(
+            group_rank=group_rank,
+            peer=context.peer(),
+            step=request.step,
+            shrink_only=request.shrink_only,
+            commit_failures=request.commit_failures,
+            checkpoint_metadata=request.checkpoint_metadata,
+            init_sync=request.init_sync,
         )
-        registration = _Registration(request, context.peer())
-        rnd.requests[group_rank] = registration
+        decision = self._rounds.join(call)
+        if isinstance(decision, Refused):
+            await self._refuse(context, "join the quorum", group_rank, decision)
         logger.debug(
             "replica %s: group rank %d joined quorum round (%d/%d)",
             self._replica_id,
             group_rank,
-            len(rnd.requests),
+            len(decision.calls) if isinstance(decision, Ask) else decision.count,
             self._world_size,
         )
-        if len(rnd.requests) == self._world_size:
-            rnd.started = True
-            self._quorum_round = _QuorumRound(self._new_future())
+        if isinstance(decision, Ask):
             budget = max(remaining - min(_ERROR_MARGIN_S, 0.1 * remaining), 0.0)
-            self._spawn(self._run_lighthouse_quorum(rnd, budget))
-
+            self._spawn(self._run_lighthouse_quorum(decision, budget))
+        end = self._round_end(decision.round)
         try:
-            quorum = await asyncio.shield(rnd.result)
+            outcome: _QuorumOutcome = await asyncio.shield(end)
         except _RpcFailure as e:
             await _abort(context, e.code, e.details)
         finally:
-            # A rank that gives up before its round started no longer counts towards it.
-            if not rnd.started and rnd.requests.get(group_rank) is registration:
-                del rnd.requests[group_rank]
+            self._rounds.withdraw(decision.round, call)  # counts only while the round forms
 
-        try:
-            result = compute_quorum_results(self._replica_id, group_rank, quorum, request.init_sync)
-        except ValueError as e:
-            await _abort(context, grpc.StatusCode.INTERNAL, str(e))
-        if rnd.requests.get(group_rank) is registration:
-            # Only now, and only from the call the round counted (a same-connection retry
-            # replaces an earlier one): a call that failed or was not counted leaves the
-            # previous record, and so where healers fetch from, as it was.
-            self._ranks[group_rank] = _RankRecord(request.checkpoint_metadata, registration.peer)
-        if result.heal:
+        answer = outcome.answers.get(call)
+        if answer is None:  # a same-connection retry replaced this call in the round
+            answer = _answer(self._replica_id, group_rank, outcome.quorum, request.init_sync)
+        if isinstance(answer, ValueError):
+            await _abort(context, grpc.StatusCode.INTERNAL, str(answer))
+        if answer.heal:
             logger.info(
                 "replica %s group rank %d: heals from replica rank %s (step %d -> max_step %d)",
                 self._replica_id,
                 group_rank,
-                result.recover_src_replica_rank,
+                answer.recover_src_replica_rank,
                 request.step,
-                result.max_step,
+                answer.max_step,
             )
-        return result.to_proto()
+        return answer.to_proto()
 
-    async def _run_lighthouse_quorum(self, rnd: _QuorumRound, budget_s: float) -> None:
-        requests = [registration.request for registration in rnd.requests.values()]
+    async def _run_lighthouse_quorum(self, ask: Ask, budget_s: float) -> None:
+        """Asks the lighthouse for quorum round ``ask``, records the ranks that succeeded and
+        wakes the round's calls (with an ``_RpcFailure`` if it failed)."""
+        outcome: _QuorumOutcome | _RpcFailure = _RpcFailure(
+            grpc.StatusCode.UNAVAILABLE,
+            f"manager server of replica {self._replica_id!r} stopped or failed "
+            "while asking the lighthouse for a quorum; see its log",
+        )
         try:
             quorum = await self._lighthouse_quorum(
-                step=max(r.step for r in requests),
-                shrink_only=any(r.shrink_only for r in requests),
-                commit_failures=max(r.commit_failures for r in requests),
+                step=ask.step,
+                shrink_only=ask.shrink_only,
+                commit_failures=ask.commit_failures,
                 budget_s=budget_s,
             )
             members = [
@@ -480,18 +452,18 @@ class ManagerServer:
         except _RpcFailure as e:
             log = logger.error if e.code is grpc.StatusCode.FAILED_PRECONDITION else logger.warning
             log("replica %s: %s", self._replica_id, e.details)
-            rnd.result.set_exception(e)
+            outcome = e
         else:
-            rnd.result.set_result(quorum)
-        finally:
-            if not rnd.result.done():  # cancelled by shutdown, or an unexpected error
-                rnd.result.set_exception(
-                    _RpcFailure(
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"manager server of replica {self._replica_id!r} stopped or failed "
-                        "while asking the lighthouse for a quorum; see its log",
-                    )
-                )
+            answers = {
+                call: _answer(self._replica_id, call.group_rank, quorum, call.init_sync)
+                for call in ask.calls.values()
+            }
+            outcome = _QuorumOutcome(quorum, answers)
+        finally:  # also when cancelled by shutdown, or on an unexpected error
+            answers = outcome.answers if isinstance(outcome, _QuorumOutcome) else {}
+            succeeded = [c.group_rank for c, a in answers.items() if isinstance(a, QuorumResult)]
+            self._rounds.finish_quorum(ask.round, succeeded)
+            self._end_round(ask.round, outcome)
 
     def _check_identities(self, quorum: Quorum, addresses: AddressProblem | None) -> None:
         """Fails this group's round when the gate refuses the quorum (``QuorumGate``: an
@@ -578,16 +550,13 @@ class ManagerServer:
     ) -> pb.CheckpointMetadataResponse:
         if isinstance(request, Malformed):
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
-        record = self._ranks.get(request.rank)
-        if record is None:
-            await _abort(
-                context,
-                grpc.StatusCode.NOT_FOUND,
-                f"no checkpoint metadata for group rank {request.rank} of replica "
-                f"{self._replica_id!r}: it has not completed a Quorum call yet "
-                f"(known ranks: {sorted(self._ranks)})",
-            )
-        return pb.CheckpointMetadataResponse(checkpoint_metadata=record.checkpoint_metadata)
+        while isinstance(answer := self._rounds.checkpoint_metadata(request.rank), Waiting):
+            # The rank's first quorum is with the lighthouse: its metadata comes when it ends.
+            with contextlib.suppress(_RpcFailure):
+                await asyncio.shield(self._round_end(answer.round))
+        if isinstance(answer, Unknown):
+            await _abort(context, grpc.StatusCode.NOT_FOUND, answer.reason)
+        return pb.CheckpointMetadataResponse(checkpoint_metadata=answer.checkpoint_metadata)
 
     # ---------------------------------------------------------------------------- should_commit
 
@@ -599,39 +568,27 @@ class ManagerServer:
         group_rank, step = request.group_rank, request.step
         if (error := self._group_rank_error(group_rank)) is not None:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, error)
-        # A rank that never completed a Quorum call is bound to nothing yet: nothing of a
-        # quorum can be committed before every rank has, since a round needs them all.
-        record = self._ranks.get(group_rank)
-        await self._refuse_impostor(context, "vote", group_rank, record.peer if record else None)
-
-        rnd = self._commit_rounds.get(step)
-        if rnd is None:
-            rnd = self._commit_rounds[step] = _CommitRound(self._new_future())
-        previous = rnd.votes.get(group_rank)
-        vote = request.should_commit and (previous is None or previous[0])  # a "no" sticks
-        token = object()
-        rnd.votes[group_rank] = (vote, token)
-        if len(rnd.votes) == self._world_size:
-            rnd.started = True
-            del self._commit_rounds[step]
-            decision = all(v for v, _ in rnd.votes.values())
+        ballot = Ballot(group_rank, step, request.should_commit, context.peer())
+        decision = self._rounds.vote(ballot)
+        if isinstance(decision, Refused):
+            await self._refuse(context, "vote", group_rank, decision)
+        if isinstance(decision, Decided):
             logger.info(
                 "replica %s: step %d should_commit=%s (votes %s)",
                 self._replica_id,
                 step,
-                decision,
-                {rank: v for rank, (v, _) in sorted(rnd.votes.items())},
+                decision.should_commit,
+                dict(decision.votes),
             )
-            rnd.result.set_result(decision)
-
+            self._end_round(decision.round, decision.should_commit)
+            return pb.ShouldCommitResponse(should_commit=decision.should_commit)
+        end = self._round_end(decision.round)
         try:
-            decision = await asyncio.shield(rnd.result)
+            should_commit = await asyncio.shield(end)
         finally:
-            if not rnd.started and rnd.votes.get(group_rank, (None, None))[1] is token:
-                del rnd.votes[group_rank]
-                if not rnd.votes and self._commit_rounds.get(step) is rnd:
-                    del self._commit_rounds[step]
-        return pb.ShouldCommitResponse(should_commit=decision)
+            if not end.done() and self._rounds.withdraw_vote(decision.round, ballot):
+                del self._round_ends[decision.round]
+        return pb.ShouldCommitResponse(should_commit=should_commit)
 
     # ------------------------------------------------------------------------------------ kill
 
@@ -667,24 +624,23 @@ def connection_cap(fd_limit: int) -> int:
     heals, and the lighthouse's kill: far fewer than 1024. It shares the process with the
     training (gloo, TCPStore, data loaders), so it takes at most a quarter of the descriptors.
     """
-    if fd_limit == resource.RLIM_INFINITY:
-        fd_limit = 1 << 20
-    return max(16, min(1024, fd_limit // 4))
-
-
-def _address_in_use(bind: str) -> bool:
-    """Whether binding ``host:port`` fails because the address is taken (gRPC does not say)."""
-    try:
-        host, port = split_host_port(bind)
-    except ValueError:  # not host:port at all
-        return False
-    return port_in_use(host, port)
+    return max(16, min(1024, countable_descriptors(fd_limit) // 4))
 
 
 def _exit_process() -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(1)
+
+
+def _answer(
+    replica_id: str, group_rank: int, quorum: Quorum, init_sync: bool
+) -> QuorumResult | ValueError:
+    """``group_rank``'s view of ``quorum``, or why there is none (answered as INTERNAL)."""
+    try:
+        return compute_quorum_results(replica_id, group_rank, quorum, init_sync)
+    except ValueError as e:
+        return e
 
 
 async def _abort(context: aio.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
