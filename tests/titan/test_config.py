@@ -738,8 +738,9 @@ def test_the_check_before_tyro_stops_at_help_and_at_types_it_does_not_know() -> 
 
 
 def test_the_titan_side_validates_the_sync_config_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The parse checks the strategy's settings (before any process group); building the
-    replica axis does not check them again (the strategy's builder does, once)."""
+    """The parse checks the strategy's settings (before any process group); the replica axis
+    builds its own SyncConfig, which checks itself once, when built, and nothing checks it again
+    (the strategy's builder included): four checks on this path before."""
     from types import SimpleNamespace
 
     from torchtitan_ft.semi_sync.config import SyncConfig
@@ -753,4 +754,4 @@ def test_the_titan_side_validates_the_sync_config_once(monkeypatch: pytest.Monke
     monkeypatch.setattr(semi_sync, "build_manager_runtime", lambda _: SimpleNamespace(manager=None))
     axis = semi_sync.build_semi_sync_axis(config)
     assert axis.config.method is SyncMethod.DILOCO
-    assert len(calls) == 1
+    assert len(calls) == 2 and calls[1] is axis.config

@@ -168,7 +168,7 @@ def check_semi_sync_schedule(ft: Any) -> None:
     ``fragment_sync_delay < sync_steps / num_fragments``), as one :class:`ConfigError`. The
     one place a trainer validates its ``SyncConfig``: the replica axis builds on it."""
     try:
-        sync_config(ft).validate()
+        sync_config(ft)  # a SyncConfig checks itself when built
     except ValueError as e:
         raise ConfigError(
             f"{SECTION}.semi_sync_method={ft.semi_sync_method!r} (sync_steps={ft.sync_steps}, "
