@@ -35,9 +35,15 @@ def _pid_exists(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # A killed child not yet reaped is a zombie: gone for our purposes.
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(")")[-1].split()[0] != "Z"
+    # A killed child not yet reaped is a zombie: gone for our purposes. The process may vanish
+    # between the kill and the read: /proc then raises FileNotFoundError or ProcessLookupError
+    # (both OSErrors), or gives an empty stat line.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().split(")")[-1].split()
+    except OSError:
+        return False
+    return bool(fields) and fields[0] != "Z"
 
 
 def _wait_gone(pid: int, timeout_s: float) -> bool:
