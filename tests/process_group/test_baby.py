@@ -25,7 +25,6 @@ from tests._mp import _mp_context
 from torchtitan_ft.process_group import (
     ProcessGroupBabyGloo,
     ProcessGroupBabyNCCL,
-    ProcessGroupGloo,
 )
 from torchtitan_ft.process_group.baby import _from_wire, _to_wire
 
@@ -264,10 +263,6 @@ def test_sigstopped_peer_the_child_is_killed_and_the_group_reconfigures(
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(
-    "allgather_into_tensor_coalesced" not in vars(ProcessGroupGloo),
-    reason="the child's ProcessGroupGloo does not have torchft's extra collectives",
-)
 def test_extra_collectives_run_in_the_child(store: dist.TCPStore) -> None:
     pg = ProcessGroupBabyGloo(timeout=timedelta(seconds=60))
     try:

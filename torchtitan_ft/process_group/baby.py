@@ -61,6 +61,7 @@ from torchtitan_ft.process_group.base import (
     SettledWork,
     reduce_op_of,
 )
+from torchtitan_ft.process_group.collectives import Args, Collective
 from torchtitan_ft.process_group.futures import future_with_timeout
 from torchtitan_ft.process_group.gloo import ProcessGroupGloo
 from torchtitan_ft.process_group.nccl import ProcessGroupNCCL
@@ -614,139 +615,10 @@ class ProcessGroupBaby(ProcessGroup):
                 ),
             )
 
-    def allreduce(
-        self,
-        tensors: list[torch.Tensor],
-        opts: AllreduceOptions | ReduceOp | ReduceOp.RedOpType | None = None,
-    ) -> Work:
-        """See :meth:`ProcessGroup.allreduce`."""
-        return self._run("allreduce", (tensors, opts), tensors)
-
-    def allreduce_coalesced(
-        self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
-    ) -> Work:
-        """See :meth:`ProcessGroup.allreduce_coalesced`."""
-        return self._run("allreduce_coalesced", (tensors, opts), tensors)
-
-    def allgather(
-        self,
-        output_tensors: list[list[torch.Tensor]],
-        input_tensors: list[torch.Tensor],
-        opts: AllgatherOptions | None = None,
-    ) -> Work:
-        """See :meth:`ProcessGroup.allgather`."""
-        return self._run("allgather", (output_tensors, input_tensors, opts), output_tensors)
-
-    def broadcast(
-        self, tensor_list: list[torch.Tensor], opts: BroadcastOptions | None = None
-    ) -> Work:
-        """See :meth:`ProcessGroup.broadcast`."""
-        return self._run("broadcast", (tensor_list, opts), tensor_list)
-
-    def reduce_scatter(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[list[torch.Tensor]],
-        opts: ReduceScatterOptions | None = None,
-    ) -> Work:
-        """See :meth:`ProcessGroup.reduce_scatter`."""
-        return self._run("reduce_scatter", (output_tensors, input_tensors, opts), output_tensors)
-
-    def alltoall_base(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        opts: AllToAllOptions | None = None,
-    ) -> Work:
-        """See :meth:`ProcessGroup.alltoall_base`."""
-        return self._run(
-            "alltoall_base",
-            (output, input, output_split_sizes, input_split_sizes, opts),
-            [output],
-        )
-
-    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
-        """See :meth:`ProcessGroup.send`."""
-        return self._run("send", (tensors, dst_rank, tag), None)
-
-    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> Work:
-        """See :meth:`ProcessGroup.recv`."""
-        return self._run("recv", (tensors, src_rank, tag), tensors)
-
-    def barrier(self, opts: BarrierOptions | None = None) -> Work:
-        """See :meth:`ProcessGroup.barrier`."""
-        return self._run("barrier", (opts,), None)
-
-    # The collectives below run on the child's group by name: each works where that group
-    # (ProcessGroupGloo / ProcessGroupNCCL) implements it.
-
-    def allgather_into_tensor_coalesced(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[torch.Tensor],
-        opts: AllgatherOptions | None = None,
-    ) -> Work:
-        """Several dim-0 all-gathers in one collective, in the child."""
-        return self._run(
-            "allgather_into_tensor_coalesced", (output_tensors, input_tensors, opts), output_tensors
-        )
-
-    def reduce_scatter_tensor_coalesced(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[torch.Tensor],
-        opts: ReduceScatterOptions | None = None,
-    ) -> Work:
-        """Several dim-0 reduce-scatters in one collective, in the child."""
-        return self._run(
-            "reduce_scatter_tensor_coalesced", (output_tensors, input_tensors, opts), output_tensors
-        )
-
-    def all_gather_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
-    ) -> Work:
-        """``dist.all_gather_into_tensor``, in the child."""
-        return self._run("all_gather_single", (output, input, opts), [output])
-
-    def _allgather_base(
-        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
-    ) -> Work:
-        return self.all_gather_single(output, input, opts)
-
-    def reduce_scatter_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
-    ) -> Work:
-        """``dist.reduce_scatter_tensor``, in the child."""
-        return self._run("reduce_scatter_single", (output, input, opts), [output])
-
-    def _reduce_scatter_base(
-        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
-    ) -> Work:
-        return self.reduce_scatter_single(output, input, opts)
-
-    def gather(
-        self,
-        output_tensors: list[list[torch.Tensor]],
-        input_tensors: list[torch.Tensor],
-        opts: GatherOptions | None = None,
-    ) -> Work:
-        """``dist.gather``, in the child."""
-        return self._run("gather", (output_tensors, input_tensors, opts), output_tensors)
-
-    def scatter(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[list[torch.Tensor]],
-        opts: ScatterOptions | None = None,
-    ) -> Work:
-        """``dist.scatter``, in the child."""
-        return self._run("scatter", (output_tensors, input_tensors, opts), output_tensors)
-
-    def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions | None = None) -> Work:
-        """``dist.reduce``, in the child."""
-        return self._run("reduce", (tensors, opts), tensors)
+    def _collective(self, collective: Collective, args: Args) -> Work:
+        """Run ``collective`` on the child's group (a :class:`ProcessGroupGloo` or
+        :class:`ProcessGroupNCCL`, which implements every collective of the table)."""
+        return self._run(collective.name, args, collective.value(args))
 
 
 class ProcessGroupBabyGloo(ProcessGroupBaby):
