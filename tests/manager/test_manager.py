@@ -302,6 +302,27 @@ def test_api_misuse_raises_clear_errors(lighthouse: LighthouseServer) -> None:
         manager.shutdown()
 
 
+def test_retry_inflight_without_wait_abandoned_is_a_warning_at_construction(
+    lighthouse: LighthouseServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from torchtitan_ft.process_group import ErrorSwallowingProcessGroupWrapper, ProcessGroupGloo
+
+    def warnings_of(pg: Any, name: str) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="torchtitan_ft.manager.manager"):
+            manager = _manager(lighthouse, name, pg=pg, retry_inflight_allreduce=True)
+        try:
+            return [r.getMessage() for r in caplog.records if "retry_inflight" in r.getMessage()]
+        finally:
+            manager.shutdown()
+
+    (line,) = warnings_of(FakePG(), "cannot_retry")
+    assert "has no effect" in line and "can_wait_abandoned() is False" in line
+    # A wrapped gloo group forwards the capability: no warning, and the retry is possible.
+    wrapped = ErrorSwallowingProcessGroupWrapper(ProcessGroupGloo(timedelta(seconds=5)))
+    assert warnings_of(wrapped, "can_retry") == []
+
+
 def test_explicit_args_beat_env(lighthouse: LighthouseServer, monkeypatch: Any) -> None:
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://127.0.0.1:1")  # nothing listens there
     monkeypatch.setenv("REPLICA_GROUP_ID", "from_env")

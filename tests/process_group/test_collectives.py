@@ -228,6 +228,27 @@ def test_a_collective_a_group_lacks_is_refused_by_name() -> None:
         Bare().gather([], [torch.ones(1)])
 
 
+def test_capabilities_are_declared_on_the_base_and_forwarded_by_wrappers() -> None:
+    gloo = ProcessGroupGloo(timedelta(seconds=7))
+    assert gloo.can_wait_abandoned() and gloo.get_timeout() == timedelta(seconds=7)
+    assert gloo.wait_abandoned(timedelta(seconds=1))  # nothing dropped yet
+    for wrapper in (
+        ProcessGroupWrapper(gloo),
+        ErrorSwallowingProcessGroupWrapper(gloo),
+        FakeProcessGroupWrapper(ProcessGroupWrapper(gloo)),
+    ):
+        assert wrapper.can_wait_abandoned()
+        assert wrapper.get_timeout() == timedelta(seconds=7)
+        assert wrapper.wait_abandoned(timedelta(seconds=1))
+    gloo.set_timeout(timedelta(seconds=9))
+    assert ProcessGroupWrapper(gloo).get_timeout() == timedelta(seconds=9)
+    dummy = ProcessGroupDummy(0, 1)
+    assert not ProcessGroupWrapper(dummy).can_wait_abandoned()
+    assert ProcessGroupWrapper(dummy).get_timeout() is None
+    with pytest.raises(NotImplementedError, match="ProcessGroupDummy does not implement wait"):
+        ProcessGroupWrapper(dummy).wait_abandoned(timedelta(seconds=1))
+
+
 @pytest.mark.multiprocess
 def test_every_group_type_agrees_with_gloo_on_every_collective(store: dist.TCPStore) -> None:
     reference = _results(lambda: ProcessGroupGloo(TIMEOUT), store, "gloo", 2)

@@ -568,6 +568,10 @@ class ProcessGroupBaby(ProcessGroup):
         """Change the timeout of later collectives and configures."""
         self._timeout = timeout
 
+    def get_timeout(self) -> timedelta:
+        """The timeout of later collectives and configures."""
+        return self._timeout
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(world_size={self._world_size}, timeout={self._timeout})"
 
