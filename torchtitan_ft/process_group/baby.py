@@ -29,7 +29,7 @@ import multiprocessing.util
 import os
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any, ClassVar
@@ -184,16 +184,7 @@ def _child_main(
         # it passes; the group's own timeout is only a backstop behind it, so that the error
         # reported is the parent's TimeoutError.
         pg = backend(timeout=timedelta(seconds=2 * timeout_s))
-        pg.configure(
-            config.store_addr,
-            config.replica_id,
-            config.rank,
-            config.world_size,
-            config.quorum_id,
-            config.group_rank,
-            config.group_world_size,
-            config.global_ranks,
-        )
+        pg.configure(**asdict(config))
     except Exception as e:  # reported to the parent, which raises it from configure()
         reply("failed", None, _describe(e))
         os._exit(1)

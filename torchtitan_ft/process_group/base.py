@@ -212,18 +212,18 @@ class ProcessGroup(dist.ProcessGroup):
         global_ranks: list[int] | None = None,
     ) -> None:
         """Rebuild the group for a new quorum; blocks until the group is built. torchft's
-        signature; the arguments are :class:`GroupConfig`'s fields. Subclasses implement
-        :meth:`_configure`."""
+        signature (positional arguments work; callers here pass keywords); the arguments are
+        :class:`GroupConfig`'s fields. Subclasses implement :meth:`_configure`."""
         self._configure(
             GroupConfig(
-                store_addr,
-                replica_id,
-                rank,
-                world_size,
-                quorum_id,
-                group_rank,
-                group_world_size,
-                global_ranks,
+                store_addr=store_addr,
+                replica_id=replica_id,
+                rank=rank,
+                world_size=world_size,
+                quorum_id=quorum_id,
+                group_rank=group_rank,
+                group_world_size=group_world_size,
+                global_ranks=global_ranks,
             )
         )
 
