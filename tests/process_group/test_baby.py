@@ -1,8 +1,8 @@
 """Process groups whose collectives run in a child process (``torchtitan_ft.process_group.baby``).
 
-The argument conversion is checked in process; the rest spawns real children (each imports
-torch: seconds on this machine), so those tests are ``multiprocess``. The hang test SIGSTOPs a
-real peer (its trainer and its child) in the middle of a collective.
+The wire format is checked alone (``test_baby_wire.py``); these tests spawn real children
+(each imports torch: seconds on this machine), so most are ``multiprocess``. The hang test
+SIGSTOPs a real peer (its trainer and its child) in the middle of a collective.
 """
 
 from __future__ import annotations
@@ -19,14 +19,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
-from torch.distributed.distributed_c10d import AllreduceOptions, BroadcastOptions
 
 from tests._mp import _mp_context
 from torchtitan_ft.process_group import (
     ProcessGroupBabyGloo,
     ProcessGroupBabyNCCL,
 )
-from torchtitan_ft.process_group.baby import _from_wire, _to_wire
 
 
 def _pid_exists(pid: int) -> bool:
@@ -52,22 +50,6 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
             return True
         time.sleep(0.05)
     return False
-
-
-def test_options_and_reduce_ops_cross_the_pipe() -> None:
-    opts = AllreduceOptions()
-    opts.reduceOp = ReduceOp.MAX
-    opts.timeout = timedelta(seconds=7)
-    bopts = BroadcastOptions()
-    bopts.rootRank = 1
-    t = torch.ones(2)
-    back = _from_wire(_to_wire(([t], opts, (bopts, ReduceOp.AVG), 3)))
-    tensors, got, (got_b, op), n = back
-    assert tensors[0] is t and n == 3
-    assert isinstance(got, AllreduceOptions) and got.reduceOp == ReduceOp.MAX
-    assert got.timeout == timedelta(seconds=7)
-    assert isinstance(got_b, BroadcastOptions) and got_b.rootRank == 1
-    assert op == ReduceOp.AVG
 
 
 def test_misuse_is_rejected_before_spawning() -> None:
