@@ -44,14 +44,14 @@ T = TypeVar("T")
 
 
 class _LiveGroup:
-    """A built gloo group and the backend works started on it (until they complete)."""
+    """A built torch group and the backend works started on it (until they complete)."""
 
     def __init__(self, pg: dist.ProcessGroup) -> None:
         self.pg: dist.ProcessGroup | None = pg
         self._works: list[Work] = []
         self._lock = threading.Lock()
         self.released = threading.Event()
-        """Set once gloo is done with every work started here (``release`` returned)."""
+        """Set once the backend is done with every work started here (``release`` returned)."""
 
     def track(self, work: Work) -> None:
         with self._lock:
@@ -59,9 +59,9 @@ class _LiveGroup:
             self._works.append(work)
 
     def release(self) -> None:
-        """Wait until gloo is done with every work started here, then drop the group.
+        """Wait until the backend is done with every work started here, then drop the group.
 
-        Blocks up to gloo's timeout for a hung collective. Freeing a group while its worker
+        Blocks up to the backend's timeout for a hung collective. Freeing a group while its worker
         threads still run a collective aborted processes here ("Resource deadlock avoided"),
         so teardown waits for them first.
         """
@@ -311,11 +311,11 @@ class BackendProcessGroup(ProcessGroup):
         return self._timeout
 
     def wait_abandoned(self, timeout: timedelta) -> bool:
-        """Waits until gloo is done with every collective of the groups dropped so far (by
-        ``abort``, ``configure`` or ``shutdown``): their works failed at once for the caller,
-        but gloo may still be writing into their tensors until its own timeout. Returns False
-        if that did not happen within ``timeout``. The Manager calls it before reusing a failed
-        collective's tensors."""
+        """Waits until the backend is done with every collective of the groups dropped so far
+        (by ``abort``, ``configure`` or ``shutdown``): their works failed at once for the
+        caller, but the backend may still be writing into their tensors until its own timeout.
+        Returns False if that did not happen within ``timeout``. The Manager calls it before
+        reusing a failed collective's tensors."""
         deadline = time.monotonic() + timeout.total_seconds()
         with self._lock:
             groups = list(self._dropped)
@@ -367,9 +367,10 @@ class BackendProcessGroup(ProcessGroup):
         """Give up on the current group now.
 
         Every collective in flight fails with ``error`` (its ``wait()`` returns at once, raising
-        it), :meth:`errored` reports it, later collectives fail fast, and the gloo group is freed
-        on a background thread (a collective hung in gloo keeps that thread until gloo's
-        timeout; the caller does not wait for it). Call :meth:`configure` to continue.
+        it), :meth:`errored` reports it, later collectives fail fast, and the torch group is
+        freed on a background thread (a collective hung in the backend keeps that thread until
+        the backend's timeout; the caller does not wait for it). Call :meth:`configure` to
+        continue.
 
         Args:
             error: the reason recorded; default ``RuntimeError("... aborted")``.
@@ -382,7 +383,7 @@ class BackendProcessGroup(ProcessGroup):
         logger.warning("%s aborted (%d in flight): %s", self._BACKEND_NAME, len(pending), reason)
 
     def set_timeout(self, timeout: timedelta) -> None:
-        """Change the timeout of later collectives, of the current group's gloo operations
+        """Change the timeout of later collectives, of the current group's backend operations
         and of later ``configure`` calls; collectives in flight keep theirs.
 
         Raises:

@@ -188,10 +188,10 @@ class ProcessGroup(dist.ProcessGroup):
     :meth:`allreduce` here. The c10d-level rank and size given to the C++ base are placeholders
     (0 and 1); :meth:`size` is overridden.
 
-    The collectives are declared once, in :data:`~torchtitan_ft.process_group.collectives.
-    COLLECTIVES`: each gets a method here (``allreduce``, ``allgather``, ``send``, ...) that
-    checks its arguments and calls :meth:`_collective`, the one hook a subclass implements.
-    Collectives a subclass does not support raise ``NotImplementedError``.
+    The collectives are declared once, in ``collectives.COLLECTIVES``: each gets a method here
+    (``allreduce``, ``allgather``, ``send``, ...) that checks its arguments and calls
+    :meth:`_collective`, the one hook a subclass implements. Collectives a subclass does not
+    support raise ``NotImplementedError``.
     """
 
     def __init__(self) -> None:
@@ -295,9 +295,8 @@ class ProcessGroup(dist.ProcessGroup):
         opts.rootRank = root
         return self.broadcast([tensor], opts)
 
-    # torch.distributed's single-tensor and rooted collectives: ``dist.all_gather_into_tensor``,
-    # ``dist.reduce_scatter_tensor``, ``dist.gather``, ``dist.scatter`` and ``dist.reduce`` call
-    # these Python methods. (c10d's C++ cannot reach them, so functional collectives use the
+    # torch's former names of the single-tensor collectives, which some of its callers still
+    # use. (c10d's C++ cannot reach the single-tensor forms, so functional collectives use the
     # coalesced forms instead; see ``register``.)
 
     def _allgather_base(
