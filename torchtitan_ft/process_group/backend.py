@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
 
+import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import Work
 from torch.futures import Future
@@ -120,6 +121,22 @@ def _call_with_deadline(fn: Callable[[], T], timeout: timedelta, what: str) -> T
         f"{what} did not finish within {timeout} (a peer did not join the rendezvous, or the "
         "store is unreachable)"
     )
+
+
+def torch_group(
+    store: dist.Store,
+    rank: int,
+    world_size: int,
+    backend_type: dist.ProcessGroup.BackendType,
+    device: str,
+    backend: Any,
+) -> dist.ProcessGroup:
+    """A torch ``ProcessGroup`` whose only backend, ``backend`` (of type ``backend_type``),
+    serves tensors of ``device`` (what :meth:`BackendProcessGroup._create_pg` returns)."""
+    pg = dist.ProcessGroup(store, rank, world_size)
+    pg._set_default_backend(backend_type)
+    pg._register_backend(torch.device(device), backend_type, backend)
+    return pg
 
 
 class TimedWork(SettledWork):

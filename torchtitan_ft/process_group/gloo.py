@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import os
 
-import torch
 import torch.distributed as dist
 
 from torchtitan_ft.addresses import GLOO_SOCKET_IFNAME_ENV, gloo_bind_address
 from torchtitan_ft.process_group import lifecycle
-from torchtitan_ft.process_group.backend import BackendProcessGroup
+from torchtitan_ft.process_group.backend import BackendProcessGroup, torch_group
 
 
 class ProcessGroupGloo(BackendProcessGroup):
@@ -68,7 +67,6 @@ class ProcessGroupGloo(BackendProcessGroup):
         interface = "" if bind else os.environ.get(GLOO_SOCKET_IFNAME_ENV, "").split(",")[0]
         options._devices = [lifecycle.gloo_device(bind or "", interface)]
         backend = dist.ProcessGroupGloo(store, rank, world_size, options)
-        pg = dist.ProcessGroup(store, rank, world_size)
-        pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
-        pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
-        return pg
+        return torch_group(
+            store, rank, world_size, dist.ProcessGroup.BackendType.GLOO, "cpu", backend
+        )

@@ -3,10 +3,9 @@ GPU). Its child-process variant, ``ProcessGroupBabyNCCL``, is in ``baby``."""
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
-from torchtitan_ft.process_group.backend import BackendProcessGroup
+from torchtitan_ft.process_group.backend import BackendProcessGroup, torch_group
 
 
 class ProcessGroupNCCL(BackendProcessGroup):
@@ -31,7 +30,6 @@ class ProcessGroupNCCL(BackendProcessGroup):
         if backend_class is None:
             raise RuntimeError("this torch build has no NCCL support")
         backend = backend_class(store, rank, world_size)
-        pg = dist.ProcessGroup(store, rank, world_size)
-        pg._set_default_backend(dist.ProcessGroup.BackendType.NCCL)
-        pg._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, backend)
-        return pg
+        return torch_group(
+            store, rank, world_size, dist.ProcessGroup.BackendType.NCCL, "cuda", backend
+        )
