@@ -13,21 +13,10 @@ from typing import Any, NamedTuple
 import torch
 import torch.multiprocessing  # registers the reductions that pickle tensors as shared memory
 from torch.distributed import distributed_c10d as c10d
-from torch.distributed.distributed_c10d import (
-    AllgatherOptions,
-    AllreduceCoalescedOptions,
-    AllreduceOptions,
-    AllToAllOptions,
-    BarrierOptions,
-    BroadcastOptions,
-    GatherOptions,
-    ReduceOp,
-    ReduceOptions,
-    ReduceScatterOptions,
-    ScatterOptions,
-)
+from torch.distributed.distributed_c10d import ReduceOp
 
 from torchtitan_ft.process_group.base import reduce_op_of
+from torchtitan_ft.process_group.collectives import COLLECTIVES
 
 ErrorInfo = tuple[str, str]
 """An exception as ``(type name, message)``."""
@@ -71,18 +60,8 @@ class Request(NamedTuple):
     """Its arguments, through :func:`to_wire`."""
 
 
-_OPTION_TYPES = (
-    AllgatherOptions,
-    AllreduceCoalescedOptions,
-    AllreduceOptions,
-    AllToAllOptions,
-    BarrierOptions,
-    BroadcastOptions,
-    GatherOptions,
-    ReduceOptions,
-    ReduceScatterOptions,
-    ScatterOptions,
-)
+_OPTION_TYPES = tuple({c.options for c in COLLECTIVES if c.options is not None})
+"""The c10d options classes the collectives take (from the table)."""
 
 
 @dataclass(frozen=True)
