@@ -7,9 +7,11 @@ method per entry (``pg.allreduce(tensors, opts)`` and so on), which checks the a
 hands them to the group's one hook, ``_collective(collective, args)``; the wrappers, the fakes,
 the baby groups and the benchmarks' byte counter all work from this table.
 
-To add a collective: add an entry here (and, where the torch backend's method has another name
-or arguments, say so in the groups that call it). Every group type then has it, and
-``tests/process_group/test_collectives.py`` checks that they agree on it.
+To add a collective, add an entry here: every group type then has it (the gloo and NCCL groups
+and the baby groups' children run it on the torch group by the same name, ``Collective.call``;
+the wrappers forward it; ``ProcessGroupDummy`` does its ``one_rank``). Then add a case for it
+to ``tests/process_group/test_collectives.py``, which checks that every group type agrees on
+it (and fails until the case exists).
 """
 
 from __future__ import annotations
