@@ -18,14 +18,17 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch.distributed.distributed_c10d import Work
 
 from torchtitan_ft.process_group import ProcessGroupGloo
+from torchtitan_ft.process_group.collectives import Args, Collective
 from torchtitan_ft.semi_sync import OuterOptimizerConfig
 
 HOST = "127.0.0.1"
@@ -167,12 +170,21 @@ class OpBytes:
     """Bytes this rank sends to the others under the collective's usual algorithm."""
 
 
+_SENT_PER_PAYLOAD: dict[str, Callable[[int], tuple[int, int]]] = {
+    "allreduce": lambda n: (2 * (n - 1), n),
+    "alltoall_base": lambda n: (n - 1, n),
+    "allgather": lambda n: (n - 1, 1),
+}
+"""Bytes a rank sends per byte of its input, as a fraction, for N ranks, by collective."""
+
+
 class CountingProcessGroupGloo(ProcessGroupGloo):
     """``ProcessGroupGloo`` that adds up the bytes of the tensors handed to its collectives.
 
     The Manager's cross-group collectives are ``allreduce`` (full precision) and, with
     ``should_quantize``, ``alltoall_base`` + ``allgather``
-    (``torchtitan_ft.process_group.quantized``).
+    (``torchtitan_ft.process_group.quantized``). The payload is the collective's input
+    argument (``Collective.input`` in ``torchtitan_ft.process_group.collectives``).
     ``sent_bytes_estimate`` applies each algorithm's bytes per rank to the measured payload,
     for N ranks: ring allreduce ``2 (N-1)/N`` of it; alltoall with equal splits ``(N-1)/N``
     of its input (the rest stays here); allgather ``N-1`` times its input. Framing and
@@ -181,42 +193,21 @@ class CountingProcessGroupGloo(ProcessGroupGloo):
 
     def __init__(self, timeout: timedelta) -> None:
         super().__init__(timeout=timeout)
-        self.ops = {op: OpBytes() for op in ("allreduce", "alltoall_base", "allgather")}
+        self.ops = {op: OpBytes() for op in _SENT_PER_PAYLOAD}
 
-    def _count(self, op: str, tensors: list[torch.Tensor], sent_num: int, sent_den: int) -> None:
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        counts = self.ops[op]
-        counts.calls += 1
-        counts.payload_bytes += nbytes
-        counts.sent_bytes_estimate += nbytes * sent_num // sent_den
-
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        n = self.size()
-        self._count("allreduce", tensors, 2 * (n - 1), n)
-        return super().allreduce(tensors, opts)
-
-    def alltoall_base(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        opts: Any = None,
-    ) -> Any:
-        if input_split_sizes:  # the quantized allreduce always splits evenly
-            raise NotImplementedError("counting supports equal alltoall splits only")
-        n = self.size()
-        self._count("alltoall_base", [input], n - 1, n)
-        return super().alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
-
-    def allgather(
-        self,
-        output_tensors: list[list[torch.Tensor]],
-        input_tensors: list[torch.Tensor],
-        opts: Any = None,
-    ) -> Any:
-        self._count("allgather", input_tensors, self.size() - 1, 1)
-        return super().allgather(output_tensors, input_tensors, opts)
+    def _collective(self, collective: Collective, args: Args) -> Work:
+        sent = _SENT_PER_PAYLOAD.get(collective.name)
+        if sent is not None:
+            if collective.name == "alltoall_base" and collective.arg(args, "input_split_sizes"):
+                # the quantized allreduce always splits evenly
+                raise NotImplementedError("counting supports equal alltoall splits only")
+            nbytes = sum(t.numel() * t.element_size() for t in collective.input_tensors(args))
+            num, den = sent(self.size())
+            counts = self.ops[collective.name]
+            counts.calls += 1
+            counts.payload_bytes += nbytes
+            counts.sent_bytes_estimate += nbytes * num // den
+        return super()._collective(collective, args)
 
 
 # ------------------------------------------------------------------ the replica group

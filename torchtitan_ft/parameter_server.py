@@ -138,7 +138,9 @@ class ParameterServer(ABC):
             ) from e
         logger.info("parameter server session %s on %s", session_id, store_addr)
         pg = cls.new_process_group()
-        pg.configure(store_addr, replica_id=f"ps_client_{session_id}", rank=1, world_size=2)
+        pg.configure(
+            store_addr=store_addr, replica_id=f"ps_client_{session_id}", rank=1, world_size=2
+        )
         return pg
 
     # ---- server side ----
@@ -160,7 +162,9 @@ class ParameterServer(ABC):
         with self._lock:
             self._sessions[session_id] = pg
         try:
-            pg.configure(store_addr, replica_id=f"ps_session_{session_id}", rank=0, world_size=2)
+            pg.configure(
+                store_addr=store_addr, replica_id=f"ps_session_{session_id}", rank=0, world_size=2
+            )
             self.forward(session_id, pg)
         # Isolation boundary: forward is the subclass's code and may raise anything; a failed
         # session must never take the server or the other sessions with it.

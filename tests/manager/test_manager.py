@@ -32,6 +32,7 @@ from torchtitan_ft.manager import (
     WorldSizeMode,
     model_fingerprint,
 )
+from torchtitan_ft.process_group import GroupConfig
 
 # ------------------------------------------------------------------------------ fakes
 
@@ -49,7 +50,7 @@ class FakePG:
     or fails / never completes on demand."""
 
     def __init__(self) -> None:
-        self.configures: list[tuple[Any, ...]] = []
+        self.configures: list[GroupConfig] = []
         self.mode = "ok"  # "ok" | "raise" | "fail_future" | "hang"
         self.error: Exception | None = None
         self.seen: list[torch.Tensor] = []
@@ -58,10 +59,11 @@ class FakePG:
     def abort(self) -> None:
         self.aborts += 1
 
-    def configure(self, *args: Any) -> None:
+    def configure(self, **kwargs: Any) -> None:
+        """Records the call; the Manager passes keywords (``ProcessGroup.configure``'s)."""
         if self.mode == "configure_fails":
             raise RuntimeError("configure failed")
-        self.configures.append(args)
+        self.configures.append(GroupConfig(**kwargs))
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> _Work:
         self.seen.append(tensors[0].clone())
@@ -178,9 +180,11 @@ def test_commit_advances_step_and_batches(lighthouse: LighthouseServer) -> None:
         assert manager.batches_committed() == 3
         assert manager.participating_rank() == 0 and manager.is_participating()
         assert len(pg.configures) == 1  # same quorum id: no reconfiguration
-        store, replica_id, rank, size, quorum_id, group_rank, group_size, ranks = pg.configures[0]
-        assert store.endswith(f"/torchft/{quorum_id}/0") and replica_id.startswith("solo:")
-        assert (rank, size, group_rank, group_size, ranks) == (0, 1, 0, 1, [0])
+        config = pg.configures[0]
+        assert config.store_addr.endswith(f"/torchft/{config.quorum_id}/0")
+        assert config.replica_id.startswith("solo:")
+        assert (config.rank, config.world_size) == (0, 1)
+        assert (config.group_rank, config.group_world_size, config.global_ranks) == (0, 1, [0])
         assert manager.state_dict() == {"step": 3, "batches_committed": 3}
     finally:
         manager.shutdown()
@@ -300,6 +304,27 @@ def test_api_misuse_raises_clear_errors(lighthouse: LighthouseServer) -> None:
         assert manager.should_commit()
     finally:
         manager.shutdown()
+
+
+def test_retry_inflight_without_wait_abandoned_is_a_warning_at_construction(
+    lighthouse: LighthouseServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from torchtitan_ft.process_group import ErrorSwallowingProcessGroupWrapper, ProcessGroupGloo
+
+    def warnings_of(pg: Any, name: str) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="torchtitan_ft.manager.manager"):
+            manager = _manager(lighthouse, name, pg=pg, retry_inflight_allreduce=True)
+        try:
+            return [r.getMessage() for r in caplog.records if "retry_inflight" in r.getMessage()]
+        finally:
+            manager.shutdown()
+
+    (line,) = warnings_of(FakePG(), "cannot_retry")
+    assert "has no effect" in line and "can_wait_abandoned() is False" in line
+    # A wrapped gloo group forwards the capability: no warning, and the retry is possible.
+    wrapped = ErrorSwallowingProcessGroupWrapper(ProcessGroupGloo(timedelta(seconds=5)))
+    assert warnings_of(wrapped, "can_retry") == []
 
 
 def test_explicit_args_beat_env(lighthouse: LighthouseServer, monkeypatch: Any) -> None:
@@ -630,7 +655,7 @@ def test_stats_count_allreduce_bytes_and_discarded_steps(lighthouse: LighthouseS
         stats = manager.stats()
         assert stats.allreduce_bytes == 10 * 4 + 3 * 8
         assert (stats.step, stats.commit_failures, stats.steps_discarded) == (1, 1, 1)
-        assert stats.quorum_id == pg.configures[-1][4]
+        assert stats.quorum_id == pg.configures[-1].quorum_id
         assert (stats.replica_world_size, stats.num_participants) == (1, 1)
         assert stats.participating and stats.heal_count == 0
     finally:

@@ -379,7 +379,8 @@ def inflight_retry_decision(
         inputs_kept: every allreduce of the step kept a copy of its input.
         retries_done: retries already run this step.
         group_world_size: ranks in this replica group.
-        can_wait_abandoned: the process group has ``wait_abandoned``.
+        can_wait_abandoned: the process group can wait for the collectives it abandoned
+            (``ProcessGroup.can_wait_abandoned()``, asked once by the Manager).
     """
     if not enabled:
         return RetryDecision(False, "retry_inflight_allreduce is off")
@@ -400,7 +401,9 @@ def inflight_retry_decision(
     if group_world_size > 1:
         return RetryDecision(False, "replica groups of several ranks are not retried")
     if not can_wait_abandoned:
-        return RetryDecision(False, "the process group has no wait_abandoned")
+        return RetryDecision(
+            False, "the process group has no wait_abandoned (can_wait_abandoned() is False)"
+        )
     return RetryDecision(True, f"an allreduce failed ({first_error}): retrying over a new quorum")
 
 

@@ -57,6 +57,7 @@ from torchtitan_ft.manager.settings import (
     resolve_manager_settings,
 )
 from torchtitan_ft.manager.stats import Counters, ManagerStats
+from torchtitan_ft.process_group.base import ProcessGroup
 from torchtitan_ft.process_group.futures import completed_future
 
 logger: logging.Logger = logging.getLogger(__name__)
@@ -139,8 +140,10 @@ class Manager:
             allreduce's input is copied before it is reduced: memory cost one copy of the
             step's allreduced bytes (the gradients, for ``DistributedDataParallel``), held
             while the Manager lives, plus that memcpy each step. Applies to groups of one rank
-            with an async quorum and a process group with ``wait_abandoned``
-            (``ProcessGroupGloo``); not after a timeout (see
+            with an async quorum and a process group that can wait for the collectives it
+            abandoned (``pg.can_wait_abandoned()``: ``ProcessGroupGloo``, ``ProcessGroupNCCL``
+            and wrappers of them; with another group the Manager logs a warning at
+            construction saying why, and never retries); not after a timeout (see
             ``decisions.inflight_retry_decision``). Use the same value in every group. The
             retried allreduces rewrite their tensors in place inside ``should_commit``: for
             code that reads the results after it (``DistributedDataParallel``,
@@ -225,6 +228,7 @@ class Manager:
         self._init_sync = init_sync
         self._max_retries = max_retries
         self._pg = pg
+        self._pg_can_wait_abandoned = isinstance(pg, ProcessGroup) and pg.can_wait_abandoned()
         self._step = 0
         self._batches_committed = 0
         self._commit_failures = 0
@@ -288,6 +292,14 @@ class Manager:
         )
         if (overridden := overridden_message(settings, os.environ)) is not None:
             self._log(logging.WARNING, overridden)
+        if retry_inflight_allreduce and not self._pg_can_wait_abandoned:
+            self._log(
+                logging.WARNING,
+                f"retry_inflight_allreduce=True has no effect with this process group ({pg!r}): "
+                "it cannot wait for the collectives it abandoned (can_wait_abandoned() is "
+                "False), so a step whose allreduce fails is discarded, not retried. "
+                "ProcessGroupGloo, ProcessGroupNCCL and wrappers of them can.",
+            )
 
     def register_state_dict_fn(
         self, key: str, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]
@@ -491,7 +503,7 @@ class Manager:
             inputs_kept=self._collectives.inputs_kept,
             retries_done=self._retries_this_step,
             group_world_size=self._group_world_size,
-            can_wait_abandoned=hasattr(self._pg, "wait_abandoned"),
+            can_wait_abandoned=self._pg_can_wait_abandoned,
         )
 
     def _retry_inflight(self) -> None:
@@ -548,8 +560,8 @@ class Manager:
         )
 
     def _pg_timeout(self) -> timedelta:
-        timeout = getattr(self._pg, "_timeout", None)
-        return timeout if isinstance(timeout, timedelta) else self._timeout
+        timeout = self._pg.get_timeout() if isinstance(self._pg, ProcessGroup) else None
+        return timeout if timeout is not None else self._timeout
 
     def _group_and(self, vote: bool, timeout: timedelta) -> bool:
         """The logical AND of this vote over the replica group's ranks (a barrier); a group

@@ -192,14 +192,16 @@ class QuorumThread:
         try:
             with record_function("torchft::manager::_pg::configure"):
                 self._pg.configure(
-                    prefixed,
-                    self._replica_id,
-                    result.replica_rank,
-                    result.replica_world_size,
-                    result.quorum_id,
-                    self._group_rank,
-                    self._group_world_size,
-                    global_ranks(result.replica_ids, self._group_world_size, self._group_rank),
+                    store_addr=prefixed,
+                    replica_id=self._replica_id,
+                    rank=result.replica_rank,
+                    world_size=result.replica_world_size,
+                    quorum_id=result.quorum_id,
+                    group_rank=self._group_rank,
+                    group_world_size=self._group_world_size,
+                    global_ranks=global_ranks(
+                        result.replica_ids, self._group_world_size, self._group_rank
+                    ),
                 )
         except Exception as e:  # recorded: the step is discarded, the next quorum retries
             self._collectives.report_error(e)

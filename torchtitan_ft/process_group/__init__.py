@@ -1,11 +1,13 @@
 """Reconfigurable process groups for the cross-replica-group axis, in every rank.
 
-``base`` (the base class and Work types), ``gloo`` and ``nccl`` (the backends), ``baby`` (the
-backends in a child process that is killed when a collective hangs), ``wrappers`` (errors as
-data, routing through the Manager), ``fakes`` (groups for tests), ``store`` (the quorum's
-TCPStore), ``futures`` and ``quantized`` (what collectives return and an int8 allreduce),
-``lifecycle`` (process-wide state, hooks installed on first use). torchft 0.2.0's names are
-importable here.
+``collectives`` (the table of collectives: each declared once, every group type derives its
+methods from it), ``base`` (the base class and Work types), ``backend`` (a group over a torch
+backend, rebuilt on every configure), ``gloo`` and ``nccl`` (its two backends), ``baby`` (the
+backends in a child process that is killed when a collective hangs), ``wrappers`` (forwarding,
+errors as data, routing through the Manager), ``fakes`` (groups for tests), ``store`` (the
+quorum's TCPStore), ``futures`` and ``quantized`` (what collectives return and an int8
+allreduce), ``lifecycle`` (process-wide state, hooks installed on first use). torchft 0.2.0's
+names are importable here.
 
 Names load lazily, on first use: a trainer imports only the group it uses (not the baby
 groups' multiprocessing machinery, the fakes or the wrappers).

@@ -13,33 +13,26 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.distributed_c10d import (
     AllgatherOptions,
-    AllreduceCoalescedOptions,
     AllreduceOptions,
-    AllToAllOptions,
-    BarrierOptions,
     BroadcastOptions,
-    GatherOptions,
     ReduceOp,
-    ReduceOptions,
     ReduceScatterOptions,
-    ScatterOptions,
     Work,
 )
 from torch.futures import Future
 
+from torchtitan_ft.process_group.collectives import COLLECTIVES, Args, Collective
 from torchtitan_ft.process_group.futures import completed_future
-
-if TYPE_CHECKING:
-    from torchtitan_ft.process_group.gloo import ProcessGroupGloo
 
 logger = logging.getLogger(__name__)
 
@@ -170,89 +163,18 @@ class SettledWork(Work):
         return self._future
 
 
-class TimedWork(SettledWork):
-    """A collective in flight on a :class:`ProcessGroupGloo`, with a timeout and abort.
-
-    Completion is tracked on our own future, set from the backend future's callback (on a gloo
-    worker thread) or failed by :meth:`ProcessGroupGloo.abort`, whichever comes first. So a
-    caller blocked in ``wait()`` is released by an abort even though gloo itself cannot cancel
-    the collective.
-    """
-
-    def __init__(self, pg: ProcessGroupGloo, op: str, timeout: timedelta) -> None:
-        super().__init__()
-        self._pg = pg
-        self._op = op
-        self._timeout = timeout
-
-    def _attach(self, backend_work: Work, result: object) -> None:
-        try:
-            fut = backend_work.get_future()
-        except RuntimeError:
-            # gloo's reduce_scatter, send and recv works have no future (torch 2.13): wait for
-            # them on a helper thread, which blocks without holding the GIL.
-            threading.Thread(
-                target=self._wait_backend,
-                args=(backend_work, result),
-                name=f"torchtitan_ft-{self._op}",
-            ).start()
-        else:
-            fut.add_done_callback(self._on_backend_done)
-
-    def _wait_backend(self, backend_work: Work, result: object) -> None:
-        try:
-            backend_work.wait()
-        except COLLECTIVE_ERRORS as e:
-            self._fail(e)
-        else:
-            self._finish(result, None)
-
-    def _on_backend_done(self, fut: Future[Any]) -> None:
-        try:
-            value = fut.value()
-        except COLLECTIVE_ERRORS as e:
-            self._fail(e)
-        else:
-            self._finish(value, None)
-
-    def _fail(self, error: BaseException) -> None:
-        self._finish(None, error)
-
-    def _record(self, error: BaseException | None) -> None:
-        # On the group before waking waiters: they may ask errored().
-        self._pg._work_done(self, error)
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        limit = self._timeout if timeout is None or timeout == NO_TIMEOUT else timeout
-        if not self._done.wait(limit.total_seconds()):
-            error = TimeoutError(
-                f"{self._pg.getBackendName()} {self._op} did not complete within {limit}"
-            )
-            # The group is unusable once a collective hangs: fail everything in flight.
-            self._pg.abort(error)
-        if self._error is not None:
-            raise self._error
-        return True
-
-
 # --------------------------------------------------------------------------------------------
 # Base class
 # --------------------------------------------------------------------------------------------
 
 
-def allreduce_options(opts: AllreduceOptions | ReduceOp | ReduceOp.RedOpType | None) -> Any:
-    """Accept what callers pass for an allreduce: options, a ReduceOp, or nothing (SUM)."""
-    if isinstance(opts, AllreduceOptions):
-        return opts
-    options = AllreduceOptions()
-    if opts is not None:
-        options.reduceOp = opts
-    return options
-
-
 def reduce_op_of(opts: AllreduceOptions | ReduceOp | ReduceOp.RedOpType | None) -> Any:
-    """The reduce op of ``opts`` as a plain ``ReduceOp.RedOpType`` (``ReduceOp.SUM`` etc.)."""
-    op = allreduce_options(opts).reduceOp
+    """The reduce op of ``opts`` (allreduce options, a ``ReduceOp``, or ``None``: SUM) as a
+    plain ``ReduceOp.RedOpType`` (``ReduceOp.SUM`` etc.)."""
+    if isinstance(opts, AllreduceOptions):
+        op = opts.reduceOp
+    else:
+        op = ReduceOp.SUM if opts is None else opts
     for known in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT):
         if op == known:
             return known
@@ -264,8 +186,12 @@ class ProcessGroup(dist.ProcessGroup):
 
     A subclass of ``torch.distributed.ProcessGroup``, so ``dist.all_reduce(t, group=pg)`` calls
     :meth:`allreduce` here. The c10d-level rank and size given to the C++ base are placeholders
-    (0 and 1); :meth:`size` is overridden. Collectives not implemented by a subclass raise
-    ``NotImplementedError``.
+    (0 and 1); :meth:`size` is overridden.
+
+    The collectives are declared once, in ``collectives.COLLECTIVES``: each gets a method here
+    (``allreduce``, ``allgather``, ``send``, ...) that checks its arguments and calls
+    :meth:`_collective`, the one hook a subclass implements. Collectives a subclass does not
+    support raise ``NotImplementedError``.
     """
 
     def __init__(self) -> None:
@@ -286,18 +212,18 @@ class ProcessGroup(dist.ProcessGroup):
         global_ranks: list[int] | None = None,
     ) -> None:
         """Rebuild the group for a new quorum; blocks until the group is built. torchft's
-        signature; the arguments are :class:`GroupConfig`'s fields. Subclasses implement
-        :meth:`_configure`."""
+        signature (positional arguments work; callers here pass keywords); the arguments are
+        :class:`GroupConfig`'s fields. Subclasses implement :meth:`_configure`."""
         self._configure(
             GroupConfig(
-                store_addr,
-                replica_id,
-                rank,
-                world_size,
-                quorum_id,
-                group_rank,
-                group_world_size,
-                global_ranks,
+                store_addr=store_addr,
+                replica_id=replica_id,
+                rank=rank,
+                world_size=world_size,
+                quorum_id=quorum_id,
+                group_rank=group_rank,
+                group_world_size=group_world_size,
+                global_ranks=global_ranks,
             )
         )
 
@@ -322,76 +248,41 @@ class ProcessGroup(dist.ProcessGroup):
     def shutdown(self) -> None:
         """Release the current group; the object can be configured again."""
 
+    # ---- capabilities (what the Manager asks of a group) ----
+
+    def can_wait_abandoned(self) -> bool:
+        """Whether :meth:`wait_abandoned` can tell when the backend is done with the
+        collectives of dropped groups (``Manager(retry_inflight_allreduce=True)`` needs it).
+        False here."""
+        return False
+
+    def wait_abandoned(self, timeout: timedelta) -> bool:
+        """Wait until the backend is done with every collective of the groups dropped so far
+        (by ``abort``, ``configure`` or ``shutdown``): their Works failed at once for the
+        caller, but the backend may still be writing into their tensors. Returns False if that
+        did not happen within ``timeout``.
+
+        Raises:
+            NotImplementedError: when :meth:`can_wait_abandoned` is False.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement wait_abandoned")
+
+    def get_timeout(self) -> timedelta | None:
+        """The bound of each collective (what :meth:`set_timeout` set), or ``None`` when the
+        group has none."""
+        return None
+
     # ---- collectives ----
 
-    def allreduce(
-        self,
-        tensors: list[torch.Tensor],
-        opts: AllreduceOptions | ReduceOp | ReduceOp.RedOpType | None = None,
-    ) -> Work:
-        """Reduce ``tensors`` in place across the group (``dist.all_reduce``).
+    # One method per entry of ``collectives.COLLECTIVES`` (allreduce, allgather, send, ...) is
+    # added below the class: each checks its arguments against the table and calls this hook.
 
-        Args:
-            tensors: tensors to reduce; each is overwritten with the result.
-            opts: ``AllreduceOptions`` or a ``ReduceOp``; ``None`` means SUM.
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not implement allreduce")
-
-    def allreduce_coalesced(
-        self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
-    ) -> Work:
-        """Reduce several tensors in one collective (``dist.all_reduce_coalesced``).
-
-        Args:
-            tensors: tensors to reduce; each is overwritten with the result.
-            opts: reduce op (default SUM) and timeout.
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not implement allreduce_coalesced")
-
-    def allgather(
-        self,
-        output_tensors: list[list[torch.Tensor]],
-        input_tensors: list[torch.Tensor],
-        opts: AllgatherOptions | None = None,
-    ) -> Work:
-        """Gather every rank's input into ``output_tensors`` (``dist.all_gather``).
-
-        Args:
-            output_tensors: ``output_tensors[i][r]`` receives rank ``r``'s ``input_tensors[i]``.
-            input_tensors: this rank's contribution.
-            opts: collective options (timeout).
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not implement allgather")
-
-    def allgather_into_tensor_coalesced(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[torch.Tensor],
-        opts: AllgatherOptions | None = None,
-    ) -> Work:
-        """Gather several tensors in one collective: ``output_tensors[i]`` receives every
-        rank's ``input_tensors[i]`` concatenated along dim 0, in rank order (what
-        ``dist.all_gather_into_tensor`` does for one tensor).
-
-        Args:
-            output_tensors: one per input, ``world_size`` times its size along dim 0.
-            input_tensors: this rank's contributions.
-            opts: collective options (timeout).
-        """
-        raise NotImplementedError(
-            f"{type(self).__name__} does not implement allgather_into_tensor_coalesced"
-        )
-
-    def broadcast(
-        self, tensor_list: list[torch.Tensor], opts: BroadcastOptions | None = None
-    ) -> Work:
-        """Copy the root's tensors to every rank (``dist.broadcast``).
-
-        Args:
-            tensor_list: tensors sent by the root and overwritten on the other ranks.
-            opts: ``rootRank`` (default 0) and timeout.
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not implement broadcast")
+    def _collective(self, collective: Collective, args: Args) -> Work:
+        """Run ``collective`` with ``args`` (in ``collective.params`` order, defaults filled
+        in, options normalized) and return its Work, whose future completes with
+        ``collective.value(args)``. The one method a group type implements for its
+        collectives."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement {collective.name}")
 
     def broadcast_one(self, tensor: torch.Tensor, root: int) -> Work:
         """Broadcast a single tensor from ``root``.
@@ -404,98 +295,9 @@ class ProcessGroup(dist.ProcessGroup):
         opts.rootRank = root
         return self.broadcast([tensor], opts)
 
-    def reduce_scatter(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[list[torch.Tensor]],
-        opts: ReduceScatterOptions | None = None,
-    ) -> Work:
-        """Reduce ``input_tensors[i][r]`` over ranks into rank ``r``'s ``output_tensors[i]``.
-
-        Args:
-            output_tensors: receive this rank's reduced chunk.
-            input_tensors: ``input_tensors[i]`` has one chunk per rank.
-            opts: reduce op (default SUM) and timeout.
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not implement reduce_scatter")
-
-    def reduce_scatter_tensor_coalesced(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[torch.Tensor],
-        opts: ReduceScatterOptions | None = None,
-    ) -> Work:
-        """Reduce several tensors over ranks in one collective; rank ``r``'s
-        ``output_tensors[i]`` receives the ``r``-th dim-0 chunk of the reduced
-        ``input_tensors[i]`` (what ``dist.reduce_scatter_tensor`` does for one tensor).
-
-        Args:
-            output_tensors: one per input, ``1 / world_size`` of its size along dim 0.
-            input_tensors: this rank's full-size contributions.
-            opts: reduce op (default SUM) and timeout.
-        """
-        raise NotImplementedError(
-            f"{type(self).__name__} does not implement reduce_scatter_tensor_coalesced"
-        )
-
-    def alltoall_base(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        opts: AllToAllOptions | None = None,
-    ) -> Work:
-        """Rank ``r`` receives every rank's ``r``-th slice of ``input`` into ``output``
-        (``dist.all_to_all_single``); empty split sizes mean equal slices.
-
-        Args:
-            output: receives one slice from each rank, in rank order.
-            input: split along dim 0 into one slice per rank.
-            output_split_sizes: rows received from each rank; [] for equal slices.
-            input_split_sizes: rows sent to each rank; [] for equal slices.
-            opts: timeout.
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not implement alltoall_base")
-
-    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
-        """Send ``tensors`` to ``dst_rank`` (``dist.send``).
-
-        Args:
-            tensors: tensors to send.
-            dst_rank: receiving rank in this group.
-            tag: matches the receiver's tag.
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not implement send")
-
-    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> Work:
-        """Receive into ``tensors`` from ``src_rank`` (``dist.recv``).
-
-        Args:
-            tensors: overwritten with the received data.
-            src_rank: sending rank in this group.
-            tag: matches the sender's tag.
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not implement recv")
-
-    def barrier(self, opts: BarrierOptions | None = None) -> Work:
-        """Complete once every rank has entered the barrier.
-
-        Args:
-            opts: collective options (timeout).
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not implement barrier")
-
-    # torch.distributed's single-tensor and rooted collectives: ``dist.all_gather_into_tensor``,
-    # ``dist.reduce_scatter_tensor``, ``dist.gather``, ``dist.scatter`` and ``dist.reduce`` call
-    # these Python methods. (c10d's C++ cannot reach them, so functional collectives use the
+    # torch's former names of the single-tensor collectives, which some of its callers still
+    # use. (c10d's C++ cannot reach the single-tensor forms, so functional collectives use the
     # coalesced forms instead; see ``register``.)
-
-    def all_gather_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
-    ) -> Work:
-        """Gather every rank's ``input`` into ``output`` (dim 0, rank order)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement all_gather_single")
 
     def _allgather_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
@@ -503,39 +305,11 @@ class ProcessGroup(dist.ProcessGroup):
         """torch's former name of :meth:`all_gather_single`."""
         return self.all_gather_single(output, input, opts)
 
-    def reduce_scatter_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
-    ) -> Work:
-        """Reduce ``input`` over ranks; rank ``r`` receives its ``r``-th dim-0 chunk."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement reduce_scatter_single")
-
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
     ) -> Work:
         """torch's former name of :meth:`reduce_scatter_single`."""
         return self.reduce_scatter_single(output, input, opts)
-
-    def gather(
-        self,
-        output_tensors: list[list[torch.Tensor]],
-        input_tensors: list[torch.Tensor],
-        opts: GatherOptions | None = None,
-    ) -> Work:
-        """Gather every rank's input on ``opts.rootRank`` (``dist.gather``)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement gather")
-
-    def scatter(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[list[torch.Tensor]],
-        opts: ScatterOptions | None = None,
-    ) -> Work:
-        """Send ``opts.rootRank``'s ``input_tensors[0][r]`` to rank ``r`` (``dist.scatter``)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement scatter")
-
-    def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions | None = None) -> Work:
-        """Reduce ``tensors`` onto ``opts.rootRank`` (``dist.reduce``)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement reduce")
 
     def size(self) -> int:
         """Number of processes in the current group."""
@@ -634,3 +408,22 @@ class ProcessGroup(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def _collective_method(collective: Collective) -> Callable[..., Work]:
+    """``ProcessGroup``'s method for ``collective``: binds the call's arguments and hands them
+    to ``self._collective``."""
+
+    def method(self: ProcessGroup, *args: Any, **kwargs: Any) -> Work:
+        return self._collective(collective, collective.bind(args, kwargs))
+
+    method.__name__ = collective.name
+    method.__qualname__ = f"ProcessGroup.{collective.name}"
+    method.__doc__ = collective.doc
+    method.__signature__ = collective.signature  # type: ignore[attr-defined]
+    return method
+
+
+for _collective_spec in COLLECTIVES:
+    setattr(ProcessGroup, _collective_spec.name, _collective_method(_collective_spec))
+del _collective_spec

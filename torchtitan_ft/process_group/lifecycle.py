@@ -1,8 +1,9 @@
-"""Process-wide state of the gloo process groups, in every rank: the shared gloo devices, the
-live groups closed at exit and the objects a forked child must never free.
+"""Process-wide state of the process groups, in every rank: the shared gloo devices, the live
+groups closed at exit and the objects a forked child must never free.
 
-Nothing happens at import: the exit and fork hooks are installed when the first
-``ProcessGroupGloo`` is created (``track``).
+Nothing happens at import: the exit and fork hooks are installed when the first group is
+tracked (``track``; every ``ProcessGroupGloo`` and ``ProcessGroupNCCL`` is). A tracked group is
+anything with the two methods of :class:`Tracked`.
 """
 
 from __future__ import annotations
@@ -11,12 +12,21 @@ import atexit
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from torchtitan_ft.process_group.gloo import ProcessGroupGloo
+
+class Tracked(Protocol):
+    """What this module asks of a group it tracks."""
+
+    def close_at_exit(self) -> None:
+        """Free the group now, on this thread (the interpreter is about to finalize)."""
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: set aside what was inherited (never free it) and become
+        unusable until configured again."""
+
 
 # One gloo device (transport context with its own event-loop thread) per bind address is
 # shared by every group of the process: a device created per group is destroyed with it, and
@@ -24,14 +34,14 @@ if TYPE_CHECKING:
 _cache_lock = threading.Lock()
 _gloo_devices: dict[str, Any] = {}
 
-_live_groups: weakref.WeakSet[ProcessGroupGloo] = weakref.WeakSet()
+_live_groups: weakref.WeakSet[Tracked] = weakref.WeakSet()
 _hooks_installed = False
 
 _kept_forever: list[object] = []
 """Objects that must never be freed: inherited through fork, or orphaned at interpreter exit."""
 
 
-def track(pg: ProcessGroupGloo) -> None:
+def track(pg: Tracked) -> None:
     """Closes ``pg`` at interpreter exit and makes it forget its group in a forked child;
     installs the hooks that do so on first use."""
     global _hooks_installed
@@ -68,7 +78,7 @@ def gloo_device(bind: str, interface: str = "") -> Any:
 
 
 def _close_groups_at_exit() -> None:
-    """Free every gloo group while the interpreter is still whole.
+    """Free every tracked group while the interpreter is still whole.
 
     A gloo worker thread that needs the GIL after finalization has begun (e.g. to drop the
     Python callback of a work it just completed) is ended by CPython inside C++ code, which
@@ -76,7 +86,7 @@ def _close_groups_at_exit() -> None:
     1 of 4 runs of 100 configures). Freeing the groups here joins those threads first.
     """
     for pg in list(_live_groups):
-        pg._close_now()
+        pg.close_at_exit()
 
 
 def _after_fork_in_child() -> None:
@@ -85,11 +95,11 @@ def _after_fork_in_child() -> None:
     The child inherits the parent's gloo devices, groups and store connections, but none of
     their threads (and shares the sockets): using them would hang, and freeing them would join
     threads that do not exist. They are set aside for good (a forked multiprocessing child ends
-    with ``os._exit``), and every inherited ``ProcessGroupGloo`` must be configured again.
+    with ``os._exit``), and every inherited tracked group must be configured again.
     """
     global _cache_lock
     _cache_lock = threading.Lock()
     keep_forever(*_gloo_devices.values())
     _gloo_devices.clear()
     for pg in list(_live_groups):
-        pg._forget_after_fork()
+        pg.forget_after_fork()

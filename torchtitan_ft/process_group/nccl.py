@@ -3,22 +3,22 @@ GPU). Its child-process variant, ``ProcessGroupBabyNCCL``, is in ``baby``."""
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
-from torchtitan_ft.process_group.gloo import ProcessGroupGloo
+from torchtitan_ft.process_group.backend import BackendProcessGroup, torch_group
 
 
-class ProcessGroupNCCL(ProcessGroupGloo):
-    """The same reconfigurable group over NCCL, for CUDA tensors.
+class ProcessGroupNCCL(BackendProcessGroup):
+    """A reconfigurable group over NCCL, for CUDA tensors: :class:`BackendProcessGroup` with
+    NCCL as its backend.
 
     UNTESTED: this platform has no GPU, and ``torch.distributed.ProcessGroupNCCL`` does not
-    exist in CPU builds of torch (``configure`` then raises ``RuntimeError``). It only swaps the
-    backend; timeouts rely on the work's future completing, and abort does not call
-    ``ncclCommAbort``.
+    exist in CPU builds of torch (``configure`` then raises ``RuntimeError``). Timeouts rely on
+    the work's future completing, and abort does not call ``ncclCommAbort``.
 
     Args:
-        timeout: as for :class:`ProcessGroupGloo`. Default 60 s.
+        timeout: bound for building a group in :meth:`configure` and for each collective.
+            Default 60 s.
     """
 
     _BACKEND_NAME = "torchft-nccl"
@@ -30,7 +30,6 @@ class ProcessGroupNCCL(ProcessGroupGloo):
         if backend_class is None:
             raise RuntimeError("this torch build has no NCCL support")
         backend = backend_class(store, rank, world_size)
-        pg = dist.ProcessGroup(store, rank, world_size)
-        pg._set_default_backend(dist.ProcessGroup.BackendType.NCCL)
-        pg._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, backend)
-        return pg
+        return torch_group(
+            store, rank, world_size, dist.ProcessGroup.BackendType.NCCL, "cuda", backend
+        )

@@ -1,4 +1,4 @@
-"""Process groups that wrap another, in every rank: the plain forwarding base
+"""Process groups that wrap another, in every rank: the base that forwards every call
 (``ProcessGroupWrapper``), errors as data (``ErrorSwallowingProcessGroupWrapper``) and
 collectives routed through the Manager (``ManagedProcessGroup``, for model code and
 TorchTitan)."""
@@ -8,21 +8,13 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import asdict
 from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
 from torch.distributed.distributed_c10d import (
-    AllgatherOptions,
-    AllreduceCoalescedOptions,
-    AllreduceOptions,
-    AllToAllOptions,
-    BarrierOptions,
-    BroadcastOptions,
     ReduceOp,
-    ReduceScatterOptions,
     Work,
 )
 from torch.futures import Future
@@ -36,6 +28,7 @@ from torchtitan_ft.process_group.base import (
     is_collective_error,
     reduce_op_of,
 )
+from torchtitan_ft.process_group.collectives import Args, Collective
 from torchtitan_ft.process_group.futures import completed_future
 
 logger = logging.getLogger(__name__)
@@ -59,9 +52,12 @@ class ManagerLike(Protocol):
 
 
 class ProcessGroupWrapper(ProcessGroup):
-    """A process group that hands everything to another one, ``pg``: the base of wrappers that
-    change what some calls do (subclasses override :meth:`_forward`, which every collective goes
-    through, or single methods). As it is, it changes nothing.
+    """A process group that hands everything to another one, ``pg``: configure, abort, errors,
+    timeouts, the capabilities the Manager asks about (:meth:`can_wait_abandoned`,
+    :meth:`get_timeout`) and every collective of the table
+    (:data:`~torchtitan_ft.process_group.collectives.COLLECTIVES`). The base of wrappers that
+    change what some calls do: subclasses override :meth:`_collective`, which every collective
+    goes through, or single methods. As it is, it changes nothing.
 
     Args:
         pg: the process group that does the communication.
@@ -106,104 +102,21 @@ class ProcessGroupWrapper(ProcessGroup):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(pg={self._pg!r})"
 
-    def _forward(self, start: Callable[[], Work], default: object) -> Work:
-        """Run one collective of the wrapped group: ``start()`` starts it and returns its
-        Work; ``default`` is what its future holds (the tensors it writes, or None)."""
-        return start()
+    def can_wait_abandoned(self) -> bool:
+        """The wrapped group's :meth:`ProcessGroup.can_wait_abandoned`."""
+        return self._pg.can_wait_abandoned()
 
-    def allreduce(
-        self,
-        tensors: list[torch.Tensor],
-        opts: AllreduceOptions | ReduceOp | ReduceOp.RedOpType | None = None,
-    ) -> Work:
-        """See :meth:`ProcessGroup.allreduce`."""
-        return self._forward(lambda: self._pg.allreduce(tensors, opts), tensors)
+    def wait_abandoned(self, timeout: timedelta) -> bool:
+        """The wrapped group's :meth:`ProcessGroup.wait_abandoned`."""
+        return self._pg.wait_abandoned(timeout)
 
-    def allreduce_coalesced(
-        self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
-    ) -> Work:
-        """See :meth:`ProcessGroup.allreduce_coalesced`."""
-        return self._forward(lambda: self._pg.allreduce_coalesced(tensors, opts), tensors)
+    def get_timeout(self) -> timedelta | None:
+        """The wrapped group's :meth:`ProcessGroup.get_timeout`."""
+        return self._pg.get_timeout()
 
-    def allgather(
-        self,
-        output_tensors: list[list[torch.Tensor]],
-        input_tensors: list[torch.Tensor],
-        opts: AllgatherOptions | None = None,
-    ) -> Work:
-        """See :meth:`ProcessGroup.allgather`."""
-        return self._forward(
-            lambda: self._pg.allgather(output_tensors, input_tensors, opts), output_tensors
-        )
-
-    def allgather_into_tensor_coalesced(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[torch.Tensor],
-        opts: AllgatherOptions | None = None,
-    ) -> Work:
-        """See :meth:`ProcessGroup.allgather_into_tensor_coalesced`."""
-        return self._forward(
-            lambda: self._pg.allgather_into_tensor_coalesced(output_tensors, input_tensors, opts),
-            output_tensors,
-        )
-
-    def broadcast(
-        self, tensor_list: list[torch.Tensor], opts: BroadcastOptions | None = None
-    ) -> Work:
-        """See :meth:`ProcessGroup.broadcast`."""
-        return self._forward(lambda: self._pg.broadcast(tensor_list, opts), tensor_list)
-
-    def reduce_scatter(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[list[torch.Tensor]],
-        opts: ReduceScatterOptions | None = None,
-    ) -> Work:
-        """See :meth:`ProcessGroup.reduce_scatter`."""
-        return self._forward(
-            lambda: self._pg.reduce_scatter(output_tensors, input_tensors, opts), output_tensors
-        )
-
-    def reduce_scatter_tensor_coalesced(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[torch.Tensor],
-        opts: ReduceScatterOptions | None = None,
-    ) -> Work:
-        """See :meth:`ProcessGroup.reduce_scatter_tensor_coalesced`."""
-        return self._forward(
-            lambda: self._pg.reduce_scatter_tensor_coalesced(output_tensors, input_tensors, opts),
-            output_tensors,
-        )
-
-    def alltoall_base(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        opts: AllToAllOptions | None = None,
-    ) -> Work:
-        """See :meth:`ProcessGroup.alltoall_base`."""
-        return self._forward(
-            lambda: self._pg.alltoall_base(
-                output, input, output_split_sizes, input_split_sizes, opts
-            ),
-            [output],
-        )
-
-    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
-        """See :meth:`ProcessGroup.send`."""
-        return self._forward(lambda: self._pg.send(tensors, dst_rank, tag), None)
-
-    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> Work:
-        """See :meth:`ProcessGroup.recv`."""
-        return self._forward(lambda: self._pg.recv(tensors, src_rank, tag), tensors)
-
-    def barrier(self, opts: BarrierOptions | None = None) -> Work:
-        """See :meth:`ProcessGroup.barrier`."""
-        return self._forward(lambda: self._pg.barrier(opts), None)
+    def _collective(self, collective: Collective, args: Args) -> Work:
+        """Run ``collective`` on the wrapped group, unchanged."""
+        return collective.call(self._pg, args)
 
 
 # --------------------------------------------------------------------------------------------
@@ -267,11 +180,14 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroupWrapper):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(pg={self._pg!r}, error={self._error!r})"
 
-    def _forward(self, start: Callable[[], Work], default: object) -> Work:
+    def _collective(self, collective: Collective, args: Args) -> Work:
+        """Run ``collective`` on the wrapped group; after an error, complete at once with the
+        collective's usual future value (:meth:`Collective.value`)."""
+        default = collective.value(args)
         if self.error() is not None:
             return CompletedWork(default)
         try:
-            work = start()
+            work = collective.call(self._pg, args)
         except COLLECTIVE_ERRORS as e:
             if not is_collective_error(e):
                 raise
@@ -335,7 +251,8 @@ class ManagedProcessGroup(ProcessGroup):
     ``dist_sum``/``dist_max(x, mesh, extra_pg)``) and used from an FSDP ``set_all_reduce_hook``.
     Call :meth:`unregister` when done with it: the registry keeps it (and the manager) alive.
 
-    Only allreduce is supported; other collectives raise ``NotImplementedError``.
+    Only allreduce and allreduce_coalesced are supported; other collectives raise
+    ``NotImplementedError``.
 
     Args:
         manager: the replica group's ``Manager``. Used: ``allreduce(tensor, reduce_op=op)``
@@ -356,19 +273,20 @@ class ManagedProcessGroup(ProcessGroup):
         """The Manager the collectives go through."""
         return self._manager
 
-    def allreduce(
-        self,
-        tensors: list[torch.Tensor] | torch.Tensor,
-        opts: AllreduceOptions | ReduceOp | ReduceOp.RedOpType | None = None,
-    ) -> Work:
-        """Reduce each tensor in place through the Manager; see :meth:`ProcessGroup.allreduce`.
-
-        Args:
-            tensors: tensors to reduce (a single tensor is accepted too).
-            opts: ``AllreduceOptions`` or ``ReduceOp``; ``None`` means SUM (as in c10d).
-        """
+    def _collective(self, collective: Collective, args: Args) -> Work:
+        """``allreduce`` and ``allreduce_coalesced``: one Manager allreduce per tensor, each
+        reduced in place (a single tensor is accepted in place of the list; ``opts`` is
+        ``AllreduceOptions`` or a ``ReduceOp``, ``None`` means SUM, as in c10d). The Work's
+        future completes with the list of tensors. Other collectives raise
+        ``NotImplementedError``."""
+        if collective.name not in ("allreduce", "allreduce_coalesced"):
+            raise NotImplementedError(
+                f"{type(self).__name__} supports allreduce and allreduce_coalesced only, "
+                f"not {collective.name}"
+            )
+        tensors, opts = args
         tensor_list = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-        op = reduce_op_of(opts)
+        op = reduce_op_of(opts.reduceOp)
         futures: list[Future[Any]] = []
         for tensor in tensor_list:
             try:
@@ -379,13 +297,6 @@ class ManagedProcessGroup(ProcessGroup):
                 self._manager.report_error(e)
                 futures.append(completed_future(tensor))
         return _ManagedWork(self._manager, futures, tensor_list)
-
-    def allreduce_coalesced(
-        self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
-    ) -> Work:
-        """One Manager allreduce per tensor; see :meth:`ProcessGroup.allreduce_coalesced`."""
-        op = opts.reduceOp if opts is not None else ReduceOp.SUM
-        return self.allreduce(tensors, op)
 
     def size(self) -> int:
         """Number of participants in the current quorum (``manager.num_participants()``)."""

@@ -1,23 +1,7 @@
-"""Process groups whose collectives run in a child process, in every rank (torchft's "baby"
-process groups): ``ProcessGroupBabyGloo`` and ``ProcessGroupBabyNCCL``.
-
-Some hangs cannot be interrupted from inside the process that hangs: a transport wedged in C++
-code ignores timeouts and aborts, and freeing it may block its caller. Here the real group (a
-:class:`ProcessGroupGloo` or :class:`ProcessGroupNCCL`) lives in a child process spawned by every
-:meth:`ProcessGroupBaby.configure`; the parent sends each collective to it over a pipe and the
-child reports completion. When a collective overruns the timeout, the parent SIGKILLs the child:
-everything the transport held goes with it, the parent never waits for it, and the next
-``configure`` spawns a fresh child.
-
-Tensors cross the process boundary through shared memory: a CPU tensor passed to a collective
-is moved to shared memory (``Tensor.share_memory_()``, in place, once), and the child writes
-results straight into it. CUDA tensors are shared by CUDA IPC (untested here: no GPU).
-
-Costs: ``configure`` spawns a Python process that imports torch (seconds, not milliseconds),
-and each collective adds a pipe round trip. A daemonic ``multiprocessing`` process cannot
-start the child (``configure`` says so). Prefer :class:`ProcessGroupGloo`, which already
-gives up on a hung collective at its timeout, unless a transport has been seen to wedge.
-"""
+"""The parent side of a baby process group, in every rank: ``ProcessGroupBaby`` spawns the
+child (``child.child_main``) on every configure, sends it each collective and completes the
+Works as it replies; a collective that overruns the timeout gets the child SIGKILLed. Also the
+registry that stops the children at exit."""
 
 from __future__ import annotations
 
@@ -26,41 +10,29 @@ import itertools
 import logging
 import multiprocessing as mp
 import multiprocessing.util
-import os
 import threading
 import weakref
-from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing  # registers the reductions that pickle tensors as shared memory
-from torch.distributed import distributed_c10d as c10d
-from torch.distributed.distributed_c10d import (
-    AllgatherOptions,
-    AllreduceCoalescedOptions,
-    AllreduceOptions,
-    AllToAllOptions,
-    BarrierOptions,
-    BroadcastOptions,
-    GatherOptions,
-    ReduceOp,
-    ReduceOptions,
-    ReduceScatterOptions,
-    ScatterOptions,
-    Work,
-)
+from torch.distributed.distributed_c10d import Work
 from torch.futures import Future
 
-from torchtitan_ft.process_group.base import (
-    FailedWork,
-    GroupConfig,
-    ProcessGroup,
-    SettledWork,
-    reduce_op_of,
+from torchtitan_ft.process_group.baby.child import child_main
+from torchtitan_ft.process_group.baby.wire import (
+    ErrorInfo,
+    Reply,
+    ReplyMessage,
+    Request,
+    share,
+    to_wire,
 )
+from torchtitan_ft.process_group.backend import BackendProcessGroup
+from torchtitan_ft.process_group.base import FailedWork, GroupConfig, ProcessGroup, SettledWork
+from torchtitan_ft.process_group.collectives import Args, Collective
 from torchtitan_ft.process_group.futures import future_with_timeout
 from torchtitan_ft.process_group.gloo import ProcessGroupGloo
 from torchtitan_ft.process_group.nccl import ProcessGroupNCCL
@@ -73,163 +45,6 @@ torch: about a second on an idle machine, many on a busy one, more when several 
 once), in seconds. Not counted against the group's ``timeout``, which bounds building the group
 with its peers; a child that dies while starting is noticed at once."""
 
-_OPTION_TYPES = (
-    AllgatherOptions,
-    AllreduceCoalescedOptions,
-    AllreduceOptions,
-    AllToAllOptions,
-    BarrierOptions,
-    BroadcastOptions,
-    GatherOptions,
-    ReduceOptions,
-    ReduceScatterOptions,
-    ScatterOptions,
-)
-
-
-# --------------------------------------------------------------------------------------------
-# What crosses the pipe
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _WireOptions:
-    """A c10d options object as plain data (the C++ objects do not pickle)."""
-
-    kind: str
-    """Class name in ``torch.distributed.distributed_c10d``, e.g. ``"AllreduceOptions"``."""
-    fields: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _WireReduceOp:
-    """A ``ReduceOp`` (the c10d class does not pickle; its ``RedOpType`` members do)."""
-
-    op: Any
-
-
-def _to_wire(value: Any) -> Any:
-    """``value`` (collective arguments) with options and reduce ops made picklable."""
-    if isinstance(value, list | tuple):
-        return type(value)(_to_wire(v) for v in value)
-    if isinstance(value, _OPTION_TYPES):
-        fields = {
-            name: _to_wire(getattr(value, name))
-            for name in dir(value)
-            if not name.startswith("_") and not callable(getattr(value, name))
-        }
-        return _WireOptions(type(value).__name__, fields)
-    if isinstance(value, ReduceOp | ReduceOp.RedOpType):
-        return _WireReduceOp(reduce_op_of(value))
-    return value
-
-
-def _from_wire(value: Any) -> Any:
-    """Inverse of :func:`_to_wire`, in the child."""
-    if isinstance(value, list | tuple):
-        return type(value)(_from_wire(v) for v in value)
-    if isinstance(value, _WireOptions):
-        options = getattr(c10d, value.kind)()
-        for name, v in value.fields.items():
-            setattr(options, name, _from_wire(v))
-        return options
-    if isinstance(value, _WireReduceOp):
-        return value.op
-    return value
-
-
-def _share(value: Any) -> None:
-    """Move the CPU tensors in ``value`` (nested lists) to shared memory, in place."""
-    if isinstance(value, list | tuple):
-        for v in value:
-            _share(v)
-    elif isinstance(value, torch.Tensor) and value.device.type == "cpu" and not value.is_shared():
-        value.share_memory_()
-
-
-def _describe(e: BaseException) -> tuple[str, str]:
-    """An exception as plain data (gloo's errors do not always unpickle)."""
-    return type(e).__name__, str(e)
-
-
-# --------------------------------------------------------------------------------------------
-# The child
-# --------------------------------------------------------------------------------------------
-
-
-def _child_main(
-    backend: type[ProcessGroupGloo],
-    config: GroupConfig,
-    timeout_s: float,
-    requests: Connection,
-    replies: Connection,
-) -> None:  # runs in the spawned child
-    """Build the group, then run the collectives the parent sends until its pipe closes.
-
-    Replies are ``("started", None, None)`` once imports are done, then
-    ``("ready", None, None)`` or ``("failed", None, error)`` once, then
-    ``("done", op_id, None)`` / ``("error", op_id, error)`` per collective, sent from gloo's
-    threads as collectives complete (hence the lock).
-    """
-    reply_lock = threading.Lock()
-
-    def reply(kind: str, op_id: int | None, error: tuple[str, str] | None) -> None:
-        with reply_lock, contextlib.suppress(OSError):  # parent gone: nothing to tell
-            replies.send((kind, op_id, error))
-
-    reply("started", None, None)
-    try:
-        # The parent enforces timeout_s (from now on, for configure) and kills this process when
-        # it passes; the group's own timeout is only a backstop behind it, so that the error
-        # reported is the parent's TimeoutError.
-        pg = backend(timeout=timedelta(seconds=2 * timeout_s))
-        pg.configure(
-            config.store_addr,
-            config.replica_id,
-            config.rank,
-            config.world_size,
-            config.quorum_id,
-            config.group_rank,
-            config.group_world_size,
-            config.global_ranks,
-        )
-    except Exception as e:  # reported to the parent, which raises it from configure()
-        reply("failed", None, _describe(e))
-        os._exit(1)
-    reply("ready", None, None)
-
-    in_flight: dict[int, Any] = {}  # keeps the shared tensors alive until the op completes
-
-    def on_done(op_id: int, fut: Future[Any]) -> None:
-        in_flight.pop(op_id, None)
-        try:
-            fut.wait()
-        except Exception as e:  # a collective's failure, handed to the parent as data
-            reply("error", op_id, _describe(e))
-        else:
-            reply("done", op_id, None)
-
-    while True:
-        try:
-            op_id, op, args = requests.recv()
-        except (EOFError, OSError):
-            break  # the parent closed the pipe or died: nothing more to do
-        try:
-            call_args = _from_wire(args)
-            in_flight[op_id] = call_args
-            work = getattr(pg, op)(*call_args)
-            work.get_future().add_done_callback(lambda fut, op_id=op_id: on_done(op_id, fut))
-        except Exception as e:  # e.g. a bad argument: fails this op only
-            in_flight.pop(op_id, None)
-            reply("error", op_id, _describe(e))
-    # os._exit: skip interpreter teardown, which would wait for a hung collective's threads.
-    os._exit(0)
-
-
-# --------------------------------------------------------------------------------------------
-# The parent
-# --------------------------------------------------------------------------------------------
-
 
 class _BabyWork(SettledWork):
     """A collective sent to the child. ``wait()`` gives up at the timeout and kills the child."""
@@ -241,7 +56,7 @@ class _BabyWork(SettledWork):
         self._op = op
         self._result = result
 
-    def _error_from(self, error: tuple[str, str]) -> Exception:
+    def _error_from(self, error: ErrorInfo) -> Exception:
         """The exception this Work raises for the child's ``(type name, message)``."""
         name, message = error
         kind = TimeoutError if name == "TimeoutError" else RuntimeError
@@ -327,8 +142,10 @@ class ProcessGroupBaby(ProcessGroup):
     once until the next ``configure``. After :meth:`shutdown` (or before the first
     ``configure``), collectives raise ``OSError``.
 
-    The Work's future completes with the tensors the collective writes (as
-    :class:`ProcessGroupGloo`'s do), with ``None`` for barrier and send.
+    The Work's future completes with the collective's declared value
+    (:meth:`~torchtitan_ft.process_group.collectives.Collective.value`), as
+    :class:`ProcessGroupGloo`'s does: the tensors it writes (those it sends, for send), in a
+    list for the single-tensor forms; ``None`` for barrier.
 
     Args:
         timeout: seconds (float) or ``timedelta``; bounds ``configure`` (building the child's
@@ -336,7 +153,7 @@ class ProcessGroupBaby(ProcessGroup):
             :data:`CHILD_START_TIMEOUT_S` apart) and each collective. Default 60 s.
     """
 
-    _BACKEND: ClassVar[type[ProcessGroupGloo]] = ProcessGroupGloo
+    _BACKEND: ClassVar[type[BackendProcessGroup]] = ProcessGroupGloo
     """The group class the child builds."""
     _BACKEND_NAME: ClassVar[str] = "torchft-baby"
 
@@ -384,7 +201,7 @@ class ProcessGroupBaby(ProcessGroup):
         requests_child, requests_parent = ctx.Pipe(duplex=False)  # (read end, write end)
         replies_parent, replies_child = ctx.Pipe(duplex=False)
         process = ctx.Process(
-            target=_child_main,
+            target=child_main,
             args=(
                 self._BACKEND,
                 config,
@@ -429,15 +246,15 @@ class ProcessGroupBaby(ProcessGroup):
             "%s configured: %s (child pid %d)", self._BACKEND_NAME, config.describe(), process.pid
         )
 
-    def _await_ready(self, child: _Child, config: GroupConfig) -> tuple[str, str] | None:
+    def _await_ready(self, child: _Child, config: GroupConfig) -> ErrorInfo | None:
         """Wait for the child's first reply: ``None`` when its group is built, else the error."""
         seconds = self._timeout.total_seconds()
         try:
             # The child's start (spawn, imports) does not count against the timeout.
             started = child.replies.poll(CHILD_START_TIMEOUT_S)
-            if started and child.replies.recv()[0] == "started":
+            if started and ReplyMessage(*child.replies.recv()).kind is Reply.STARTED:
                 arrived = child.replies.poll(seconds)
-                message = child.replies.recv() if arrived else None
+                message = ReplyMessage(*child.replies.recv()) if arrived else None
             else:
                 message = None
                 seconds = CHILD_START_TIMEOUT_S
@@ -457,14 +274,13 @@ class ProcessGroupBaby(ProcessGroup):
             with self._lock:
                 self._errored = error
             raise error
-        kind, _, err = message
-        return None if kind == "ready" else err
+        return None if message.kind is Reply.READY else message.error
 
     def _read_replies(self, child: _Child) -> None:
         """Complete the Works as the child reports them; fail them all if it dies."""
         while True:
             try:
-                kind, op_id, err = child.replies.recv()
+                kind, op_id, err = ReplyMessage(*child.replies.recv())
             except (EOFError, OSError):
                 child.replies.close()
                 break
@@ -472,7 +288,7 @@ class ProcessGroupBaby(ProcessGroup):
                 work = child.pending.pop(op_id, None)
             if work is None:
                 continue  # already failed by a timeout or a kill
-            if kind == "done":
+            if kind is Reply.DONE:
                 work._finish(work._result, None)
             else:
                 error = work._error_from(err)
@@ -567,6 +383,10 @@ class ProcessGroupBaby(ProcessGroup):
         """Change the timeout of later collectives and configures."""
         self._timeout = timeout
 
+    def get_timeout(self) -> timedelta:
+        """The timeout of later collectives and configures."""
+        return self._timeout
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(world_size={self._world_size}, timeout={self._timeout})"
 
@@ -574,8 +394,8 @@ class ProcessGroupBaby(ProcessGroup):
 
     def _run(self, op: str, args: tuple[Any, ...], result: object) -> Work:
         """Send ``op(*args)`` to the child; ``result`` is the Work future's value."""
-        _share(args)
-        wire_args = _to_wire(args)
+        share(args)
+        wire_args = to_wire(args)
         with self._lock:
             if self._errored is not None:
                 return FailedWork(self._errored)
@@ -590,7 +410,7 @@ class ProcessGroupBaby(ProcessGroup):
             child.pending[op_id] = work
         try:
             with child.send_lock:
-                child.requests.send((op_id, op, wire_args))
+                child.requests.send(Request(op_id, op, wire_args))
         except (OSError, ValueError) as e:  # the child died, or was killed meanwhile
             self._kill_child(child, RuntimeError(f"{self._BACKEND_NAME} child is gone: {e}"))
             return work
@@ -614,139 +434,10 @@ class ProcessGroupBaby(ProcessGroup):
                 ),
             )
 
-    def allreduce(
-        self,
-        tensors: list[torch.Tensor],
-        opts: AllreduceOptions | ReduceOp | ReduceOp.RedOpType | None = None,
-    ) -> Work:
-        """See :meth:`ProcessGroup.allreduce`."""
-        return self._run("allreduce", (tensors, opts), tensors)
-
-    def allreduce_coalesced(
-        self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
-    ) -> Work:
-        """See :meth:`ProcessGroup.allreduce_coalesced`."""
-        return self._run("allreduce_coalesced", (tensors, opts), tensors)
-
-    def allgather(
-        self,
-        output_tensors: list[list[torch.Tensor]],
-        input_tensors: list[torch.Tensor],
-        opts: AllgatherOptions | None = None,
-    ) -> Work:
-        """See :meth:`ProcessGroup.allgather`."""
-        return self._run("allgather", (output_tensors, input_tensors, opts), output_tensors)
-
-    def broadcast(
-        self, tensor_list: list[torch.Tensor], opts: BroadcastOptions | None = None
-    ) -> Work:
-        """See :meth:`ProcessGroup.broadcast`."""
-        return self._run("broadcast", (tensor_list, opts), tensor_list)
-
-    def reduce_scatter(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[list[torch.Tensor]],
-        opts: ReduceScatterOptions | None = None,
-    ) -> Work:
-        """See :meth:`ProcessGroup.reduce_scatter`."""
-        return self._run("reduce_scatter", (output_tensors, input_tensors, opts), output_tensors)
-
-    def alltoall_base(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        opts: AllToAllOptions | None = None,
-    ) -> Work:
-        """See :meth:`ProcessGroup.alltoall_base`."""
-        return self._run(
-            "alltoall_base",
-            (output, input, output_split_sizes, input_split_sizes, opts),
-            [output],
-        )
-
-    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Work:
-        """See :meth:`ProcessGroup.send`."""
-        return self._run("send", (tensors, dst_rank, tag), None)
-
-    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> Work:
-        """See :meth:`ProcessGroup.recv`."""
-        return self._run("recv", (tensors, src_rank, tag), tensors)
-
-    def barrier(self, opts: BarrierOptions | None = None) -> Work:
-        """See :meth:`ProcessGroup.barrier`."""
-        return self._run("barrier", (opts,), None)
-
-    # The collectives below run on the child's group by name: each works where that group
-    # (ProcessGroupGloo / ProcessGroupNCCL) implements it.
-
-    def allgather_into_tensor_coalesced(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[torch.Tensor],
-        opts: AllgatherOptions | None = None,
-    ) -> Work:
-        """Several dim-0 all-gathers in one collective, in the child."""
-        return self._run(
-            "allgather_into_tensor_coalesced", (output_tensors, input_tensors, opts), output_tensors
-        )
-
-    def reduce_scatter_tensor_coalesced(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[torch.Tensor],
-        opts: ReduceScatterOptions | None = None,
-    ) -> Work:
-        """Several dim-0 reduce-scatters in one collective, in the child."""
-        return self._run(
-            "reduce_scatter_tensor_coalesced", (output_tensors, input_tensors, opts), output_tensors
-        )
-
-    def all_gather_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
-    ) -> Work:
-        """``dist.all_gather_into_tensor``, in the child."""
-        return self._run("all_gather_single", (output, input, opts), [output])
-
-    def _allgather_base(
-        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
-    ) -> Work:
-        return self.all_gather_single(output, input, opts)
-
-    def reduce_scatter_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
-    ) -> Work:
-        """``dist.reduce_scatter_tensor``, in the child."""
-        return self._run("reduce_scatter_single", (output, input, opts), [output])
-
-    def _reduce_scatter_base(
-        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
-    ) -> Work:
-        return self.reduce_scatter_single(output, input, opts)
-
-    def gather(
-        self,
-        output_tensors: list[list[torch.Tensor]],
-        input_tensors: list[torch.Tensor],
-        opts: GatherOptions | None = None,
-    ) -> Work:
-        """``dist.gather``, in the child."""
-        return self._run("gather", (output_tensors, input_tensors, opts), output_tensors)
-
-    def scatter(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[list[torch.Tensor]],
-        opts: ScatterOptions | None = None,
-    ) -> Work:
-        """``dist.scatter``, in the child."""
-        return self._run("scatter", (output_tensors, input_tensors, opts), output_tensors)
-
-    def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions | None = None) -> Work:
-        """``dist.reduce``, in the child."""
-        return self._run("reduce", (tensors, opts), tensors)
+    def _collective(self, collective: Collective, args: Args) -> Work:
+        """Run ``collective`` on the child's group (a :class:`ProcessGroupGloo` or
+        :class:`ProcessGroupNCCL`, which implements every collective of the table)."""
+        return self._run(collective.name, args, collective.value(args))
 
 
 class ProcessGroupBabyGloo(ProcessGroupBaby):
