@@ -6,22 +6,14 @@ replacement's imports from its first line, so torch is imported inside the funct
 - ``mlp``: a 2-layer MLP (two square ``Linear`` layers) of about ``size_mb`` MB of float32
   parameters, the same on every replica (fixed seed);
 - ``batch``: a fixed-size random batch, different per replica and step;
-- ``Worker``: the parent's handle on a benchmark worker, a fresh ``python -m benchmarks.X``
-  process (not a fork) that talks JSON lines over stdin/stdout;
 - ``ft_setup``: Manager + ProcessGroupGloo + HTTPTransport + DistributedDataParallel +
   OptimizerWrapper for one replica group of one process, everything on 127.0.0.1.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import queue
 import statistics
-import subprocess
-import sys
-import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -216,80 +208,6 @@ def summary(values: list[float]) -> dict[str, float]:
         "max_ms": round(ms[-1], 2),
         "n": len(ms),
     }
-
-
-# ------------------------------------------------------------------ worker processes
-
-
-def send(msg: Any) -> None:
-    """Worker side: one JSON line to the parent."""
-    sys.stdout.write(json.dumps(msg) + "\n")
-    sys.stdout.flush()
-
-
-def recv() -> Any:
-    """Worker side: one JSON line from the parent (None at EOF)."""
-    line = sys.stdin.readline()
-    return json.loads(line) if line else None
-
-
-_EXITED = object()
-"""What :meth:`Worker.next` gets once the worker's output ended."""
-
-
-class Worker:
-    """A fresh ``python -m <module> <args>`` process driven by JSON lines."""
-
-    def __init__(self, module: str, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.spawned = time.time()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, **(env or {})},
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        )
-
-    def send(self, msg: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
-
-    def recv(self) -> Any:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"worker pid {self.proc.pid} exited ({self.proc.wait()})")
-        return json.loads(line)
-
-    def stream(self) -> None:
-        """From now on a thread reads the worker's JSON lines, for :meth:`next` (a wait with a
-        timeout; :meth:`recv` blocks until the worker writes or exits)."""
-        self._lines: queue.Queue[Any] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(json.loads(line))
-        self._lines.put(_EXITED)
-
-    def next(self, timeout: float) -> Any:
-        """The next message (after :meth:`stream`), waiting at most ``timeout`` seconds."""
-        msg = self._lines.get(timeout=timeout)
-        if msg is _EXITED:
-            raise RuntimeError(f"worker pid {self.proc.pid} exited ({self.proc.wait()})")
-        return msg
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.send({"cmd": "quit"})
-                self.proc.wait(30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
 
 
 def setup() -> dict[str, object]:

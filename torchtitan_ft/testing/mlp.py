@@ -1,10 +1,13 @@
-"""Multi-process test helpers: a replica-group rank training a tiny MLP, as its own process.
+"""The tiny-MLP harness: a replica-group rank training a tiny MLP, as its own process (the
+multi-process tests, the chaos test and ``scripts/failure_demo.py --model mlp``).
 
 ``train_worker`` is the whole FT training loop of a user script (Manager + DDP +
 OptimizerWrapper over a real lighthouse, ``ProcessGroupGloo`` and ``HTTPTransport``) and writes
-its final parameters, optimizer state and step to ``out_path`` for the parent to compare.
-``spawn_rank`` starts it from a preloaded forkserver (the parent runs gRPC threads, so forking
-the parent itself would be unsafe). Everything binds 127.0.0.1.
+its final parameters, optimizer state and step to ``out_path`` for the parent to compare, its
+per-iteration records to ``commit_log`` and its Manager's event stream to ``events_dir``
+(``torchtitan_ft.events``). ``spawn_rank`` starts it from a preloaded forkserver
+(``mp_context``: the parent runs gRPC threads, so forking the parent itself would be unsafe).
+Everything binds 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -64,19 +66,21 @@ class WorkerConfig:
     training loss and the loss on a fixed evaluation batch."""
     auth_token: str | None = None
     """The job token, given to the Manager and the checkpoint transport."""
+    events_dir: str | None = None
+    """The Manager's event stream folder (its ``events_dir``); None: no stream."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "torchtitan_ft.manager", "tests._mp"]
+_PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "torch.optim",
+    "torchtitan_ft.manager",
+    "torchtitan_ft.testing.mlp",
+]
 _context: Any = None
 
 
-def _mp_context() -> Any:
+def mp_context() -> Any:
     """A forkserver that has imported torch (and torch._dynamo, which every optimizer imports:
     ~3 s a process) once; workers fork from it cheaply. The server itself starts no threads,
     unlike the test process (gRPC), so forking from it is safe."""
@@ -90,7 +94,7 @@ def _mp_context() -> Any:
 def spawn_rank(cfg: WorkerConfig) -> mp.process.BaseProcess:
     # A baby process group starts a child, which a daemonic process may not do.
     daemon = cfg.process_group != "baby_gloo"
-    proc = _mp_context().Process(target=train_worker, args=(cfg,), daemon=daemon)
+    proc = mp_context().Process(target=train_worker, args=(cfg,), daemon=daemon)
     proc.start()
     return proc
 
@@ -204,6 +208,7 @@ def train_worker(cfg: WorkerConfig) -> None:
             timeout=timeout, num_chunks=0, hostname="127.0.0.1", auth_token=cfg.auth_token
         ),
         auth_token=cfg.auth_token,
+        events_dir=cfg.events_dir,
     )
     marks["manager"] = time.time()
     if cfg.fail_first_heal:
