@@ -100,6 +100,22 @@ def test_concurrent_writers_never_interleave_lines(tmp_path: Path) -> None:
     assert len(read_events(tmp_path / "t.jsonl")) == 800
 
 
+def test_a_failing_write_ends_the_stream_not_training(tmp_path: Path) -> None:
+    writer = EventWriter(tmp_path / "full.jsonl", "r", 0, lambda: 0)
+
+    class FullDisk:
+        def write(self, line: str) -> None:
+            raise OSError(28, "No space left on device")
+
+        def close(self) -> None:
+            pass
+
+    writer._file = FullDisk()  # type: ignore[assignment]
+    writer.emit(EventKind.COMMIT, participants=1)  # logged, not raised
+    assert not writer.enabled
+    writer.emit(EventKind.COMMIT, participants=1)
+
+
 def test_quorum_role() -> None:
     assert quorum_role(0, healing=False) is Role.PARTICIPANT
     assert quorum_role(None, healing=False) is Role.SPARE

@@ -17,7 +17,9 @@ Writing costs one ``json.dumps``, one ``write`` and one ``flush`` per event, a f
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -26,6 +28,8 @@ from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from pathlib import Path
 from typing import IO, Any
+
+logger: logging.Logger = logging.getLogger(__name__)
 
 EVENTS_DIR_ENV = "TORCHFT_EVENTS_DIR"
 """Environment variable naming the events folder when the Manager's ``events_dir`` is not
@@ -160,7 +164,8 @@ class EventWriter:
     """Appends events of one Manager rank to its file; safe from any thread (one locked write
     and flush per line, so lines never interleave and a SIGKILL tears at most the last one).
 
-    A writer made with ``path=None`` is off: ``emit`` returns at once.
+    A writer made with ``path=None`` is off: ``emit`` returns at once. A write that fails
+    (``OSError``, e.g. a full disk) is logged once and ends the stream; training goes on.
 
     Args:
         path: the file (its folder is created), or None for no stream.
@@ -188,6 +193,7 @@ class EventWriter:
 
     @property
     def enabled(self) -> bool:
+        """Whether ``emit`` writes (a path was given, and no write failed, and not closed)."""
         return self._file is not None
 
     def emit(self, kind: EventKind, **fields: Any) -> None:
@@ -199,15 +205,25 @@ class EventWriter:
         event = Event(time.time(), kind, self._replica_id, self._group_rank, self._step(), data)
         line = event.to_json() + "\n"
         with self._lock:
-            if self._file is not None:
+            if self._file is None:
+                return
+            try:
                 self._file.write(line)
                 self._file.flush()
+            except OSError as e:  # a full disk must not stop training: the stream ends here
+                logger.warning("event stream %s stopped: cannot write: %s", self.path, e)
+                self._close()
 
     def close(self) -> None:
+        """Closes the file; later events are dropped (``Manager.shutdown`` calls it)."""
         with self._lock:
-            if self._file is not None:
+            self._close()
+
+    def _close(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
                 self._file.close()
-                self._file = None
+            self._file = None
 
 
 def open_event_writer(
