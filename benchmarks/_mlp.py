@@ -7,7 +7,8 @@ replacement's imports from its first line, so torch is imported inside the funct
   parameters, the same on every replica (fixed seed);
 - ``batch``: a fixed-size random batch, different per replica and step;
 - ``ft_setup``: Manager + ProcessGroupGloo + HTTPTransport + DistributedDataParallel +
-  OptimizerWrapper for one replica group of one process, everything on 127.0.0.1.
+  OptimizerWrapper for one replica group of one process, everything on 127.0.0.1 (ours: the
+  test harness's ``torchtitan_ft.testing.mlp.ft_stack``; torchft's: set up the same way).
 """
 
 from __future__ import annotations
@@ -76,47 +77,22 @@ def ft_setup(
     were constructed."""
     if impl == "torchft":
         return _torchft_setup(replica, lighthouse_addr, model, timeout_s, marks)
-    from torchtitan_ft.checkpoint import HTTPTransport
-    from torchtitan_ft.ddp import DistributedDataParallel
-    from torchtitan_ft.manager import Manager
-    from torchtitan_ft.optim import OptimizerWrapper
-    from torchtitan_ft.process_group import ProcessGroupGloo
+    from torchtitan_ft.testing.mlp import ft_stack
 
     marks = {} if marks is None else marks
     inner = optimizer(model.parameters())
     marks["optimizer"] = time.time()
-
-    def state_dict() -> dict[str, Any]:
-        return {"model": model.state_dict(), "optim": inner.state_dict()}
-
-    def load_state_dict(sd: dict[str, Any]) -> None:
-        model.load_state_dict(sd["model"])
-        inner.load_state_dict(sd["optim"])
-
-    timeout = timedelta(seconds=timeout_s)
-    pg = ProcessGroupGloo(timeout=timeout)
-    manager = Manager(
-        pg=pg,
-        load_state_dict=load_state_dict,
-        state_dict=state_dict,
-        min_replica_size=1,
-        use_async_quorum=True,
-        timeout=timeout,
-        quorum_timeout=timedelta(seconds=120),
-        connect_timeout=timeout,
-        rank=0,
-        world_size=1,
-        store_addr=HOST,
+    return ft_stack(
+        model,
+        inner,
+        replica=replica,
         lighthouse_addr=lighthouse_addr,
-        replica_id=f"replica_{replica}",
-        hostname=HOST,
-        checkpoint_transport=HTTPTransport(timeout=timeout, num_chunks=0, hostname=HOST),
+        timeout_s=timeout_s,
+        quorum_timeout_s=120.0,
+        bucket_cap_mb=bucket_cap_mb,
         retry_inflight_allreduce=retry_inflight_allreduce,
+        marks=marks,
     )
-    marks["manager"] = time.time()
-    ddp = DistributedDataParallel(manager, model, bucket_cap_mb=bucket_cap_mb)
-    optim = OptimizerWrapper(manager, inner)
-    return manager, pg, ddp, optim
 
 
 def _torchft_setup(

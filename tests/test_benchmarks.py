@@ -46,7 +46,7 @@ def test_recovery_prints_stall_and_replacement() -> None:
     (size,) = out["sizes"]
     assert size["size_mb"] == 1.0
     (run,) = size["runs"]["ours"]
-    assert run["stalls"][0]["stall_s"] > 0
+    assert run["stalls"][0]["stall_s"] >= 0  # rounded to ms: 0.0 when the kill hit between steps
     assert run["replacements"][0]["kind"] == "cold"
     assert "stall_s_median" in size["summary"]["ours"]
 

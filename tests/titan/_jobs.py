@@ -283,6 +283,13 @@ def run_ft_groups(
         return finish_all(runs)
 
 
+def group_events(tmp_path: Path, replica: int, kind: EventKind, rank: int = 0) -> list[Event]:
+    """The events of ``kind`` that group rank ``rank`` of replica group ``replica`` of
+    :func:`run_ft_groups` wrote, in time order."""
+    events = read_events(tmp_path / f"replica{replica}")
+    return [e for e in events if e.kind is kind and e.group_rank == rank]
+
+
 def step_metrics(output: str, rank: int = 0) -> dict[int, tuple[float, float]]:
     """{step: (loss, grad_norm)} logged by ``rank`` (the last line of a retried step)."""
     return {

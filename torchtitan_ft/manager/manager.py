@@ -69,7 +69,7 @@ class Manager:
     other ranks find the server in that store. Save and restore ``Manager.state_dict()`` with
     periodic checkpoints: it holds the committed step count.
 
-    Args (torchft 0.2.0's, then three of ours; "A > B > C": argument, else env var, else default):
+    Args (torchft 0.2.0's, then ours; "A > B > C": argument, else env var, else default):
         pg: the reconfigurable cross-replica-group process group (e.g. ``ProcessGroupGloo``),
             reconfigured whenever the quorum id changes.
         load_state_dict: loads user state received when healing, on the training thread at a
@@ -140,7 +140,7 @@ class Manager:
             ``PureDistributedDataParallel``, ``OptimizerWrapper``, a participation vector), not
             for the semi-sync strategies (they judge the sync by the first attempt's futures).
         events_dir: the folder of the event stream (``torchtitan_ft.events``; one JSON-lines
-            file per rank, docs/operations.md "Event stream"): argument >
+            file per rank, docs/operations.md "The event stream"): argument >
             ``TORCHFT_EVENTS_DIR`` > none (no stream; the default).
 
     Raises:
