@@ -553,7 +553,7 @@ def test_sync_quorum_heals_before_forward(lighthouse2: LighthouseServer) -> None
         healer.shutdown()
 
 
-def test_fixed_with_spares(lighthouse2: LighthouseServer) -> None:
+def test_fixed_with_spares(lighthouse2: LighthouseServer, tmp_path: Path) -> None:
     pgs = [FakePG(), FakePG()]
     managers = [
         _manager(
@@ -562,6 +562,7 @@ def test_fixed_with_spares(lighthouse2: LighthouseServer) -> None:
             pg=pg,
             init_sync=False,
             world_size_mode=WorldSizeMode.FIXED_WITH_SPARES,
+            events_dir=tmp_path,
         )
         for name, pg in zip(["a", "b"], pgs, strict=True)
     ]
@@ -573,6 +574,12 @@ def test_fixed_with_spares(lighthouse2: LighthouseServer) -> None:
         assert torch.equal(pgs[0].seen[-1], torch.full((2,), 4.0))
         assert torch.equal(pgs[1].seen[-1], torch.zeros(2))  # the spare contributes zeros
         assert [m.batches_committed() for m in managers] == [1, 1]
+        # one folder, one file per manager; the quorum events name each one's role
+        quorums = [e for e in read_events(tmp_path) if e.kind is EventKind.QUORUM]
+        roles = {e.replica_name: e["role"] for e in quorums}
+        assert roles == {"a": "participant", "b": "spare"}
+        assert all(e["participants"] == 1 and len(e["replica_ids"]) == 2 for e in quorums)
+        assert len(list(tmp_path.glob("*.jsonl"))) == 2
     finally:
         for m in managers:
             m.shutdown()
