@@ -9,15 +9,14 @@ What happens: a lighthouse (``torchft_lighthouse``) and ``--groups`` (3) replica
 127.0.0.1. With ``--model titan`` each group is a torchrun job of ``run_train.sh`` with
 ``configs/debug_ft_cpu.toml`` and NGPU=1; with ``--model mlp`` each is one process of
 ``torchtitan_ft.testing.mlp``'s training loop (Manager + DDP + OptimizerWrapper). As the job
-progresses a
-seeded schedule hits it: a replica group is SIGKILLed (the torchrun agent and its workers,
-which torchrun starts in their own sessions) and restarted, one group is hung with SIGSTOP
-for ``--hang_s`` seconds and then resumed with SIGCONT, the lighthouse is SIGKILLed and started
-again on the same port after ``--lighthouse_down_s`` seconds (the groups' quorum requests wait
-for it), and another group is killed and restarted. Each failure waits until the job is whole
-again (all groups taking part) or ``--recovery_timeout_s`` passes. ``--faults`` picks the
-faults (default: ``sigkill sigstop lighthouse sigkill``, at 15/35/50/65 % of the steps). A
-progress line is printed every few seconds.
+progresses a seeded schedule hits it: a replica group is SIGKILLed (the torchrun agent and its
+workers, which torchrun starts in their own sessions) and restarted, one group is hung with
+SIGSTOP for ``--hang_s`` seconds and then resumed with SIGCONT, the lighthouse is SIGKILLed and
+started again on the same port after ``--lighthouse_down_s`` seconds (the groups' quorum
+requests wait for it), and another group is killed and restarted. Each failure waits until the
+job is whole again (all groups taking part) or ``--recovery_timeout_s`` passes. ``--faults``
+picks the faults (default: ``sigkill sigstop lighthouse sigkill``, at 17/33/50/67 % of the
+steps: ``schedule``). A progress line is printed every few seconds.
 
 What it observes comes from data, not from log wording: every replica group's Manager writes
 its event stream (``torchtitan_ft.events``: commits with their participants, heals with their
