@@ -6,22 +6,15 @@ replacement's imports from its first line, so torch is imported inside the funct
 - ``mlp``: a 2-layer MLP (two square ``Linear`` layers) of about ``size_mb`` MB of float32
   parameters, the same on every replica (fixed seed);
 - ``batch``: a fixed-size random batch, different per replica and step;
-- ``Worker``: the parent's handle on a benchmark worker, a fresh ``python -m benchmarks.X``
-  process (not a fork) that talks JSON lines over stdin/stdout;
 - ``ft_setup``: Manager + ProcessGroupGloo + HTTPTransport + DistributedDataParallel +
-  OptimizerWrapper for one replica group of one process, everything on 127.0.0.1.
+  OptimizerWrapper for one replica group of one process, everything on 127.0.0.1 (ours: the
+  test harness's ``torchtitan_ft.testing.mlp.ft_stack``; torchft's: set up the same way).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import queue
 import statistics
-import subprocess
-import sys
-import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -84,47 +77,22 @@ def ft_setup(
     were constructed."""
     if impl == "torchft":
         return _torchft_setup(replica, lighthouse_addr, model, timeout_s, marks)
-    from torchtitan_ft.checkpoint import HTTPTransport
-    from torchtitan_ft.ddp import DistributedDataParallel
-    from torchtitan_ft.manager import Manager
-    from torchtitan_ft.optim import OptimizerWrapper
-    from torchtitan_ft.process_group import ProcessGroupGloo
+    from torchtitan_ft.testing.mlp import ft_stack
 
     marks = {} if marks is None else marks
     inner = optimizer(model.parameters())
     marks["optimizer"] = time.time()
-
-    def state_dict() -> dict[str, Any]:
-        return {"model": model.state_dict(), "optim": inner.state_dict()}
-
-    def load_state_dict(sd: dict[str, Any]) -> None:
-        model.load_state_dict(sd["model"])
-        inner.load_state_dict(sd["optim"])
-
-    timeout = timedelta(seconds=timeout_s)
-    pg = ProcessGroupGloo(timeout=timeout)
-    manager = Manager(
-        pg=pg,
-        load_state_dict=load_state_dict,
-        state_dict=state_dict,
-        min_replica_size=1,
-        use_async_quorum=True,
-        timeout=timeout,
-        quorum_timeout=timedelta(seconds=120),
-        connect_timeout=timeout,
-        rank=0,
-        world_size=1,
-        store_addr=HOST,
+    return ft_stack(
+        model,
+        inner,
+        replica=replica,
         lighthouse_addr=lighthouse_addr,
-        replica_id=f"replica_{replica}",
-        hostname=HOST,
-        checkpoint_transport=HTTPTransport(timeout=timeout, num_chunks=0, hostname=HOST),
+        timeout_s=timeout_s,
+        quorum_timeout_s=120.0,
+        bucket_cap_mb=bucket_cap_mb,
         retry_inflight_allreduce=retry_inflight_allreduce,
+        marks=marks,
     )
-    marks["manager"] = time.time()
-    ddp = DistributedDataParallel(manager, model, bucket_cap_mb=bucket_cap_mb)
-    optim = OptimizerWrapper(manager, inner)
-    return manager, pg, ddp, optim
 
 
 def _torchft_setup(
@@ -216,80 +184,6 @@ def summary(values: list[float]) -> dict[str, float]:
         "max_ms": round(ms[-1], 2),
         "n": len(ms),
     }
-
-
-# ------------------------------------------------------------------ worker processes
-
-
-def send(msg: Any) -> None:
-    """Worker side: one JSON line to the parent."""
-    sys.stdout.write(json.dumps(msg) + "\n")
-    sys.stdout.flush()
-
-
-def recv() -> Any:
-    """Worker side: one JSON line from the parent (None at EOF)."""
-    line = sys.stdin.readline()
-    return json.loads(line) if line else None
-
-
-_EXITED = object()
-"""What :meth:`Worker.next` gets once the worker's output ended."""
-
-
-class Worker:
-    """A fresh ``python -m <module> <args>`` process driven by JSON lines."""
-
-    def __init__(self, module: str, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.spawned = time.time()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, **(env or {})},
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        )
-
-    def send(self, msg: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
-
-    def recv(self) -> Any:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"worker pid {self.proc.pid} exited ({self.proc.wait()})")
-        return json.loads(line)
-
-    def stream(self) -> None:
-        """From now on a thread reads the worker's JSON lines, for :meth:`next` (a wait with a
-        timeout; :meth:`recv` blocks until the worker writes or exits)."""
-        self._lines: queue.Queue[Any] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(json.loads(line))
-        self._lines.put(_EXITED)
-
-    def next(self, timeout: float) -> Any:
-        """The next message (after :meth:`stream`), waiting at most ``timeout`` seconds."""
-        msg = self._lines.get(timeout=timeout)
-        if msg is _EXITED:
-            raise RuntimeError(f"worker pid {self.proc.pid} exited ({self.proc.wait()})")
-        return msg
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.send({"cmd": "quit"})
-                self.proc.wait(30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
 
 
 def setup() -> dict[str, object]:

@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from benchmarks import _mlp, machine
+from torchtitan_ft.testing import processes
 
 MODULE = "benchmarks.inflight"
 TARGET_STALL_S = 0.5
@@ -67,7 +68,7 @@ def worker(replica: int, size_mb: float, lighthouse: str, retry: bool) -> None:
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         committed = optim.step()
         stats = manager.stats()
-        _mlp.send(
+        processes.send(
             {
                 "t0": t0,
                 "t": time.time(),
@@ -90,7 +91,7 @@ class Proc:
     def __init__(self, replica: int, size_mb: float, lighthouse: str, retry: bool) -> None:
         args = ["--worker", "--replica", str(replica), "--size-mb", str(size_mb)]
         args += ["--lighthouse", lighthouse] + (["--retry"] if retry else [])
-        self.w = _mlp.Worker(MODULE, args)
+        self.w = processes.Worker(MODULE, args)
         self.events: list[dict[str, Any]] = []
         self.w.stream()
 

@@ -41,6 +41,7 @@ import time
 from typing import Any
 
 from benchmarks import _mlp, machine
+from torchtitan_ft.testing import processes
 
 MODULE = "benchmarks.manager_step"
 PHASES = ("zero_grad", "forward", "backward", "step")
@@ -112,7 +113,7 @@ def worker_ddp(rank: int, size_mb: float, port: int, bucket_view: bool) -> None:
         sock.bind((_mlp.HOST, 0))
         sock.listen(16)
         port = sock.getsockname()[1]
-        _mlp.send({"port": port})
+        processes.send({"port": port})
         store = dist.TCPStore(
             _mlp.HOST,
             port,
@@ -163,18 +164,18 @@ def worker_ft(replica: int, size_mb: float, lighthouse: str, bucket_cap_mb: floa
 
 
 def _serve(ddp: Any, optim: Any, dim: int, replica: int, probes: dict[str, float]) -> None:
-    _mlp.send({"ready": True})
+    processes.send({"ready": True})
     done = 0
-    while (msg := _mlp.recv()) is not None and msg["cmd"] == "run":
+    while (msg := processes.recv()) is not None and msg["cmd"] == "run":
         result = _loop(ddp, optim, dim, replica, done, msg["steps"], probes)
         done += msg["steps"]
-        _mlp.send(result)
+        processes.send(result)
 
 
 # ------------------------------------------------------------------ parent
 
 
-def _run_pair(pair: list[_mlp.Worker], steps: int) -> list[dict[str, Any]]:
+def _run_pair(pair: list[processes.Worker], steps: int) -> list[dict[str, Any]]:
     for w in pair:
         w.send({"cmd": "run", "steps": steps})
     return [w.recv() for w in pair]
@@ -211,13 +212,13 @@ BASELINES = {"torch_ddp": False, "torch_ddp_bucket_view": True}
 (gradients are views into the allreduce buckets: no copy in or out)."""
 
 
-def _start_ddp_pair(size: str, bucket_view: bool) -> list[_mlp.Worker]:
+def _start_ddp_pair(size: str, bucket_view: bool) -> list[processes.Worker]:
     extra = ["--bucket-view"] if bucket_view else []
-    rank0 = _mlp.Worker(MODULE, ["--worker", "ddp", "--rank", "0", "--size-mb", size, *extra])
+    rank0 = processes.Worker(MODULE, ["--worker", "ddp", "--rank", "0", "--size-mb", size, *extra])
     try:
         port = rank0.recv()["port"]
         args = ["--worker", "ddp", "--rank", "1", "--size-mb", size, "--port", str(port)]
-        return [rank0, _mlp.Worker(MODULE, args + extra)]
+        return [rank0, processes.Worker(MODULE, args + extra)]
     except BaseException:
         rank0.close()
         raise
@@ -234,8 +235,8 @@ def bench_size(
     from torchtitan_ft.lighthouse import LighthouseServer
 
     lighthouses: list[LighthouseServer] = []
-    workers: list[_mlp.Worker] = []
-    pairs: dict[str, list[_mlp.Worker]] = {}
+    workers: list[processes.Worker] = []
+    pairs: dict[str, list[processes.Worker]] = {}
     try:
         size = str(size_mb)
         for name in baselines:
@@ -247,7 +248,8 @@ def bench_size(
             args = ["--size-mb", size, "--lighthouse", lighthouses[-1].address()]
             args += [] if cap is None else ["--bucket-cap-mb", str(cap)]
             pairs[name] = [
-                _mlp.Worker(MODULE, ["--worker", "ft", "--rank", str(r), *args]) for r in range(2)
+                processes.Worker(MODULE, ["--worker", "ft", "--rank", str(r), *args])
+                for r in range(2)
             ]
             workers.extend(pairs[name])
         for w in workers:

@@ -76,6 +76,7 @@ import threading  # noqa: E402
 from typing import Any  # noqa: E402
 
 from benchmarks import _mlp, machine  # noqa: E402
+from torchtitan_ft.testing import processes  # noqa: E402
 
 MODULE = "benchmarks.recovery"
 TARGETS = {"stall_s": 0.5, "spawn_to_participating_s": 3.0, "manager_to_participating_s": 0.5}
@@ -121,7 +122,7 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str, impl: str) 
         dynamo_thread.join()
         marks["dynamo"] = time.time()
     manager, _pg, ddp, optim = _mlp.ft_setup(replica, lighthouse, model, marks=marks, impl=impl)
-    _mlp.send({"marks": marks, "cpu": cpu})
+    processes.send({"marks": marks, "cpu": cpu})
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
     dim = _mlp.mlp_dim(size_mb)
@@ -148,7 +149,7 @@ def worker(replica: int, size_mb: float, lighthouse: str, kind: str, impl: str) 
         before = manager.current_step()
         optim.step()  # torchft's wrapper returns None: a commit is seen in the step count
         committed = manager.current_step() > before
-        _mlp.send(
+        processes.send(
             {
                 "t0": t0,
                 "t": time.time(),
@@ -228,9 +229,9 @@ class Proc:
         args += ["--lighthouse", lighthouse, "--kind", kind, "--impl", impl]
         self.kind = kind
         if spare is None:
-            self.w = _mlp.Worker(MODULE, args)
+            self.w = processes.Worker(MODULE, args)
         else:
-            self.w = _mlp.Worker("torchtitan_ft.spare", [*spare, "--", "-m", MODULE, *args])
+            self.w = processes.Worker("torchtitan_ft.spare", [*spare, "--", "-m", MODULE, *args])
         self.events: list[dict[str, Any]] = []
         self.marks: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
@@ -253,13 +254,8 @@ class Proc:
                 return msg
 
     def drain(self) -> None:
-        while True:
-            try:
-                msg = self.q.get_nowait()
-            except queue.Empty:
-                return
-            if msg is not None and "t" in msg:
-                self.events.append(msg)
+        """Records the step messages that arrived, without waiting."""
+        self.events.extend(msg for msg in self.w.ready() if "t" in msg)
 
     def kill(self) -> float:
         t = time.time()

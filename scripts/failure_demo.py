@@ -1,21 +1,34 @@
-"""Failure demo: three replica groups train through kills, a hang and a lighthouse restart.
+"""Failure demo: replica groups train through kills, a hang and a lighthouse restart.
 
     python scripts/failure_demo.py                 # TorchTitan llama3 debugmodel, CPU, FT
     python scripts/failure_demo.py --model mlp     # the tiny-MLP test harness (fast)
+    python scripts/failure_demo.py --groups 2 --faults sigkill --steps 30
+                                                   # one kill: the suite's short run
 
-What happens: a lighthouse (``torchft_lighthouse``) and three replica groups start on
+What happens: a lighthouse (``torchft_lighthouse``) and ``--groups`` (3) replica groups start on
 127.0.0.1. With ``--model titan`` each group is a torchrun job of ``run_train.sh`` with
 ``configs/debug_ft_cpu.toml`` and NGPU=1; with ``--model mlp`` each is one process of
-``tests/_mp.py``'s training loop (Manager + DDP + OptimizerWrapper). As the job progresses a
-seeded schedule hits it: a replica group is SIGKILLed (the torchrun agent and its workers,
-which torchrun starts in their own sessions) and restarted, one group is hung with SIGSTOP
-for ``--hang_s`` seconds and then resumed with SIGCONT, the lighthouse is SIGKILLed and started
-again on the same port after ``--lighthouse_down_s`` seconds (the groups' quorum requests wait
-for it), and another group is killed and restarted. Each failure waits until the job is whole
-again (all groups taking part) or ``--recovery_timeout_s`` passes. A progress line is printed
-every few seconds.
+``torchtitan_ft.testing.mlp``'s training loop (Manager + DDP + OptimizerWrapper). As the job
+progresses a seeded schedule hits it: a replica group is SIGKILLed (the torchrun agent and its
+workers, which torchrun starts in their own sessions) and restarted, one group is hung with
+SIGSTOP for ``--hang_s`` seconds and then resumed with SIGCONT, the lighthouse is SIGKILLed and
+started again on the same port after ``--lighthouse_down_s`` seconds (the groups' quorum
+requests wait for it), and another group is killed and restarted. Each failure waits until the
+job is whole again (all groups taking part) or ``--recovery_timeout_s`` passes. ``--faults``
+picks the faults (default: ``sigkill sigstop lighthouse sigkill``, at 17/33/50/67 % of the
+steps: ``schedule``). A progress line is printed every few seconds.
 
-At the end, from the groups' logs, it writes to ``--out``:
+What it observes comes from data, not from log wording: every replica group's Manager writes
+its event stream (``torchtitan_ft.events``: commits with their participants, heals with their
+bytes and seconds) to ``<out>/events/group<r>_<n>/``; the loss is the MLP harness's per-step
+record (``--model mlp``) or TorchTitan's own metrics line (``--model titan``; the loss panel
+only).
+
+It exits with status 1, after writing what it saw, when it injected fewer faults than
+scheduled (one skipped because the job was nearly done counts too), when a fault was not
+followed by a commit, or when a replica-group process it started never committed a step.
+
+At the end it writes to ``--out``:
 
 * ``failure_demo.png``: loss per replica group against step, each group's committed step
   against time (stalls and catch-up are visible), and participants over time, with failure
@@ -23,7 +36,8 @@ At the end, from the groups' logs, it writes to ``--out``:
 * ``summary.txt`` (also printed): steps committed, failures survived, stall after each failure,
   heal time (restart to healed) and heal transfer size and time, the lighthouse's downtime and
   the first commit after it came back;
-* the logs: ``lighthouse.log`` and one log per replica-group process.
+* ``faults.json``: the faults injected and the restarts, with times and the job's step;
+* the logs: ``lighthouse.log``, one log per replica-group process, and the event streams.
 
 Needs matplotlib. Everything is local: no network, 127.0.0.1 only.
 """
@@ -36,30 +50,45 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from torchtitan_ft.events import EVENTS_DIR_ENV, EventKind, HealOutcome, read_events
+from torchtitan_ft.testing.chaos import commit_log_path, longest_gap, read_commit_log
+from torchtitan_ft.testing.processes import LighthouseProcess, free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests._chaos import (  # noqa: E402
-    LighthouseProcess,
-    commit_log_path,
-    free_port,
-    longest_gap,
-    read_commit_log,
-)
-
-GROUPS = 3
 LIGHTHOUSE_KILL = "lighthouse SIGKILL"
 LIGHTHOUSE_RESTART = "lighthouse restart"
 FAILURES = ("SIGKILL", "SIGSTOP", LIGHTHOUSE_KILL)
+FAULTS = ("sigkill", "sigstop", "lighthouse")
+"""What ``--faults`` may name: SIGKILL and restart a group, SIGSTOP (hang) a group for
+``--hang_s``, SIGKILL and restart the lighthouse."""
+DEFAULT_FAULTS = ["sigkill", "sigstop", "lighthouse", "sigkill"]
+
+
+def schedule(faults: list[str]) -> list[tuple[str, float]]:
+    """(fault, fraction of ``--steps`` the job reached when it hits): evenly spaced, from
+    1/(n+2) to n/(n+2) for n faults (the default four: 17, 33, 50 and 67 %)."""
+    return [(fault, (i + 1) / (len(faults) + 2)) for i, fault in enumerate(faults)]
+
+
+def check_run(scheduled: int, injected: int, unanswered: list[str], silent: list[str]) -> list[str]:
+    """Why the run failed (empty: it did not): fewer faults ``injected`` than ``scheduled``,
+    faults after which the job never committed (``unanswered``), replica-group processes that
+    never committed a step (``silent``)."""
+    problems = []
+    if injected < scheduled:
+        problems.append(f"injected {injected} of the {scheduled} scheduled faults")
+    problems += [f"no commit after {fault}" for fault in unanswered]
+    problems += [f"{process} never committed a step" for process in silent]
+    return problems
 
 
 # ------------------------------------------------------------------------------ what we observe
@@ -91,6 +120,9 @@ class Incarnation:
     number: int
     started: float
     log: Path
+    """Its output (titan) or its per-step records (mlp: the loss on the evaluation batch)."""
+    events: Path
+    """The folder of its Manager's event stream."""
     losses: list[Point] = field(default_factory=list)
     commits: list[Point] = field(default_factory=list)
     heals: list[Heal] = field(default_factory=list)
@@ -99,7 +131,9 @@ class Incarnation:
 
 
 @dataclass
-class Event:
+class Action:
+    """What the demo did to the job: a fault (``FAILURES``), a restart, a SIGCONT."""
+
     time: float
     kind: str
     replica: int | None
@@ -137,47 +171,45 @@ def signal_pids(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
 _LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.eE+-]+)")
-_COMMIT = re.compile(r"step (\d+)\] should_commit=True \(local vote True: (\d+) participants")
-_RECEIVED = re.compile(r"received step (\d+) from rank \d+: ([0-9.]+) MB in ([0-9.]+) s")
-_APPLIED = re.compile(r"step (\d+)\] applied healed state")
+"""TorchTitan's own metrics line (its wording, read for the loss panel only)."""
 
 
-def _stamp(line: str) -> float | None:
-    match = _STAMP.search(line)
-    if match is None:
-        return None
-    return datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+def read_stream(inc: Incarnation) -> None:
+    """Commits (with participants) and applied heals from the incarnation's event stream
+    (group rank 0's: every rank of a group commits and heals together)."""
+    events = [e for e in read_events(inc.events) if e.group_rank == 0]
+    inc.commits = [
+        Point(e.time, e.step, participants=e["participants"])
+        for e in events
+        if e.kind is EventKind.COMMIT
+    ]
+    # a heal to step 0 is init_sync's start (every group but one takes the first's state)
+    inc.heals = [
+        Heal(e.time, e.step, e["bytes"] / 1e6, e["seconds"])
+        for e in events
+        if e.kind is EventKind.HEAL_END and e["outcome"] == HealOutcome.APPLIED and e.step > 0
+    ]
 
 
-def parse_titan_log(inc: Incarnation) -> None:
-    """Losses, commits (with participants) and heals from one torchrun job's output."""
-    inc.losses, inc.commits, inc.heals = [], [], []
-    received: tuple[float, float] | None = None
+def titan_losses(inc: Incarnation) -> list[Point]:
+    """TorchTitan's logged loss per step (the last line of a step: a discarded step is logged
+    again when it is retried), without the steps whose forward ran on weights the group then
+    replaced by healing: a restarted group's steps up to its first heal (its random init) and
+    the step after each heal (a heal is applied at the end of that iteration)."""
     if not inc.log.exists():
-        return
+        return []
+    losses: dict[int, float] = {}
     for line in inc.log.read_text(errors="replace").splitlines():
-        at = _stamp(line)
-        if at is None:
-            continue
         if m := _LOSS.search(line):
-            inc.losses.append(Point(at, int(m.group(1)), loss=float(m.group(2))))
-        elif m := _COMMIT.search(line):
-            # the manager's step before the commit; after it the group has m+1 committed
-            inc.commits.append(Point(at, int(m.group(1)) + 1, participants=int(m.group(2))))
-        elif m := _RECEIVED.search(line):
-            received = (float(m.group(2)), float(m.group(3)))
-        elif m := _APPLIED.search(line):
-            mb, seconds = received if received else (None, None)
-            inc.heals.append(Heal(at, int(m.group(1)), mb, seconds))
-    # TorchTitan logs the loss of every iteration, including the one in which a group heals:
-    # that forward ran on the weights it had before (a restarted group's random init) and
-    # contributed nothing, so those points are dropped (and any before a restart's first heal).
-    if inc.heals:
-        first = inc.heals[0].step + 1 if inc.number > 0 else 0
-        healing = {h.step + 1 for h in inc.heals}
-        inc.losses = [p for p in inc.losses if p.step > first and p.step not in healing]
+            losses[int(m.group(1))] = float(m.group(2))
+    first = inc.heals[0].step if inc.heals and inc.number > 0 else 0
+    healing = {h.step + 1 for h in inc.heals}
+    return [
+        Point(float("nan"), step, loss=loss)
+        for step, loss in sorted(losses.items())
+        if step > first and step not in healing
+    ]
 
 
 class TitanGroup:
@@ -194,6 +226,7 @@ class TitanGroup:
     def start(self) -> None:
         number = len(self.incarnations)
         log = self.args.out / f"group{self.replica}_{number}.log"
+        events = events_folder(self.args.out, self.replica, number)
         env = {
             **os.environ,
             "NGPU": "1",
@@ -202,18 +235,21 @@ class TitanGroup:
             "CONFIG_FILE": str(ROOT / "configs" / "debug_ft_cpu.toml"),
             "TORCHFT_LIGHTHOUSE": self.lighthouse,
             "MASTER_ADDR": "127.0.0.1",
+            EVENTS_DIR_ENV: str(events),
         }
         cmd = [
             str(ROOT / "run_train.sh"),
             f"--fault_tolerance.replica_id={self.replica}",
-            f"--fault_tolerance.group_size={GROUPS}",
+            f"--fault_tolerance.group_size={self.args.groups}",
             f"--fault_tolerance.min_replica_size={self.args.min_replicas}",
+            # a survivor short of min_replicas waits this long for the restarted group
+            f"--fault_tolerance.quorum_timeout_ms={int(self.args.recovery_timeout_s * 1000)}",
             f"--training.steps={self.args.steps}",
             f"--job.dump_folder={self.args.out / f'dump_group{self.replica}_{number}'}",
         ]
         with open(log, "wb") as f:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-        self.incarnations.append(Incarnation(self.replica, number, time.time(), log))
+        self.incarnations.append(Incarnation(self.replica, number, time.time(), log, events))
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -242,13 +278,14 @@ class TitanGroup:
 
     def refresh(self) -> None:
         for inc in self.incarnations:
-            parse_titan_log(inc)
+            read_stream(inc)
+            inc.losses = titan_losses(inc)
         if self.proc is not None and self.proc.poll() is not None:
             self._ended(f"exit {self.proc.returncode}")
 
 
 class MlpGroup:
-    """One replica group as one process of the tiny-MLP harness (``tests/_mp.py``)."""
+    """One replica group as one process of the tiny-MLP harness (``torchtitan_ft.testing.mlp``)."""
 
     def __init__(self, replica: int, args: argparse.Namespace, lighthouse: str) -> None:
         self.replica = replica
@@ -258,25 +295,27 @@ class MlpGroup:
         self.incarnations: list[Incarnation] = []
 
     def start(self) -> None:
-        from tests._mp import WorkerConfig, spawn_rank
+        from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank
 
         number = len(self.incarnations)
         log = commit_log_path(self.args.out, self.replica, number)
+        events = events_folder(self.args.out, self.replica, number)
         cfg = WorkerConfig(
             lighthouse_addr=self.lighthouse,
             replica=self.replica,
             out_path=str(self.args.out / f"group{self.replica}_{number}.pt"),
             min_replica_size=self.args.min_replicas,
             stop_step=self.args.steps,
-            stop_participants=GROUPS,
+            stop_participants=self.args.groups,
             max_iterations=1_000_000,
             step_sleep_s=0.05,
             timeout_s=5.0,
             shared_batches=True,
             commit_log=str(log),
+            events_dir=str(events),
         )
         self.proc = spawn_rank(cfg)
-        self.incarnations.append(Incarnation(self.replica, number, time.time(), log))
+        self.incarnations.append(Incarnation(self.replica, number, time.time(), log, events))
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
@@ -300,27 +339,17 @@ class MlpGroup:
 
     def refresh(self) -> None:
         for inc in self.incarnations:
+            read_stream(inc)
             records = read_commit_log(inc.log, inc.replica, inc.number)
             # the loss on a fixed evaluation batch: the training batches are random per step
             inc.losses = [Point(r.time, r.step, loss=r.eval_loss) for r in records if r.committed]
-            inc.commits = [
-                Point(r.time, r.step, participants=r.participants) for r in records if r.committed
-            ]
-            # a commit this group did not take part in is a heal (the first step of the run
-            # is init_sync's)
-            inc.heals = [
-                Heal(r.time, r.step, state_megabytes(), None)
-                for r in records
-                if r.committed and not r.participating and r.step > 1
-            ]
         if self.proc is not None and not self.proc.is_alive():
             self._ended(f"exit {self.proc.exitcode}")
 
 
-def state_megabytes() -> float:
-    """Size of the MLP harness's healed state (parameters + Adam moments), in MB."""
-    params = 16 * 32 + 32 + 32 * 4 + 4
-    return params * 3 * 4 / 1e6
+def events_folder(out: Path, replica: int, number: int) -> Path:
+    """Where incarnation ``number`` of group ``replica`` writes its event stream."""
+    return out / "events" / f"group{replica}_{number}"
 
 
 # ------------------------------------------------------------------------------ the run
@@ -338,8 +367,8 @@ class Demo:
             log=self.lighthouse_log,
         )
         cls = TitanGroup if args.model == "titan" else MlpGroup
-        self.groups = [cls(r, args, self.lighthouse.address) for r in range(GROUPS)]
-        self.events: list[Event] = []
+        self.groups = [cls(r, args, self.lighthouse.address) for r in range(args.groups)]
+        self.actions: list[Action] = []
         self.started = time.time()
         self.last_print = 0.0
 
@@ -364,7 +393,7 @@ class Demo:
             if not group.alive():
                 return False
             inc = group.incarnations[-1]
-            if not inc.commits or inc.commits[-1].participants != GROUPS:
+            if not inc.commits or inc.commits[-1].participants != self.args.groups:
                 return False
         return True
 
@@ -399,9 +428,9 @@ class Demo:
         print(f"  ... gave up waiting for {what} after {timeout_s:.0f}s", flush=True)
         return False
 
-    def event(self, kind: str, replica: int | None) -> None:
+    def act(self, kind: str, replica: int | None) -> None:
         self.refresh()
-        self.events.append(Event(time.time(), kind, replica, self.job_step()))
+        self.actions.append(Action(time.time(), kind, replica, self.job_step()))
         self.show(f"{kind}" + (f" group {replica}" if replica is not None else ""))
 
     # the schedule
@@ -412,46 +441,48 @@ class Demo:
         for group in self.groups:
             group.start()
         print(
-            f"lighthouse {self.lighthouse.address}; {GROUPS} replica groups ({args.model}), "
+            f"lighthouse {self.lighthouse.address}; {args.groups} replica groups ({args.model}), "
             f"{args.steps} steps; logs in {args.out}",
             flush=True,
         )
         self.wait(self.whole, args.startup_timeout_s, "all groups to train together")
-        plan = [("sigkill", 0.15), ("sigstop", 0.35), ("lighthouse", 0.5), ("sigkill", 0.65)]
         last_victim: int | None = None
-        for kind, fraction in plan:
+        for kind, fraction in schedule(args.faults):
             target = int(fraction * args.steps)
-            if not self.wait(lambda t=target: self.job_step() >= t, 1e9, f"step {target}"):
+            reached = self.wait(
+                lambda t=target: self.job_step() >= t, args.startup_timeout_s, f"step {target}"
+            )
+            if not reached:
                 break
             if self.job_step() > 0.9 * args.steps:
                 print(f"  skipping {kind}: the job is nearly done", flush=True)
                 continue
             if kind == "lighthouse":
                 # Same port: the groups keep retrying the address they were given.
-                self.event(LIGHTHOUSE_KILL, None)
+                self.act(LIGHTHOUSE_KILL, None)
                 self.lighthouse.kill()
                 time.sleep(args.lighthouse_down_s)
                 self.lighthouse.start()
-                self.event(LIGHTHOUSE_RESTART, None)
+                self.act(LIGHTHOUSE_RESTART, None)
                 self.wait(
                     self.whole, args.recovery_timeout_s, "recovery from the lighthouse restart"
                 )
                 continue
-            victim = rng.choice([r for r in range(GROUPS) if r != last_victim])
+            victim = rng.choice([r for r in range(args.groups) if r != last_victim])
             last_victim = victim
             group = self.groups[victim]
             if kind == "sigkill":
-                self.event("SIGKILL", victim)
+                self.act("SIGKILL", victim)
                 group.kill()
                 time.sleep(args.restart_delay_s)
                 group.start()
-                self.event("restart", victim)
+                self.act("restart", victim)
             else:
-                self.event("SIGSTOP", victim)
+                self.act("SIGSTOP", victim)
                 group.hang()
-                self.wait(lambda: time.time() > self.events[-1].time + args.hang_s, 1e9, "")
+                self.wait(lambda: time.time() > self.actions[-1].time + args.hang_s, 1e9, "")
                 group.resume()
-                self.event("SIGCONT", victim)
+                self.act("SIGCONT", victim)
             self.wait(self.whole, args.recovery_timeout_s, f"recovery from {kind}")
         if not self.wait(self.done, args.finish_timeout_s, "the groups to finish"):
             for group in self.groups:
@@ -480,9 +511,9 @@ def summarize(demo: Demo) -> str:
             best = p.step
             progress.append((p.time, p.step))
     end = max((p.time for p in commits), default=time.time())
-    failures = [e for e in demo.events if e.kind in FAILURES]
+    failures = [e for e in demo.actions if e.kind in FAILURES]
     lines = [
-        f"model: {demo.args.model}; replica groups: {GROUPS}; "
+        f"model: {demo.args.model}; replica groups: {demo.args.groups}; "
         f"min_replicas: {demo.args.min_replicas}; wall time {end - demo.started:.0f}s",
         f"steps committed: {best} (target {demo.args.steps})",
     ]
@@ -511,7 +542,7 @@ def summarize(demo: Demo) -> str:
         )
         if e.kind == LIGHTHOUSE_KILL:
             back = next(
-                (x for x in demo.events if x.kind == LIGHTHOUSE_RESTART and x.time > e.time), None
+                (x for x in demo.actions if x.kind == LIGHTHOUSE_RESTART and x.time > e.time), None
             )
             if back is not None:
                 first = next((p for p in commits if p.time > back.time), None)
@@ -535,7 +566,7 @@ def summarize(demo: Demo) -> str:
                     f"{h.time - inc.started:.1f}s after its restart{transfer}"
                 )
             else:
-                lines.append(f"    restarted group {e.replica}: NO HEAL SEEN in its log")
+                lines.append(f"    restarted group {e.replica}: NO HEAL SEEN in its event stream")
         if e.kind == "SIGSTOP":
             group = demo.groups[e.replica]
             inc = next(x for x in reversed(group.incarnations) if x.started <= e.time)
@@ -548,6 +579,27 @@ def summarize(demo: Demo) -> str:
                 )
     lines.insert(2, f"failures survived: {survived} of {len(failures)}")
     return "\n".join(lines)
+
+
+def problems(demo: Demo) -> list[str]:
+    """``check_run`` of what the demo did and saw."""
+    commits = demo.commits()
+    failures = [e for e in demo.actions if e.kind in FAILURES]
+    return check_run(
+        scheduled=len(demo.args.faults),
+        injected=len(failures),
+        unanswered=[
+            e.kind if e.replica is None else f"{e.kind} group {e.replica}"
+            for e in failures
+            if not any(p.time > e.time for p in commits)
+        ],
+        silent=[
+            f"group {g.replica} process #{inc.number}"
+            for g in demo.groups
+            for inc in g.incarnations
+            if not inc.commits
+        ],
+    )
 
 
 def _size(megabytes: float) -> str:
@@ -607,7 +659,7 @@ def plot(demo: Demo, path: Path) -> None:
         LIGHTHOUSE_KILL: "black",
         LIGHTHOUSE_RESTART: "black",
     }
-    for e in demo.events:
+    for e in demo.actions:
         color = markers.get(e.kind, "gray")
         ls = "-" if e.kind in FAILURES else "--"
         for ax in (ax_step, ax_part):
@@ -647,8 +699,9 @@ def plot(demo: Demo, path: Path) -> None:
     )
     ax_step.set(xlabel="time since start (s)", ylabel="committed step")
     ax_step.legend(handles=legend_extra, fontsize=8, loc="lower right")
-    ax_part.set(xlabel="time since start (s)", ylabel="participants", ylim=(0, GROUPS + 0.5))
-    ax_part.set_yticks(range(GROUPS + 1))
+    groups = demo.args.groups
+    ax_part.set(xlabel="time since start (s)", ylabel="participants", ylim=(0, groups + 0.5))
+    ax_part.set_yticks(range(groups + 1))
     xmax = max((p.time - t0 for p in commits), default=1.0)
     for ax in (ax_step, ax_part):
         ax.set_xlim(0, xmax * 1.02)
@@ -674,12 +727,12 @@ def _gapped(points: list[Point], x: Any, y: Any) -> tuple[list[float], list[floa
 
 def _title(demo: Demo) -> str:
     model = "llama3 debugmodel (TorchTitan, CPU)" if demo.args.model == "titan" else "tiny MLP"
-    kills = sum(1 for e in demo.events if e.kind == "SIGKILL")
-    hangs = sum(1 for e in demo.events if e.kind == "SIGSTOP")
-    lighthouse = sum(1 for e in demo.events if e.kind == LIGHTHOUSE_KILL)
+    kills = sum(1 for e in demo.actions if e.kind == "SIGKILL")
+    hangs = sum(1 for e in demo.actions if e.kind == "SIGSTOP")
+    lighthouse = sum(1 for e in demo.actions if e.kind == LIGHTHOUSE_KILL)
     return (
-        f"{GROUPS} replica groups of {model}: {kills} SIGKILL + restart, {hangs} SIGSTOP hang, "
-        f"{lighthouse} lighthouse restart"
+        f"{demo.args.groups} replica groups of {model}: {kills} SIGKILL + restart, "
+        f"{hangs} SIGSTOP hang, {lighthouse} lighthouse restart"
     )
 
 
@@ -700,7 +753,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["titan", "mlp"],
         default="titan",
         help="titan: TorchTitan llama3 debugmodel via run_train.sh (configs/debug_ft_cpu.toml); "
-        "mlp: the tiny-MLP harness of tests/_mp.py (fast). Default: %(default)s",
+        "mlp: the tiny-MLP harness of torchtitan_ft/testing/mlp.py (fast). Default: %(default)s",
     )
     p.add_argument(
         "--steps", type=int, default=None, help="training steps (default: titan 120, mlp 400)"
@@ -710,6 +763,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=None,
         help="output directory (default: outputs/failure_demo_<model>)",
+    )
+    p.add_argument(
+        "--groups", type=int, default=3, help="replica groups, 2 or more (default: %(default)s)"
+    )
+    p.add_argument(
+        "--faults",
+        nargs="+",
+        choices=FAULTS,
+        default=DEFAULT_FAULTS,
+        help="the faults, in order, evenly spaced over the steps (default: %(default)s)",
     )
     p.add_argument("--seed", type=int, default=0, help="schedule seed (default: %(default)s)")
     p.add_argument("--port", type=int, default=0, help="lighthouse port (default: a free one)")
@@ -734,12 +797,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=None,
         help="how long to wait for all groups to train together again before the next "
-        "failure (default: titan 180, mlp 30)",
+        "failure; titan: also the groups' quorum timeout (default: titan 180, mlp 30)",
     )
     p.add_argument("--startup_timeout_s", type=float, default=None)
     p.add_argument("--finish_timeout_s", type=float, default=None)
     p.add_argument("--print_every_s", type=float, default=3.0)
     args = p.parse_args(argv)
+    if args.groups < 2:
+        p.error(f"--groups must be 2 or more (a fault needs a survivor), got {args.groups}")
+    if args.min_replicas > args.groups:
+        p.error(f"--min_replicas ({args.min_replicas}) is more than --groups ({args.groups})")
     titan = args.model == "titan"
     defaults = {
         "steps": 120 if titan else 400,
@@ -761,6 +828,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for old in [*args.out.glob("*.log"), *args.out.glob("*.jsonl"), *args.out.glob("*.pt")]:
         old.unlink()
+    shutil.rmtree(args.out / "events", ignore_errors=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     demo = Demo(args)
     try:
@@ -772,14 +840,17 @@ def main(argv: list[str] | None = None) -> int:
     demo.refresh()
     summary = summarize(demo)
     (args.out / "summary.txt").write_text(summary + "\n")
-    (args.out / "events.json").write_text(
-        json.dumps([e.__dict__ for e in demo.events], indent=1) + "\n"
+    (args.out / "faults.json").write_text(
+        json.dumps([e.__dict__ for e in demo.actions], indent=1) + "\n"
     )
     png = args.out / "failure_demo.png"
     plot(demo, png)
     print("\n" + summary)
     print(f"\nwrote {png} and {args.out / 'summary.txt'}")
-    return 0
+    failed = problems(demo)
+    for problem in failed:
+        print(f"FAILED: {problem}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

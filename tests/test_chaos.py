@@ -1,7 +1,8 @@
 """Chaos: three replica groups train through random SIGKILLs, a SIGSTOP hang and a lighthouse
 restart, and the numerics come out as if nothing had happened.
 
-Each replica group is one rank of the tiny-MLP harness (``tests._mp.train_worker``: Manager +
+Each replica group is one rank of the tiny-MLP harness
+(``torchtitan_ft.testing.mlp.train_worker``: Manager +
 DDP + OptimizerWrapper + Adam, gloo, HTTP healing) with ``shared_batches`` (the batch depends
 on the step only, so equal progress means equal samples) and a commit log (one JSON line per
 iteration: step, committed, participants, state hash, losses). The lighthouse is a
@@ -37,8 +38,7 @@ from typing import Any
 
 import pytest
 
-from tests._chaos import (
-    LighthouseProcess,
+from torchtitan_ft.testing.chaos import (
     Record,
     commit_log_path,
     longest_gap,
@@ -48,7 +48,8 @@ from tests._chaos import (
     state_divergence,
     step_regressions,
 )
-from tests._mp import WorkerConfig, spawn_rank
+from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank
+from torchtitan_ft.testing.processes import LighthouseProcess
 
 SEED = int(os.environ.get("CHAOS_SEED", "20261121"))
 """Fixed for reproducibility (victims, trigger steps, downtimes, order); CHAOS_SEED overrides."""

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from tests._mp import WorkerConfig, spawn_rank
 from torchtitan_ft.ddp import DistributedDataParallel, PureDistributedDataParallel, _make_buckets
 from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.manager.decisions import RetryDecision
+from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank
 
 
 class ScriptedManager:

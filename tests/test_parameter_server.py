@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 import pytest
 import torch
 
-from tests._mp import _mp_context
 from torchtitan_ft.parameter_server import ParameterServer
 from torchtitan_ft.process_group import ProcessGroup, ProcessGroupGloo
+from torchtitan_ft.testing.mlp import mp_context
 
 WIDTH = 4
 
@@ -73,7 +73,7 @@ def _client(
 
 def _start(address: str, results: Any, **kwargs: Any) -> Any:
     args = (address, kwargs["rounds"], kwargs["delta"], kwargs.get("pause_s", 0.0))
-    proc = _mp_context().Process(
+    proc = mp_context().Process(
         target=_client, args=(*args, kwargs.get("hang", False), results), daemon=True
     )
     proc.start()
@@ -109,7 +109,7 @@ def test_unknown_path_is_404_and_the_server_keeps_serving() -> None:
 @pytest.mark.timeout(180)
 def test_a_killed_client_fails_only_its_own_session() -> None:
     server = AddingServer()
-    results = _mp_context().Queue()
+    results = mp_context().Queue()
     procs = []
     try:
         # B pushes 3 times then hangs mid-session; A pushes throughout B's death.

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import torch
 
-from tests._mp import WorkerConfig, spawn_rank
 from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.spare import Command, CommandKind, open_lock, parse_command, try_lock
+from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank
 
 ROOT = Path(__file__).resolve().parent.parent
 SPARE = [sys.executable, "-m", "torchtitan_ft.spare"]

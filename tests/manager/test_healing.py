@@ -18,6 +18,7 @@ import torch
 
 from tests.checkpoint.state_dicts import assert_bitwise_equal
 from torchtitan_ft.checkpoint import CheckpointTransferError, HTTPTransport, _http_client
+from torchtitan_ft.events import EventWriter
 from torchtitan_ft.manager import healing
 from torchtitan_ft.manager.decisions import QuorumResult
 from torchtitan_ft.manager.healing import Healing, land_in_place
@@ -140,6 +141,7 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Healing, Any, An
         connect_timeout=TIMEOUT,
         auth_token=None,
         counters=Counters(),
+        events=EventWriter(None, "", 0, lambda: 0),
         log=lambda level, msg: None,
     )
 

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests._mp import _mp_context
 from torchtitan_ft.lighthouse import LighthouseServer
+from torchtitan_ft.testing.mlp import mp_context
 
 pytestmark = pytest.mark.multiprocess
 
@@ -184,7 +184,7 @@ def test_survivors_finish_the_step_the_victim_died_in(tmp_path: Path, procs: lis
                 str(outs[i]),
                 kill_at_step=KILL_AT_STEP if i == VICTIM else None,
             )
-            proc = _mp_context().Process(target=_worker, args=(cfg,), daemon=True)
+            proc = mp_context().Process(target=_worker, args=(cfg,), daemon=True)
             proc.start()
             procs.append(proc)
         procs[VICTIM].join(90)

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch.distributed import ReduceOp
 
+from torchtitan_ft.events import EVENTS_DIR_ENV, EventKind, read_events
 from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.manager import (
     AddressInUseError,
@@ -35,6 +38,9 @@ from torchtitan_ft.manager import (
 from torchtitan_ft.process_group import GroupConfig
 
 # ------------------------------------------------------------------------------ fakes
+
+_QUIET = (EventKind.START, EventKind.QUORUM)
+"""Event kinds a test of faults and commits skips."""
 
 
 class _Work:
@@ -165,9 +171,9 @@ def _manager(
 # ------------------------------------------------------------------------------ one replica
 
 
-def test_commit_advances_step_and_batches(lighthouse: LighthouseServer) -> None:
+def test_commit_advances_step_and_batches(lighthouse: LighthouseServer, tmp_path: Path) -> None:
     pg = FakePG()
-    manager = _manager(lighthouse, "solo", pg=pg)
+    manager = _manager(lighthouse, "solo", pg=pg, events_dir=tmp_path)
     try:
         assert manager.participating_rank() is None and manager.num_participants() == 0
         for step in range(3):
@@ -186,13 +192,25 @@ def test_commit_advances_step_and_batches(lighthouse: LighthouseServer) -> None:
         assert (config.rank, config.world_size) == (0, 1)
         assert (config.group_rank, config.group_world_size, config.global_ranks) == (0, 1, [0])
         assert manager.state_dict() == {"step": 3, "batches_committed": 3}
+        # the event stream: start, one quorum (its id never changed), three commits
+        events = read_events(tmp_path)
+        kinds = [e.kind for e in events]
+        assert kinds == [EventKind.START, EventKind.QUORUM, *[EventKind.COMMIT] * 3]
+        assert {e.replica_id for e in events} == {manager.replica_id}
+        assert events[0]["pid"] == os.getpid()
+        assert events[1]["role"] == "participant" and events[1]["participants"] == 1
+        assert events[1]["replica_ids"] == [manager.replica_id]
+        assert [(e.step, e["participants"]) for e in events[2:]] == [(1, 1), (2, 1), (3, 1)]
     finally:
         manager.shutdown()
 
 
-def test_errors_are_data(lighthouse: LighthouseServer) -> None:
+def test_errors_are_data(
+    lighthouse: LighthouseServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pg = FakePG()
     transport = MemoryTransport()
+    monkeypatch.setenv(EVENTS_DIR_ENV, str(tmp_path))  # the env var, when no argument
     manager = _manager(lighthouse, "err", pg=pg, transport=transport)
     try:
         # a collective whose future fails: completed future with the input, step discarded
@@ -236,6 +254,15 @@ def test_errors_are_data(lighthouse: LighthouseServer) -> None:
         manager.start_quorum()
         manager.allreduce(torch.ones(2)).wait()
         assert manager.should_commit() and manager.current_step() == 1
+        # each failed step: one fault (its first error) and a discard; then the commit
+        events = [e for e in read_events(tmp_path) if e.kind not in _QUIET]
+        faults = [e for e in events if e.kind is EventKind.FAULT]
+        assert [e["error"] for e in faults] == ["RuntimeError"] * 3 + ["TimeoutError"]
+        assert "peer reset" in faults[0]["message"]
+        discards = [e for e in events if e.kind is EventKind.DISCARD]
+        assert len(discards) == 4 and all(e.step == 0 for e in discards)
+        assert all("error" in e["reason"] for e in discards), discards
+        assert events[-1].kind is EventKind.COMMIT and events[-1].step == 1
     finally:
         manager.shutdown()
 
@@ -487,13 +514,20 @@ def test_behind_replica_heals_at_safe_point(lighthouse2: LighthouseServer) -> No
         healer.shutdown()
 
 
-def test_failed_heal_is_retried_and_nothing_applied(lighthouse2: LighthouseServer) -> None:
+def test_failed_heal_is_retried_and_nothing_applied(
+    lighthouse2: LighthouseServer, tmp_path: Path
+) -> None:
     healer_user = UserState(-1.0)
     transport = MemoryTransport()
     transport.fail_recv = True
     donor = _manager(lighthouse2, "a_donor", user=UserState(3.0), init_sync=False)
     healer = _manager(
-        lighthouse2, "b_healer", user=healer_user, transport=transport, init_sync=False
+        lighthouse2,
+        "b_healer",
+        user=healer_user,
+        transport=transport,
+        init_sync=False,
+        events_dir=tmp_path,
     )
     try:
         donor.load_state_dict({"step": 2, "batches_committed": 2})
@@ -505,6 +539,21 @@ def test_failed_heal_is_retried_and_nothing_applied(lighthouse2: LighthouseServe
         assert healer_user.loads == ["idle"]
         assert healer.current_step() == donor.current_step() == 4
         assert torch.equal(healer_user.weights, torch.full((4,), 3.0))
+        # the healer's stream: a failed heal, then one that applied 16 bytes (4 fp32)
+        heals = [
+            e for e in read_events(tmp_path) if e.kind in (EventKind.HEAL_START, EventKind.HEAL_END)
+        ]
+        assert [(e.kind, e.get("outcome")) for e in heals] == [
+            (EventKind.HEAL_START, None),
+            (EventKind.HEAL_END, "failed"),
+            (EventKind.HEAL_START, None),
+            (EventKind.HEAL_END, "applied"),
+        ]
+        assert heals[0]["to_step"] == 2 and heals[0]["source_replica_rank"] == 0
+        assert "mid-transfer" in heals[1]["error"] and heals[1]["bytes"] == 0
+        assert heals[3]["bytes"] == 16 and heals[3]["seconds"] > 0 and heals[3].step == 3
+        roles = [e["role"] for e in read_events(tmp_path) if e.kind is EventKind.QUORUM]
+        assert roles[0] == "healing"
     finally:
         donor.shutdown()
         healer.shutdown()
@@ -529,7 +578,7 @@ def test_sync_quorum_heals_before_forward(lighthouse2: LighthouseServer) -> None
         healer.shutdown()
 
 
-def test_fixed_with_spares(lighthouse2: LighthouseServer) -> None:
+def test_fixed_with_spares(lighthouse2: LighthouseServer, tmp_path: Path) -> None:
     pgs = [FakePG(), FakePG()]
     managers = [
         _manager(
@@ -538,6 +587,7 @@ def test_fixed_with_spares(lighthouse2: LighthouseServer) -> None:
             pg=pg,
             init_sync=False,
             world_size_mode=WorldSizeMode.FIXED_WITH_SPARES,
+            events_dir=tmp_path,
         )
         for name, pg in zip(["a", "b"], pgs, strict=True)
     ]
@@ -549,6 +599,12 @@ def test_fixed_with_spares(lighthouse2: LighthouseServer) -> None:
         assert torch.equal(pgs[0].seen[-1], torch.full((2,), 4.0))
         assert torch.equal(pgs[1].seen[-1], torch.zeros(2))  # the spare contributes zeros
         assert [m.batches_committed() for m in managers] == [1, 1]
+        # one folder, one file per manager; the quorum events name each one's role
+        quorums = [e for e in read_events(tmp_path) if e.kind is EventKind.QUORUM]
+        roles = {e.replica_name: e["role"] for e in quorums}
+        assert roles == {"a": "participant", "b": "spare"}
+        assert all(e["participants"] == 1 and len(e["replica_ids"]) == 2 for e in quorums)
+        assert len(list(tmp_path.glob("*.jsonl"))) == 2
     finally:
         for m in managers:
             m.shutdown()

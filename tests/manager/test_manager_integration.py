@@ -1,6 +1,7 @@
 """Multi-process fault-tolerance tests: real lighthouse, Manager, ProcessGroupGloo, HTTPTransport.
 
-Each replica-group rank is its own process running ``tests._mp.train_worker`` (a tiny MLP with
+Each replica-group rank is its own process running ``torchtitan_ft.testing.mlp.train_worker``
+(a tiny MLP with
 DistributedDataParallel + OptimizerWrapper + Adam). The parent runs the lighthouse, SIGKILLs
 nothing itself unless it plays torchrun tearing down a group, and compares what the workers
 saved: the same step, and bitwise-identical parameters and optimizer state.
@@ -20,8 +21,9 @@ from typing import Any
 import pytest
 import torch
 
-from tests._mp import WorkerConfig, free_port, spawn_rank
 from torchtitan_ft.lighthouse import LighthouseServer
+from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank
+from torchtitan_ft.testing.processes import free_port
 
 pytestmark = pytest.mark.multiprocess
 
@@ -391,7 +393,7 @@ def _newcomer_scenario(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """ft_0 (Linear(16, 4)) trains; then a newcomer joins; returns both outputs once ft_0
     committed steps without it again."""
-    from tests._mp import _mp_context
+    from torchtitan_ft.testing.mlp import mp_context
 
     lighthouse = _lighthouse(min_replicas=1)
     stop = tmp_path / "stop"
@@ -399,7 +401,7 @@ def _newcomer_scenario(
 
     def spawn(replica_id: str, width: int, out: Path) -> Any:
         cfg = IdentityWorker(lighthouse.address(), replica_id, width, str(out), str(stop))
-        proc = _mp_context().Process(target=identity_worker, args=(cfg,), daemon=True)
+        proc = mp_context().Process(target=identity_worker, args=(cfg,), daemon=True)
         proc.start()
         procs.append(proc)
         return proc

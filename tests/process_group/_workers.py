@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from tests._mp import _mp_context
 from torchtitan_ft.process_group import ProcessGroup
+from torchtitan_ft.testing.mlp import mp_context
 
 
 def store_client(port: int) -> dist.Store:
@@ -42,11 +42,12 @@ def run_workers(
     expect_killed: frozenset[int] = frozenset(),
 ) -> dict[int, Any]:
     """Run ``fn(rank, *args)`` in ``nprocs`` processes; return each rank's result.
-    They fork from the tests' preloaded forkserver (tests/_mp.py): a spawned child needs
+    They fork from the tests' preloaded forkserver (``torchtitan_ft.testing.mlp``): a spawned
+    child needs
     seconds to import torch on this 2-core machine, and forking the pytest process itself is
     unsafe once earlier tests have left gRPC threads running in it (seen: a segfault).
     """
-    ctx = _mp_context()
+    ctx = mp_context()
     results = ctx.Queue()
     procs = [ctx.Process(target=_child, args=(fn, r, results, args)) for r in range(nprocs)]
     for p in procs:

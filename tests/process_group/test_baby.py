@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from tests._mp import _mp_context
 from torchtitan_ft.process_group import (
     ProcessGroupBabyGloo,
     ProcessGroupBabyNCCL,
 )
+from torchtitan_ft.testing.mlp import mp_context
 
 
 def _pid_exists(pid: int) -> bool:
@@ -157,7 +157,7 @@ def _peer(port: int, prefix: str, value: float, results: Any) -> None:  # runs i
 
 
 def _start_peer(port: int, prefix: str, value: float) -> tuple[Any, Any]:
-    ctx = _mp_context()
+    ctx = mp_context()
     results = ctx.Queue()
     # Not a daemon: a daemonic process may not start children (its baby group spawns one).
     proc = ctx.Process(target=_peer, args=(port, prefix, value, results))

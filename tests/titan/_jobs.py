@@ -26,6 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from torchtitan_ft.events import EVENTS_DIR_ENV, Event, EventKind, read_events
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 STEP_LINE = re.compile(r"\[rank(\d+)\]:.*step:\s*(\d+)\s+loss:\s*([\d.]+)\s+grad_norm:\s*([\d.]+)")
@@ -156,11 +158,15 @@ class LoggedProcess:
         return lines
 
 
+_RUN_NUMBERS = itertools.count()
+
+
 class TrainRun(LoggedProcess):
     """One ``run_train.sh`` (a torchrun job: one replica group with FT). ``args`` go to the
     trainer; ``env`` is added to this process's environment; ``prefix`` is put before the
     command (e.g. ``Host.command([])`` of ``torchtitan_ft.testing.netns`` runs it on that
-    host)."""
+    host). Its Managers write their event streams to :attr:`events_dir`, a folder of its own
+    under ``dump_folder`` (a restarted group's run, in the same dump folder, gets another)."""
 
     def __init__(
         self,
@@ -173,10 +179,12 @@ class TrainRun(LoggedProcess):
         log_rank: str = "0",
         prefix: Sequence[str] = (),
     ) -> None:
+        self.events_dir = dump_folder / "events" / f"run{next(_RUN_NUMBERS)}"
         # One OpenMP thread per process (torchrun does this itself for NGPU > 1): on 2 shared
         # cores a 2-thread process spin-waits behind other jobs.
         full_env = {
             **os.environ,
+            EVENTS_DIR_ENV: str(self.events_dir),
             "NGPU": str(ngpu),
             "LOG_RANK": log_rank,
             "PYTHON": sys.executable,
@@ -193,6 +201,10 @@ class TrainRun(LoggedProcess):
             *args,
         ]
         super().__init__(name, command, full_env)
+
+    def events(self, kind: EventKind, rank: int = 0) -> list[Event]:
+        """The events of ``kind`` that group rank ``rank`` wrote, in time order."""
+        return [e for e in read_events(self.events_dir) if e.kind is kind and e.group_rank == rank]
 
 
 def step_durations(run: TrainRun, first: int, last: int) -> list[float]:
@@ -269,6 +281,13 @@ def run_ft_groups(
             for r in range(2)
         ]
         return finish_all(runs)
+
+
+def group_events(tmp_path: Path, replica: int, kind: EventKind, rank: int = 0) -> list[Event]:
+    """The events of ``kind`` that group rank ``rank`` of replica group ``replica`` of
+    :func:`run_ft_groups` wrote, in time order."""
+    events = read_events(tmp_path / f"replica{replica}")
+    return [e for e in events if e.kind is kind and e.group_rank == rank]
 
 
 def step_metrics(output: str, rank: int = 0) -> dict[int, tuple[float, float]]:

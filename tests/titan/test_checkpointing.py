@@ -346,9 +346,10 @@ def test_strategy_state_round_trips_through_dcp_under_fsdp(tmp_path: Path) -> No
     group: global parameters (DTensors sharing the backups' storage), outer-optimizer state
     (created before the load, which fills it) and schedule, loaded into a fresh strategy,
     every local shard bitwise equal."""
-    from tests._mp import _mp_context, free_port
+    from torchtitan_ft.testing.mlp import mp_context
+    from torchtitan_ft.testing.processes import free_port
 
-    ctx = _mp_context()
+    ctx = mp_context()
     port = free_port()
     procs = [
         ctx.Process(

@@ -27,7 +27,6 @@ the test-only hooks live here, not in the product. Environment of a run:
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from tests.titan._jobs import (
     median_ratio,
     step_durations,
 )
+from torchtitan_ft.events import EventKind
 
 STEPS = 30
 KILL_AT_STEP = 8
@@ -247,9 +247,15 @@ class KilledAndHealed:
     @property
     def healed_to(self) -> int:
         """The Manager step group 1 healed to (for DiLoCo: syncs committed)."""
-        heal = re.search(r"healing to step (\d+)", self.restarted.output)
-        assert heal, "the restarted group never healed"
-        return int(heal.group(1))
+        heals = self.restarted.events(EventKind.HEAL_START)
+        assert heals, "the restarted group never healed"
+        return int(heals[0]["to_step"])
+
+    def assert_healed_and_survived(self) -> None:
+        """The restarted group applied a healed state; the survivor committed steps."""
+        outcomes = [e["outcome"] for e in self.restarted.events(EventKind.HEAL_END)]
+        assert "applied" in outcomes, f"the restarted group's heals ended {outcomes}"
+        assert self.survivor.events(EventKind.COMMIT), "the survivor committed no step"
 
     def recovery_slowdown(self) -> dict[str, float]:
         """Per group, its median step time once both groups train again after the heal ÷ its
@@ -352,8 +358,7 @@ def assert_groups_identical(tmp_path: Path, ranks: int) -> None:
 @pytest.mark.parametrize("ranks", [1, 2], ids=["1rank", "2ranks"])
 def test_killed_replica_group_heals_to_identical_state(tmp_path: Path, ranks: int) -> None:
     job = kill_and_restart_group_1(tmp_path, ranks)
-    assert "should_commit=True" in job.outputs[0]
-    assert "applied healed state" in job.outputs[1]
+    job.assert_healed_and_survived()
     assert job.healed_to > KILL_AT_STEP
     assert_groups_identical(tmp_path, ranks)
     job.assert_recovers_its_speed()
@@ -375,7 +380,7 @@ def test_killed_diloco_group_heals_to_the_global_model(tmp_path: Path) -> None:
     after the last sync (step 30) both groups hold the same model and strategy state. Each
     group's inner optimizer trained on its own data, so it is not compared."""
     job = kill_and_restart_group_1(tmp_path, 1, *DILOCO, config="debug_ft_diloco_cpu.toml")
-    assert "applied healed state" in job.outputs[1]
+    job.assert_healed_and_survived()
     assert job.healed_to > 0
     states = _load_states(tmp_path, 0)
     for state in states:

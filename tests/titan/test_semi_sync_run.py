@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.titan._jobs import CONFIGS, lighthouse, run_ft_groups, step_metrics
+from tests.titan._jobs import CONFIGS, group_events, lighthouse, run_ft_groups, step_metrics
+from torchtitan_ft.events import EventKind
 
 TRAIN_MODULE = "tests.titan.test_semi_sync_run"
 
@@ -104,8 +105,8 @@ def _dump(tmp_path: Path, replica: int) -> dict:
     return torch.load(outputs / f"params_replica{replica}_rank0.pt")
 
 
-def _commits(output: str) -> int:
-    return output.count("should_commit=True (local vote")
+def _commits(tmp_path: Path, replica: int) -> int:
+    return len(group_events(tmp_path, replica, EventKind.COMMIT))
 
 
 def _assert_same(a: dict, b: dict) -> None:
@@ -122,10 +123,10 @@ def test_local_sgd_run_trains_and_ends_identical(tmp_path: Path) -> None:
     gradient average), quorums only at the start and at the 2 syncs, identical at the end."""
     steps = 6
     outputs = _run_groups(tmp_path, "debug_ft_localsgd_cpu.toml", steps)
-    for output in outputs:
+    for replica, output in enumerate(outputs):
         losses = _losses(output, steps)
         assert losses[-1] < losses[0] - 0.5, losses
-        assert _commits(output) == 1 + steps // 3, output[-4000:]
+        assert _commits(tmp_path, replica) == 1 + steps // 3, output[-4000:]
     grad_norms = [step_metrics(o)[1][1] for o in outputs]
     assert grad_norms[0] != grad_norms[1]
     dumps = [_dump(tmp_path, r) for r in range(2)]
@@ -140,10 +141,10 @@ def test_streaming_diloco_run_trains_and_agrees_on_global_parameters(tmp_path: P
     fragment synced at the last step is identical in the models too (alpha = 0)."""
     steps = 8
     outputs = _run_groups(tmp_path, "debug_ft_diloco_cpu.toml", steps)
-    for output in outputs:
+    for replica, output in enumerate(outputs):
         losses = _losses(output, steps)
         assert losses[-1] < losses[0] - 0.5, losses
-        assert _commits(output) == 1 + steps // 2, output[-4000:]
+        assert _commits(tmp_path, replica) == 1 + steps // 2, output[-4000:]
     dumps = [_dump(tmp_path, r) for r in range(2)]
     for fragment in range(2):
         _assert_same(dumps[0]["global"][fragment], dumps[1]["global"][fragment])

@@ -19,6 +19,7 @@ from torch.distributed import ReduceOp
 from torch.distributed.distributed_c10d import AllreduceOptions
 from torch.profiler import record_function
 
+from torchtitan_ft.events import EventKind, EventWriter
 from torchtitan_ft.manager.stats import Counters
 from torchtitan_ft.process_group.futures import completed_future, future_with_timeout
 from torchtitan_ft.process_group.quantized import quantized_allreduce
@@ -56,6 +57,7 @@ class StepCollectives:
         pg: the cross-replica-group process group.
         timeout: default deadline of ``wrap_future``.
         counters: where allreduce bytes are counted.
+        events: the event stream; the step's first error is a ``FAULT`` event.
         log: the Manager's logger (level, message).
         keep_inputs: copy every allreduce's input before it is reduced, so a failed step can
             re-run its allreduces over a new quorum (``Manager``'s
@@ -68,12 +70,14 @@ class StepCollectives:
         *,
         timeout: timedelta,
         counters: Counters,
+        events: EventWriter,
         log: Callable[[int, str], None],
         keep_inputs: bool = False,
     ) -> None:
         self._pg = pg
         self._timeout = timeout
         self._counters = counters
+        self._events = events
         self._log = log
         self._keep_inputs = keep_inputs
         self._lock = threading.Lock()
@@ -114,6 +118,10 @@ class StepCollectives:
             if first:
                 self._error = ExceptionWithTraceback(e)
                 self.first_error_is_collective = collective
+        if first:
+            self._events.emit(
+                EventKind.FAULT, error=type(e).__name__, message=str(e), collective=collective
+            )
         self._log(
             logging.WARNING,
             f"{'error' if first else 'further error'} this step: {type(e).__name__}: {e}",

@@ -17,6 +17,7 @@ import torch
 from torch.profiler import record_function
 
 from torchtitan_ft.checkpoint import CheckpointTransport
+from torchtitan_ft.events import EventKind, EventWriter, HealOutcome
 from torchtitan_ft.manager.client import ManagerClient
 from torchtitan_ft.manager.decisions import QuorumResult
 from torchtitan_ft.manager.stats import Counters, tensor_bytes
@@ -38,6 +39,7 @@ class Healing:
         auth_token: the job token, presented to the donor group's ManagerServer; ``None``
             presents none.
         counters: where heal bytes and times are counted.
+        events: the event stream: ``HEAL_START`` and ``HEAL_END`` of each heal.
         log: the Manager's logger (level, message).
     """
 
@@ -50,6 +52,7 @@ class Healing:
         connect_timeout: timedelta,
         auth_token: str | None,
         counters: Counters,
+        events: EventWriter,
         log: Callable[[int, str], None],
     ) -> None:
         self.transport = transport
@@ -58,11 +61,13 @@ class Healing:
         self._connect_timeout = connect_timeout
         self._auth_token = auth_token
         self._counters = counters
+        self._events = events
         self._log = log
         self._load_fns: dict[str, Callable[[Any], None]] = {}
         self._save_fns: dict[str, Callable[[], Any]] = {}
         self._pending: dict[str, Any] | None = None
         self._receive_seconds = 0.0
+        self._received_bytes = 0
         self._borrowed = False
         self._served = False
 
@@ -113,8 +118,18 @@ class Healing:
             sent = tensor_bytes(state) * len(result.recover_dst_replica_ranks)
             self._counters.add(heal_bytes_sent=sent)
         if result.heal:
+            self._events.emit(
+                EventKind.HEAL_START,
+                to_step=result.max_step,
+                source_replica_rank=result.recover_src_replica_rank,
+                source_address=result.recover_src_manager_address,
+            )
             start = time.perf_counter()
-            self._pending = self._receive(result)
+            try:
+                self._pending = self._receive(result)
+            except Exception as e:
+                self._heal_ended(HealOutcome.FAILED, time.perf_counter() - start, 0, e)
+                raise
             self._receive_seconds = time.perf_counter() - start
 
     def _state_to_send(self, manager_state: dict[str, int]) -> dict[str, Any]:
@@ -154,7 +169,8 @@ class Healing:
             state = (recv or self.transport.recv_checkpoint)(
                 src_rank=src_rank, metadata=metadata, step=result.max_step, timeout=self._timeout
             )
-        self._counters.add(heal_bytes_received=tensor_bytes(state))
+        self._received_bytes = tensor_bytes(state)
+        self._counters.add(heal_bytes_received=self._received_bytes)
         _check_healed_state(state, self._load_fns.keys(), result.max_step)
         return cast(dict[str, Any], state)
 
@@ -184,7 +200,12 @@ class Healing:
         received = not healing or self._pending is not None
         if not group_and(received):
             if received:
-                report_error(RuntimeError("another rank of this replica group failed to heal"))
+                error = RuntimeError("another rank of this replica group failed to heal")
+                if self._pending is not None:
+                    self._heal_ended(
+                        HealOutcome.NOT_APPLIED, self._receive_seconds, self._received_bytes, error
+                    )
+                report_error(error)
             return
         pending, self._pending = self._pending, None
         if pending is None:
@@ -206,6 +227,18 @@ class Healing:
         self._counters.heal_applied(seconds)
         step = pending["torchft"]["step"]
         self._log(logging.INFO, f"applied healed state of step {step} ({seconds:.3f} s)")
+        self._heal_ended(HealOutcome.APPLIED, seconds, self._received_bytes, None)
+
+    def _heal_ended(
+        self, outcome: HealOutcome, seconds: float, received: int, error: BaseException | None
+    ) -> None:
+        self._events.emit(
+            EventKind.HEAL_END,
+            outcome=outcome,
+            seconds=round(seconds, 6),
+            bytes=received,
+            error="" if error is None else f"{type(error).__name__}: {error}",
+        )
 
     def withdraw_stale_offer(self) -> None:
         """Withdraws the offer of an earlier step unless this step served one (training thread,

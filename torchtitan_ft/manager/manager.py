@@ -37,6 +37,7 @@ from torch.distributed import ReduceOp
 from torch.profiler import record_function
 
 from torchtitan_ft.checkpoint import CheckpointTransport
+from torchtitan_ft.events import EventKind, EventWriter, open_event_writer
 from torchtitan_ft.manager.collectives import ExceptionWithTraceback, StepCollectives
 from torchtitan_ft.manager.decisions import (
     RetryDecision,
@@ -73,8 +74,8 @@ class Manager:
     other ranks find the server in that store. Save and restore ``Manager.state_dict()`` with
     periodic checkpoints: it holds the committed step count.
 
-    Args (torchft 0.2.0's in its order, then four of ours, keyword-only; "A > B > C": argument,
-    else env var, else default):
+    Args (torchft 0.2.0's in its order, then ours, keyword-only; "A > B > C": argument, else
+    env var, else default):
         pg: the reconfigurable cross-replica-group process group (e.g. ``ProcessGroupGloo``),
             reconfigured whenever the quorum id changes.
         load_state_dict: loads user state received when healing, on the training thread at a
@@ -149,6 +150,9 @@ class Manager:
             code that reads the results after it (``DistributedDataParallel``,
             ``PureDistributedDataParallel``, ``OptimizerWrapper``, a participation vector), not
             for the semi-sync strategies (they judge the sync by the first attempt's futures).
+        events_dir: the folder of the event stream (``torchtitan_ft.events``; one JSON-lines
+            file per rank, docs/operations.md "The event stream"): argument >
+            ``TORCHFT_EVENTS_DIR`` > none (no stream; the default).
 
     Raises:
         ValueError: bad settings (see ``settings``), ``min_replica_size < 1``.
@@ -184,6 +188,7 @@ class Manager:
         model_fingerprint: str | Callable[[], str] | None = None,
         num_replica_groups: int | None = None,
         retry_inflight_allreduce: bool = False,
+        events_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         check_step_arguments(min_replica_size, world_size_mode, max_retries)
         if not isinstance(retry_inflight_allreduce, bool):
@@ -240,13 +245,6 @@ class Manager:
         self._retries_this_step = 0
         self._participated = False
         """This group contributed its own tensors to the step's allreduces."""
-        self._collectives = StepCollectives(
-            pg,
-            timeout=timeout,
-            counters=self._counters,
-            log=self._log,
-            keep_inputs=retry_inflight_allreduce,
-        )
 
         group = join_replica_group(
             settings,
@@ -261,6 +259,17 @@ class Manager:
         )
         self._store, self._server, self._client = group.store, group.server, group.client
         self._replica_id: str = group.replica_id
+        self._events: EventWriter = open_event_writer(
+            events_dir, os.environ, group.replica_id, self._group_rank, lambda: self._step
+        )
+        self._collectives = StepCollectives(
+            pg,
+            timeout=timeout,
+            counters=self._counters,
+            log=self._log,
+            keep_inputs=retry_inflight_allreduce,
+            events=self._events,
+        )
         self._checkpoint_transport: CheckpointTransport = group.transport
         self._heal = Healing(
             group.transport,
@@ -269,6 +278,7 @@ class Manager:
             connect_timeout=connect_timeout,
             auth_token=auth_token,
             counters=self._counters,
+            events=self._events,
             log=self._log,
         )
         self._quorum = QuorumThread(
@@ -281,8 +291,10 @@ class Manager:
             use_async_quorum=use_async_quorum,
             world_size_mode=world_size_mode,
             min_replica_size=min_replica_size,
+            events=self._events,
             log=self._log,
         )
+        self._events.emit(EventKind.START, pid=os.getpid(), group_world_size=self._group_world_size)
         if load_state_dict is not None and state_dict is not None:
             self.register_state_dict_fn("default", load_state_dict, state_dict)
         self._log(
@@ -478,9 +490,17 @@ class Manager:
             self._step += 1
             self._batches_committed += participation.world_size
             self._commit_failures = 0
+            self._events.emit(EventKind.COMMIT, participants=participation.world_size)
         else:
             self._commit_failures += 1
             self._counters.add(steps_discarded=1)
+            self._events.emit(
+                EventKind.DISCARD,
+                participants=participation.world_size,
+                reason=vote.reason
+                if not vote.should_commit
+                else "another rank of the replica group voted no",
+            )
             check_commit_failures(self._commit_failures, self._max_retries)
         return decision
 
@@ -650,6 +670,7 @@ class Manager:
             self._server.shutdown()
         self._quorum.shutdown(wait=wait)
         self._client.close()
+        self._events.close()
 
     def _log(self, level: int, msg: str) -> None:
         # ft_message: a process-wide prefix (TorchTitan's, titan/metrics.py) replaces this one.

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch.profiler import record_function
 
+from torchtitan_ft.events import EventKind, EventWriter, quorum_role
 from torchtitan_ft.manager.collectives import StepCollectives
 from torchtitan_ft.manager.decisions import (
     Participation,
@@ -58,6 +59,8 @@ class QuorumThread:
         collectives: where errors are recorded and the process group is marked usable.
         init_sync, use_async_quorum, world_size_mode, min_replica_size: the Manager's
             arguments of these names.
+        events: the event stream; a quorum with a new id, or a new role for this group in
+            it, is a ``QUORUM`` event.
         log: the Manager's logger (level, message).
     """
 
@@ -73,6 +76,7 @@ class QuorumThread:
         use_async_quorum: bool,
         world_size_mode: WorldSizeMode,
         min_replica_size: int,
+        events: EventWriter,
         log: Callable[[int, str], None],
     ) -> None:
         self._client = group.client
@@ -87,6 +91,9 @@ class QuorumThread:
         self._use_async_quorum = use_async_quorum
         self._world_size_mode = world_size_mode
         self._min_replica_size = min_replica_size
+        self._events = events
+        self._announced: tuple[int, str] | None = None
+        """The (quorum id, role) of the last ``QUORUM`` event."""
         self._log = log
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="torchft_quorum"
@@ -166,6 +173,7 @@ class QuorumThread:
                 min_replica_size=self._min_replica_size,
             )
             self.healing = request.allow_heal and result.heal
+            self._announce(result)
             self._collectives.usable = True
             if result.quorum_id != self._quorum_id and not self._reconfigure(result):
                 self._collectives.usable = False
@@ -181,6 +189,20 @@ class QuorumThread:
                 self._healing.exchange(result, request.manager_state)
             except Exception as e:  # recorded: a failed heal discards the step; next quorum retries
                 self._collectives.report_error(e)
+
+    def _announce(self, result: QuorumResult) -> None:
+        role = quorum_role(self.participation.rank, self.healing)
+        if self._announced == (result.quorum_id, role.value):
+            return
+        self._announced = (result.quorum_id, role.value)
+        self._events.emit(
+            EventKind.QUORUM,
+            quorum_id=result.quorum_id,
+            replica_ids=result.replica_ids,
+            participants=self.participation.world_size,
+            max_step=result.max_step,
+            role=role,
+        )
 
     def _reconfigure(self, result: QuorumResult) -> bool:
         prefixed = quorum_store_address(result.store_address, result.quorum_id, self._group_rank)

@@ -5,4 +5,11 @@
   ``benchmarks.wan`` benchmark. It lives in the package, not under ``tests/``, because both the
   tests and the benchmarks import it, and an operator can use it to rehearse a multi-host
   launch on one machine.
+- :mod:`torchtitan_ft.testing.mlp`: the tiny-MLP harness, a replica-group rank training a tiny
+  MLP with the whole FT loop as its own process (the multi-process tests, the chaos test,
+  ``scripts/failure_demo.py --model mlp``);
+- :mod:`torchtitan_ft.testing.chaos`: invariants over that harness's per-step records
+  (identical states, no step regression, progress gaps);
+- :mod:`torchtitan_ft.testing.processes`: a lighthouse as a killable subprocess, and worker
+  processes driven by JSON lines (the benchmarks).
 """

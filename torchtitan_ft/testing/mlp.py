@@ -1,10 +1,13 @@
-"""Multi-process test helpers: a replica-group rank training a tiny MLP, as its own process.
+"""The tiny-MLP harness: a replica-group rank training a tiny MLP, as its own process (the
+multi-process tests, the chaos test and ``scripts/failure_demo.py --model mlp``).
 
 ``train_worker`` is the whole FT training loop of a user script (Manager + DDP +
 OptimizerWrapper over a real lighthouse, ``ProcessGroupGloo`` and ``HTTPTransport``) and writes
-its final parameters, optimizer state and step to ``out_path`` for the parent to compare.
-``spawn_rank`` starts it from a preloaded forkserver (the parent runs gRPC threads, so forking
-the parent itself would be unsafe). Everything binds 127.0.0.1.
+its final parameters, optimizer state and step to ``out_path`` for the parent to compare, its
+per-iteration records to ``commit_log`` and its Manager's event stream to ``events_dir``
+(``torchtitan_ft.events``). ``spawn_rank`` starts it from a preloaded forkserver
+(``mp_context``: the parent runs gRPC threads, so forking the parent itself would be unsafe).
+Everything binds 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -64,19 +66,24 @@ class WorkerConfig:
     training loss and the loss on a fixed evaluation batch."""
     auth_token: str | None = None
     """The job token, given to the Manager and the checkpoint transport."""
+    events_dir: str | None = None
+    """The Manager's event stream folder (its ``events_dir``); None: no stream."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+HOST = "127.0.0.1"
+"""Every server of the harness binds and advertises this address."""
 
-
-_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "torchtitan_ft.manager", "tests._mp"]
+_PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "torch.optim",
+    "torchtitan_ft.manager",
+    "torchtitan_ft.testing.mlp",
+]
 _context: Any = None
 
 
-def _mp_context() -> Any:
+def mp_context() -> Any:
     """A forkserver that has imported torch (and torch._dynamo, which every optimizer imports:
     ~3 s a process) once; workers fork from it cheaply. The server itself starts no threads,
     unlike the test process (gRPC), so forking from it is safe."""
@@ -90,7 +97,7 @@ def _mp_context() -> Any:
 def spawn_rank(cfg: WorkerConfig) -> mp.process.BaseProcess:
     # A baby process group starts a child, which a daemonic process may not do.
     daemon = cfg.process_group != "baby_gloo"
-    proc = _mp_context().Process(target=train_worker, args=(cfg,), daemon=daemon)
+    proc = mp_context().Process(target=train_worker, args=(cfg,), daemon=daemon)
     proc.start()
     return proc
 
@@ -151,6 +158,101 @@ def _log_iteration(
         f.write(json.dumps(record) + "\n")
 
 
+def ft_stack(
+    model: Any,
+    inner: Any,
+    *,
+    replica: int,
+    lighthouse_addr: str,
+    timeout_s: float,
+    quorum_timeout_s: float,
+    group_rank: int = 0,
+    group_world_size: int = 1,
+    store_port: int | None = None,
+    min_replica_size: int = 1,
+    world_size_mode: str = "DYNAMIC",
+    process_group: str = "gloo",
+    ddp: str = "bucketed",
+    bucket_cap_mb: float | None = None,
+    auth_token: str | None = None,
+    retry_inflight_allreduce: bool = False,
+    events_dir: str | None = None,
+    marks: dict[str, float] | None = None,
+) -> tuple[Any, Any, Any, Any]:
+    """(manager, pg, ddp, optim): the FT stack of one replica-group rank around ``model`` and
+    its optimizer ``inner``, everything on 127.0.0.1: a ``Manager`` (async quorum, replica id
+    ``replica_{replica}``, healing ``{"model", "optim"}`` over ``HTTPTransport``), the
+    cross-group process group, the DDP wrapper and ``OptimizerWrapper``. The harness's worker
+    and the benchmarks build theirs with it.
+
+    Args:
+        timeout_s: the Manager's, the process group's and the transport's timeout, seconds.
+        quorum_timeout_s: the Manager's ``quorum_timeout``, seconds.
+        store_port: the group's TCPStore port (needed when ``group_world_size > 1``).
+        world_size_mode: a ``WorldSizeMode`` name.
+        process_group: ``"gloo"`` (``ProcessGroupGloo``) or ``"baby_gloo"``
+            (``ProcessGroupBabyGloo``).
+        ddp: ``"bucketed"`` (``DistributedDataParallel``) or ``"pure"``
+            (``PureDistributedDataParallel``).
+        bucket_cap_mb: the bucketed wrapper's bucket size; None: its default.
+        auth_token, retry_inflight_allreduce, events_dir, min_replica_size: the Manager's.
+        marks: if given, gets the time the Manager was constructed (``"manager"``).
+    """
+    from torchtitan_ft.checkpoint import HTTPTransport
+    from torchtitan_ft.ddp import DistributedDataParallel, PureDistributedDataParallel
+    from torchtitan_ft.manager import Manager, WorldSizeMode
+    from torchtitan_ft.optim import OptimizerWrapper
+    from torchtitan_ft.process_group import ProcessGroupBabyGloo, ProcessGroupGloo
+
+    groups = {"gloo": ProcessGroupGloo, "baby_gloo": ProcessGroupBabyGloo}
+    if process_group not in groups:
+        raise ValueError(f"process_group must be one of {sorted(groups)}, got {process_group!r}")
+    if ddp not in ("bucketed", "pure"):
+        raise ValueError(f"ddp must be 'bucketed' or 'pure', got {ddp!r}")
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": inner.state_dict()}
+
+    def load_state_dict(sd: dict[str, Any]) -> None:
+        model.load_state_dict(sd["model"])
+        inner.load_state_dict(sd["optim"])
+
+    timeout = timedelta(seconds=timeout_s)
+    pg = groups[process_group](timeout=timeout)
+    manager = Manager(
+        pg=pg,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        min_replica_size=min_replica_size,
+        timeout=timeout,
+        quorum_timeout=timedelta(seconds=quorum_timeout_s),
+        connect_timeout=timeout,
+        rank=group_rank,
+        world_size=group_world_size,
+        world_size_mode=WorldSizeMode[world_size_mode],
+        store_addr=HOST,
+        store_port=store_port,
+        lighthouse_addr=lighthouse_addr,
+        replica_id=f"replica_{replica}",
+        hostname=HOST,
+        checkpoint_transport=HTTPTransport(
+            timeout=timeout, num_chunks=0, hostname=HOST, auth_token=auth_token
+        ),
+        auth_token=auth_token,
+        retry_inflight_allreduce=retry_inflight_allreduce,
+        events_dir=events_dir,
+    )
+    if marks is not None:
+        marks["manager"] = time.time()
+    if ddp == "pure":
+        wrapped = PureDistributedDataParallel(manager, model)
+    elif bucket_cap_mb is None:
+        wrapped = DistributedDataParallel(manager, model)
+    else:
+        wrapped = DistributedDataParallel(manager, model, bucket_cap_mb=bucket_cap_mb)
+    return manager, pg, wrapped, OptimizerWrapper(manager, inner)
+
+
 def train_worker(cfg: WorkerConfig) -> None:
     marks = {"start": time.time()}
     import logging
@@ -158,11 +260,12 @@ def train_worker(cfg: WorkerConfig) -> None:
     import torch
     from torch import nn
 
-    from torchtitan_ft.checkpoint import HTTPTransport
-    from torchtitan_ft.ddp import DistributedDataParallel, PureDistributedDataParallel
-    from torchtitan_ft.manager import Manager, WorldSizeMode
-    from torchtitan_ft.optim import OptimizerWrapper
-    from torchtitan_ft.process_group import ProcessGroupBabyGloo, ProcessGroupGloo
+    # imported here so that marks["imported"] times them (ft_stack uses them)
+    import torchtitan_ft.checkpoint
+    import torchtitan_ft.ddp
+    import torchtitan_ft.manager
+    import torchtitan_ft.optim
+    import torchtitan_ft.process_group  # noqa: F401
 
     marks["imported"] = time.time()
     logging.basicConfig(
@@ -173,39 +276,24 @@ def train_worker(cfg: WorkerConfig) -> None:
     torch.manual_seed(cfg.seed if cfg.seed is not None else 17 + cfg.replica)
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
     inner = torch.optim.Adam(model.parameters(), lr=0.01)
-
-    def state_dict() -> dict[str, Any]:
-        return {"model": model.state_dict(), "optim": inner.state_dict()}
-
-    def load_state_dict(sd: dict[str, Any]) -> None:
-        model.load_state_dict(sd["model"])
-        inner.load_state_dict(sd["optim"])
-
-    timeout = timedelta(seconds=cfg.timeout_s)
-    groups = {"gloo": ProcessGroupGloo, "baby_gloo": ProcessGroupBabyGloo}
-    pg = groups[cfg.process_group](timeout=timeout)
-    manager = Manager(
-        pg=pg,
-        load_state_dict=load_state_dict,
-        state_dict=state_dict,
-        min_replica_size=cfg.min_replica_size,
-        timeout=timeout,
-        quorum_timeout=timedelta(seconds=30),
-        connect_timeout=timeout,
-        rank=cfg.group_rank,
-        world_size=cfg.group_world_size,
-        world_size_mode=WorldSizeMode[cfg.world_size_mode],
-        store_addr="127.0.0.1",
-        store_port=cfg.store_port or None,
+    manager, pg, ddp, optim = ft_stack(
+        model,
+        inner,
+        replica=cfg.replica,
         lighthouse_addr=cfg.lighthouse_addr,
-        replica_id=f"replica_{cfg.replica}",
-        hostname="127.0.0.1",
-        checkpoint_transport=HTTPTransport(
-            timeout=timeout, num_chunks=0, hostname="127.0.0.1", auth_token=cfg.auth_token
-        ),
+        timeout_s=cfg.timeout_s,
+        quorum_timeout_s=30.0,
+        group_rank=cfg.group_rank,
+        group_world_size=cfg.group_world_size,
+        store_port=cfg.store_port or None,
+        min_replica_size=cfg.min_replica_size,
+        world_size_mode=cfg.world_size_mode,
+        process_group=cfg.process_group,
+        ddp=cfg.ddp,
         auth_token=cfg.auth_token,
+        events_dir=cfg.events_dir,
+        marks=marks,
     )
-    marks["manager"] = time.time()
     if cfg.fail_first_heal:
         transport = manager._checkpoint_transport
         # The Manager receives with recv_checkpoint_borrowed (HTTPTransport's reused buffer).
@@ -230,9 +318,6 @@ def train_worker(cfg: WorkerConfig) -> None:
 
         pg.allreduce = allreduce_then_die  # type: ignore[method-assign]
 
-    wrappers = {"bucketed": DistributedDataParallel, "pure": PureDistributedDataParallel}
-    ddp = wrappers[cfg.ddp](manager, model)
-    optim = OptimizerWrapper(manager, inner)
     commits: list[tuple[int, bool, int, bool, float]] = []
     for _ in range(cfg.max_iterations):
         optim.zero_grad()

@@ -1,7 +1,7 @@
-"""Chaos helpers: a lighthouse as a killable subprocess, and invariants over per-step logs.
+"""Chaos invariants over per-step logs of the tiny-MLP harness.
 
-Workers (``tests._mp.train_worker`` with ``commit_log``) append one JSON line per iteration;
-the functions below read those lines back and check, as pure functions of the records:
+Workers (``torchtitan_ft.testing.mlp.train_worker`` with ``commit_log``) append one JSON line per
+iteration; the functions below read those lines back and check, as pure functions of the records:
 
 * ``state_divergence``: replica groups that committed the same step hold bitwise-identical
   parameters and optimizer state;
@@ -16,17 +16,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 
 @dataclass(frozen=True)
@@ -133,71 +126,3 @@ def longest_gap(progress: list[tuple[float, int]], start: float, end: float) -> 
     """Longest time without a new committed step within [start, end]."""
     times = [start, *(t for t, _ in progress if start < t < end), end]
     return max(b - a for a, b in itertools.pairwise(times))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LighthouseProcess:
-    """``python -m torchtitan_ft.lighthouse.cli`` on a fixed 127.0.0.1 port, restartable."""
-
-    def __init__(
-        self,
-        min_replicas: int,
-        *,
-        port: int | None = None,
-        join_timeout_ms: int = 1000,
-        heartbeat_timeout_ms: int = 1000,
-        quorum_tick_ms: int = 50,
-        log: IO[str] | None = None,
-    ) -> None:
-        self.port = port or free_port()
-        self.args = [
-            sys.executable,
-            "-m",
-            "torchtitan_ft.lighthouse.cli",
-            f"--bind=127.0.0.1:{self.port}",
-            f"--min_replicas={min_replicas}",
-            f"--join_timeout_ms={join_timeout_ms}",
-            f"--heartbeat_timeout_ms={heartbeat_timeout_ms}",
-            f"--quorum_tick_ms={quorum_tick_ms}",
-            "--status_bind=off",
-        ]
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def address(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 30.0) -> None:
-        self.proc = subprocess.Popen(
-            self.args, stdout=self.log or subprocess.DEVNULL, stderr=subprocess.STDOUT
-        )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"lighthouse exited with {self.proc.returncode}: {self.args}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError(f"lighthouse not listening on port {self.port} after {timeout_s}s")
-
-    def kill(self) -> None:
-        """SIGKILL (no goodbye to clients), by pid."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.kill()

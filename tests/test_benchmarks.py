@@ -1,0 +1,74 @@
+"""Smoke tests of the benchmarks that run the shared worker harness
+(``torchtitan_ft.testing.processes.Worker``): each at its smallest setting prints the JSON its
+docstring describes. Timings are not checked (docs/performance.md has the measured ones)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _benchmark(module: str, *args: str, timeout: float) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout)
+
+
+@pytest.mark.timeout(180)
+def test_recovery_prints_stall_and_replacement() -> None:
+    """Once it crashed at once: ``'Proc' object has no attribute 'q'``, draining the victim's
+    messages after the kill."""
+    out = _benchmark(
+        "benchmarks.recovery",
+        *("--sizes-mb", "1", "--kinds", "cold", "--impls", "ours", "--repeats", "1"),
+        *("--steady", "2"),
+        timeout=150,
+    )
+    assert out["failed_runs"] == []
+    assert {"command", "machine", "setup", "targets", "sizes", "wall_s"} <= out.keys()
+    (size,) = out["sizes"]
+    assert size["size_mb"] == 1.0
+    (run,) = size["runs"]["ours"]
+    assert run["stalls"][0]["stall_s"] >= 0  # rounded to ms: 0.0 when the kill hit between steps
+    assert run["replacements"][0]["kind"] == "cold"
+    assert "stall_s_median" in size["summary"]["ours"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_inflight_prints_both_settings() -> None:
+    out = _benchmark(
+        "benchmarks.inflight", "--size-mb", "1", "--trials", "1", "--steady", "2", timeout=210
+    )
+    assert {"command", "machine", "setup", "size_mb", "summary", "trials"} <= out.keys()
+    assert {"on", "off", "stall_on_over_off"} <= out["summary"].keys()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_manager_step_prints_the_ratio() -> None:
+    out = _benchmark(
+        "benchmarks.manager_step",
+        *("--sizes-mb", "1", "--rounds", "1", "--steps", "2", "--warmup", "1"),
+        timeout=210,
+    )
+    assert {"command", "machine", "setup", "sizes", "wall_s"} <= out.keys()
+    (size,) = out["sizes"]
+    assert size["ratio_ft_over_faster_baseline"] > 0

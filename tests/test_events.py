@@ -1,0 +1,123 @@
+"""The event stream's record, writer and reader (torchtitan_ft/events.py), without a Manager;
+tests/manager/test_manager.py checks what a Manager writes."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from torchtitan_ft.events import (
+    EVENTS_DIR_ENV,
+    Event,
+    EventKind,
+    EventWriter,
+    HealOutcome,
+    Role,
+    events_file,
+    open_event_writer,
+    parse_events,
+    quorum_role,
+    read_events,
+)
+
+
+def test_writer_appends_one_json_object_per_line(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "a.jsonl"
+    step = [3]
+    writer = EventWriter(path, "replica_1:uuid", 2, lambda: step[0])
+    writer.emit(EventKind.HEAL_END, outcome=HealOutcome.APPLIED, seconds=0.5, bytes=16, error="")
+    step[0] = 4
+    writer.emit(EventKind.COMMIT, participants=2)
+    writer.close()
+    lines = path.read_text().splitlines()
+    first = json.loads(lines[0])
+    assert list(first)[:5] == ["time", "kind", "replica_id", "group_rank", "step"]
+    assert first["kind"] == "heal_end" and first["outcome"] == "applied"  # enums as values
+    assert (first["replica_id"], first["group_rank"], first["step"]) == ("replica_1:uuid", 2, 3)
+    events = read_events(path)
+    assert [e.kind for e in events] == [EventKind.HEAL_END, EventKind.COMMIT]
+    assert events[1].step == 4 and events[1]["participants"] == 2
+    assert events[0].replica_name == "replica_1"
+    writer.emit(EventKind.COMMIT, participants=2)  # after close: nothing, no error
+    assert len(path.read_text().splitlines()) == 2
+
+
+def test_disabled_writer_writes_nothing(tmp_path: Path) -> None:
+    writer = open_event_writer(None, {}, "r", 0, lambda: 0)
+    assert not writer.enabled and writer.path is None
+    writer.emit(EventKind.COMMIT, participants=1)
+    assert not open_event_writer(None, {EVENTS_DIR_ENV: ""}, "r", 0, lambda: 0).enabled
+
+
+def test_argument_beats_env_and_file_per_rank(tmp_path: Path) -> None:
+    env = {EVENTS_DIR_ENV: str(tmp_path / "env")}
+    from_env = open_event_writer(None, env, "train_0:ab/cd", 1, lambda: 0)
+    assert from_env.path == tmp_path / "env" / "train_0_ab_cd.r1.jsonl"
+    from_arg = open_event_writer(tmp_path / "arg", env, "train_0:ab", 0, lambda: 0)
+    assert from_arg.path == events_file(tmp_path / "arg", "train_0:ab", 0)
+    from_env.close()
+    from_arg.close()
+
+
+def test_reader_skips_torn_and_foreign_lines_and_reads_folders(tmp_path: Path) -> None:
+    a = EventWriter(tmp_path / "a.jsonl", "a:1", 0, lambda: 0)
+    b = EventWriter(tmp_path / "nested" / "b.jsonl", "b:1", 0, lambda: 0)
+    a.emit(EventKind.START, pid=1, group_world_size=1)
+    b.emit(EventKind.START, pid=2, group_world_size=1)
+    a.emit(EventKind.FAULT, error="RuntimeError", message="x", collective=False)
+    a.close()
+    b.close()
+    with open(tmp_path / "a.jsonl", "a") as f:
+        f.write('{"time": 1.0, "kind": "commit"\n')  # torn by a SIGKILL
+    assert len(parse_events(['{"not": "an event"}', "[]", "", '{"time": 1'])) == 0
+    events = read_events(tmp_path)
+    assert [e.replica_id for e in events] == ["a:1", "b:1", "a:1"]  # time-ordered
+    assert read_events(tmp_path / "missing") == []
+
+
+def test_unknown_kind_is_not_an_event() -> None:
+    line = json.dumps({"time": 0, "kind": "nope", "replica_id": "", "group_rank": 0, "step": 0})
+    with pytest.raises(ValueError):
+        Event.from_json(line)
+
+
+def test_concurrent_writers_never_interleave_lines(tmp_path: Path) -> None:
+    writer = EventWriter(tmp_path / "t.jsonl", "r", 0, lambda: 0)
+
+    def write() -> None:
+        for i in range(200):
+            writer.emit(EventKind.FAULT, error="E", message="m" * 500 + str(i), collective=True)
+
+    threads = [threading.Thread(target=write) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    writer.close()
+    assert len(read_events(tmp_path / "t.jsonl")) == 800
+
+
+def test_a_failing_write_ends_the_stream_not_training(tmp_path: Path) -> None:
+    writer = EventWriter(tmp_path / "full.jsonl", "r", 0, lambda: 0)
+
+    class FullDisk:
+        def write(self, line: str) -> None:
+            raise OSError(28, "No space left on device")
+
+        def close(self) -> None:
+            pass
+
+    writer._file = FullDisk()  # type: ignore[assignment]
+    writer.emit(EventKind.COMMIT, participants=1)  # logged, not raised
+    assert not writer.enabled
+    writer.emit(EventKind.COMMIT, participants=1)
+
+
+def test_quorum_role() -> None:
+    assert quorum_role(0, healing=False) is Role.PARTICIPANT
+    assert quorum_role(None, healing=False) is Role.SPARE
+    assert quorum_role(None, healing=True) is Role.HEALING
+    assert quorum_role(1, healing=True) is Role.HEALING  # a sync quorum's healer participates
