@@ -13,9 +13,14 @@ import sys
 from torchtitan_ft.lighthouse import LighthouseServer
 
 
-def run_locally(script: str, groups: int, min_replicas: int = 1) -> None:
-    """Starts ``groups`` replica groups of ``script`` beside a local lighthouse and waits."""
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=min_replicas)
+def run_locally(script: str, groups: int) -> None:
+    """Starts ``groups`` replica groups of ``script`` beside a local lighthouse and waits.
+
+    The lighthouse issues no quorum until all ``groups`` have asked (``min_replicas``), so the
+    groups train together from the first step: a small model trains so fast that a group
+    started a moment earlier would otherwise finish alone before the other one has started.
+    """
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=groups)
     print(f"lighthouse at {lighthouse.address()}; starting {groups} replica groups", flush=True)
     procs = [
         subprocess.Popen(

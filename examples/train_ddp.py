@@ -5,9 +5,10 @@
 
 starts a lighthouse and two replica groups on this machine and trains both for ``STEPS`` steps;
 each group prints its summary, and the job checks that the groups end bitwise identical.
-Kill one group's process mid-run (``kill -9``) and the other keeps training alone.
 
-Running the groups yourself, e.g. on two machines (same commands, another REPLICA_GROUP_ID):
+Running the groups yourself, e.g. on two machines (same commands, another REPLICA_GROUP_ID).
+With ``--min_replicas 1`` a group keeps training while the other is down, and one that starts
+or restarts later heals from it:
 
     torchft_lighthouse --min_replicas 1 --bind 0.0.0.0:29510
     REPLICA_GROUP_ID=0 TORCHFT_LIGHTHOUSE=http://LIGHTHOUSE_HOST:29510 python examples/train_ddp.py
