@@ -269,6 +269,22 @@ def test_a_restarted_rank_takes_its_rank_over_after_the_grace(group, token) -> N
         old.close()
 
 
+def test_two_ranks_restarted_at_once_take_their_ranks_over(group) -> None:
+    """Each restarted rank's held call counts as "called" for the other's grace, so neither
+    waits for the other's old client."""
+    g = group(world_size=3, rebind_grace=timedelta(milliseconds=300))
+    g.quorum(step=1)
+    old = g.ranks[1:]
+    g.ranks[1:] = [g.client(None), g.client(None)]
+    try:
+        assert [r.max_step for r in g.quorum(step=2)] == [2, 2, 2]
+        assert [g.ranks[0]._checkpoint_metadata(r, T) for r in (1, 2)] == ["real-1-2", "real-2-2"]
+        assert g.commit(2, True, True, True) == [True, True, True]
+    finally:
+        for client in old:
+            client.close()
+
+
 def test_a_client_that_reconnects_keeps_its_rank_by_its_session(group) -> None:
     """The rank's client on a new connection (here a new client given the old one's sessions,
     as a channel that reconnects keeps them) votes at once and joins the next quorum without

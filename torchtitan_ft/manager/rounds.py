@@ -65,7 +65,7 @@ REBIND_GRACE_S = 5.0
 """The default ``rebind_grace`` (see ``GroupRounds``)."""
 
 
-def new_session() -> str:
+def random_session() -> str:
     """A fresh random session (192 bits)."""
     return secrets.token_urlsafe(24)
 
@@ -232,7 +232,7 @@ class GroupRounds:
     Args:
         rebind_grace: seconds a held call waits, once every rank of the group has called,
             for the rank's holder before it takes the rank over.
-        new_session: makes each new session (``new_session``: random).
+        new_session: makes each new session (default ``random_session``).
     """
 
     def __init__(
@@ -240,7 +240,7 @@ class GroupRounds:
         replica_id: str,
         world_size: int,
         rebind_grace: float = REBIND_GRACE_S,
-        new_session: Callable[[], str] = new_session,
+        new_session: Callable[[], str] = random_session,
     ) -> None:
         if rebind_grace < 0:
             raise ValueError(f"rebind_grace must be >= 0 seconds, got {rebind_grace}")

@@ -91,8 +91,9 @@ GUARDED_METHODS = ("Quorum", "ShouldCommit", "CheckpointMetadata", "Kill")
 """What needs the job token when one is set: everything the service has."""
 _IDLE_CONNECTION_MS = 60 * 60 * 1000
 """A connection with no call for an hour is closed. Much longer than the lighthouse's 30 s: a
-rank's vote must come on the connection of its Quorum call (see the module doc), and between
-the two lies a whole step, so the server must not close it in between."""
+torchft client's vote must come on the connection of its Quorum call (ours also presents its
+session; see the module doc), and between the two lies a whole step, so the server must not
+close it in between."""
 
 
 class AddressInUseError(RuntimeError):
@@ -440,7 +441,8 @@ class ManagerServer:
                 self._changed()
                 raise
             decision = self._rounds.retry(call, held.round, time.monotonic())
-            self._changed()
+            if not isinstance(decision, Held):  # counted (or refused): the round changed
+                self._changed()
         if isinstance(decision, Refused):
             await self._refuse(context, "join the quorum", group_rank, decision)
         if held is not None:
