@@ -3,9 +3,10 @@ and the job unharmed.
 
 The attacks of issue 15 that concern the ManagerServer: a forged ``ShouldCommit`` vote in a
 group rank's name (attack 1), a forged ``Quorum`` call rewriting where healers fetch a rank's
-state (attack 2), calls without the job token, and malformed requests. The group's ranks are
-``ManagerClient``s, one per rank as in a job (each holds its own connection); the stranger is
-one more client, or raw bytes on a channel of its own.
+state (attack 2, and issue 20's N1: between two rounds), calls without the job token, and
+malformed requests; and the ways back that a rank's own process keeps (a reconnect, a
+restart). The group's ranks are ``ManagerClient``s, one per rank as in a job (each holds its
+own connection); the stranger is one more client, or raw bytes on a channel of its own.
 """
 
 from __future__ import annotations
@@ -34,12 +35,21 @@ T = timedelta(seconds=10)
 """Deadline of every call that should succeed: far beyond what one costs on a busy machine."""
 SERVICE = "/torchft.ManagerService"
 EVIL = "http://stranger.example:1/checkpoint"
+GRACE = timedelta(seconds=5)
+"""The servers' ``rebind_grace`` unless a test says otherwise: far beyond the spread of the
+real ranks' calls on a busy machine, and below ``T``."""
 
 
 class Group:
     """One replica group's ManagerServer and one ``ManagerClient`` per group rank."""
 
-    def __init__(self, lighthouse: LighthouseServer, world_size: int, token: str | None) -> None:
+    def __init__(
+        self,
+        lighthouse: LighthouseServer,
+        world_size: int,
+        token: str | None,
+        rebind_grace: timedelta,
+    ) -> None:
         self.token = token
         self.server = ManagerServer(
             "group",
@@ -51,6 +61,7 @@ class Group:
             heartbeat_interval=timedelta(milliseconds=100),
             connect_timeout=T,
             auth_token=token,
+            rebind_grace=rebind_grace,
         )
         self.ranks = [self.client(token) for _ in range(world_size)]
 
@@ -101,6 +112,15 @@ def _waiting_ranks(server: ManagerServer) -> list[int]:
     return asyncio.run_coroutine_threadsafe(read(), server._loop).result(timeout=5)
 
 
+def _held_ranks(server: ManagerServer) -> list[int]:
+    """The group ranks the server's current quorum round holds calls for (read on its loop)."""
+
+    async def read() -> list[int]:
+        return server._rounds.holding()
+
+    return asyncio.run_coroutine_threadsafe(read(), server._loop).result(timeout=5)
+
+
 def _wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -125,8 +145,10 @@ def lighthouse() -> Iterator[LighthouseServer]:
 def group(lighthouse) -> Iterator[Callable[..., Group]]:
     groups: list[Group] = []
 
-    def make(world_size: int = 2, token: str | None = None) -> Group:
-        groups.append(Group(lighthouse, world_size, token))
+    def make(
+        world_size: int = 2, token: str | None = None, rebind_grace: timedelta = GRACE
+    ) -> Group:
+        groups.append(Group(lighthouse, world_size, token, rebind_grace))
         return groups[-1]
 
     yield make
@@ -220,17 +242,65 @@ def test_forged_vote_is_refused_and_the_real_vote_counts(group, token) -> None:
     assert g.commit(1, True, True) == [True, True]
 
 
-def test_a_rank_that_reconnects_is_refused_until_its_next_quorum(group) -> None:
-    """The binding is per connection: a rank's new client (a new connection) votes again once
-    it has joined a quorum through it."""
-    g = group()
+@pytest.mark.parametrize("token", [None, TOKEN])
+def test_a_restarted_rank_takes_its_rank_over_after_the_grace(group, token) -> None:
+    """A restarted process (a new client: a new connection and no session) cannot vote for
+    its rank at once; its Quorum call takes the rank over once the rest of the group has joined
+    and the grace has passed, with its own checkpoint metadata, and the old client's session
+    is dead."""
+    grace = timedelta(milliseconds=500)
+    g = group(token=token, rebind_grace=grace)
     g.quorum(step=1)
+    old, g.ranks[1] = g.ranks[1], g.client(token)
+    try:
+        with pytest.raises(RuntimeError, match=r"PERMISSION_DENIED.*process restarted"):
+            g.ranks[1].should_commit(1, 1, True, timedelta(seconds=1))
+        start = time.monotonic()
+        assert [r.max_step for r in g.quorum(step=2)] == [2, 2]
+        assert time.monotonic() - start >= grace.total_seconds()
+        assert g.ranks[0]._checkpoint_metadata(1, T) == "real-1-2"
+        with pytest.raises(RuntimeError, match="PERMISSION_DENIED"):
+            old.should_commit(1, 2, True, timedelta(seconds=1))
+        assert g.commit(2, True, True) == [True, True]
+        # The new client holds the rank now: its next quorum waits for no grace.
+        assert [r.max_step for r in g.quorum(step=3)] == [3, 3]
+        assert g.commit(3, True, True) == [True, True]
+    finally:
+        old.close()
+
+
+def test_two_ranks_restarted_at_once_take_their_ranks_over(group) -> None:
+    """Each restarted rank's held call counts as "called" for the other's grace, so neither
+    waits for the other's old client."""
+    g = group(world_size=3, rebind_grace=timedelta(milliseconds=300))
+    g.quorum(step=1)
+    old = g.ranks[1:]
+    g.ranks[1:] = [g.client(None), g.client(None)]
+    try:
+        assert [r.max_step for r in g.quorum(step=2)] == [2, 2, 2]
+        assert [g.ranks[0]._checkpoint_metadata(r, T) for r in (1, 2)] == ["real-1-2", "real-2-2"]
+        assert g.commit(2, True, True, True) == [True, True, True]
+    finally:
+        for client in old:
+            client.close()
+
+
+def test_a_client_that_reconnects_keeps_its_rank_by_its_session(group) -> None:
+    """The rank's client on a new connection (here a new client given the old one's sessions,
+    as a channel that reconnects keeps them) votes at once and joins the next quorum without
+    waiting for the grace."""
+    grace = timedelta(seconds=8)
+    g = group(rebind_grace=grace)
+    g.quorum(step=1)
+    reconnected = g.client(None)
+    reconnected._sessions = dict(g.ranks[1]._sessions)
     g.ranks[1].close()
-    g.ranks[1] = g.client(None)
-    with pytest.raises(RuntimeError, match=r"PERMISSION_DENIED.*rank reconnected"):
-        g.ranks[1].should_commit(1, 1, True, timedelta(seconds=1))
-    g.quorum(step=1)
+    g.ranks[1] = reconnected
     assert g.commit(1, True, True) == [True, True]
+    start = time.monotonic()
+    assert [r.max_step for r in g.quorum(step=2)] == [2, 2]
+    assert time.monotonic() - start < grace.total_seconds()
+    assert g.ranks[0]._checkpoint_metadata(1, T) == "real-1-2"
 
 
 # -------------------------------------------------------------- attack 2: a forged quorum
@@ -275,6 +345,37 @@ def test_forged_quorum_beside_the_real_rank_is_refused(group, token) -> None:
         finally:
             stranger.close()
     assert g.ranks[0]._checkpoint_metadata(1, T) == "real-1-2"
+    assert g.commit(2, True, True) == [True, True]
+
+
+@pytest.mark.parametrize("token", [None, TOKEN])
+def test_forged_quorum_between_rounds_is_held_and_refused(group, token) -> None:
+    """Issue 20's N1: after a round, a stranger on a new connection joins as rank 1, with its
+    own checkpoint metadata, before the real rank 1 asks for the next round. It is held, not
+    counted: the round waits for the real rank 1 and completes with it, the stranger is
+    refused, healers still fetch from the real rank, and the stranger's vote does not count."""
+    g = group(token=token)
+    g.quorum(step=1)
+    stranger = g.client(token)
+    with futures.ThreadPoolExecutor(3) as pool:
+        try:
+            forged = pool.submit(_ask, stranger, 1, 2, EVIL)
+            _wait_until(lambda: 1 in _waiting_ranks(g.server) + _held_ranks(g.server))
+            rank0 = pool.submit(_ask, g.ranks[0], 0, 2, "real-0-2")
+            with pytest.raises(futures.TimeoutError):  # the round waits for the real rank 1
+                rank0.result(timeout=0.5)
+            rank1 = pool.submit(_ask, g.ranks[1], 1, 2, "real-1-2")
+            assert [rank0.result(timeout=30).max_step, rank1.result(timeout=30).max_step] == [2, 2]
+            with pytest.raises(RuntimeError, match="PERMISSION_DENIED") as refused:
+                forged.result(timeout=30)
+            assert "join the quorum as group rank 1 of replica 'group' refused" in str(
+                refused.value
+            )
+            assert g.ranks[0]._checkpoint_metadata(1, T) == "real-1-2"
+            with pytest.raises(RuntimeError, match="PERMISSION_DENIED"):
+                stranger.should_commit(1, 2, True, T)
+        finally:
+            stranger.close()
     assert g.commit(2, True, True) == [True, True]
 
 

@@ -13,6 +13,7 @@ import grpc
 from torchtitan_ft.auth import grpc_metadata, resolve_token
 from torchtitan_ft.lighthouse.client import CHANNEL_OPTIONS, grpc_target
 from torchtitan_ft.manager.decisions import QuorumResult
+from torchtitan_ft.manager.rounds import NEW_SESSION, SESSION_METADATA
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
 
@@ -55,8 +56,12 @@ class ManagerClient:
             rank uses the ``auth_token`` its ``Manager`` resolved, the same one the group's
             ManagerServer checks.
 
-    A server binds each group rank to the connection of its Quorum call, and this client holds
-    one connection: make a rank's ``_quorum`` and ``should_commit`` calls through one client.
+    A server binds each group rank to the client of its Quorum call: to its connection, and to
+    the session the server returns with the first answer, which this client keeps and presents
+    on the rank's later ``_quorum`` and ``should_commit`` calls (so the rank keeps its binding
+    when the channel reconnects). Make a rank's calls through one client; a new client (a
+    restarted process) takes the rank back only when the rank's old client has stopped
+    asking (``ManagerServer``'s ``rebind_grace``).
 
     Raises:
         TimeoutError: the server was not reachable within ``connect_timeout``.
@@ -70,6 +75,8 @@ class ManagerClient:
         self._addr = addr
         self._connect_timeout = connect_timeout
         self._metadata = list(grpc_metadata(auth_token))
+        self._sessions: dict[int, str] = {}
+        """group rank -> the session the server gave it."""
         self._channel = grpc.insecure_channel(grpc_target(addr), options=_OPTIONS)
         self._stub = pb_grpc.ManagerServiceStub(self._channel)
         try:
@@ -102,10 +109,17 @@ class ManagerClient:
             init_sync=init_sync,
             commit_failures=commit_failures,
         )
+        session = self._sessions.get(group_rank, NEW_SESSION)
+        metadata = [*self._metadata, (SESSION_METADATA, session)]
         try:
-            response = self._call("Quorum", self._stub.Quorum, request, timeout)
+            response, call = self._call(
+                "Quorum", self._stub.Quorum.with_call, request, timeout, metadata
+            )
         except TimeoutError as e:
             raise QuorumTimeoutError(str(e)) from None
+        for key, value in call.trailing_metadata() or ():
+            if key == SESSION_METADATA:
+                self._sessions[group_rank] = value
         return QuorumResult.from_proto(response)
 
     def _checkpoint_metadata(self, rank: int, timeout: timedelta) -> str:
@@ -121,7 +135,10 @@ class ManagerClient:
         request = pb.ShouldCommitRequest(
             should_commit=should_commit, group_rank=group_rank, step=step
         )
-        response = self._call("ShouldCommit", self._stub.ShouldCommit, request, timeout)
+        metadata = self._metadata
+        if (session := self._sessions.get(group_rank)) is not None:
+            metadata = [*metadata, (SESSION_METADATA, session)]
+        response = self._call("ShouldCommit", self._stub.ShouldCommit, request, timeout, metadata)
         return response.should_commit
 
     def kill(

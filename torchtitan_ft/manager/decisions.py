@@ -172,21 +172,17 @@ def _must_recover(
 
 
 def impostor_refusal(
-    action: str, replica_id: str, group_rank: int, bound_peer: str | None, peer: str
-) -> str | None:
-    """Why a call from connection ``peer`` may not ``action`` as ``group_rank``, or None.
-
-    ``bound_peer`` is the connection the rank is bound to (None: not bound yet, anyone may):
-    for a vote, the connection of the rank's last successful Quorum call; for a Quorum call,
-    the connection of a call already waiting in the same round as that rank.
-    """
-    if bound_peer is None or bound_peer == peer:
-        return None
+    action: str, replica_id: str, group_rank: int, bound_peer: str, peer: str
+) -> str:
+    """Why a call from connection ``peer`` may not ``action`` as ``group_rank``, a rank bound
+    to the connection ``bound_peer`` (``rounds.Record.matches`` decides that it may not)."""
     return (
         f"{action} as group rank {group_rank} of replica {replica_id!r} refused: that rank is "
-        f"bound to the connection {bound_peer} (its Quorum call), and this call came from "
-        f"{peer}; only the rank's own client may {action} for it (another process is using "
-        "this group rank, or the rank reconnected between its Quorum and this call)"
+        f"bound to the connection {bound_peer} of its Quorum call and to the session its "
+        f"client got there, and this call came from {peer} without that session; only the "
+        f"rank's own client may {action} for it (another process is using this group rank, or "
+        "the rank's process restarted: a new process takes the rank over with its next Quorum "
+        "call, once the rest of the group has joined and the grace has passed)"
     )
 
 

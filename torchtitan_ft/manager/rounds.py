@@ -3,42 +3,71 @@
 ``GroupRounds`` holds everything the server remembers between calls: the quorum round the
 group's ranks are joining, the quorum rounds the lighthouse is deciding, the commit rounds (one
 per step) the ranks are voting in, and what each rank's last quorum left behind (its checkpoint
-metadata, and the connection it is bound to). The server feeds each call into it and acts on
-the decision it gets back: every decision is made and applied in one synchronous method, so no
-other call can change a round half-way through.
+metadata, the connection of its call, and its session). The server feeds each call into it,
+with the current time where a rule needs one, and acts on the decision it gets back: every
+decision is made and applied in one synchronous method, so no other call can change a round
+half-way through.
 
-The rules (docs/operations.md, "Security", for why a rank is bound to a connection):
+The rules (docs/operations.md, "Security", for why a rank is bound to its client):
 
+- **Who a call is.** A call *matches* a rank's record if it comes from the record's connection
+  or presents the record's session. A session is a random secret the rank's client receives
+  when its first quorum round succeeds and presents on every later call, so it survives a
+  reconnect; torchft's client takes none (it presents no session at all), so it is bound to its
+  connection alone.
 - **Quorum round.** ``join`` counts one call per group rank. A second call for a rank already
-  waiting is refused (``Refused``) unless it comes from the same connection, where it replaces
-  the first (a client's retry). The call that makes the round full gets ``Ask``: the server asks
-  the lighthouse once for the whole group (the highest step, shrink-only if any rank asks, the
-  most commit failures), and a new round opens for the next calls. Every other call gets
-  ``Waiting``. A call that gives up before its round is full is taken back (``withdraw``), so
-  the round no longer counts it; once full, a round cannot lose a rank.
+  counted is refused (``Refused``) unless it comes from the same client (connection, or a
+  session it presented), where it replaces the first (a client's retry). A call for a recorded
+  rank that does not match the record is *held* (``Held``), not counted: if the rank's holder
+  joins the round, the held call is refused (``retry``). Only once every rank of the group has
+  called (counted or held) and ``rebind_grace`` seconds have passed without the holder does the
+  earliest held call for the rank *take it over* (a restarted process: a new connection and no
+  session): it is counted, and if the round succeeds it gets the record and a new session. The
+  call that makes the round full gets ``Ask``: the server asks the lighthouse once for the
+  whole group (the highest step, shrink-only if any rank asks, the most commit failures), and
+  a new round opens for the next calls. Every other counted call gets ``Waiting``. A call that
+  gives up before its round is full is taken back (``withdraw``), so the round no longer counts
+  or holds it; once full, a round cannot lose a rank.
 - **Finishing a quorum round.** ``finish_quorum`` names the ranks whose answer succeeded: their
-  checkpoint metadata and connection are recorded at that moment, before any waiting call is
-  answered. A failed round, a failed rank and a replaced call record nothing, so a stray call
-  never rewrites where healers fetch from.
+  checkpoint metadata, connection and session are recorded at that moment, before any waiting
+  call is answered. A call that presented its rank's session keeps it; any other call that
+  takes sessions gets a new one, and the old one is dead. A failed round, a failed rank and a
+  replaced call record nothing, so a stray call never rewrites where healers fetch from.
 - **Checkpoint metadata.** ``checkpoint_metadata`` answers with the rank's record. A rank with no
   record yet that is in a round the lighthouse is deciding makes the caller wait for that round
   (``Waiting``): a healer that got the quorum before this group's server did asks here first.
   Otherwise the answer is ``Unknown``.
-- **Commit round.** ``vote`` is refused from any connection but the one the rank's record is
-  bound to (a rank with no record is bound to none). A rank's "no" sticks if it votes again in
-  the same round. The vote that makes the round full gets ``Decided``: the AND of all votes.
-  ``withdraw_vote`` takes back the vote of a call that gave up before the round was full.
+- **Commit round.** ``vote`` is refused unless it matches the rank's record (a rank with no
+  record matches any call). A rank's "no" sticks if it votes again in the same round. The vote
+  that makes the round full gets ``Decided``: the AND of all votes. ``withdraw_vote`` takes back
+  the vote of a call that gave up before the round was full.
 
 Tested by hand-built tables in ``tests/manager/test_rounds.py``.
 """
 
 from __future__ import annotations
 
+import hmac
 import itertools
-from collections.abc import Collection, Mapping
+import secrets
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from torchtitan_ft.manager.decisions import impostor_refusal
+
+SESSION_METADATA = "torchtitan-ft-session"
+"""The gRPC metadata key of a rank's session: sent by the ManagerServer in a Quorum answer's
+trailing metadata, presented by the rank's ``ManagerClient`` on its Quorum and ShouldCommit
+calls. torchft's client neither reads nor sends it."""
+NEW_SESSION = "new"
+"""What a client that takes sessions presents before it has one (never a session itself)."""
+REBIND_GRACE_S = 5.0
+"""The default ``rebind_grace`` (see ``GroupRounds``)."""
+
+
+def random_session() -> str:
+    """A fresh random session (192 bits)."""
+    return secrets.token_urlsafe(24)
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,6 +77,9 @@ class Joined:
     group_rank: int
     peer: str
     """The call's connection (gRPC's ``context.peer()``)."""
+    session: str | None
+    """The session it presented: ``NEW_SESSION`` from a client that has none yet, None from a
+    client that takes none (torchft's)."""
     step: int
     shrink_only: bool
     commit_failures: int
@@ -66,6 +98,8 @@ class Ballot:
     should_commit: bool
     peer: str
     """The call's connection (gRPC's ``context.peer()``)."""
+    session: str | None = None
+    """The session it presented, if any."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +108,24 @@ class Record:
 
     checkpoint_metadata: str
     peer: str
-    """The connection of its Quorum call; its votes must come from it too."""
+    """The connection of its Quorum call."""
+    session: str | None = None
+    """The rank's session; None if its client takes none (it is then bound to ``peer``)."""
+
+    def matches(self, peer: str, session: str | None) -> bool:
+        """Whether a call from connection ``peer`` presenting ``session`` is this rank's."""
+        return peer == self.peer or _same_session(self.session, session)
+
+
+def _same_session(a: str | None, b: str | None) -> bool:
+    if a is None or b is None or NEW_SESSION in (a, b):
+        return False
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def _same_client(a: Joined, b: Joined) -> bool:
+    """Whether two Quorum calls come from one client (a retry): one connection or session."""
+    return a.peer == b.peer or _same_session(a.session, b.session)
 
 
 # ------------------------------------------------------------------------------ decisions
@@ -87,6 +138,19 @@ class Refused:
     reason: str
     bound_peer: str
     """The connection the rank is bound to."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """The call is for a rank recorded to another client: it is not counted. Call ``retry``
+    at ``until``, or sooner when the forming round changes (a call joins or gives up)."""
+
+    round: int
+    until: float | None
+    """When it takes the rank over if the holder has not joined by then; None: not every rank
+    of the group has called yet, so the grace has not started."""
+    bound_peer: str
+    """The connection of the rank's record."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +209,13 @@ class Unknown:
 class _QuorumRound:
     number: int
     calls: dict[int, Joined] = field(default_factory=dict)
+    held: list[Joined] = field(default_factory=list)
+    """Calls for recorded ranks that do not match the record, in the order they came."""
+    complete_since: float | None = None
+    """Since when every rank of the group has a call here, counted or held (None: not yet)."""
+
+    def complete(self, world_size: int) -> bool:
+        return len(self.calls.keys() | {call.group_rank for call in self.held}) == world_size
 
 
 @dataclass
@@ -156,11 +227,27 @@ class _CommitRound:
 
 class GroupRounds:
     """The quorum and commit rounds of one replica group's ``world_size`` ranks (see the
-    module doc). ``replica_id`` only names the group in reasons."""
+    module doc). ``replica_id`` only names the group in reasons.
 
-    def __init__(self, replica_id: str, world_size: int) -> None:
+    Args:
+        rebind_grace: seconds a held call waits, once every rank of the group has called,
+            for the rank's holder before it takes the rank over.
+        new_session: makes each new session (default ``random_session``).
+    """
+
+    def __init__(
+        self,
+        replica_id: str,
+        world_size: int,
+        rebind_grace: float = REBIND_GRACE_S,
+        new_session: Callable[[], str] = random_session,
+    ) -> None:
+        if rebind_grace < 0:
+            raise ValueError(f"rebind_grace must be >= 0 seconds, got {rebind_grace}")
         self._replica_id = replica_id
         self._world_size = world_size
+        self._rebind_grace = rebind_grace
+        self._new_session = new_session
         self._numbers = itertools.count()
         self._forming = _QuorumRound(next(self._numbers))
         self._asked: dict[int, _QuorumRound] = {}
@@ -172,14 +259,46 @@ class GroupRounds:
 
     # ---------------------------------------------------------------------------- quorum
 
-    def join(self, call: Joined) -> Refused | Waiting | Ask:
-        """Counts ``call`` in the forming quorum round (see the module doc)."""
+    def join(self, call: Joined, now: float) -> Refused | Held | Waiting | Ask:
+        """Counts or holds ``call`` in the forming quorum round at time ``now`` (see the
+        module doc)."""
+        rnd, rank = self._forming, call.group_rank
+        waiting = rnd.calls.get(rank)
+        if waiting is not None and not _same_client(waiting, call):
+            return self._refused("join the quorum", rank, waiting.peer, call.peer)
+        record = self.records.get(rank)
+        if waiting is None and record is not None and not record.matches(call.peer, call.session):
+            for i, held in enumerate(rnd.held):
+                if held.group_rank == rank and _same_client(held, call):
+                    rnd.held[i] = call  # a retry keeps its place
+                    break
+            else:
+                rnd.held.append(call)
+            self._note_complete(now)
+            return self.retry(call, rnd.number, now)
+        rnd.held = [held for held in rnd.held if held.group_rank != rank]  # now refused
+        return self._count(call, now)
+
+    def retry(self, call: Joined, round: int, now: float) -> Refused | Held | Waiting | Ask:
+        """Decides again about ``call``, held in quorum round ``round``, at time ``now``."""
+        rnd, rank = self._forming, call.group_rank
+        record = self.records[rank]
+        if rnd.number != round or not any(held is call for held in rnd.held):
+            # The rank's holder joined (or the call gave up, or a retry replaced it).
+            return self._refused("join the quorum", rank, record.peer, call.peer)
+        first = next(held for held in rnd.held if held.group_rank == rank)
+        if rnd.complete_since is None or first is not call:
+            return Held(round, None, record.peer)
+        until = rnd.complete_since + self._rebind_grace
+        if now < until:
+            return Held(round, until, record.peer)
+        rnd.held = [held for held in rnd.held if held.group_rank != rank]
+        return self._count(call, now)
+
+    def _count(self, call: Joined, now: float) -> Waiting | Ask:
         rnd = self._forming
-        waiting = rnd.calls.get(call.group_rank)
-        bound = waiting.peer if waiting is not None else None
-        if refused := self._refusal("join the quorum", call.group_rank, bound, call.peer):
-            return refused
         rnd.calls[call.group_rank] = call
+        self._note_complete(now)
         if len(rnd.calls) < self._world_size:
             return Waiting(rnd.number, len(rnd.calls))
         self._asked[rnd.number] = rnd
@@ -193,23 +312,48 @@ class GroupRounds:
             commit_failures=max(c.commit_failures for c in calls),
         )
 
+    def _note_complete(self, now: float) -> None:
+        rnd = self._forming
+        if not rnd.complete(self._world_size):
+            rnd.complete_since = None
+        elif rnd.complete_since is None:
+            rnd.complete_since = now
+
     def joining(self) -> list[int]:
         """The group ranks the forming quorum round counts so far, ascending."""
         return sorted(self._forming.calls)
 
-    def withdraw(self, round: int, call: Joined) -> None:
-        """``call`` gave up: it no longer counts if its round is still forming."""
-        rnd = self._forming
-        if rnd.number == round and rnd.calls.get(call.group_rank) is call:
-            del rnd.calls[call.group_rank]
+    def holding(self) -> list[int]:
+        """The group ranks the forming quorum round holds calls for, ascending."""
+        return sorted({call.group_rank for call in self._forming.held})
 
-    def finish_quorum(self, round: int, succeeded: Collection[int]) -> None:
+    def withdraw(self, round: int, call: Joined) -> None:
+        """``call`` gave up: it no longer counts, nor is held, if its round is still forming."""
+        rnd = self._forming
+        if rnd.number != round:
+            return
+        if rnd.calls.get(call.group_rank) is call:
+            del rnd.calls[call.group_rank]
+        rnd.held = [held for held in rnd.held if held is not call]
+        if not rnd.complete(self._world_size):
+            rnd.complete_since = None
+
+    def finish_quorum(self, round: int, succeeded: Collection[int]) -> dict[int, str]:
         """The lighthouse part of quorum round ``round`` is over; the ranks in ``succeeded``
-        got their answer, and their records are now the calls the round counted."""
+        got their answer, and their records are now the calls the round counted. Returns the
+        session of each of those ranks whose call takes sessions, for its answer."""
         rnd = self._asked.pop(round)
+        sessions: dict[int, str] = {}
         for rank in succeeded:
             call = rnd.calls[rank]
-            self.records[rank] = Record(call.checkpoint_metadata, call.peer)
+            old = self.records.get(rank)
+            session = None
+            if call.session is not None:
+                kept = old.session if old is not None else None
+                session = kept if _same_session(kept, call.session) else self._new_session()
+                sessions[rank] = session
+            self.records[rank] = Record(call.checkpoint_metadata, call.peer, session)
+        return sessions
 
     def checkpoint_metadata(self, group_rank: int) -> Found | Waiting | Unknown:
         """Where healers fetch ``group_rank``'s state; ``Waiting``: ask again when that
@@ -232,9 +376,8 @@ class GroupRounds:
         """Counts ``ballot`` in the commit round of its step (see the module doc)."""
         rank = ballot.group_rank
         record = self.records.get(rank)
-        bound = record.peer if record is not None else None
-        if refused := self._refusal("vote", rank, bound, ballot.peer):
-            return refused
+        if record is not None and not record.matches(ballot.peer, ballot.session):
+            return self._refused("vote", rank, record.peer, ballot.peer)
         rnd = self._commits.get(ballot.step)
         if rnd is None:
             rnd = self._commits[ballot.step] = _CommitRound(next(self._numbers))
@@ -261,8 +404,5 @@ class GroupRounds:
         del self._commits[ballot.step]
         return True
 
-    def _refusal(self, action: str, rank: int, bound: str | None, peer: str) -> Refused | None:
-        reason = impostor_refusal(action, self._replica_id, rank, bound, peer)
-        if reason is None or bound is None:
-            return None
-        return Refused(reason, bound)
+    def _refused(self, action: str, rank: int, bound: str, peer: str) -> Refused:
+        return Refused(impostor_refusal(action, self._replica_id, rank, bound, peer), bound)

@@ -13,11 +13,16 @@ The rounds themselves (who has joined, who voted, what is recorded, who is refus
 Who may call what (docs/operations.md, "Security"): with a job token every call that changes
 or reveals the group's state (``Quorum``, ``ShouldCommit``, ``CheckpointMetadata``, ``Kill``)
 must carry it (``TokenInterceptor``, UNAUTHENTICATED before the request is parsed). Token or
-not, a group rank is bound to the connection it joins the quorum from: a second connection
-cannot join the same round as that rank, a vote for it from another connection is refused
-(PERMISSION_DENIED), and its checkpoint metadata (where healers fetch its state) is recorded
-only from its own Quorum call, when that call's round succeeds. A healer that asks for a rank's
-metadata while the rank's first round is still with the lighthouse waits for that round.
+not, a group rank is bound to its client once it has joined a quorum: to the connection of its
+Quorum call and to a session (``rounds.SESSION_METADATA``) sent back in that call's trailing
+metadata, which our ``ManagerClient`` presents on its later calls. Another client cannot join
+the same round as that rank, its vote for the rank is refused (PERMISSION_DENIED), and its
+Quorum call for the rank between rounds is held: refused if the rank's client joins that round,
+and counted in its place (a restarted rank taking it over) only once the rest of the group has
+joined and ``rebind_grace`` has passed without it. A rank's checkpoint metadata (where healers
+fetch its state) is recorded only from the Quorum call the round counted for it, when that
+round succeeds. A healer that asks for a rank's metadata while the rank's first round is still
+with the lighthouse waits for that round.
 Malformed requests get INVALID_ARGUMENT; connections are capped, idle ones closed, requests at
 most ``rpc_server.MAX_REQUEST_BYTES``.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -33,7 +39,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
@@ -47,10 +52,13 @@ from torchtitan_ft.lighthouse.types import Quorum
 from torchtitan_ft.manager.decisions import QuorumGate, QuorumResult, compute_quorum_results
 from torchtitan_ft.manager.identity import GroupIdentity, identity_conflict
 from torchtitan_ft.manager.rounds import (
+    REBIND_GRACE_S,
+    SESSION_METADATA,
     Ask,
     Ballot,
     Decided,
     GroupRounds,
+    Held,
     Joined,
     Refused,
     Unknown,
@@ -83,8 +91,9 @@ GUARDED_METHODS = ("Quorum", "ShouldCommit", "CheckpointMetadata", "Kill")
 """What needs the job token when one is set: everything the service has."""
 _IDLE_CONNECTION_MS = 60 * 60 * 1000
 """A connection with no call for an hour is closed. Much longer than the lighthouse's 30 s: a
-rank's vote must come on the connection of its Quorum call (see the module doc), and between
-the two lies a whole step, so the server must not close it in between."""
+torchft client's vote must come on the connection of its Quorum call (ours also presents its
+session; see the module doc), and between the two lies a whole step, so the server must not
+close it in between."""
 
 
 class AddressInUseError(RuntimeError):
@@ -104,13 +113,15 @@ class _RpcFailure(Exception):
         self.details = details
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _QuorumOutcome:
     """What a quorum round's waiting calls get: the lighthouse's quorum, and the answer (or
     why there is none) of each call the round counted."""
 
     quorum: Quorum
     answers: dict[Joined, QuorumResult | ValueError]
+    sessions: dict[Joined, str]
+    """The session of each call that succeeded and takes sessions."""
 
 
 class ManagerServer:
@@ -145,6 +156,13 @@ class ManagerServer:
             server presents it to the lighthouse. Default ``None``: anyone who reaches the port
             may call everything but ``Kill``, which is refused (torchft 0.2.0's clients send no
             token and work only in this mode).
+        rebind_grace: how long a Quorum call for a joined rank from a client that is not the
+            rank's (a new connection without the rank's session: a restarted process, or a
+            stranger) waits, once every other rank of the group has joined, for the rank's own
+            client before it takes the rank over. Shorter lets a restarted rank back sooner;
+            longer keeps a slow but live rank from losing its place to another caller. It must
+            stay well below the ranks' quorum timeout (the group's other ranks wait through it).
+            Default 5 s.
 
     Raises:
         ValueError: an argument is out of range.
@@ -165,6 +183,7 @@ class ManagerServer:
         connect_timeout: timedelta,
         quorum_retries: int = 0,
         auth_token: str | None = None,
+        rebind_grace: timedelta = timedelta(seconds=REBIND_GRACE_S),
     ) -> None:
         if not replica_id:
             raise ValueError("replica_id must be a non-empty string")
@@ -174,6 +193,8 @@ class ManagerServer:
             raise ValueError(f"quorum_retries must be >= 0, got {quorum_retries}")
         if heartbeat_interval <= timedelta(0):
             raise ValueError(f"heartbeat_interval must be positive, got {heartbeat_interval}")
+        if rebind_grace < timedelta(0):
+            raise ValueError(f"rebind_grace must be >= 0, got {rebind_grace}")
         check_token(auth_token, "auth_token")
 
         self._replica_id = replica_id
@@ -186,9 +207,11 @@ class ManagerServer:
         self._identity: GroupIdentity | None = None
 
         # Only touched on the event-loop thread.
-        self._rounds = GroupRounds(replica_id, world_size)
+        self._rounds = GroupRounds(replica_id, world_size, rebind_grace.total_seconds())
         self._round_ends: dict[int, asyncio.Future[Any]] = {}
         """round number -> what its waiting calls get (created by the first to wait)."""
+        self._forming_changed: asyncio.Future[None] | None = None
+        """Done when the forming quorum round changes (held calls wait for it)."""
         self._impostors = RefusalLog(f"the manager server of replica {replica_id!r}")
         self._thread = ServerThread(f"manager-server-{replica_id}")
         self._loop = self._thread.loop
@@ -356,6 +379,20 @@ class ManagerServer:
             self._round_ends[round] = self._new_future()
         return self._round_ends[round]
 
+    def _changed(self) -> None:
+        """The forming quorum round changed: held calls decide again."""
+        fut, self._forming_changed = self._forming_changed, None
+        if fut is not None:
+            fut.set_result(None)
+
+    async def _hold(self, held: Held) -> None:
+        """Waits until ``held.until``, or until the forming quorum round changes."""
+        if self._forming_changed is None:
+            self._forming_changed = self._new_future()
+        timeout = None if held.until is None else max(held.until - time.monotonic(), 0.0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._forming_changed), timeout)
+
     def _end_round(self, round: int, outcome: Any) -> None:
         """Wakes the calls waiting for ``round`` with ``outcome`` (an exception: raised)."""
         fut = self._round_ends.pop(round, None)
@@ -385,15 +422,38 @@ class ManagerServer:
         call = Joined(
             group_rank=group_rank,
             peer=context.peer(),
+            session=_session(context),
             step=request.step,
             shrink_only=request.shrink_only,
             commit_failures=request.commit_failures,
             checkpoint_metadata=request.checkpoint_metadata,
             init_sync=request.init_sync,
         )
-        decision = self._rounds.join(call)
+        decision = self._rounds.join(call, time.monotonic())
+        self._changed()
+        held = None
+        while isinstance(decision, Held):
+            held = decision
+            try:
+                await self._hold(held)
+            except BaseException:  # cancelled: the caller gave up
+                self._rounds.withdraw(held.round, call)
+                self._changed()
+                raise
+            decision = self._rounds.retry(call, held.round, time.monotonic())
+            if not isinstance(decision, Held):  # counted (or refused): the round changed
+                self._changed()
         if isinstance(decision, Refused):
             await self._refuse(context, "join the quorum", group_rank, decision)
+        if held is not None:
+            logger.warning(
+                "replica %s: group rank %d taken over by the connection %s: the rank's client "
+                "(connection %s) did not join within rebind_grace after the rest of the group",
+                self._replica_id,
+                group_rank,
+                call.peer,
+                held.bound_peer,
+            )
         logger.debug(
             "replica %s: group rank %d joined quorum round (%d/%d)",
             self._replica_id,
@@ -402,6 +462,8 @@ class ManagerServer:
             self._world_size,
         )
         if isinstance(decision, Ask):
+            if held is not None:  # it waited: less time is left
+                remaining = context.time_remaining() or 0.0
             budget = max(remaining - min(_ERROR_MARGIN_S, 0.1 * remaining), 0.0)
             self._spawn(self._run_lighthouse_quorum(decision, budget))
         end = self._round_end(decision.round)
@@ -411,12 +473,15 @@ class ManagerServer:
             await _abort(context, e.code, e.details)
         finally:
             self._rounds.withdraw(decision.round, call)  # counts only while the round forms
+            self._changed()
 
         answer = outcome.answers.get(call)
         if answer is None:  # a same-connection retry replaced this call in the round
             answer = _answer(self._replica_id, group_rank, outcome.quorum, request.init_sync)
         if isinstance(answer, ValueError):
             await _abort(context, grpc.StatusCode.INTERNAL, str(answer))
+        if (session := outcome.sessions.get(call)) is not None:
+            context.set_trailing_metadata(((SESSION_METADATA, session),))
         if answer.heal:
             logger.info(
                 "replica %s group rank %d: heals from replica rank %s (step %d -> max_step %d)",
@@ -458,11 +523,14 @@ class ManagerServer:
                 call: _answer(self._replica_id, call.group_rank, quorum, call.init_sync)
                 for call in ask.calls.values()
             }
-            outcome = _QuorumOutcome(quorum, answers)
+            outcome = _QuorumOutcome(quorum, answers, sessions={})
         finally:  # also when cancelled by shutdown, or on an unexpected error
             answers = outcome.answers if isinstance(outcome, _QuorumOutcome) else {}
             succeeded = [c.group_rank for c, a in answers.items() if isinstance(a, QuorumResult)]
-            self._rounds.finish_quorum(ask.round, succeeded)
+            sessions = self._rounds.finish_quorum(ask.round, succeeded)
+            if isinstance(outcome, _QuorumOutcome):
+                issued = {ask.calls[rank]: session for rank, session in sessions.items()}
+                outcome = dataclasses.replace(outcome, sessions=issued)
             self._end_round(ask.round, outcome)
 
     def _check_identities(self, quorum: Quorum, addresses: AddressProblem | None) -> None:
@@ -568,7 +636,7 @@ class ManagerServer:
         group_rank, step = request.group_rank, request.step
         if (error := self._group_rank_error(group_rank)) is not None:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, error)
-        ballot = Ballot(group_rank, step, request.should_commit, context.peer())
+        ballot = Ballot(group_rank, step, request.should_commit, context.peer(), _session(context))
         decision = self._rounds.vote(ballot)
         if isinstance(decision, Refused):
             await self._refuse(context, "vote", group_rank, decision)
@@ -631,6 +699,14 @@ def _exit_process() -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(1)
+
+
+def _session(context: aio.ServicerContext) -> str | None:
+    """The session a call presented (``Joined.session``)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == SESSION_METADATA and isinstance(value, str):
+            return value
+    return None
 
 
 def _answer(
