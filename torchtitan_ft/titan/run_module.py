@@ -47,7 +47,8 @@ def _torchft_found() -> bool:
 
 
 def _refuse(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    sys.stderr.write(f"{message}\n")  # one write: see train._user_error
+    sys.stderr.flush()
     raise SystemExit(USER_ERROR_EXIT)
 
 

@@ -30,7 +30,10 @@ def with_default_config(args: list[str]) -> list[str]:
 
 
 def _user_error(message: str) -> NoReturn:
-    print(f"torchtitan_ft: {message}", file=sys.stderr, flush=True)
+    # One write of the whole line: print() writes the text and the newline separately, and
+    # torchrun's log tailer, reading between the two under load, split the line in two.
+    sys.stderr.write(f"torchtitan_ft: {message}\n")
+    sys.stderr.flush()
     # TorchTitan's @record on Trainer.train may have written the traceback for torchrun to show.
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
