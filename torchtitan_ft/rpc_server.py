@@ -121,6 +121,8 @@ class ServerThread:
         self.loop.set_exception_handler(loop_errors)
         self._name = name
         self._thread: threading.Thread | None = None
+        self._abandoned = threading.Event()
+        """``start`` was interrupted: the loop must not run on once start-up is done."""
 
     def start(self, startup: Callable[[], Coroutine[Any, Any, R]]) -> R:
         """Runs ``startup()`` on the loop's thread and returns its result. If it raises, the
@@ -135,6 +137,13 @@ class ServerThread:
         try:
             return started.result()
         except BaseException:
+            if not started.done() or started.exception() is None:
+                # Interrupted here (a signal handler's SystemExit, KeyboardInterrupt), not a
+                # failed start-up: end the loop, which would otherwise run on and keep this
+                # join, and so the process, waiting forever. The flag covers a start-up that
+                # finishes before the stop is seen; the stop, a loop already running forever.
+                self._abandoned.set()
+                self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join()
             raise
 
@@ -151,7 +160,8 @@ class ServerThread:
             self.loop.close()
             return
         started.set_result(result)
-        self.loop.run_forever()
+        if not self._abandoned.is_set():
+            self.loop.run_forever()
         self.loop.close()
 
     def call(self, coro: Coroutine[Any, Any, R]) -> R:

@@ -107,6 +107,25 @@ def test_port_in_use_is_one_line_exit_2() -> None:
 
 
 @pytest.mark.multiprocess
+def test_sigterm_as_soon_as_it_serves_exits_cleanly() -> None:
+    """A SIGTERM between the serving line and the end of start-up used to leave the process
+    waiting forever for its own server thread."""
+    for _ in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torchtitan_ft.lighthouse.cli", "--min_replicas", "1",
+             "--bind", "127.0.0.1:0", "--status_bind", "127.0.0.1:0"],
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            wait_serving(proc)
+            proc.terminate()
+            assert proc.wait(timeout=60) == 0
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.multiprocess
 def test_console_script_serves_and_stops_on_sigterm() -> None:
     exe = shutil.which("torchft_lighthouse")
     assert exe, "the console script is not installed (scripts/install.sh)"
