@@ -52,8 +52,11 @@ STEPS_BEFORE_KILL = 5
 """Step times of group 1 before the kill that the recovery-speed check compares against."""
 MAX_ALONE = 6
 ALONE_WAIT_S = 150.0
-RECOVERY_SLOWDOWN_LIMIT = 1.5
-"""The healed job's median step time may be at most this times its median before the kill."""
+RECOVERY_SLOWDOWN_LIMIT = 2.0
+"""The healed job's median step time may be at most this times its median before the kill. What
+it catches is a group that never gets its speed back (a heal or a thread every step costs about
+2x or more); beside a busy process on 2 cores the survivor's median moved by up to 1.64x between
+the two windows with nothing wrong (a fresh-clone run, stop 28)."""
 E2E_TIMEOUT_S = 420
 
 
