@@ -11,7 +11,6 @@ from datetime import timedelta
 
 import pytest
 
-from tests._sockets import call_frame, preface_connections
 from torchtitan_ft.connection_guard import (
     Connection,
     GuardPolicy,
@@ -21,6 +20,7 @@ from torchtitan_ft.connection_guard import (
     server_connections,
 )
 from torchtitan_ft.lighthouse import LighthouseClient, LighthouseServer
+from torchtitan_ft.testing.flood import call_frame, preface_connection
 
 POLICY = GuardPolicy(cap=8, reserve=2, unauthenticated_life_s=3.0)
 NOW = 100.0
@@ -111,7 +111,7 @@ def test_strangers_are_closed_and_the_jobs_client_keeps_its_connection() -> None
         client = LighthouseClient(f"http://127.0.0.1:{port}", auth_token="tok")
         client.quorum("r", timedelta(seconds=10))
         (own,) = server_connections(port)
-        strangers = preface_connections(port, 3)
+        strangers = [preface_connection(port) for _ in range(3)]
         deadline = time.monotonic() + 15
         stream_id = 1
         while server.guard.closed[Reason.EXPIRED] < 3 and time.monotonic() < deadline:
