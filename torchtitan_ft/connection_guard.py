@@ -214,9 +214,19 @@ def grpc_peer(address: Any) -> str:
     return f"ipv6:[{host}]:{port}"
 
 
-def server_connections(port: int) -> list[OpenConnection]:
+PeerCache = dict[tuple[int, int], "str | None"]
+"""(descriptor, inode) -> the socket's peer if it is one of the server's connections, else
+None: what ``server_connections`` learnt about each socket (a socket's inode stays its own
+while it is open, so only new sockets cost more than an ``fstat``)."""
+
+
+def server_connections(port: int, cache: PeerCache | None = None) -> list[OpenConnection]:
     """This process's TCP sockets connected on local ``port`` (the server's accepted
-    connections; the listening socket has no peer). Linux only (``/proc/self/fd``)."""
+    connections; the listening socket has no peer). Linux only (``/proc/self/fd``). With
+    ``cache``, sockets already in it are not asked again, and it is left holding the sockets
+    seen now."""
+    known = {} if cache is None else cache
+    seen: PeerCache = {}
     found = []
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
@@ -226,9 +236,14 @@ def server_connections(port: int) -> list[OpenConnection]:
             continue  # closed since the listing
         if not stat.S_ISSOCK(info.st_mode):
             continue
-        peer = _peer_on_port(fd, port)
+        key = (fd, info.st_ino)
+        peer = known[key] if key in known else _peer_on_port(fd, port)
+        seen[key] = peer
         if peer is not None:
             found.append(OpenConnection(fd, info.st_ino, peer))
+    if cache is not None:
+        cache.clear()
+        cache.update(seen)
     return found
 
 
@@ -294,6 +309,7 @@ class ConnectionGuard:
         self._name = name
         self._period_s = period_s
         self._first_seen: dict[int, float] = {}
+        self._sockets: PeerCache = {}
         self._stop = threading.Event()
         self.closed = {reason: 0 for reason in Reason}
         """How many connections it closed, per reason."""
@@ -317,7 +333,7 @@ class ConnectionGuard:
     def look(self) -> None:
         """One pass: list the connections, close those the policy picks."""
         listed_at = time.monotonic()
-        open_now = server_connections(self._port)
+        open_now = server_connections(self._port, self._sockets)
         self._first_seen = {c.inode: self._first_seen.get(c.inode, listed_at) for c in open_now}
         self._peers.forget_closed((c.peer for c in open_now), listed_at)
         authenticated = self._peers.snapshot()

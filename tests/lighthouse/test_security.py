@@ -366,7 +366,7 @@ def test_a_flood_at_the_cap_does_not_starve_the_jobs_quorum() -> None:
         cap, _ = connection_limits(FD_LIMIT)
         with Flood(port, cap + 8, f"{SERVICE}/Heartbeat") as flood:
             for at in (1.0, 6.0):
-                time.sleep(at - (time.monotonic() - flood.started))
+                time.sleep(max(0.0, at - (time.monotonic() - flood.started)))
                 client = LighthouseClient(f"http://127.0.0.1:{port}", auth_token=TOKEN)
                 try:
                     assert ids(client.quorum("r", FLOOD_BOUND)) == ["r"]
