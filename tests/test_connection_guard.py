@@ -8,10 +8,12 @@ import contextlib
 import socket
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from torchtitan_ft.connection_guard import (
+    UNAUTHENTICATED_LIFE_S,
     Connection,
     GuardPolicy,
     Reason,
@@ -20,7 +22,7 @@ from torchtitan_ft.connection_guard import (
     server_connections,
 )
 from torchtitan_ft.lighthouse import LighthouseClient, LighthouseServer
-from torchtitan_ft.testing.flood import call_frame, preface_connection
+from torchtitan_ft.testing.flood import FLOOD_BOUND, call_frame, preface_connection
 
 POLICY = GuardPolicy(cap=8, reserve=2, unauthenticated_life_s=3.0)
 NOW = 100.0
@@ -128,3 +130,10 @@ def test_strangers_are_closed_and_the_jobs_client_keeps_its_connection() -> None
         for s in strangers:
             s.close()
         server.shutdown()
+
+
+def test_the_operations_doc_states_the_tested_bound_and_life() -> None:
+    """docs/operations.md states the flood tests' deadline as the bound, and the guard's life."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    assert f"by more than\n**{FLOOD_BOUND.total_seconds():g} s**" in doc
+    assert f"is closed {UNAUTHENTICATED_LIFE_S:g} s after the guard first saw it" in doc

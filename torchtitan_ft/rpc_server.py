@@ -1,9 +1,9 @@
 """What the job's gRPC servers (the lighthouse and the ManagerServer) share: the thread that
-hosts a server's event loop, the server itself (connection limits, job-token interceptor,
-request parsing), the diagnosis of an address it cannot listen on, and the filter for
-grpc.aio's spurious event-loop errors. Each server picks its own connection cap from the
-descriptors it may use (``descriptor_limit``, ``countable_descriptors``) and its own idle
-timeout.
+hosts a server's event loop, the server itself (connection limits, job-token interceptor, the
+marking of authenticated peers for its ``connection_guard``, request parsing), the diagnosis
+of an address it cannot listen on, and the filter for grpc.aio's spurious event-loop errors.
+Each server picks its own connection cap from the descriptors it may use
+(``descriptor_limit``, ``countable_descriptors``) and its own idle timeout.
 
 gRPC's generated servicers parse requests themselves and answer a malformed one with
 ``UNKNOWN`` and an ERROR traceback in the log; handlers registered with ``parser`` receive a

@@ -10,8 +10,9 @@ N serializations of an N-member message.
 
 With a job token every ``LighthouseService`` call must carry it (``TokenInterceptor``): they
 all change what the next quorum is (who asks, who is healthy). Connections are capped to fit the
-process's file-descriptor limit, idle ones are closed, requests are at most
-``rpc_server.MAX_REQUEST_BYTES`` (see ``connection_limits`` and ``rpc_server.grpc_server``).
+process's file-descriptor limit, idle ones are closed, those that make no call with the token
+are closed by the ``connection_guard``, requests are at most ``rpc_server.MAX_REQUEST_BYTES``
+(see ``connection_limits`` and ``rpc_server.grpc_server``).
 """
 
 from __future__ import annotations
