@@ -327,8 +327,15 @@ class ConnectionGuard:
             self._thread.join()
 
     def _run(self) -> None:
+        failing = False
         while not self._stop.wait(self._period_s):
-            self.look()
+            try:
+                self.look()
+                failing = False
+            except OSError as e:  # /proc unreadable (descriptors exhausted): try again later
+                if not failing:
+                    logger.warning("%s: cannot list its connections: %s", self._name, e)
+                failing = True
 
     def look(self) -> None:
         """One pass: list the connections, close those the policy picks."""
