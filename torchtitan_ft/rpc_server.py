@@ -1,9 +1,9 @@
 """What the job's gRPC servers (the lighthouse and the ManagerServer) share: the thread that
-hosts a server's event loop, the server itself (connection limits, job-token interceptor,
-request parsing), the diagnosis of an address it cannot listen on, and the filter for
-grpc.aio's spurious event-loop errors. Each server picks its own connection cap from the
-descriptors it may use (``descriptor_limit``, ``countable_descriptors``) and its own idle
-timeout.
+hosts a server's event loop, the server itself (connection limits, job-token interceptor, the
+marking of authenticated peers for its ``connection_guard``, request parsing), the diagnosis
+of an address it cannot listen on, and the filter for grpc.aio's spurious event-loop errors.
+Each server picks its own connection cap from the descriptors it may use
+(``descriptor_limit``, ``countable_descriptors``) and its own idle timeout.
 
 gRPC's generated servicers parse requests themselves and answer a malformed one with
 ``UNKNOWN`` and an ERROR traceback in the log; handlers registered with ``parser`` receive a
@@ -25,6 +25,7 @@ from google.protobuf.message import DecodeError, Message
 from grpc import aio
 
 from torchtitan_ft.auth import TokenInterceptor
+from torchtitan_ft.connection_guard import AuthenticatedPeers, MarkingInterceptor
 from torchtitan_ft.netaddr import bind_problem, port_in_use, split_host_port
 
 M = TypeVar("M", bound=Message)
@@ -196,6 +197,7 @@ def grpc_server(
     auth_token: str | None,
     guarded_methods: Collection[str],
     server_name: str,
+    authenticated: AuthenticatedPeers,
     on_refused: Callable[[], None] = lambda: None,
 ) -> aio.Server:
     """A grpc.aio server for ``handler`` with the limits of ``server_options``, not yet
@@ -203,13 +205,16 @@ def grpc_server(
 
     With ``auth_token`` set, calls to ``guarded_methods`` (full names,
     ``/package.Service/Method``) must carry it (``auth.TokenInterceptor``, which names the
-    server ``server_name`` and calls ``on_refused`` per refused call).
+    server ``server_name`` and calls ``on_refused`` per refused call). The peer of every call
+    that reaches its handler is marked in ``authenticated``, for the server's
+    ``connection_guard.ConnectionGuard``.
     """
-    interceptors = []
+    interceptors: list[aio.ServerInterceptor] = []
     if auth_token is not None:
         interceptors.append(
             TokenInterceptor(auth_token, guarded_methods, server_name, on_refused=on_refused)
         )
+    interceptors.append(MarkingInterceptor(authenticated))
     server = aio.server(
         interceptors=interceptors, options=server_options(max_connections, idle_connection_ms)
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import os
 import resource
 import socket
 import struct
@@ -24,11 +25,13 @@ import pytest
 
 from tests._sockets import idle_connections
 from tests.lighthouse._helpers import T, free_port, get, wait_serving, wait_until
+from torchtitan_ft.auth import AUTH_TOKEN_ENV
 from torchtitan_ft.lighthouse import LighthouseClient, LighthouseServer, Quorum
 from torchtitan_ft.lighthouse.server import connection_limits
 from torchtitan_ft.lighthouse.status import HEAD_TIMEOUT_S, KillRefused, kill_target
 from torchtitan_ft.lighthouse.types import QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
+from torchtitan_ft.testing.flood import FLOOD_BOUND, Flood
 
 TOKEN = "job-s3cret"
 SERVICE = "/torchft.LighthouseService"
@@ -281,14 +284,20 @@ def test_oversized_request_is_refused(servers) -> None:
 FD_LIMIT = 256
 
 
-def _lighthouse_with_fd_limit(port: int, status_port: int) -> subprocess.Popen:
+def _lighthouse_with_fd_limit(
+    port: int, status_port: int, token: str | None = None
+) -> subprocess.Popen:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
 
+    env = dict(os.environ)
+    env.pop(AUTH_TOKEN_ENV, None)
+    if token is not None:
+        env[AUTH_TOKEN_ENV] = token
     return subprocess.Popen(
         [sys.executable, "-m", "torchtitan_ft.lighthouse.cli", "--min_replicas", "1",
          "--bind", f"127.0.0.1:{port}", "--status_bind", f"127.0.0.1:{status_port}"],
-        stderr=subprocess.PIPE, text=True, preexec_fn=limit,
+        stderr=subprocess.PIPE, text=True, preexec_fn=limit, env=env,
     )  # fmt: skip
 
 
@@ -340,6 +349,35 @@ def test_floods_of_idle_and_slow_connections_do_not_starve_clients() -> None:
     assert "Traceback" not in stderr, stderr[-3000:]
     assert "cannot accept" not in stderr, stderr[-3000:]  # the caps kept descriptors free
     assert len(stderr) < 10_000, stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_flood_at_the_cap_does_not_starve_the_jobs_quorum() -> None:
+    """Issue 20, N2: with 256 descriptors (a gRPC cap of 128), 136 connections that finished
+    the HTTP/2 handshake and send one refused call every 2 s, reopened whenever closed, used to
+    hold every slot for as long as they liked: a new client with the token got no quorum. The
+    guard closes them (3 s without an authenticated call, or at once beyond 96), so a new
+    client's quorum completes within ``FLOOD_BOUND`` at 1 s and again at 6 s of the flood."""
+    port, status_port = free_port(), free_port()
+    proc = _lighthouse_with_fd_limit(port, status_port, token=TOKEN)
+    try:
+        wait_serving(proc)
+        cap, _ = connection_limits(FD_LIMIT)
+        with Flood(port, cap + 8, f"{SERVICE}/Heartbeat") as flood:
+            for at in (1.0, 6.0):
+                time.sleep(max(0.0, at - (time.monotonic() - flood.started)))
+                client = LighthouseClient(f"http://127.0.0.1:{port}", auth_token=TOKEN)
+                try:
+                    assert ids(client.quorum("r", FLOOD_BOUND)) == ["r"]
+                finally:
+                    client.close()
+            assert flood.opened > cap + 8, "the guard closed none of the flood's connections"
+        assert get(f"http://127.0.0.1:{status_port}/status.json")[0] == 200
+    finally:
+        proc.kill()
+        _, stderr = proc.communicate()
+    assert "Traceback" not in stderr, stderr[-3000:]
 
 
 def test_a_reset_mid_request_is_not_an_error(servers, caplog) -> None:

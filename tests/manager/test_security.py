@@ -29,6 +29,7 @@ from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.manager import ManagerClient, ManagerServer, QuorumResult
 from torchtitan_ft.manager.server import connection_cap
 from torchtitan_ft.proto import torchft_pb2 as pb
+from torchtitan_ft.testing.flood import FLOOD_BOUND, Flood
 
 TOKEN = "s3cret-job-token"
 T = timedelta(seconds=10)
@@ -461,3 +462,55 @@ def test_a_flood_of_idle_connections_starves_neither_ranks_nor_healers(lighthous
         _, stderr = proc.communicate()
     assert "Traceback" not in stderr, stderr[-3000:]
     assert len(stderr) < 10_000, stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_flood_at_the_cap_starves_neither_ranks_nor_healers(lighthouse) -> None:
+    """Issue 20, N3: with 256 descriptors (a cap of 64), 72 connections that finished the
+    HTTP/2 handshake and call a method the server does not have every 2 s (UNIMPLEMENTED; the
+    server has no token), reopened whenever closed, used to hold every slot for the hour of
+    the idle timeout: a healing rank's ``ManagerClient`` could not connect. The guard closes
+    them (3 s without a call to one of the server's methods, or at once beyond 48): the ranks
+    vote and form the next quorum on their own connections, and a new healer gets the
+    checkpoint metadata within ``FLOOD_BOUND``, at 1 s and again at 6 s of the flood."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, lighthouse.address(), str(_FD_LIMIT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    ranks: list[ManagerClient] = []
+    try:
+        address = proc.stdout.readline().strip()
+        assert address.startswith("http://127.0.0.1:"), proc.stderr.read()
+        ranks += [ManagerClient(address, connect_timeout=T) for _ in range(2)]
+        _in_parallel(*[lambda r=r: _ask(ranks[r], r, 1, f"real-{r}-1") for r in range(2)])
+        cap = connection_cap(_FD_LIMIT)
+        port = int(address.rpartition(":")[2])
+        with Flood(port, cap + 8, f"{SERVICE}/Flood") as flood:
+            for step, at in ((1, 1.0), (2, 6.0)):
+                time.sleep(max(0.0, at - (time.monotonic() - flood.started)))
+                assert _in_parallel(*_votes(ranks, step)) == [True, True]
+                healer = ManagerClient(address, connect_timeout=FLOOD_BOUND)
+                try:
+                    assert healer._checkpoint_metadata(1, FLOOD_BOUND) == f"real-1-{step}"
+                finally:
+                    healer.close()
+                _in_parallel(*_asks(ranks, step + 1))
+            assert flood.opened > cap + 8, "the server closed none of the flood's connections"
+        assert proc.poll() is None
+    finally:
+        for client in ranks:
+            client.close()
+        proc.kill()
+        _, stderr = proc.communicate()
+    assert "Traceback" not in stderr, stderr[-3000:]
+
+
+def _votes(ranks: list[ManagerClient], step: int) -> list[Callable[[], object]]:
+    return [lambda r=r: ranks[r].should_commit(r, step, True, T) for r in range(len(ranks))]
+
+
+def _asks(ranks: list[ManagerClient], step: int) -> list[Callable[[], object]]:
+    return [lambda r=r: _ask(ranks[r], r, step, f"real-{r}-{step}") for r in range(len(ranks))]

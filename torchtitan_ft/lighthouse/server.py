@@ -10,8 +10,9 @@ N serializations of an N-member message.
 
 With a job token every ``LighthouseService`` call must carry it (``TokenInterceptor``): they
 all change what the next quorum is (who asks, who is healthy). Connections are capped to fit the
-process's file-descriptor limit, idle ones are closed, requests are at most
-``rpc_server.MAX_REQUEST_BYTES`` (see ``connection_limits`` and ``rpc_server.grpc_server``).
+process's file-descriptor limit, idle ones are closed, those that make no call with the token
+are closed by the ``connection_guard``, requests are at most ``rpc_server.MAX_REQUEST_BYTES``
+(see ``connection_limits`` and ``rpc_server.grpc_server``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import grpc
 
 from torchtitan_ft.addresses import advertised_host
 from torchtitan_ft.auth import check_token
+from torchtitan_ft.connection_guard import AuthenticatedPeers, ConnectionGuard, GuardPolicy
 from torchtitan_ft.lighthouse import status
 from torchtitan_ft.lighthouse.decision import DecisionOptions
 from torchtitan_ft.lighthouse.state import LighthouseState
@@ -230,6 +232,8 @@ class LighthouseServer:
         self._server: grpc.aio.Server | None = None
         self._status_server: asyncio.Server | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self.guard: ConnectionGuard | None = None
+        """Closes connections that make no authenticated call (``connection_guard``)."""
         self._thread = ServerThread("lighthouse", _LoopErrors().handle)
         self._thread.start(self._start)
 
@@ -263,6 +267,7 @@ class LighthouseServer:
     async def _start(self) -> None:
         """Starts the gRPC server, the status server and the tick."""
         grpc_connections, status_connections = connection_limits(descriptor_limit())
+        authenticated = AuthenticatedPeers()
         server = grpc_server(
             _Service(self.state).handler(),
             max_connections=grpc_connections,
@@ -270,6 +275,7 @@ class LighthouseServer:
             auth_token=self._auth_token,
             guarded_methods=[f"/{SERVICE}/{name}" for name in METHODS],
             server_name="the lighthouse",
+            authenticated=authenticated,
             on_refused=self._count_unauthenticated,
         )
         try:
@@ -287,6 +293,10 @@ class LighthouseServer:
             await server.stop(None)
             raise
         self._server = server
+        self.guard = ConnectionGuard(
+            self._port, GuardPolicy.for_cap(grpc_connections), authenticated, "the lighthouse"
+        )
+        self.guard.start()
         self._ticker = asyncio.create_task(self._tick())
         logger.info(
             "lighthouse serving on %s (min_replicas=%d)%s; %s",
@@ -299,6 +309,8 @@ class LighthouseServer:
         )
 
     async def _stop(self) -> None:
+        if self.guard is not None:
+            self.guard.stop()
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)

@@ -47,6 +47,7 @@ from grpc import aio
 
 from torchtitan_ft.addresses import AddressProblem, Advertised, QuorumAddressCheck
 from torchtitan_ft.auth import RefusalLog, check_token, peer_host
+from torchtitan_ft.connection_guard import AuthenticatedPeers, ConnectionGuard, GuardPolicy
 from torchtitan_ft.lighthouse.client import LighthouseClient
 from torchtitan_ft.lighthouse.types import Quorum
 from torchtitan_ft.manager.decisions import QuorumGate, QuorumResult, compute_quorum_results
@@ -222,6 +223,7 @@ class ManagerServer:
         self._closed = False
         self._lighthouse = LighthouseClient(lighthouse_addr, connect_timeout, auth_token)
         self._server: aio.Server | None = None
+        self._guard: ConnectionGuard | None = None
         try:
             self._port = self._thread.start(lambda: self._start(bind))
         except BaseException:
@@ -266,13 +268,17 @@ class ManagerServer:
     # ----------------------------------------------------------------------------- event loop
 
     async def _start(self, bind: str) -> int:
+        cap = connection_cap(descriptor_limit())
+        authenticated = AuthenticatedPeers()
+        name = f"the manager server of replica {self._replica_id!r}"
         server = grpc_server(
             self._handler(),
-            max_connections=connection_cap(descriptor_limit()),
+            max_connections=cap,
             idle_connection_ms=_IDLE_CONNECTION_MS,
             auth_token=self._auth_token,
             guarded_methods=[f"/{SERVICE}/{name}" for name in GUARDED_METHODS],
-            server_name=f"the manager server of replica {self._replica_id!r}",
+            server_name=name,
+            authenticated=authenticated,
         )
         try:
             port = listen(server, bind)
@@ -282,9 +288,13 @@ class ManagerServer:
             raise RuntimeError(f"manager server cannot listen on {bind!r}: {e.problem}") from None
         await server.start()
         self._server = server
+        self._guard = ConnectionGuard(port, GuardPolicy.for_cap(cap), authenticated, name)
+        self._guard.start()
         return port
 
     async def _stop(self) -> None:
+        if self._guard is not None:
+            self._guard.stop()
         if self._server is not None:
             await self._server.stop(grace=None)
         for task in list(self._tasks):
