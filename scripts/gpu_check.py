@@ -9,12 +9,15 @@ each part's log in ``OUT/<part>.log``.
   whole run fits in 8 minutes on one H100. ``--device cpu``: the reduced version the test suite
   runs (``tests/testing/test_gpu_check.py``); the ``nccl`` part then runs its sequence on gloo
   and reports itself skipped.
-- ``--wheels DIR``: a folder of wheels (``scripts/gpu_wheels.sh`` makes it for Python 3.12)
-  installed first, with pip and no package index, into ``OUT/site-packages``; the parts then
+- ``--wheels DIR``: a folder of wheels (``scripts/gpu_wheels.py`` makes it for Python 3.12)
+  installed first, with pip and no package index, into the ``--site`` folder; the parts then
   import from that folder and from this checkout, and use the machine's own torch.
+- ``--site DIR``: that folder (default ``OUT/site-packages``). Given without ``--wheels``, the
+  parts use what an earlier call installed there (wheels carried in chunks, one per call).
 - ``--parts``: some of environment, manager, nccl, semi_sync, titan (default: all).
 
-Exit status 0 when no part failed, 1 when one did, 2 for bad arguments.
+Exit status 0 when no part failed, 1 when one did or the wheels did not install, 2 for bad
+arguments.
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder of the report and logs")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--wheels", type=Path, help="folder of wheels to install first")
+    parser.add_argument("--site", type=Path, help="folder they go to (default OUT/site-packages)")
     parser.add_argument("--parts", nargs="+", default=list(PARTS), metavar="PART")
     args = parser.parse_args(argv)
     started, started_utc = time.monotonic(), datetime.now(UTC).isoformat(timespec="seconds")
@@ -112,9 +116,10 @@ def main(argv: list[str] | None = None) -> int:
 
     path = [str(ROOT)]
     installed: list[str] = []
+    site = (args.site or out / "site-packages").resolve()
     if args.wheels is not None:
-        site = out / "site-packages"
         installed = install_wheels(args.wheels, site, out / "wheels.log")
+    if site.is_dir():
         path.append(str(site))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, os.environ.get("PYTHONPATH", "")])}
     probe = "import torch; print(int(torch.cuda.is_available()))"
@@ -139,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "status": status.value,
         "wall_s": round(time.monotonic() - started, 1),
         "wheels_installed": installed,
+        "site": str(site) if site.is_dir() else None,
         "limits_s": {p: PARTS[p].limit_s[args.device] for p in parts},
         "parts": {p: r.to_json() for p, r in results.items()},
     }
