@@ -574,6 +574,7 @@ def titan(device: Device, out: Path, checks: Checks, figures: dict) -> str | Non
     steps, kill_at = TITAN_STEPS[device], TITAN_KILL_AT[device]
     dtype = (f"--training.mixed_precision_param={TITAN_DTYPE[device]}",)
     figures.update(steps=steps, kill_at_step=kill_at, param_dtype=TITAN_DTYPE[device])
+    figures["load_avg_1m_at_start"] = os.getloadavg()[0]  # CPU figures depend on it
     _jobs.set_budget(PARTS["titan"].limit_s[device] - 10)
     work = out / "titan"
     try:
