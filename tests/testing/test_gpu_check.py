@@ -41,7 +41,7 @@ FAILED = PartResult(Status.FAILED, "c: it broke", checks={"c": False})
         (SKIPPED, 0, Status.SKIPPED, "needs CUDA"),
         (FAILED, 0, Status.FAILED, "c: it broke"),
         (PASSED, 3, Status.FAILED, "its process exited with 3"),
-        (FAILED, 1, Status.FAILED, "c: it broke"),
+        (FAILED, -11, Status.FAILED, "its process exited with -11"),
         (None, -9, Status.FAILED, "its process exited with -9 without a result (see its log)"),
         (None, None, Status.FAILED, "did not finish within its limit of 60 s"),
         (PASSED, None, Status.FAILED, "did not finish within its limit of 60 s"),

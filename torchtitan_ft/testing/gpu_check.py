@@ -35,6 +35,7 @@ end means; unit-tested in ``tests/testing/test_gpu_check.py``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
 import json
 import os
@@ -114,26 +115,29 @@ def settle(
     result: PartResult | None, returncode: int | None, limit_s: float, wall_s: float
 ) -> PartResult:
     """A part's outcome from what its process left: its result file (``None`` if it wrote
-    none), its exit status (``None`` when it was stopped at ``limit_s``) and its wall time."""
+    none; a part saves its progress while it runs), its exit status (``None`` when it was
+    stopped at ``limit_s``; a part that ran to its end exits 0, whatever it found) and its wall
+    time. What the part measured is kept in every case."""
     if returncode is None:
-        figures = result.figures if result else {}
         reason = f"did not finish within its limit of {limit_s:.0f} s"
-        settled = PartResult(Status.FAILED, reason, figures, result.checks if result else {})
-    elif result is None:
-        reason = f"its process exited with {returncode} without a result (see its log)"
-        settled = PartResult(Status.FAILED, reason)
-    elif returncode != 0 and result.status is not Status.FAILED:
-        settled = PartResult(
-            Status.FAILED, f"its process exited with {returncode}", **_rest(result)
-        )
+    elif returncode != 0:
+        reason = f"its process exited with {returncode}"
+        if result is None:
+            reason += " without a result (see its log)"
     else:
+        reason = None
+    if reason is None and result is not None:
         settled = result
+    else:
+        settled = PartResult(Status.FAILED, reason or "it wrote no result (see its log)")
+        if result is not None:
+            settled.figures, settled.checks, settled.error = (
+                result.figures,
+                result.checks,
+                result.error,
+            )
     settled.wall_s = round(wall_s, 1)
     return settled
-
-
-def _rest(result: PartResult) -> dict[str, Any]:
-    return {"figures": result.figures, "checks": result.checks, "error": result.error}
 
 
 def overall(results: dict[str, PartResult]) -> Status:
@@ -162,10 +166,24 @@ class Checks:
         return bool(ok)
 
 
+SAVE_EVERY_S = 2.0
+"""How often a running part saves what it has measured so far (kept if it is stopped)."""
+
+
 def run_part(name: str, device: Device, out: Path) -> PartResult:
-    """Runs part ``name`` in this process; exceptions end it as a failure with the traceback."""
+    """Runs part ``name`` in this process, saving its progress to ``out/<name>.json`` while it
+    runs; exceptions end it as a failure with the traceback. Its result, also saved."""
     checks, figures = Checks(), {}
     started = time.monotonic()
+    done = threading.Event()
+
+    def save_progress() -> None:
+        while not done.wait(SAVE_EVERY_S):
+            unfinished = PartResult(Status.FAILED, "unfinished", figures, checks.results)
+            with contextlib.suppress(RuntimeError, TypeError, ValueError):  # changed mid-dump
+                _save(out, name, unfinished)
+
+    threading.Thread(target=save_progress, daemon=True).start()
     try:
         skipped = _PART_FUNCTIONS[name](device, out, checks, figures)
     except Exception as e:  # the part failed; the report says how
@@ -178,9 +196,18 @@ def run_part(name: str, device: Device, out: Path) -> PartResult:
             result = PartResult(Status.SKIPPED, skipped, figures)
         else:
             result = PartResult(Status.PASSED, "", figures)
+    done.set()
     result.checks = checks.results
     result.wall_s = round(time.monotonic() - started, 1)
+    _save(out, name, result)
     return result
+
+
+def _save(out: Path, name: str, result: PartResult) -> None:
+    text = json.dumps(result.to_json(), indent=2)
+    tmp = out / f".{name}.json.tmp"
+    tmp.write_text(text)
+    tmp.replace(out / f"{name}.json")  # a reader never sees half a file
 
 
 def _torch_device(device: Device) -> Any:
@@ -382,26 +409,26 @@ def manager(device: Device, out: Path, checks: Checks, figures: dict) -> str | N
 # ---------------------------------------------------------------------- process groups
 
 
-def pg_cycle(make_pg: Callable[[], Any], dev: Any, store_port: int, tag: str) -> dict[str, Any]:
+def pg_cycle(make_pg: Callable[[], Any], dev: Any, store_port: int, tag: str, into: dict) -> None:
     """One rank: configure, all-reduce, abort, configure again, all-reduce; then an all-reduce
     stuck on a peer (rank 1 of 2, which configures and never joins the collective) fails past
-    the timeout, and the group configures again with one rank. Figures and what held."""
+    the timeout, and the group configures again with one rank. Records its figures in
+    ``into`` as it goes (an exception keeps those measured before it)."""
     import torch
 
     pg = make_pg()
     addr = f"127.0.0.1:{store_port}"
-    figures: dict[str, Any] = {}
     started = time.monotonic()
     pg.configure(f"{addr}/{tag}-q0", "gpu_check_0", 0, 1)
-    figures["configure_s"] = round(time.monotonic() - started, 2)
+    into["configure_s"] = round(time.monotonic() - started, 2)
     t = torch.full((4,), 2.0, device=dev)
     pg.allreduce([t]).wait()
-    figures["allreduce_ok"] = bool(torch.equal(t.cpu(), torch.full((4,), 2.0)))
+    into["allreduce_ok"] = bool(torch.equal(t.cpu(), torch.full((4,), 2.0)))
     pg.abort()
     pg.configure(f"{addr}/{tag}-q1", "gpu_check_0", 0, 1)
     t = torch.full((4,), 3.0, device=dev)
     pg.allreduce([t]).wait()
-    figures["reconfigured_allreduce_ok"] = bool(torch.equal(t.cpu(), torch.full((4,), 3.0)))
+    into["reconfigured_allreduce_ok"] = bool(torch.equal(t.cpu(), torch.full((4,), 3.0)))
 
     peer = make_pg()
     joined = threading.Thread(
@@ -410,23 +437,40 @@ def pg_cycle(make_pg: Callable[[], Any], dev: Any, store_port: int, tag: str) ->
     joined.start()
     pg.configure(f"{addr}/{tag}-q2", "gpu_check_0", 0, 2)
     joined.join(60)
-    started = time.monotonic()
-    try:
-        pg.allreduce([torch.ones(4, device=dev)]).wait()
-        figures["stuck_allreduce_failed"] = False
-    except Exception as e:  # what we wait for: the timeout's error
-        figures["stuck_allreduce_failed"] = True
-        figures["stuck_allreduce_error"] = f"{type(e).__name__}: {e}"[:300]
-    figures["stuck_allreduce_s"] = round(time.monotonic() - started, 2)
+    work = pg.allreduce([torch.ones(4, device=dev)])
+    failed, error, waited = _wait_bounded(work, PG_TIMEOUT_S * 3 + 10)
+    into.update(stuck_allreduce_failed=failed, stuck_allreduce_s=waited)
+    into["stuck_allreduce_error"] = error
     pg.abort()
     peer.abort()
     pg.configure(f"{addr}/{tag}-q3", "gpu_check_0", 0, 1)
     t = torch.full((4,), 5.0, device=dev)
     pg.allreduce([t]).wait()
-    figures["after_stuck_allreduce_ok"] = bool(torch.equal(t.cpu(), torch.full((4,), 5.0)))
+    into["after_stuck_allreduce_ok"] = bool(torch.equal(t.cpu(), torch.full((4,), 5.0)))
     pg.shutdown()
     peer.shutdown()
-    return figures
+
+
+def _wait_bounded(work: Any, limit_s: float) -> tuple[bool, str | None, float]:
+    """Waits for ``work`` in a thread, at most ``limit_s``: whether it failed, its error (or
+    why it counts as failed: it never returned) and the seconds waited."""
+    outcome: dict[str, Any] = {}
+
+    def wait() -> None:
+        try:
+            work.wait()
+        except Exception as e:  # what a stuck collective should end with
+            outcome["error"] = f"{type(e).__name__}: {e}"[:300]
+        outcome["returned"] = True
+
+    started = time.monotonic()
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    waiter.join(limit_s)
+    waited = round(time.monotonic() - started, 2)
+    if "returned" not in outcome:
+        return False, f"wait() still blocked after {limit_s:.0f} s", waited
+    return "error" in outcome, outcome.get("error"), waited
 
 
 PG_TIMEOUT_S = 5.0
@@ -435,12 +479,13 @@ PG_TIMEOUT_S = 5.0
 
 def _check_cycle(checks: Checks, name: str, figures: dict[str, Any]) -> None:
     for key in ("allreduce_ok", "reconfigured_allreduce_ok", "after_stuck_allreduce_ok"):
-        checks.expect(f"{name}: {key}", figures[key])
-    checks.expect(f"{name}: stuck all-reduce failed", figures["stuck_allreduce_failed"])
+        checks.expect(f"{name}: {key}", figures.get(key, False))
+    waited = figures.get("stuck_allreduce_s", 0.0)
     checks.expect(
-        f"{name}: stuck all-reduce ended near its timeout",
-        figures["stuck_allreduce_s"] < PG_TIMEOUT_S * 3 + 10,
-        f"{figures['stuck_allreduce_s']} s for a timeout of {PG_TIMEOUT_S} s",
+        f"{name}: stuck all-reduce failed at its timeout",
+        figures.get("stuck_allreduce_failed", False) and waited >= PG_TIMEOUT_S * 0.9,
+        f"{figures.get('stuck_allreduce_error')} after {figures.get('stuck_allreduce_s')} s "
+        f"(timeout {PG_TIMEOUT_S} s)",
     )
 
 
@@ -470,8 +515,12 @@ def nccl(device: Device, out: Path, checks: Checks, figures: dict) -> str | None
         key, dev = "gloo_rehearsal", "cpu"
     figures[key] = {}
     for name, cls in groups.items():
-        cycle = pg_cycle(lambda cls=cls: cls(timeout=timeout), dev, store.port, name)
-        figures[key][name] = cycle
+        cycle = figures[key][name] = {}
+        try:
+            pg_cycle(lambda cls=cls: cls(timeout=timeout), dev, store.port, name, cycle)
+        except Exception as e:  # the next group still runs; the report says where it broke
+            cycle["error"] = traceback.format_exc()
+            checks.expect(f"{name}: the sequence ran", False, f"{type(e).__name__}: {e}"[:300])
         _check_cycle(checks, name, cycle)
     return None if device == "cuda" else "needs CUDA (NCCL); the gloo rehearsal of it ran"
 
@@ -594,6 +643,7 @@ def titan(device: Device, out: Path, checks: Checks, figures: dict) -> str | Non
                 steps,
                 work / f"ft{replica}",
                 f"--fault_tolerance.replica_id={replica}",
+                "--fault_tolerance.process_group=gloo",  # 2 processes, 1 GPU: no NCCL across
                 *dtype,
                 env=_jobs.ft_env(
                     "debug_ft_cpu.toml",
@@ -663,7 +713,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     result = run_part(args.part, args.device, args.out)
-    (args.out / f"{args.part}.json").write_text(json.dumps(result.to_json(), indent=2))
     print(f"gpu_check part {args.part}: {result.status.value} {result.reason}", flush=True)
     sys.stdout.flush()
     os._exit(0)  # a Manager's or NCCL's leftover threads must not hold the exit
