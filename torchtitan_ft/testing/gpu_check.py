@@ -599,11 +599,14 @@ def semi_sync(device: Device, out: Path, checks: Checks, figures: dict) -> str |
 
 # ---------------------------------------------------------------------- TorchTitan
 
-TITAN_STEPS = {"cuda": 30, "cpu": 12}
+TITAN_STEPS = {"cuda": 30, "cpu": 16}
 TITAN_KILL_AT = {"cuda": 12, "cpu": 6}
 TITAN_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}
 TITAN_WARMUP = 3
-"""Steps left out of the step-time medians (the first quorum, gloo set-up, the first heal)."""
+"""Steps left out of the no-FT step-time medians (the first steps' set-up)."""
+TITAN_STEPS_BEFORE_KILL = 4
+"""Steps both groups train together before group 1 is killed, at least (their step times are
+the FT figure)."""
 
 
 def _median_step_s(run: Any, first: int, last: int) -> float | None:
@@ -627,7 +630,7 @@ def titan(device: Device, out: Path, checks: Checks, figures: dict) -> str | Non
     _jobs.set_budget(PARTS["titan"].limit_s[device] - 10)
     work = out / "titan"
     try:
-        # Without FT: the same two processes, side by side on the same device.
+        # First without FT: the same two processes at the same time on the same device.
         plain = [
             _jobs.TrainRun(f"no-FT {r}", steps, work / f"plain{r}", *dtype, env={
                 "CONFIG_FILE": str(_jobs.CONFIGS / "debug_cpu.toml")})
@@ -661,8 +664,14 @@ def titan(device: Device, out: Path, checks: Checks, figures: dict) -> str | Non
         )
         with lighthouse as address:
             survivor, killed = group(0, address), group(1, address)
+            # Group 0 may train a few steps alone before group 1 is up and heals into a later
+            # step: the FT step times start 2 steps past group 1's first, both groups in.
+            killed.wait_for(r"step:\s*\d+\s+loss")
+            first = killed.step_lines()[0][0] + 2
+            kill_at = max(kill_at, first + TITAN_STEPS_BEFORE_KILL)
+            figures.update(together_from_step=first, kill_at_step=kill_at)
             killed.wait_for(rf"step:\s*{kill_at}\s+loss")
-            ft = [_median_step_s(run, TITAN_WARMUP, kill_at) for run in (survivor, killed)]
+            ft = [_median_step_s(run, first, kill_at) for run in (survivor, killed)]
             killed.sigkill()
             killed.name = "replica group 1 (killed)"
             _ready_path(work, 1, 0).unlink(missing_ok=True)
