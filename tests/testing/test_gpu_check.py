@@ -4,16 +4,21 @@ The run's test reads ``report.json``, not the logs."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-from torchtitan_ft.testing.gpu_check import PARTS, PartResult, Status, overall, plan, settle
+from torchtitan_ft.testing.gpu_check import PARTS, Part, PartResult, Status, overall, plan, settle
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
 
 
 def test_plan_keeps_the_parts_order_and_rejects_bad_requests() -> None:
@@ -72,7 +77,7 @@ def test_overall(statuses, expected) -> None:
 def test_cheap_parts_pass_on_cpu(tmp_path: Path) -> None:
     """The environment, the Manager on the device and DiLoCo with quantized pseudo-gradients,
     each in its own process as on a GPU; every named check holds."""
-    command = [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(tmp_path)]
+    command = [sys.executable, str(SCRIPT), "--out", str(tmp_path)]
     command += ["--device", "cpu", "--parts", "environment", "manager", "semi_sync"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=200)
     report = json.loads((tmp_path / "report.json").read_text())
@@ -90,3 +95,26 @@ def test_cheap_parts_pass_on_cpu(tmp_path: Path) -> None:
     ]
     assert {d for _, d in manager["configured_on"]} == {"cpu"}
     assert parts["semi_sync"]["figures"]["group0"]["syncs_failed"] == 0
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_a_part_past_its_limit_is_stopped_and_fails(tmp_path: Path, monkeypatch) -> None:
+    script = _script()
+    monkeypatch.setitem(script.PARTS, "environment", Part("environment", {"cpu": 0.5}))
+    started = time.monotonic()
+    result = script.run_one("environment", "cpu", tmp_path, dict(os.environ))
+    assert time.monotonic() - started < script.STOP_GRACE_S + 10
+    assert (result.status, result.reason) == (
+        Status.FAILED,
+        "did not finish within its limit of 0 s",
+    )
+    assert (tmp_path / "environment.log").exists()
