@@ -11,5 +11,7 @@
 - :mod:`torchtitan_ft.testing.chaos`: invariants over that harness's per-step records
   (identical states, no step regression, progress gaps);
 - :mod:`torchtitan_ft.testing.processes`: a lighthouse as a killable subprocess, and worker
-  processes driven by JSON lines (the benchmarks).
+  processes driven by JSON lines (the benchmarks);
+- :mod:`torchtitan_ft.testing.gpu_check`: the parts of ``scripts/gpu_check.py``, the prepared
+  check of the device paths (one process per part, a JSON result each).
 """
