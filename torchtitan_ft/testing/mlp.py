@@ -45,9 +45,9 @@ class WorkerConfig:
     ``kill_participants`` replica groups take part (i.e. peers are in the collective)."""
     kill_participants: int = 2
     hang_at_step: int | None = None
-    """SIGSTOP this process (once) right after launching the allreduce of this step, provided
-    ``kill_participants`` replica groups take part: a hung peer, its connections open. The
-    test sends SIGCONT."""
+    """SIGSTOP this process (once) right before launching the allreduce of this step, provided
+    ``kill_participants`` replica groups take part: a hung peer, its connections open, its
+    peers waiting in the collective for its contribution. The test sends SIGCONT."""
     fail_first_heal: bool = False
     """This rank's first checkpoint fetch fails (a donor lost mid-transfer)."""
     step_sleep_s: float = 0.0
@@ -318,13 +318,16 @@ def train_worker(cfg: WorkerConfig) -> None:
         fired = []
 
         def allreduce_then_die(tensors: Any, opts: Any = None) -> Any:
-            work = real_allreduce(tensors, opts)
-            if (
+            fire = (
                 not fired
                 and manager.current_step() >= at_step
                 and manager.num_participants() >= cfg.kill_participants
-            ):
+            )
+            if fire and sig == signal.SIGSTOP:
                 fired.append(sig)
+                os.kill(os.getpid(), sig)
+            work = real_allreduce(tensors, opts)
+            if fire and sig == signal.SIGKILL:
                 os.kill(os.getpid(), sig)
             return work
 
