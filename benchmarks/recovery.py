@@ -45,9 +45,18 @@ throughout; replica 1 is the victim, then its replacements, one per kill:
      needs the import done).
 
 3. the replacement trains ``--steady`` steps, and is itself the victim of the next kill.
+4. the hang row (``--hangs``, after the kills): once both committed ``--steady`` steps
+   together, the last replacement is SIGSTOPped at a random moment of a step and SIGCONTed
+   ``--hang-hold-s`` later (default 35 s: longer than the lighthouse's heartbeat timeout and
+   than the Managers' 30 s collective timeout). Its connections stay open, unlike a killed
+   process's. **hang stall** = SIGSTOP -> the survivor's first commit of a step without the
+   hung group (``stall_s``), against the goal ``heartbeat timeout + one steady step``
+   (``stall_over_goal``); and SIGCONT -> the hung group's first committed participating step
+   (``rejoin_s``).
 
     python -m benchmarks.recovery [--sizes-mb 10 200] [--kinds cold warm bg_dynamo]
         [--impls ours torchft] [--trials 3] [--repeats 1] [--steady 8] [--seed N]
+        [--hangs 1] [--hang-hold-s 35] [--heartbeat-timeout-ms 5000]
 
 Summaries give medians and ranges per row and ``ours_over_torchft`` (``RATIO_ROWS``); runs whose
 worker died are listed under ``failed_runs``.
@@ -73,6 +82,7 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
 
 from benchmarks import _mlp, machine  # noqa: E402
@@ -263,6 +273,11 @@ class Proc:
         self.w.proc.wait()
         return t
 
+    def signal(self, sig: signal.Signals) -> float:
+        t = time.time()
+        os.kill(self.w.proc.pid, sig)
+        return t
+
     def stop(self) -> None:
         if self.w.proc.poll() is None:
             try:
@@ -285,8 +300,9 @@ def _steady_steps(events: list[dict[str, Any]], n: int) -> list[float]:
     return [b - a for a, b in itertools.pairwise(times)]
 
 
-def _lighthouse(impl: str) -> Any:
-    """The impl's own lighthouse (torchft's Rust one for the reference), defaults."""
+def _lighthouse(impl: str, heartbeat_timeout_ms: int) -> Any:
+    """The impl's own lighthouse (torchft's Rust one for the reference), defaults but the
+    heartbeat timeout."""
     if impl == "torchft":
         from benchmarks._reference import load_reference
 
@@ -296,10 +312,14 @@ def _lighthouse(impl: str) -> Any:
         reference = load_reference()
         if reference is None:
             raise SystemExit("torchft 0.2.0 is not installed: run scripts/install_reference.sh")
-        return reference.LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=1)
+        return reference.LighthouseServer(
+            bind=f"{_mlp.HOST}:0", min_replicas=1, heartbeat_timeout_ms=heartbeat_timeout_ms
+        )
     from torchtitan_ft.lighthouse import LighthouseServer
 
-    return LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=1)
+    return LighthouseServer(
+        bind=f"{_mlp.HOST}:0", min_replicas=1, heartbeat_timeout_ms=heartbeat_timeout_ms
+    )
 
 
 class _Spare:
@@ -369,12 +389,66 @@ def _donor_slowest(survivor: Proc, joined_from: float, participated: float, stea
     return round(max(overlapping) / steady, 2) if overlapping else 0.0
 
 
+@dataclass(frozen=True)
+class HangOptions:
+    count: int
+    """Hangs after the kills (``--hangs``)."""
+    hold_s: float
+    """How long the hung group stays SIGSTOPped (``--hang-hold-s``)."""
+    heartbeat_timeout_s: float
+    """The lighthouse's heartbeat timeout (``--heartbeat-timeout-ms``)."""
+
+
+def _steady_state(survivor: Proc, victim: Proc, steady: int) -> float:
+    """Waits for ``steady`` steps committed together; the survivor's median steady step."""
+    count = 0
+    while count < steady:
+        if _together(survivor.next()):
+            count += 1
+    victim.drain()
+    return statistics.median(_steady_steps(survivor.events, steady - 1))
+
+
+def _hang(
+    survivor: Proc, victim: Proc, steady: int, rng: random.Random, opts: HangOptions
+) -> dict[str, Any]:
+    """One hang of ``victim`` (SIGSTOP, hold, SIGCONT): see the module doc, step 4."""
+    steady_s = _steady_state(survivor, victim, steady)
+    time.sleep(rng.uniform(0.0, steady_s))
+    stopped = victim.signal(signal.SIGSTOP)
+    alone = survivor.wait_for(
+        lambda m: "t" in m and m["committed"] and m["participants"] == 1 and m["t"] > stopped,
+        timeout=opts.hold_s + 180,
+    )
+    time.sleep(max(0.0, stopped + opts.hold_s - time.time()))
+    resumed = victim.signal(signal.SIGCONT)
+    back = victim.wait_for(
+        lambda m: "t" in m and m["committed"] and m["participating"] and m["t"] > resumed
+    )
+    lost = [e for e in survivor.events if stopped < e["t"] <= alone["t"]]
+    goal = opts.heartbeat_timeout_s + steady_s
+    return {
+        "stall_s": round(alone["t"] - stopped, 3),
+        "steady_step_s": round(steady_s, 3),
+        "goal_s": round(goal, 3),
+        "stall_over_goal": round((alone["t"] - stopped) / goal, 2),
+        "held_s": round(resumed - stopped, 3),
+        "discarded_steps": sum(not e["committed"] for e in lost),
+        "rejoin_s": round(back["t"] - resumed, 3),
+    }
+
+
 def run_size(
-    size_mb: float, kinds: list[str], steady: int, rng: random.Random, impl: str
+    size_mb: float,
+    kinds: list[str],
+    steady: int,
+    rng: random.Random,
+    impl: str,
+    hangs: HangOptions,
 ) -> dict[str, Any]:
     if impl != "ours":  # the warm spare is torchtitan_ft's; torchft has none
         kinds = [kind for kind in kinds if kind != "warm"]
-    lighthouse = _lighthouse(impl)
+    lighthouse = _lighthouse(impl, round(hangs.heartbeat_timeout_s * 1000))
     addr = lighthouse.address()
     tmp = tempfile.mkdtemp(prefix="recovery-spare-")
     survivor = Proc(0, size_mb, addr, "cold", impl)
@@ -382,6 +456,7 @@ def run_size(
     procs = [survivor, victim]
     stalls: list[dict[str, Any]] = []
     replacements: list[dict[str, Any]] = []
+    hang_rows: list[dict[str, Any]] = []
     try:
         for p in (survivor, victim):
             p.wait_for(lambda m: "marks" in m)
@@ -393,14 +468,7 @@ def run_size(
                 replacement = Proc(1, size_mb, addr, kind, impl, spare=spare.options)
                 procs.append(replacement)
                 spare.wait_ready(replacement)
-            # steady state: both commit together for `steady` steps
-            count = 0
-            while count < steady:
-                if _together(survivor.next()):
-                    count += 1
-            victim.drain()
-            intervals = _steady_steps(survivor.events, steady - 1)
-            steady_s = statistics.median(intervals)
+            steady_s = _steady_state(survivor, victim, steady)
             time.sleep(rng.uniform(0.0, steady_s))
             killed = victim.kill()
             victim.drain()
@@ -480,12 +548,21 @@ def run_size(
             replacements.append(report)
             print(f"[{size_mb} MB] replacement {replacements[-1]}", file=sys.stderr)
             victim = replacement
+        for _ in range(hangs.count):
+            hang_rows.append(_hang(survivor, victim, steady, rng, hangs))
+            print(f"[{size_mb} MB] hang {hang_rows[-1]}", file=sys.stderr)
     finally:
         for p in procs:
             p.stop()
         lighthouse.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"impl": impl, "size_mb": size_mb, "stalls": stalls, "replacements": replacements}
+    return {
+        "impl": impl,
+        "size_mb": size_mb,
+        "stalls": stalls,
+        "replacements": replacements,
+        "hangs": hang_rows,
+    }
 
 
 def _replacement_report(
@@ -568,7 +645,13 @@ def summarize(runs: list[dict[str, Any]], kinds: list[str]) -> dict[str, Any]:
             [s["to_first_commit_without_victim_s"] for s in stalls]
         ),
         "steady_step_s_median": _median([s["steady_step_s"] for s in stalls]),
+        "hangs": sum(len(r["hangs"]) for r in runs),
     }
+    hangs = [h for r in runs for h in r["hangs"]]
+    for key in ("stall_s", "stall_over_goal", "rejoin_s"):
+        values = [h[key] for h in hangs]
+        out[f"hang_{key}_median"] = _median(values)
+        out[f"hang_{key}_range"] = _range(values)
     for kind in kinds:
         reps = [rep for r in runs for rep in r["replacements"] if rep["kind"] == kind]
         for key in (
@@ -593,6 +676,7 @@ RATIO_ROWS = {
     "cold_donor_slowest_step_over_steady_median": "cold_donor_slowest_step_over_steady_median",
     "warm_donor_slowest_step_over_steady_median": "cold_donor_slowest_step_over_steady_median",
     "cold_participating_step_over_steady_median": "cold_participating_step_over_steady_median",
+    "hang_stall_s_median": "hang_stall_s_median",
 }
 """ours' row -> torchft's row it is divided by (torchft has no warm spare: ours' spare is
 compared with its fresh process)."""
@@ -619,6 +703,20 @@ def main() -> None:
     )
     parser.add_argument("--steady", type=int, default=8, help="steady steps before each kill")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hangs", type=int, default=1, help="hangs after the kills")
+    parser.add_argument(
+        "--hang-hold-s",
+        type=float,
+        default=35.0,
+        help="seconds a hung group stays SIGSTOPped (default 35: past the 30 s collective "
+        "timeout, so that a survivor that waits for it shows)",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout-ms",
+        type=int,
+        default=5000,
+        help="the lighthouse's heartbeat timeout (default 5000, the lighthouses' default)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--replica", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--size-mb", type=float, default=10.0, help=argparse.SUPPRESS)
@@ -630,6 +728,12 @@ def main() -> None:
         worker(args.replica, args.size_mb, args.lighthouse, args.kind, args.impl)
         return
 
+    if args.hangs < 0 or args.hang_hold_s < 0 or args.heartbeat_timeout_ms <= 0:
+        parser.error(
+            "--hangs and --hang-hold-s must be >= 0 and --heartbeat-timeout-ms > 0, got "
+            f"{args.hangs}, {args.hang_hold_s}, {args.heartbeat_timeout_ms}"
+        )
+    hangs = HangOptions(args.hangs, args.hang_hold_s, args.heartbeat_timeout_ms / 1000)
     started = time.time()
     rng = random.Random(args.seed)
     kinds = [k for _ in range(args.repeats) for k in args.kinds]
@@ -641,7 +745,7 @@ def main() -> None:
             order = args.impls[trial % len(args.impls) :] + args.impls[: trial % len(args.impls)]
             for impl in order:
                 try:
-                    runs[impl].append(run_size(size_mb, kinds, args.steady, rng, impl))
+                    runs[impl].append(run_size(size_mb, kinds, args.steady, rng, impl, hangs))
                 except (RuntimeError, queue.Empty) as e:  # a worker died or hung: recorded
                     print(f"[{size_mb} MB] {impl} trial {trial} failed: {e}", file=sys.stderr)
                     errors.append(
@@ -667,7 +771,10 @@ def main() -> None:
                 "setup": {
                     **_mlp.setup(),
                     "lighthouse": "in-process, the impl's own (torchft: its Rust one), "
-                    "min_replicas=1, default timeouts",
+                    f"min_replicas=1, heartbeat timeout {args.heartbeat_timeout_ms} ms, "
+                    "other timeouts default",
+                    "hang": f"SIGSTOP at a random moment of a step, SIGCONT {args.hang_hold_s} "
+                    "s later",
                     "manager": "async quorum, timeout 30 s, HTTPTransport",
                     "kill": "SIGKILL at a random moment of a step after steady training",
                 },

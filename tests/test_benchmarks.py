@@ -38,7 +38,7 @@ def test_recovery_prints_stall_and_replacement() -> None:
     out = _benchmark(
         "benchmarks.recovery",
         *("--sizes-mb", "1", "--kinds", "cold", "--impls", "ours", "--repeats", "1"),
-        *("--steady", "2"),
+        *("--steady", "2", "--hangs", "1", "--hang-hold-s", "2", "--heartbeat-timeout-ms", "1000"),
         timeout=150,
     )
     assert out["failed_runs"] == []
@@ -49,6 +49,9 @@ def test_recovery_prints_stall_and_replacement() -> None:
     assert run["stalls"][0]["stall_s"] >= 0  # rounded to ms: 0.0 when the kill hit between steps
     assert run["replacements"][0]["kind"] == "cold"
     assert "stall_s_median" in size["summary"]["ours"]
+    (hang,) = run["hangs"]
+    assert hang["stall_s"] > 0 and hang["rejoin_s"] > 0 and hang["goal_s"] > 1.0
+    assert "hang_stall_over_goal_median" in size["summary"]["ours"]
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from torchtitan_ft.lighthouse.decision import (
     DecisionOptions,
     Pending,
     decide,
+    gone_members,
     newcomer_ahead,
     next_quorum_id,
 )
@@ -265,3 +266,18 @@ def test_the_state_logs_a_wait_for_stragglers_once(caplog) -> None:
     waits = [r for r in caplog.records if "have not asked" in r.getMessage()]
     assert len(waits) == 1, [r.getMessage() for r in waits]
     assert "issuing without them in" in state.reason  # the status page still counts down
+
+
+@pytest.mark.parametrize(
+    "watched, heartbeats, expected",
+    [
+        (["b", "c"], {"b": 99.0, "c": 99.9}, ()),  # both heard from within the timeout
+        (["b", "c"], {"b": 95.0, "c": 99.9}, ("b",)),  # b silent exactly the timeout: gone
+        (["c", "b"], {"b": 90.0, "c": 80.0}, ("b", "c")),  # sorted, whatever the order asked
+        (["b"], {}, ()),  # no record (stream ended, or a restarted lighthouse): not reported
+        (["b", "b"], {"b": 90.0}, ("b",)),  # asked twice, named once
+        ([], {"b": 90.0}, ()),  # only the watched count
+    ],
+)
+def test_gone_members(watched, heartbeats, expected) -> None:
+    assert gone_members(watched, heartbeats, NOW, OPTS.heartbeat_timeout) == expected

@@ -483,3 +483,33 @@ def test_a_client_dropped_without_close_ends_its_stream(servers) -> None:
     gc.collect()
     # The stream ended with the client: its threads are gone, nothing is left per client.
     wait_until(lambda: threading.active_count() <= before)
+
+
+def test_gone_members_names_a_silent_member_and_tells_it_when_it_is_back(servers) -> None:
+    """A member that stops heartbeating (hung: its process alive, no stream end) is named gone
+    to a waiting peer once the heartbeat timeout passes; asking again itself, it learns it was
+    named gone until a quorum has it again."""
+    server = servers(min_replicas=1, heartbeat_timeout_ms=300)
+    client = LighthouseClient(server.address())
+    client.heartbeat("hung")
+    stream = client.heartbeat_stream("alive", timedelta(milliseconds=50))
+    try:
+        first = client.gone_members("alive", ["alive", "hung"], timedelta(0)).result()
+        assert (list(first.gone), first.requester_gone, first.heartbeat_timeout_ms) == (
+            [],
+            False,
+            300,
+        )
+        started = time.monotonic()
+        answer = client.gone_members("alive", ["alive", "hung"], timedelta(seconds=10)).result()
+        assert list(answer.gone) == ["hung"] and not answer.requester_gone
+        assert time.monotonic() - started < 5.0  # the long poll ends when it is gone
+        back = client.gone_members("hung", ["alive"], timedelta(0)).result()
+        assert back.requester_gone and list(back.gone) == []
+        stream.close()  # "alive" leaves: "hung" alone is a majority
+        client.quorum("hung", T)  # a quorum that has it again: no longer gone
+        again = client.gone_members("hung", ["alive"], timedelta(0)).result()
+        assert not again.requester_gone
+    finally:
+        stream.close()
+        client.close()

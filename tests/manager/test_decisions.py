@@ -22,9 +22,11 @@ from torchtitan_ft.manager.decisions import (
     compute_quorum_results,
     global_ranks,
     heal_needs_group_agreement,
+    hung_peer_abort,
     impostor_refusal,
     inflight_retry_decision,
     local_commit_vote,
+    needs_commit_fence,
     quorum_store_address,
 )
 from torchtitan_ft.proto import torchft_pb2 as pb
@@ -484,3 +486,34 @@ def test_gate_returns_an_address_warning_when_it_changes() -> None:
     assert gate.admit(None, _PEER_LOOPBACK) == QuorumAdmission()
     assert gate.admit(None, None) == QuorumAdmission()
     assert gate.admit(None, _PEER_LOOPBACK).warning == _PEER_LOOPBACK.message
+
+
+@pytest.mark.parametrize(
+    "quorum_ids, gone, self_gone, aborts, names",
+    [
+        (["a", "b", "c"], [], False, False, ""),  # nobody gone: keep waiting
+        (["a", "b", "c"], ["c"], False, True, "['c']"),  # a peer of this quorum is gone
+        (["a", "b"], ["z"], False, False, ""),  # gone elsewhere in the job: no peer of ours
+        (["a", "b"], ["a"], False, False, ""),  # this group itself is never its own peer
+        (["a", "b"], [], True, True, "named this replica group gone"),  # the hung one, back
+        (["a", "b", "c"], ["c", "b"], False, True, "['b', 'c']"),
+    ],
+)
+def test_hung_peer_abort(quorum_ids, gone, self_gone, aborts, names) -> None:
+    reason = hung_peer_abort(quorum_ids, "a", gone, self_gone)
+    assert (reason is not None) == aborts
+    if aborts:
+        assert names in reason
+
+
+@pytest.mark.parametrize(
+    "step_s, heartbeat_timeout, fence",
+    [
+        (0.1, None, True),  # the lighthouse's timeout not known yet: ask
+        (0.1, 5.0, False),  # a short step cannot have been named gone
+        (2.5, 5.0, True),  # half the timeout: ask before voting
+        (60.0, 5.0, True),
+    ],
+)
+def test_needs_commit_fence(step_s, heartbeat_timeout, fence) -> None:
+    assert needs_commit_fence(step_s, heartbeat_timeout) is fence

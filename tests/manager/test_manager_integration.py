@@ -455,3 +455,75 @@ def _fingerprint(width: int) -> str:
     from torchtitan_ft.manager import model_fingerprint
 
     return model_fingerprint(torch.nn.Linear(16, width))
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.slow
+def test_sigstopped_group_survivors_abort_and_the_group_rejoins(
+    tmp_path: Path, procs: list[Any]
+) -> None:
+    """A group SIGSTOPped mid-allreduce keeps its connections open. Its peers abort the
+    collective once the lighthouse's heartbeat timeout (1 s) names it gone, long before the
+    process group's timeout (60 s), and commit without it; SIGCONTed, it discards its step,
+    heals and ends bitwise identical."""
+    from torchtitan_ft.events import EventKind, read_events
+
+    lighthouse = LighthouseServer(
+        bind="127.0.0.1:0",
+        min_replicas=2,
+        join_timeout_ms=500,
+        quorum_tick_ms=50,
+        heartbeat_timeout_ms=1000,
+    )
+    events = tmp_path / "events"
+    try:
+        common = dict(
+            lighthouse_addr=lighthouse.address(),
+            stop_step=14,
+            stop_participants=3,
+            step_sleep_s=0.02,
+            max_iterations=1500,
+            timeout_s=60.0,
+            events_dir=str(events),
+        )
+        outs = [tmp_path / f"r{i}.pt" for i in range(3)]
+        for i in range(3):
+            hang = dict(hang_at_step=4, kill_participants=3) if i == 2 else {}
+            procs.append(
+                spawn_rank(WorkerConfig(replica=i, out_path=str(outs[i]), **common, **hang))
+            )
+        hung = procs[2]
+        deadline = time.monotonic() + 90
+        while not _stopped(hung.pid):
+            assert time.monotonic() < deadline and hung.is_alive(), "the group never stopped"
+            time.sleep(0.02)
+        stopped_at = time.time()
+        time.sleep(5.0)  # longer than the heartbeat timeout
+        os.kill(hung.pid, signal.SIGCONT)
+        for proc in procs:
+            assert _wait_exit(proc, 120) == 0
+    finally:
+        lighthouse.shutdown()
+
+    results = [_load(out) for out in outs]
+    _assert_identical(results)
+    got = read_events(events)
+    for survivor in ("replica_0", "replica_1"):
+        mine = [e for e in got if e.replica_name == survivor]
+        faults = [e for e in mine if e.kind is EventKind.FAULT and e.time > stopped_at]
+        assert faults and faults[0]["error"] == "HungPeerError", faults
+        resumed = next(e for e in mine if e.kind is EventKind.COMMIT and e.time > stopped_at)
+        # Not the process group's 60 s: the heartbeat timeout, a quorum and a step (load).
+        assert resumed.time - stopped_at < 15.0, resumed
+        assert resumed["participants"] == 2
+    back = [e for e in got if e.replica_name == "replica_2" and e.time > stopped_at + 5.0]
+    kinds = [e.kind for e in back]
+    assert EventKind.COMMIT not in kinds[: kinds.index(EventKind.HEAL_END)], kinds
+    assert EventKind.DISCARD in kinds[: kinds.index(EventKind.HEAL_END)], kinds

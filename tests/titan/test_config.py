@@ -393,6 +393,14 @@ def test_bad_toml_value_is_named(tmp_path: Path, line: str, message: str) -> Non
             ],
             r"data_parallel_replicate_degree=2 must be 1",
         ),
+        (
+            [
+                "--fault_tolerance.enable",
+                "--fault_tolerance.group_size=2",
+                "--fault_tolerance.retry_inflight_allreduce",
+            ],
+            r"retry_inflight_allreduce=true is not supported with TorchTitan: .*FSDP",
+        ),
     ],
 )
 def test_bad_values_give_one_clear_error(args: list[str], message: str) -> None:

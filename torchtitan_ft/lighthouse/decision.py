@@ -22,7 +22,7 @@ The rules, in order:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from torchtitan_ft.lighthouse.types import QuorumMember
@@ -64,6 +64,19 @@ class Decision:
 def healthy_replicas(heartbeats: Mapping[str, float], now: float, timeout: float) -> set[str]:
     """Replica ids whose last heartbeat is younger than ``timeout`` seconds."""
     return {rid for rid, seen in heartbeats.items() if now - seen < timeout}
+
+
+def gone_members(
+    watched: Iterable[str], heartbeats: Mapping[str, float], now: float, timeout: float
+) -> tuple[str, ...]:
+    """The watched replica ids the lighthouse knows to be gone, sorted: their last heartbeat
+    is at least ``timeout`` seconds old (a process alive but silent, e.g. SIGSTOPped).
+
+    An id without a heartbeat record is not reported: its stream ended (a dead process, whose
+    peers' collectives fail on their own) or this lighthouse restarted and has not heard from
+    it yet (it may be fine; its stream reconnects within a heartbeat interval).
+    """
+    return tuple(sorted({rid for rid in watched if now - heartbeats.get(rid, now) >= timeout}))
 
 
 def decide(

@@ -50,12 +50,17 @@ from torchtitan_ft.rpc_server import (
 logger = logging.getLogger(__name__)
 
 SERVICE = "torchft.LighthouseService"
-METHODS = ("Quorum", "QuorumStream", "Heartbeat", "HeartbeatStream")
+METHODS = ("Quorum", "QuorumStream", "Heartbeat", "HeartbeatStream", "GoneMembers")
 
 _IDLE_CONNECTION_MS = 30_000
 """A connection with no call for this long is closed; clients reconnect when they next call.
 Members never idle that long: a heartbeat stream or torchft's 100 ms heartbeats keep theirs
 busy."""
+_GONE_POLL_S = 0.05
+"""How often a waiting ``GoneMembers`` call looks at the heartbeats: the delay it adds to a
+hung peer's heartbeat timeout."""
+_GONE_WAIT_MAX_S = 30.0
+"""Longest wait of one ``GoneMembers`` call; callers ask again."""
 _FD_RESERVE = 64
 """Descriptors kept for everything but client connections (event loops, logs, kill calls)."""
 
@@ -147,6 +152,31 @@ class _Service:
                 self.state.stream_closed(replica_id)
         return b""
 
+    async def gone_members(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Long-polls (at most ``_GONE_WAIT_MAX_S``, checking every ``_GONE_POLL_S``) until a
+        watched member is gone or ``wait_ms`` passes."""
+        if isinstance(request, Malformed):
+            await self._reject(context, request.message)
+        if not request.replica_id:
+            await self._reject(context, "LighthouseGoneRequest.replica_id is empty")
+        if request.wait_ms < 0:
+            await self._reject(
+                context, f"LighthouseGoneRequest.wait_ms must be >= 0, got {request.wait_ms}"
+            )
+        watched = [rid for rid in request.members if rid != request.replica_id]
+        deadline = time.monotonic() + min(request.wait_ms / 1000, _GONE_WAIT_MAX_S)
+        asker_runs = request.wait_ms == 0
+        while True:
+            gone, asker_gone = self.state.gone(request.replica_id, watched, asker_runs)
+            if gone or asker_gone or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(_GONE_POLL_S, max(0.0, deadline - time.monotonic())))
+        return pb.LighthouseGoneResponse(
+            gone=gone,
+            requester_gone=asker_gone,
+            heartbeat_timeout_ms=round(self.state.opts.heartbeat_timeout * 1000),
+        )
+
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
             SERVICE,
@@ -170,6 +200,11 @@ class _Service:
                     self.heartbeat_stream,
                     request_deserializer=parser(pb.LighthouseHeartbeatRequest),
                     response_serializer=_identity,
+                ),
+                "GoneMembers": grpc.unary_unary_rpc_method_handler(
+                    self.gone_members,
+                    request_deserializer=parser(pb.LighthouseGoneRequest),
+                    response_serializer=pb.LighthouseGoneResponse.SerializeToString,
                 ),
             },
         )

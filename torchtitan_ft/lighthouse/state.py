@@ -23,6 +23,7 @@ from torchtitan_ft.lighthouse.decision import (
     DecisionOptions,
     Pending,
     decide,
+    gone_members,
     healthy_replicas,
     newcomer_ahead,
     next_quorum_id,
@@ -34,6 +35,10 @@ logger = logging.getLogger(__name__)
 
 DECISION_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5)
 """Upper bounds (seconds) of the decision-latency histogram."""
+
+_DECLARED_GONE_KEEP_S = 3600.0
+"""How long a replica named gone is remembered without a quorum that has it again: longer
+than any SIGSTOP a job survives; bounds the memory of ids that never come back."""
 
 
 @dataclass
@@ -92,6 +97,9 @@ class LighthouseState:
         aside, see ``Decision.log_key``)."""
         self._logged_as = self.reason
         self.metrics = Metrics()
+        self.declared_gone: dict[str, float] = {}
+        """Replicas a ``gone`` answer named, and when: until a quorum with them is issued,
+        they must not commit the step their peers aborted."""
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -154,8 +162,27 @@ class LighthouseState:
         for rid in [r for r, seen in self.heartbeats.items() if now - seen > horizon]:
             if rid not in self._streams:
                 del self.heartbeats[rid]
+        for rid in [r for r, at in self.declared_gone.items() if now - at > _DECLARED_GONE_KEEP_S]:
+            del self.declared_gone[rid]
         if self.pending:
             self.evaluate()
+
+    def gone(
+        self, asker: str, watched: list[str], asker_runs: bool
+    ) -> tuple[tuple[str, ...], bool]:
+        """``GoneMembers``: the watched replicas that are gone (``gone_members``), and whether
+        ``asker`` itself was named gone by an earlier answer. ``asker_runs``: the request was
+        just sent (not a long poll that may have outlived a SIGSTOP of the asker); the asker
+        then counts as heard from now unless named gone, so that no later answer names it gone
+        for a silence that has already ended."""
+        now = self._clock()
+        gone = gone_members(watched, self.heartbeats, now, self.opts.heartbeat_timeout)
+        for rid in gone:
+            self.declared_gone.setdefault(rid, now)
+        asker_gone = asker in self.declared_gone
+        if asker_runs and not asker_gone and asker in self.heartbeats:
+            self.heartbeats[asker] = now
+        return gone, asker_gone
 
     # -- decision -------------------------------------------------------------------------
 
@@ -196,6 +223,8 @@ class LighthouseState:
                     fut.set_result(payload)
         self.previous = members
         self._previous_ids = frozenset(m.replica_id for m in members)
+        for rid in self._previous_ids & self.declared_gone.keys():
+            del self.declared_gone[rid]
         self._previous_max_step = max((m.step for m in members), default=None)
         self._previous_pending = sum(1 for rid in self.pending if rid in self._previous_ids)
         self.quorum_issued_at = self._clock()

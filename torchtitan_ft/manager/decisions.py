@@ -403,6 +403,35 @@ def inflight_retry_decision(
     return RetryDecision(True, f"an allreduce failed ({first_error}): retrying over a new quorum")
 
 
+def hung_peer_abort(
+    quorum_ids: list[str], own_id: str, gone: list[str], self_gone: bool
+) -> str | None:
+    """Why this rank aborts the collectives of a step over quorum ``quorum_ids``, given the
+    lighthouse's answer (``gone``: members silent for its heartbeat timeout; ``self_gone``: it
+    named this group gone to a peer), or None to go on waiting. Only members of this quorum
+    count: a gone replica elsewhere in the job is no peer of these collectives."""
+    if self_gone:
+        return (
+            "the lighthouse named this replica group gone (silent for its heartbeat timeout, "
+            "e.g. SIGSTOPped); its peers abort the step: discarding it"
+        )
+    hung = sorted(set(gone) & set(quorum_ids) - {own_id})
+    if hung:
+        return (
+            f"peer replica group(s) {hung} are gone (alive but silent for the lighthouse's "
+            "heartbeat timeout, e.g. SIGSTOPped): aborting the step's collectives"
+        )
+    return None
+
+
+def needs_commit_fence(step_seconds: float, heartbeat_timeout: float | None) -> bool:
+    """Whether a rank asks the lighthouse before voting to commit: its step lasted long enough
+    (half the lighthouse's ``heartbeat_timeout``, seconds; ``None`` until known: always) that
+    the lighthouse may have named its group gone, and its peers aborted the step while this
+    rank was stopped."""
+    return heartbeat_timeout is None or step_seconds >= heartbeat_timeout / 2
+
+
 def heal_needs_group_agreement(step: int, result: QuorumResult, init_sync: bool) -> bool:
     """Whether this group's ranks might heal this quorum (sync quorum only).
 

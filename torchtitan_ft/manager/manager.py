@@ -38,6 +38,7 @@ from torch.profiler import record_function
 
 from torchtitan_ft.checkpoint import CheckpointTransport
 from torchtitan_ft.events import EventKind, EventWriter, open_event_writer
+from torchtitan_ft.lighthouse.client import LighthouseClient
 from torchtitan_ft.manager.collectives import ExceptionWithTraceback, StepCollectives
 from torchtitan_ft.manager.decisions import (
     RetryDecision,
@@ -49,11 +50,13 @@ from torchtitan_ft.manager.decisions import (
     local_commit_vote,
 )
 from torchtitan_ft.manager.healing import Healing
+from torchtitan_ft.manager.hung import HungPeerError, HungPeerWatch
 from torchtitan_ft.manager.identity import GroupIdentity
 from torchtitan_ft.manager.quorum import QuorumRequest, QuorumThread
 from torchtitan_ft.manager.rendezvous import join_replica_group
 from torchtitan_ft.manager.settings import (
     ManagerSettings,
+    Source,
     overridden_message,
     resolve_manager_settings,
 )
@@ -243,6 +246,7 @@ class Manager:
         self._counters = Counters()
         self._retry_enabled = retry_inflight_allreduce
         self._retries_this_step = 0
+        self._hung_armed = False
         self._participated = False
         """This group contributed its own tensors to the step's allreduces."""
 
@@ -294,6 +298,14 @@ class Manager:
             events=self._events,
             log=self._log,
         )
+        self._hung: HungPeerWatch | None = None
+        if self._group_rank == 0 or settings.lighthouse_addr.source is not Source.DEFAULT:
+            self._hung = HungPeerWatch(
+                LighthouseClient(settings.lighthouse_addr.value, connect_timeout, auth_token),
+                group.replica_id,
+                on_abort=self._abort_hung_step,
+                log=self._log,
+            )
         self._events.emit(EventKind.START, pid=os.getpid(), group_world_size=self._group_world_size)
         if load_state_dict is not None and state_dict is not None:
             self.register_state_dict_fn("default", load_state_dict, state_dict)
@@ -347,6 +359,9 @@ class Manager:
         self._heal.new_step()
         self._retries_this_step = 0
         self._participated = False
+        self._hung_armed = False
+        if self._hung is not None:
+            self._hung.new_step()
         self._quorum.start(
             QuorumRequest(
                 step=self._step,
@@ -423,6 +438,7 @@ class Manager:
             self.report_error(e)
             return completed_future(tensor)
         self._participated = self.is_participating()
+        self._arm_hung_watch()
         return self._collectives.allreduce(
             tensor,
             participants=self._quorum.participation.world_size,
@@ -430,6 +446,21 @@ class Manager:
             should_quantize=should_quantize,
             reduce_op=reduce_op,
         )
+
+    def _arm_hung_watch(self) -> None:
+        """Watches the step's quorum for hung peers from its first collective on."""
+        result = self._quorum.result
+        if self._hung is not None and not self._hung_armed and result is not None:
+            self._hung_armed = True
+            self._hung.arm(result.replica_ids)
+
+    def _abort_hung_step(self, reason: str) -> None:
+        """``HungPeerWatch``'s verdict (its thread): fails the step's collectives now. Not a
+        retryable collective error: gloo may still write the hung collectives' tensors once
+        the peer resumes, so the step is discarded and its buffers left to them."""
+        self.report_error(HungPeerError(reason))
+        self._collectives.usable = False
+        self._pg.abort()
 
     def report_error(self, e: BaseException) -> None:
         """Records an error for this step: the step will not commit and the process group is
@@ -478,6 +509,8 @@ class Manager:
             # Safe point: after the backward, before the optimizer step; on commit the
             # averaged gradient applies to the healed weights.
             self._heal_all_or_nothing()
+        if self._hung is not None and (reason := self._hung.fence()) is not None:
+            self.report_error(HungPeerError(reason))
         participation = self._quorum.participation
         vote = local_commit_vote(self.errored(), participation.vote_size, self._min_replica_size)
         decision = self._group_and(vote.should_commit, timeout or self._timeout)
@@ -506,6 +539,9 @@ class Manager:
 
     def _settle_collectives(self) -> None:
         self._collectives.wait_pending()
+        if self._hung is not None:
+            self._hung.disarm()
+            self._hung_armed = False
         pg_error = self._pg.errored()
         if pg_error is not None:
             self.report_error(pg_error)
@@ -563,6 +599,7 @@ class Manager:
         try:
             self._quorum.wait_ready()
             self._participated = self.is_participating()
+            self._arm_hung_watch()
             self._collectives.replay(
                 participants=self._quorum.participation.world_size,
                 participating=self._participated,
@@ -666,6 +703,8 @@ class Manager:
         """Stops the checkpoint transport, the ManagerServer (group rank 0) and the quorum
         worker. The process group is the caller's."""
         self._checkpoint_transport.shutdown(wait=wait)
+        if self._hung is not None:
+            self._hung.close()
         if self._server is not None:
             self._server.shutdown()
         self._quorum.shutdown(wait=wait)

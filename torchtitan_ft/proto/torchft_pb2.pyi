@@ -61,6 +61,26 @@ class LighthouseHeartbeatResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class LighthouseGoneRequest(_message.Message):
+    __slots__ = ("replica_id", "members", "wait_ms")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    members: _containers.RepeatedScalarFieldContainer[str]
+    wait_ms: int
+    def __init__(self, replica_id: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class LighthouseGoneResponse(_message.Message):
+    __slots__ = ("gone", "requester_gone", "heartbeat_timeout_ms")
+    GONE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTER_GONE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    gone: _containers.RepeatedScalarFieldContainer[str]
+    requester_gone: bool
+    heartbeat_timeout_ms: int
+    def __init__(self, gone: _Optional[_Iterable[str]] = ..., requester_gone: _Optional[bool] = ..., heartbeat_timeout_ms: _Optional[int] = ...) -> None: ...
+
 class ManagerQuorumRequest(_message.Message):
     __slots__ = ("group_rank", "step", "checkpoint_metadata", "shrink_only", "init_sync", "commit_failures")
     GROUP_RANK_FIELD_NUMBER: _ClassVar[int]

@@ -54,6 +54,11 @@ class LighthouseServiceStub:
                 request_serializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseQuorumRequest.SerializeToString,
                 response_deserializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseQuorumResponse.FromString,
                 _registered_method=True)
+        self.GoneMembers = channel.unary_unary(
+                '/torchft.LighthouseService/GoneMembers',
+                request_serializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseGoneRequest.SerializeToString,
+                response_deserializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseGoneResponse.FromString,
+                _registered_method=True)
 
 
 class LighthouseServiceServicer:
@@ -94,6 +99,17 @@ class LighthouseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GoneMembers(self, request, context):
+        """torchtitan_ft extension: long-polls until a watched member is gone (its
+        process alive but silent for the heartbeat timeout, e.g. SIGSTOPped) or
+        wait_ms passes. A member gone this way is not in the next quorum; its
+        peers abort the collective they wait in instead of waiting for its timeout.
+        Counts as a heartbeat of the asker, unless the asker is gone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LighthouseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -116,6 +132,11 @@ def add_LighthouseServiceServicer_to_server(servicer, server):
                     servicer.QuorumStream,
                     request_deserializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseQuorumRequest.FromString,
                     response_serializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseQuorumResponse.SerializeToString,
+            ),
+            'GoneMembers': grpc.unary_unary_rpc_method_handler(
+                    servicer.GoneMembers,
+                    request_deserializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseGoneRequest.FromString,
+                    response_serializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseGoneResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -226,6 +247,33 @@ class LighthouseService:
             '/torchft.LighthouseService/QuorumStream',
             torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseQuorumRequest.SerializeToString,
             torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseQuorumResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GoneMembers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/torchft.LighthouseService/GoneMembers',
+            torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseGoneRequest.SerializeToString,
+            torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseGoneResponse.FromString,
             options,
             channel_credentials,
             insecure,

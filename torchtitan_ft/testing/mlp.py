@@ -44,6 +44,10 @@ class WorkerConfig:
     """SIGKILL this process right after launching the allreduce of this step, provided
     ``kill_participants`` replica groups take part (i.e. peers are in the collective)."""
     kill_participants: int = 2
+    hang_at_step: int | None = None
+    """SIGSTOP this process (once) right before launching the allreduce of this step, provided
+    ``kill_participants`` replica groups take part: a hung peer, its connections open, its
+    peers waiting in the collective for its contribution. The test sends SIGCONT."""
     fail_first_heal: bool = False
     """This rank's first checkpoint fetch fails (a donor lost mid-transfer)."""
     step_sleep_s: float = 0.0
@@ -304,16 +308,27 @@ def train_worker(cfg: WorkerConfig) -> None:
             raise ConnectionResetError("injected: donor lost mid-transfer")
 
         transport.recv_checkpoint_borrowed = recv_fails_once
-    if cfg.kill_at_step is not None:
+    if cfg.kill_at_step is not None or cfg.hang_at_step is not None:
         real_allreduce = pg.allreduce
+        at_step, sig = (
+            (cfg.kill_at_step, signal.SIGKILL)
+            if cfg.kill_at_step is not None
+            else (cfg.hang_at_step, signal.SIGSTOP)
+        )
+        fired = []
 
         def allreduce_then_die(tensors: Any, opts: Any = None) -> Any:
-            work = real_allreduce(tensors, opts)
-            if (
-                manager.current_step() >= cfg.kill_at_step
+            fire = (
+                not fired
+                and manager.current_step() >= at_step
                 and manager.num_participants() >= cfg.kill_participants
-            ):
-                os.kill(os.getpid(), signal.SIGKILL)
+            )
+            if fire and sig == signal.SIGSTOP:
+                fired.append(sig)
+                os.kill(os.getpid(), sig)
+            work = real_allreduce(tensors, opts)
+            if fire and sig == signal.SIGKILL:
+                os.kill(os.getpid(), sig)
             return work
 
         pg.allreduce = allreduce_then_die  # type: ignore[method-assign]

@@ -124,6 +124,13 @@ def _check_enabled_relations(ft: Any, job_config: Any) -> None:
     )
     check_timeout_order(ft)
     check_lighthouse_addr(ft)
+    _require(
+        not ft.retry_inflight_allreduce,
+        f"{SECTION}.retry_inflight_allreduce=true is not supported with TorchTitan: the "
+        "Manager re-runs a failed step's allreduces after FSDP's all-reduce hook has turned "
+        "them into the sharded gradients (copies once gradients accumulate or are cast), and "
+        "never retries replica groups of several ranks; leave it false",
+    )
     if sync_method(ft) is not SyncMethod.PER_STEP:
         try:
             name = f"{SECTION}.semi_sync_method={ft.semi_sync_method!r}"

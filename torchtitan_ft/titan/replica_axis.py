@@ -448,6 +448,7 @@ def build_manager_runtime(job_config: Any) -> ManagerRuntime:
         max_retries=ft.max_retries,
         quorum_retries=ft.quorum_retries,
         auth_token=ft.auth_token or None,
+        retry_inflight_allreduce=ft.retry_inflight_allreduce,
         # Checked against the other groups at the first quorum, once the model is built.
         model_fingerprint=lambda: model_config_fingerprint(job_config),
         num_replica_groups=ft.group_size,

@@ -1,0 +1,173 @@
+"""Every rank's watch for hung peers: while a step's collectives run, a background thread asks
+the lighthouse (``GoneMembers``, a long poll) whether a member of the step's quorum is gone.
+
+A SIGKILLed peer fails the collective at once (its connections close). A hung one (SIGSTOPped,
+its connections open) would hold the collective for the process group's whole timeout; the
+lighthouse notices it after its heartbeat timeout, and this watch then aborts the step's
+collectives: the step is discarded and the next quorum leaves the hung group out. A hung group
+that comes back learns it was named gone (``requester_gone``) and discards its step too; the
+commit fence (``fence``) keeps it from committing a step its peers aborted when its collective
+completed anyway. Decisions: ``decisions.hung_peer_abort`` and ``decisions.needs_commit_fence``.
+
+Against torchft's lighthouse (no ``GoneMembers``) the watch stops after its first call: a hung
+peer then costs the process group's timeout, as in torchft 0.2.0.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import grpc
+
+from torchtitan_ft.lighthouse.client import LighthouseClient
+from torchtitan_ft.manager.decisions import hung_peer_abort, needs_commit_fence
+
+_WAIT = timedelta(seconds=10)
+"""Longest wait of one ``GoneMembers`` long poll (a new step's watch cancels it)."""
+_RETRY_S = 0.5
+"""Pause after a failed call (lighthouse restarting) before asking again."""
+
+
+class HungPeerError(RuntimeError):
+    """A member of the step's quorum (or this group) was named gone by the lighthouse."""
+
+
+class HungPeerWatch:
+    """Watches the members of the current step's quorum for this rank (see the module doc).
+
+    Args:
+        client: a lighthouse client of this rank's own (one long poll at a time).
+        replica_id: this replica group's id in the lighthouse.
+        on_abort: called with the reason, on the watch thread, when the armed step must be
+            aborted; ``disarm`` waits for a call in progress.
+        log: the Manager's logger (level, message).
+    """
+
+    def __init__(
+        self,
+        client: LighthouseClient,
+        replica_id: str,
+        on_abort: Callable[[str], None],
+        log: Callable[[int, str], None],
+    ) -> None:
+        self._client = client
+        self._replica_id = replica_id
+        self._on_abort = on_abort
+        self._log = log
+        self._cond = threading.Condition()
+        self._armed: list[str] | None = None
+        self._step_started = time.monotonic()
+        self._call: grpc.Future | None = None
+        self._call_members: list[str] = []
+        self._closed = False
+        self.supported = True
+        """False once the lighthouse answered UNIMPLEMENTED (torchft's)."""
+        self.heartbeat_timeout: float | None = None
+        """The lighthouse's heartbeat timeout (seconds), once it has answered."""
+        self._thread = threading.Thread(
+            target=self._run, name=f"hung-peer-watch-{replica_id}", daemon=True
+        )
+        self._thread.start()
+
+    def new_step(self) -> None:
+        """Starts the step clock of ``fence`` (at ``start_quorum``: a group stopped before
+        its first collective must fence too)."""
+        self._step_started = time.monotonic()
+
+    def arm(self, quorum_ids: list[str]) -> None:
+        """Watches ``quorum_ids`` (the step's quorum) until ``disarm``. A long poll already
+        watching the same members goes on: a stable quorum costs no call per step."""
+        with self._cond:
+            self._armed = list(quorum_ids)
+            if self._call is not None and self._call_members != self._armed:
+                self._cancel_call()
+            self._cond.notify_all()
+
+    def disarm(self) -> None:
+        """Stops watching; once it returns no abort of the armed step happens."""
+        with self._cond:
+            self._armed = None
+
+    def fence(self) -> str | None:
+        """Before the commit vote: the reason to vote no when the lighthouse named this group
+        gone during the step (asked only after a long step, ``needs_commit_fence``), else
+        None. A failed call is no reason: the peers' collectives decide then."""
+        if not self.supported:
+            return None
+        if not needs_commit_fence(time.monotonic() - self._step_started, self.heartbeat_timeout):
+            return None
+        try:
+            answer = self._client.gone_members(self._replica_id, [], timedelta(0)).result()
+        except grpc.RpcError as e:
+            self._log(logging.DEBUG, f"commit fence: the lighthouse did not answer: {e.code()}")
+            return None
+        self.heartbeat_timeout = answer.heartbeat_timeout_ms / 1000
+        return hung_peer_abort([], self._replica_id, [], answer.requester_gone)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._armed = None
+            self._cancel_call()
+            self._cond.notify_all()
+        self._thread.join(timeout=1.0)
+        self._client.close()
+
+    def _cancel_call(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+    def _run(self) -> None:
+        first = True
+        while True:
+            with self._cond:
+                while self._armed is None and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                members = self._armed
+                if self._call is None:
+                    # The first call answers at once: it learns the heartbeat timeout (fence).
+                    wait = timedelta(0) if first else _WAIT
+                    self._call = self._client.gone_members(self._replica_id, members, wait)
+                    self._call_members = members
+                    first = False
+                call, members = self._call, self._call_members
+            try:
+                answer = call.result()
+            except grpc.FutureCancelledError:
+                continue
+            except grpc.RpcError as e:
+                with self._cond:
+                    if self._call is call:
+                        self._call = None
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    self.supported = False
+                    self._log(
+                        logging.INFO,
+                        "the lighthouse has no GoneMembers (torchft's): a hung peer holds a "
+                        "collective for the process group's timeout",
+                    )
+                    return
+                if e.code() != grpc.StatusCode.CANCELLED:
+                    self._log(logging.DEBUG, f"GoneMembers failed: {e.code()}; asking again")
+                    time.sleep(_RETRY_S)
+                continue
+            self.heartbeat_timeout = answer.heartbeat_timeout_ms / 1000
+            reason = hung_peer_abort(
+                members, self._replica_id, list(answer.gone), answer.requester_gone
+            )
+            with self._cond:
+                if self._call is call:
+                    self._call = None
+                # A verdict between steps, or about another quorum, is dropped; the next arm
+                # asks again (at once answered while the member is still gone).
+                if reason is None or self._armed != members:
+                    continue
+                self._armed = None
+                self._on_abort(reason)
