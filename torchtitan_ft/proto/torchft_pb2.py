@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!torchtitan_ft/proto/torchft.proto\x12\x07torchft\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa8\x01\n\x0cQuorumMember\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x15\n\rstore_address\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x12\n\nworld_size\x18\x05 \x01(\x04\x12\x13\n\x0bshrink_only\x18\x06 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\t\x12\x17\n\x0f\x63ommit_failures\x18\x08 \x01(\x03\"u\n\x06Quorum\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12+\n\x0cparticipants\x18\x02 \x03(\x0b\x32\x15.torchft.QuorumMember\x12+\n\x07\x63reated\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"C\n\x17LighthouseQuorumRequest\x12(\n\trequester\x18\x01 \x01(\x0b\x32\x15.torchft.QuorumMember\";\n\x18LighthouseQuorumResponse\x12\x1f\n\x06quorum\x18\x01 \x01(\x0b\x32\x0f.torchft.Quorum\"0\n\x1aLighthouseHeartbeatRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"\x1d\n\x1bLighthouseHeartbeatResponse\"\x96\x01\n\x14ManagerQuorumRequest\x12\x12\n\ngroup_rank\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x1b\n\x13\x63heckpoint_metadata\x18\x03 \x01(\t\x12\x13\n\x0bshrink_only\x18\x04 \x01(\x08\x12\x11\n\tinit_sync\x18\x05 \x01(\x08\x12\x17\n\x0f\x63ommit_failures\x18\x06 \x01(\x03\"\x99\x03\n\x15ManagerQuorumResponse\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12#\n\x1brecover_src_manager_address\x18\x02 \x01(\t\x12%\n\x18recover_src_replica_rank\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12!\n\x19recover_dst_replica_ranks\x18\x04 \x03(\x03\x12\x15\n\rstore_address\x18\x05 \x01(\t\x12\x10\n\x08max_step\x18\x06 \x01(\x03\x12\x1d\n\x10max_replica_rank\x18\x07 \x01(\x03H\x01\x88\x01\x01\x12\x16\n\x0emax_world_size\x18\x08 \x01(\x03\x12\x14\n\x0creplica_rank\x18\t \x01(\x03\x12\x1a\n\x12replica_world_size\x18\n \x01(\x03\x12\x0c\n\x04heal\x18\x0b \x01(\x08\x12\x17\n\x0f\x63ommit_failures\x18\x0c \x01(\x03\x12\x13\n\x0breplica_ids\x18\r \x03(\tB\x1b\n\x19_recover_src_replica_rankB\x13\n\x11_max_replica_rank\")\n\x19\x43heckpointMetadataRequest\x12\x0c\n\x04rank\x18\x01 \x01(\x03\"9\n\x1a\x43heckpointMetadataResponse\x12\x1b\n\x13\x63heckpoint_metadata\x18\x01 \x01(\t\"N\n\x13ShouldCommitRequest\x12\x15\n\rshould_commit\x18\x01 \x01(\x08\x12\x12\n\ngroup_rank\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\"-\n\x14ShouldCommitResponse\x12\x15\n\rshould_commit\x18\x01 \x01(\x08\"\x1a\n\x0bKillRequest\x12\x0b\n\x03msg\x18\x01 \x01(\t\"\x0e\n\x0cKillResponse2\xf3\x02\n\x11LighthouseService\x12M\n\x06Quorum\x12 .torchft.LighthouseQuorumRequest\x1a!.torchft.LighthouseQuorumResponse\x12V\n\tHeartbeat\x12#.torchft.LighthouseHeartbeatRequest\x1a$.torchft.LighthouseHeartbeatResponse\x12^\n\x0fHeartbeatStream\x12#.torchft.LighthouseHeartbeatRequest\x1a$.torchft.LighthouseHeartbeatResponse(\x01\x12W\n\x0cQuorumStream\x12 .torchft.LighthouseQuorumRequest\x1a!.torchft.LighthouseQuorumResponse(\x01\x30\x01\x32\xba\x02\n\x0eManagerService\x12G\n\x06Quorum\x12\x1d.torchft.ManagerQuorumRequest\x1a\x1e.torchft.ManagerQuorumResponse\x12]\n\x12\x43heckpointMetadata\x12\".torchft.CheckpointMetadataRequest\x1a#.torchft.CheckpointMetadataResponse\x12K\n\x0cShouldCommit\x12\x1c.torchft.ShouldCommitRequest\x1a\x1d.torchft.ShouldCommitResponse\x12\x33\n\x04Kill\x12\x14.torchft.KillRequest\x1a\x15.torchft.KillResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!torchtitan_ft/proto/torchft.proto\x12\x07torchft\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa8\x01\n\x0cQuorumMember\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x15\n\rstore_address\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x12\n\nworld_size\x18\x05 \x01(\x04\x12\x13\n\x0bshrink_only\x18\x06 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\t\x12\x17\n\x0f\x63ommit_failures\x18\x08 \x01(\x03\"u\n\x06Quorum\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12+\n\x0cparticipants\x18\x02 \x03(\x0b\x32\x15.torchft.QuorumMember\x12+\n\x07\x63reated\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"I\n\nStepTiming\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x14\n\x0cstep_seconds\x18\x02 \x01(\x01\x12\x17\n\x0f\x63ompute_seconds\x18\x03 \x01(\x01\"3\n\rGroupProgress\x12\"\n\x05steps\x18\x01 \x03(\x0b\x32\x13.torchft.StepTiming\"i\n\nGroupSpeed\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0erelative_speed\x18\x02 \x01(\x01\x12\x11\n\tstraggler\x18\x03 \x01(\x08\x12\x1c\n\x14straggler_since_step\x18\x04 \x01(\x03\"m\n\x17LighthouseQuorumRequest\x12(\n\trequester\x18\x01 \x01(\x0b\x32\x15.torchft.QuorumMember\x12(\n\x08progress\x18\x02 \x01(\x0b\x32\x16.torchft.GroupProgress\"`\n\x18LighthouseQuorumResponse\x12\x1f\n\x06quorum\x18\x01 \x01(\x0b\x32\x0f.torchft.Quorum\x12#\n\x06speeds\x18\x02 \x03(\x0b\x32\x13.torchft.GroupSpeed\"0\n\x1aLighthouseHeartbeatRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"\x1d\n\x1bLighthouseHeartbeatResponse\"\xc0\x01\n\x14ManagerQuorumRequest\x12\x12\n\ngroup_rank\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x1b\n\x13\x63heckpoint_metadata\x18\x03 \x01(\t\x12\x13\n\x0bshrink_only\x18\x04 \x01(\x08\x12\x11\n\tinit_sync\x18\x05 \x01(\x08\x12\x17\n\x0f\x63ommit_failures\x18\x06 \x01(\x03\x12(\n\x08progress\x18\x07 \x01(\x0b\x32\x16.torchft.GroupProgress\"\xbd\x03\n\x15ManagerQuorumResponse\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12#\n\x1brecover_src_manager_address\x18\x02 \x01(\t\x12%\n\x18recover_src_replica_rank\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12!\n\x19recover_dst_replica_ranks\x18\x04 \x03(\x03\x12\x15\n\rstore_address\x18\x05 \x01(\t\x12\x10\n\x08max_step\x18\x06 \x01(\x03\x12\x1d\n\x10max_replica_rank\x18\x07 \x01(\x03H\x01\x88\x01\x01\x12\x16\n\x0emax_world_size\x18\x08 \x01(\x03\x12\x14\n\x0creplica_rank\x18\t \x01(\x03\x12\x1a\n\x12replica_world_size\x18\n \x01(\x03\x12\x0c\n\x04heal\x18\x0b \x01(\x08\x12\x17\n\x0f\x63ommit_failures\x18\x0c \x01(\x03\x12\x13\n\x0breplica_ids\x18\r \x03(\t\x12\"\n\x05speed\x18\x0e \x01(\x0b\x32\x13.torchft.GroupSpeedB\x1b\n\x19_recover_src_replica_rankB\x13\n\x11_max_replica_rank\")\n\x19\x43heckpointMetadataRequest\x12\x0c\n\x04rank\x18\x01 \x01(\x03\"9\n\x1a\x43heckpointMetadataResponse\x12\x1b\n\x13\x63heckpoint_metadata\x18\x01 \x01(\t\"N\n\x13ShouldCommitRequest\x12\x15\n\rshould_commit\x18\x01 \x01(\x08\x12\x12\n\ngroup_rank\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\"-\n\x14ShouldCommitResponse\x12\x15\n\rshould_commit\x18\x01 \x01(\x08\"\x1a\n\x0bKillRequest\x12\x0b\n\x03msg\x18\x01 \x01(\t\"\x0e\n\x0cKillResponse2\xf3\x02\n\x11LighthouseService\x12M\n\x06Quorum\x12 .torchft.LighthouseQuorumRequest\x1a!.torchft.LighthouseQuorumResponse\x12V\n\tHeartbeat\x12#.torchft.LighthouseHeartbeatRequest\x1a$.torchft.LighthouseHeartbeatResponse\x12^\n\x0fHeartbeatStream\x12#.torchft.LighthouseHeartbeatRequest\x1a$.torchft.LighthouseHeartbeatResponse(\x01\x12W\n\x0cQuorumStream\x12 .torchft.LighthouseQuorumRequest\x1a!.torchft.LighthouseQuorumResponse(\x01\x30\x01\x32\xba\x02\n\x0eManagerService\x12G\n\x06Quorum\x12\x1d.torchft.ManagerQuorumRequest\x1a\x1e.torchft.ManagerQuorumResponse\x12]\n\x12\x43heckpointMetadata\x12\".torchft.CheckpointMetadataRequest\x1a#.torchft.CheckpointMetadataResponse\x12K\n\x0cShouldCommit\x12\x1c.torchft.ShouldCommitRequest\x1a\x1d.torchft.ShouldCommitResponse\x12\x33\n\x04Kill\x12\x14.torchft.KillRequest\x1a\x15.torchft.KillResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,32 +36,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_QUORUMMEMBER']._serialized_end=248
   _globals['_QUORUM']._serialized_start=250
   _globals['_QUORUM']._serialized_end=367
-  _globals['_LIGHTHOUSEQUORUMREQUEST']._serialized_start=369
-  _globals['_LIGHTHOUSEQUORUMREQUEST']._serialized_end=436
-  _globals['_LIGHTHOUSEQUORUMRESPONSE']._serialized_start=438
-  _globals['_LIGHTHOUSEQUORUMRESPONSE']._serialized_end=497
-  _globals['_LIGHTHOUSEHEARTBEATREQUEST']._serialized_start=499
-  _globals['_LIGHTHOUSEHEARTBEATREQUEST']._serialized_end=547
-  _globals['_LIGHTHOUSEHEARTBEATRESPONSE']._serialized_start=549
-  _globals['_LIGHTHOUSEHEARTBEATRESPONSE']._serialized_end=578
-  _globals['_MANAGERQUORUMREQUEST']._serialized_start=581
-  _globals['_MANAGERQUORUMREQUEST']._serialized_end=731
-  _globals['_MANAGERQUORUMRESPONSE']._serialized_start=734
-  _globals['_MANAGERQUORUMRESPONSE']._serialized_end=1143
-  _globals['_CHECKPOINTMETADATAREQUEST']._serialized_start=1145
-  _globals['_CHECKPOINTMETADATAREQUEST']._serialized_end=1186
-  _globals['_CHECKPOINTMETADATARESPONSE']._serialized_start=1188
-  _globals['_CHECKPOINTMETADATARESPONSE']._serialized_end=1245
-  _globals['_SHOULDCOMMITREQUEST']._serialized_start=1247
-  _globals['_SHOULDCOMMITREQUEST']._serialized_end=1325
-  _globals['_SHOULDCOMMITRESPONSE']._serialized_start=1327
-  _globals['_SHOULDCOMMITRESPONSE']._serialized_end=1372
-  _globals['_KILLREQUEST']._serialized_start=1374
-  _globals['_KILLREQUEST']._serialized_end=1400
-  _globals['_KILLRESPONSE']._serialized_start=1402
-  _globals['_KILLRESPONSE']._serialized_end=1416
-  _globals['_LIGHTHOUSESERVICE']._serialized_start=1419
-  _globals['_LIGHTHOUSESERVICE']._serialized_end=1790
-  _globals['_MANAGERSERVICE']._serialized_start=1793
-  _globals['_MANAGERSERVICE']._serialized_end=2107
+  _globals['_STEPTIMING']._serialized_start=369
+  _globals['_STEPTIMING']._serialized_end=442
+  _globals['_GROUPPROGRESS']._serialized_start=444
+  _globals['_GROUPPROGRESS']._serialized_end=495
+  _globals['_GROUPSPEED']._serialized_start=497
+  _globals['_GROUPSPEED']._serialized_end=602
+  _globals['_LIGHTHOUSEQUORUMREQUEST']._serialized_start=604
+  _globals['_LIGHTHOUSEQUORUMREQUEST']._serialized_end=713
+  _globals['_LIGHTHOUSEQUORUMRESPONSE']._serialized_start=715
+  _globals['_LIGHTHOUSEQUORUMRESPONSE']._serialized_end=811
+  _globals['_LIGHTHOUSEHEARTBEATREQUEST']._serialized_start=813
+  _globals['_LIGHTHOUSEHEARTBEATREQUEST']._serialized_end=861
+  _globals['_LIGHTHOUSEHEARTBEATRESPONSE']._serialized_start=863
+  _globals['_LIGHTHOUSEHEARTBEATRESPONSE']._serialized_end=892
+  _globals['_MANAGERQUORUMREQUEST']._serialized_start=895
+  _globals['_MANAGERQUORUMREQUEST']._serialized_end=1087
+  _globals['_MANAGERQUORUMRESPONSE']._serialized_start=1090
+  _globals['_MANAGERQUORUMRESPONSE']._serialized_end=1535
+  _globals['_CHECKPOINTMETADATAREQUEST']._serialized_start=1537
+  _globals['_CHECKPOINTMETADATAREQUEST']._serialized_end=1578
+  _globals['_CHECKPOINTMETADATARESPONSE']._serialized_start=1580
+  _globals['_CHECKPOINTMETADATARESPONSE']._serialized_end=1637
+  _globals['_SHOULDCOMMITREQUEST']._serialized_start=1639
+  _globals['_SHOULDCOMMITREQUEST']._serialized_end=1717
+  _globals['_SHOULDCOMMITRESPONSE']._serialized_start=1719
+  _globals['_SHOULDCOMMITRESPONSE']._serialized_end=1764
+  _globals['_KILLREQUEST']._serialized_start=1766
+  _globals['_KILLREQUEST']._serialized_end=1792
+  _globals['_KILLRESPONSE']._serialized_start=1794
+  _globals['_KILLRESPONSE']._serialized_end=1808
+  _globals['_LIGHTHOUSESERVICE']._serialized_start=1811
+  _globals['_LIGHTHOUSESERVICE']._serialized_end=2182
+  _globals['_MANAGERSERVICE']._serialized_start=2185
+  _globals['_MANAGERSERVICE']._serialized_end=2499
 # @@protoc_insertion_point(module_scope)
