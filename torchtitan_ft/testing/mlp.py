@@ -75,6 +75,8 @@ class WorkerConfig:
 
 HOST = "127.0.0.1"
 """Every server of the harness binds and advertises this address."""
+BATCH_SIZE = 8
+"""Samples in each rank's batch of a step."""
 
 _PRELOAD = [
     "torch",
@@ -109,7 +111,7 @@ def _batch(replica: int, group_rank: int, step: int) -> tuple[Any, Any]:
     import torch
 
     g = torch.Generator().manual_seed(1000 * replica + 100 * group_rank + step)
-    return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+    return torch.randn(BATCH_SIZE, 16, generator=g), torch.randn(BATCH_SIZE, 4, generator=g)
 
 
 def _busy(products: int) -> None:
