@@ -122,6 +122,7 @@ def run(args: argparse.Namespace, slowdown: float | None, steps: int, folder: Pa
         mine = [e for e in started if e.replica_name == f"replica_{slow}"]
         detection = mine[0].step - limited_at if mine else None
     return {
+        "seconds": max(seconds),
         "healthy_samples_per_s": samples / max(seconds),
         "detection_steps": detection,
         "reported_groups": sorted({e.replica_name for e in started}),
@@ -144,7 +145,7 @@ def main() -> None:
         "--cpus", type=float, default=0.4, help="CPU limit of each healthy group (default 0.4)"
     )
     parser.add_argument(
-        "--work", type=int, default=50, help="matrix products per step (default 50)"
+        "--work", type=int, default=400, help="matrix products per step (default 400)"
     )
     parser.add_argument(
         "--timeout", type=float, default=900, help="seconds a run may take (default 900)"
@@ -196,6 +197,7 @@ def main() -> None:
                 "results": results,
                 "clean_run": {
                     "steps": args.clean_steps or args.steps,
+                    "seconds": round(clean["seconds"], 1),
                     "healthy_samples_per_s": round(clean["healthy_samples_per_s"], 1),
                     "false_reports": clean["lighthouse_reports"],
                     "exclusions": None,
