@@ -75,3 +75,20 @@ def test_manager_step_prints_the_ratio() -> None:
     assert {"command", "machine", "setup", "sizes", "wall_s"} <= out.keys()
     (size,) = out["sizes"]
     assert size["ratio_ft_over_faster_baseline"] > 0
+
+
+@pytest.mark.slow  # two jobs of processes: 30 to 60 s under load
+@pytest.mark.timeout(300)
+def test_stragglers_prints_results_and_clean_run() -> None:
+    out = _benchmark(
+        "benchmarks.stragglers",
+        *("--groups", "2", "--steps", "3", "--slowdowns", "4", "--work", "5"),
+        timeout=270,
+    )
+    assert {"command", "machine", "setup", "results", "clean_run"} <= out.keys()
+    (result,) = out["results"]
+    assert result["model"] == "mlp" and result["slowdown"] == 4
+    assert result["healthy_throughput_ratio_policy_off"] > 0
+    assert result["healthy_throughput_ratio_policy_on"] is None  # the policy is not built
+    assert "detection_steps" in result and result["false_reports"] >= 0
+    assert {"false_reports", "exclusions"} <= out["clean_run"].keys()

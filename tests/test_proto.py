@@ -51,6 +51,7 @@ def test_services_and_field_numbers_match_the_wire_protocol() -> None:
         "shrink_only": 4,
         "init_sync": 5,
         "commit_failures": 6,
+        "progress": 7,  # torchtitan_ft extension (straggler report)
     }
     assert fields["ManagerQuorumResponse"] == {
         "quorum_id": 1,
@@ -66,4 +67,5 @@ def test_services_and_field_numbers_match_the_wire_protocol() -> None:
         "heal": 11,
         "commit_failures": 12,
         "replica_ids": 13,
+        "speed": 14,  # torchtitan_ft extension (straggler report)
     }

@@ -59,6 +59,12 @@ class EventKind(StrEnum):
     """A heal this rank started ended. Fields: ``outcome`` (a :class:`HealOutcome`),
     ``seconds`` (transfer, plus load when applied), ``bytes`` (tensor bytes received; 0 when
     the transfer failed), ``error`` (``""`` unless failed or not applied)."""
+    STRAGGLER = "straggler"
+    """The lighthouse started or stopped reporting this replica group as a straggler (its
+    compute slower than the others' by ``--straggler_factor``; nothing changes for the job).
+    Fields: ``straggler`` (whether it is one now), ``relative_speed`` (the others' typical
+    compute time / this group's: 0.25 is four times slower), ``since_step`` (the group's step
+    at which the report started; None when it ended)."""
     FAULT = "fault"
     """The first error recorded in a step (the step will not commit). Fields: ``error`` (the
     exception's type name), ``message``, ``collective`` (raised by an allreduce)."""

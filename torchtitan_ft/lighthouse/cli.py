@@ -20,6 +20,7 @@ from typing import NoReturn
 
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, check_token
 from torchtitan_ft.lighthouse.server import LighthouseServer, validate_options
+from torchtitan_ft.lighthouse.stragglers import StragglerOptions
 from torchtitan_ft.netaddr import join_host_port, split_host_port
 
 PROG = "torchft_lighthouse"
@@ -93,6 +94,22 @@ def build_parser() -> argparse.ArgumentParser:
         f"the process list",
     )
     p.add_argument(
+        "--straggler_factor",
+        type=float,
+        default=StragglerOptions.factor,
+        help="a replica group whose median compute time is this many times the others' is "
+        "slow; lower catches milder slowdowns, but risks false reports on a loaded machine "
+        "(> 1; default: %(default)s)",
+    )
+    p.add_argument(
+        "--straggler_steps",
+        type=int,
+        default=StragglerOptions.steps,
+        help="slow steps in a row before a group is reported as a straggler, and fast steps "
+        "before the report ends; the report changes nothing for the job (>= 1; "
+        "default: %(default)s)",
+    )
+    p.add_argument(
         "--log_level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -153,6 +170,10 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         parser.error(str(e))
     try:
+        stragglers = StragglerOptions(factor=args.straggler_factor, steps=args.straggler_steps)
+    except ValueError as e:
+        parser.error(f"--{e}".replace("straggler ", "straggler_", 1))
+    try:
         host, port = split_host_port(args.bind, "bind address")
     except ValueError as e:
         parser.error(f"--bind: {e}")
@@ -193,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
             heartbeat_timeout_ms=args.heartbeat_timeout_ms,
             status_bind=None if args.status_bind == "off" else args.status_bind,
             auth_token=token,
+            stragglers=stragglers,
         )
     except OSError as e:
         parser.error(str(e))

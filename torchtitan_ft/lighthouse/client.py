@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from torchtitan_ft.auth import grpc_metadata, resolve_token
-from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
+from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum, QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
 
@@ -89,6 +89,35 @@ class LighthouseClient:
         raises ``TimeoutError`` then, ``ValueError`` when the lighthouse rejects the request,
         ``PermissionError`` when it refuses this client's token (or its lack of one).
         """
+        quorum, _ = self.quorum_with_speeds(
+            replica_id,
+            timeout,
+            address=address,
+            store_address=store_address,
+            step=step,
+            world_size=world_size,
+            shrink_only=shrink_only,
+            data=data,
+            commit_failures=commit_failures,
+        )
+        return quorum
+
+    def quorum_with_speeds(
+        self,
+        replica_id: str,
+        timeout: timedelta,
+        address: str = "",
+        store_address: str = "",
+        step: int = 0,
+        world_size: int = 0,
+        shrink_only: bool = False,
+        data: dict[str, Any] | None = None,
+        commit_failures: int = 0,
+        progress: pb.GroupProgress | None = None,
+    ) -> tuple[Quorum, dict[str, GroupSpeed]]:
+        """``quorum``, sending the group's recent step timings (``progress``) and returning
+        the groups' speeds as the lighthouse judges them too (none from torchft's lighthouse).
+        """
         member = QuorumMember(
             replica_id=replica_id,
             address=address,
@@ -99,13 +128,14 @@ class LighthouseClient:
             data=data,
             commit_failures=commit_failures,
         )
-        request = pb.LighthouseQuorumRequest(requester=member.to_proto())
+        request = pb.LighthouseQuorumRequest(requester=member.to_proto(), progress=progress)
         deadline = time.monotonic() + timeout.total_seconds()
         while (remaining := deadline - time.monotonic()) > 0:
             try:
                 response = self._ask(request, remaining)
                 if response is not None:
-                    return Quorum.from_proto(response.quorum)
+                    speeds = {s.replica_id: GroupSpeed.from_proto(s) for s in response.speeds}
+                    return Quorum.from_proto(response.quorum), speeds
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNAVAILABLE:  # lighthouse restarting: retry
                     time.sleep(min(_RETRY_SLEEP_S, max(0.0, deadline - time.monotonic())))

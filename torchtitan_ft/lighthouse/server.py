@@ -32,6 +32,7 @@ from torchtitan_ft.connection_guard import AuthenticatedPeers, ConnectionGuard, 
 from torchtitan_ft.lighthouse import status
 from torchtitan_ft.lighthouse.decision import DecisionOptions
 from torchtitan_ft.lighthouse.state import LighthouseState
+from torchtitan_ft.lighthouse.stragglers import StragglerOptions
 from torchtitan_ft.lighthouse.types import QuorumMember
 from torchtitan_ft.netaddr import bind_problem, join_host_port, split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
@@ -97,7 +98,8 @@ class _Service:
         self, member: QuorumMember, request: Any, context: grpc.aio.ServicerContext
     ) -> bytes:
         """Waits for the quorum that answers ``member``'s request: the serialized response."""
-        fut = self.state.request(member, request.requester)
+        progress = request.progress if request.HasField("progress") else None
+        fut = self.state.request(member, request.requester, progress)
         try:
             return await asyncio.shield(fut)
         finally:
@@ -234,6 +236,9 @@ class LighthouseServer:
             too. Default None: anyone who reaches the port can join quorums (torchft 0.2.0's
             behaviour and the only mode its clients support), and there is no kill action.
             The CLI resolves it from ``--auth_token`` or ``TORCHFT_AUTH_TOKEN``.
+        stragglers: when a replica group is reported as a straggler (``StragglerOptions``:
+            factor, steps, window); default ``StragglerOptions()``. The report changes nothing
+            for the job.
     """
 
     def __init__(
@@ -245,6 +250,7 @@ class LighthouseServer:
         heartbeat_timeout_ms: int = 5000,
         status_bind: str | None = None,
         auth_token: str | None = None,
+        stragglers: StragglerOptions | None = None,
     ) -> None:
         validate_options(min_replicas, join_timeout_ms, quorum_tick_ms, heartbeat_timeout_ms)
         check_token(auth_token, "auth_token")
@@ -260,7 +266,8 @@ class LighthouseServer:
                 min_replicas=min_replicas,
                 join_timeout=join_timeout_ms / 1000,
                 heartbeat_timeout=heartbeat_timeout_ms / 1000,
-            )
+            ),
+            stragglers=stragglers,
         )
         self._port = 0
         self._status_port: int | None = None

@@ -28,6 +28,7 @@ from torchtitan_ft.lighthouse.decision import (
     newcomer_ahead,
     next_quorum_id,
 )
+from torchtitan_ft.lighthouse.stragglers import SpeedBook, StragglerOptions
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
 
@@ -69,6 +70,7 @@ class LighthouseState:
         clock: monotonic seconds, used for heartbeats and join times.
         wall_us: wall-clock microseconds since the epoch; the floor of every new quorum_id, so
             that a restarted lighthouse never reissues an id (see ``next_quorum_id``).
+        stragglers: the straggler report's thresholds (``lighthouse.stragglers``).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class LighthouseState:
         opts: DecisionOptions,
         clock: Callable[[], float] = time.monotonic,
         wall_us: Callable[[], int] = lambda: time.time_ns() // 1000,
+        stragglers: StragglerOptions | None = None,
     ) -> None:
         self.opts = opts
         self._clock = clock
@@ -100,6 +103,8 @@ class LighthouseState:
         self.declared_gone: dict[str, float] = {}
         """Replicas a ``gone`` answer named, and when: until a quorum with them is issued,
         they must not commit the step their peers aborted."""
+        self.speeds = SpeedBook(stragglers or StragglerOptions())
+        """Each group's recent compute times and judged speed (the straggler report)."""
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -119,17 +124,27 @@ class LighthouseState:
             return
         self._streams.pop(replica_id, None)
         self.heartbeats.pop(replica_id, None)
+        self.speeds.forget(replica_id)
         self.metrics.stream_deaths += 1
         if replica_id in self.pending:
             self._drop_pending(replica_id)
         logger.info("replica %s is gone (heartbeat stream ended)", replica_id)
         self.evaluate()
 
-    def request(self, member: QuorumMember, wire: pb.QuorumMember) -> asyncio.Future[bytes]:
-        """Registers a quorum request; the future gets the serialized response."""
+    def request(
+        self,
+        member: QuorumMember,
+        wire: pb.QuorumMember,
+        progress: pb.GroupProgress | None = None,
+    ) -> asyncio.Future[bytes]:
+        """Registers a quorum request (with the group's step timings, if it sent any); the
+        future gets the serialized response."""
         rid = member.replica_id
         now = self._clock()
         self.heartbeats[rid] = now
+        if progress is not None:
+            for line in self.speeds.report(rid, progress.steps, now):
+                logger.info("lighthouse: %s", line)
         previous = self.pending.get(rid)
         joined = previous.joined if previous is not None else now
         if previous is None and rid in self._previous_ids:
@@ -162,6 +177,7 @@ class LighthouseState:
         for rid in [r for r, seen in self.heartbeats.items() if now - seen > horizon]:
             if rid not in self._streams:
                 del self.heartbeats[rid]
+                self.speeds.forget(rid)
         for rid in [r for r, at in self.declared_gone.items() if now - at > _DECLARED_GONE_KEEP_S]:
             del self.declared_gone[rid]
         if self.pending:
@@ -213,6 +229,7 @@ class LighthouseState:
         msg.quorum.quorum_id = new_id
         msg.quorum.participants.extend(self._wire[m.replica_id] for m in members)
         msg.quorum.created.FromDatetime(created)
+        msg.speeds.extend(speed.to_proto() for speed in self.speeds.views())
         payload = msg.SerializeToString()
         for m in members:
             rid = m.replica_id
@@ -284,5 +301,14 @@ class LighthouseState:
                     "stream": rid in self._streams,
                 }
                 for rid, seen in sorted(self.heartbeats.items())
+            ],
+            "speeds": [
+                {
+                    "replica_id": speed.replica_id,
+                    "relative_speed": round(speed.relative_speed, 3),
+                    "straggler": speed.straggler,
+                    "straggler_since_step": speed.straggler_since_step,
+                }
+                for speed in self.speeds.views()
             ],
         }

@@ -281,8 +281,36 @@ def render_metrics(state: LighthouseState) -> str:
         f'torchft_lighthouse_decision_seconds_bucket{{le="+Inf"}} {m.decision_count}',
         f"torchft_lighthouse_decision_seconds_sum {m.decision_seconds_sum:.6f}",
         f"torchft_lighthouse_decision_seconds_count {m.decision_count}",
+        "# HELP torchft_lighthouse_relative_speed A replica group's compute speed relative to "
+        "the others' median (1 typical, 0.25 four times slower; 0 not judged yet).",
+        "# TYPE torchft_lighthouse_relative_speed gauge",
+    ]
+    speeds = state.speeds.views()
+    lines += [
+        f"torchft_lighthouse_relative_speed{{replica_id={_label(s.replica_id)}}} "
+        f"{s.relative_speed:.4f}"
+        for s in speeds
+    ]
+    lines += [
+        "# HELP torchft_lighthouse_straggler Whether a replica group is reported as a straggler.",
+        "# TYPE torchft_lighthouse_straggler gauge",
+    ]
+    lines += [
+        f"torchft_lighthouse_straggler{{replica_id={_label(s.replica_id)}}} {int(s.straggler)}"
+        for s in speeds
+    ]
+    lines += [
+        "# HELP torchft_lighthouse_straggler_reports_total Straggler reports started.",
+        "# TYPE torchft_lighthouse_straggler_reports_total counter",
+        f"torchft_lighthouse_straggler_reports_total {state.speeds.reports_started}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value, quoted and escaped."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
 
 
 _PAGE = """<!doctype html>
@@ -294,6 +322,7 @@ table {{ border-collapse: collapse; margin-bottom: 1.5em; }}
 th, td {{ border: 1px solid #bbb; padding: 0.3em 0.7em; text-align: left; }}
 th {{ background: #eee; }}
 tr.member td {{ background: #dff5e1; }}
+tr.straggler td {{ background: #fde2e2; }}
 .unhealthy {{ color: #b00; }}
 .reason {{ font-family: monospace; background: #f4f4f4; padding: 0.5em; }}
 </style></head><body>
@@ -307,6 +336,10 @@ tr.member td {{ background: #dff5e1; }}
 <h2>Heartbeats</h2>
 <table id="heartbeats"><tr><th>replica</th><th>age (s)</th><th>healthy</th><th>stream</th></tr>
 {heartbeat_rows}
+</table>
+<h2>Speed</h2>
+<table id="speeds"><tr><th>replica</th><th>relative speed</th><th>straggler since step</th></tr>
+{speed_rows}
 </table>
 <p>min_replicas = {min_replicas}; pending: {pending}.
 <a href="/status.json">JSON</a> &middot; <a href="/metrics">metrics</a></p>
@@ -345,6 +378,12 @@ def render_html(status: dict, kill_enabled: bool) -> bytes:
         f"<td>{'open' if h['stream'] else '-'}</td></tr>"
         for h in status["heartbeats"]
     ]
+    speeds = [
+        f'<tr class="{"straggler" if s["straggler"] else "speed"}"><td>{e(s["replica_id"])}</td>'
+        f"<td>{_speed_text(s['relative_speed'])}</td>"
+        f"<td>{s['straggler_since_step'] if s['straggler'] else '-'}</td></tr>"
+        for s in status["speeds"]
+    ]
     title = (
         f"{quorum['quorum_id']} ({len(quorum['members'])} members, age {quorum['age_s']:.1f} s)"
         if quorum
@@ -356,8 +395,14 @@ def render_html(status: dict, kill_enabled: bool) -> bytes:
         kill_head="<th>kill</th>" if kill_enabled else "",
         member_rows="\n".join(rows),
         heartbeat_rows="\n".join(beats),
+        speed_rows="\n".join(speeds),
         min_replicas=status["min_replicas"],
         pending=e(", ".join(status["pending"]) or "none"),
         kill_script=_KILL_SCRIPT if kill_enabled else "",
     )
     return page.encode()
+
+
+def _speed_text(relative_speed: float) -> str:
+    """1.00x, or "not judged yet" before a group has reported enough steps."""
+    return f"{relative_speed:.2f}x" if relative_speed > 0 else "not judged yet"

@@ -112,3 +112,35 @@ class Quorum:
             participants=tuple(QuorumMember.from_proto(m) for m in msg.participants),
             created=msg.created.ToDatetime(tzinfo=UTC),
         )
+
+
+@dataclass(frozen=True)
+class GroupSpeed:
+    """The lighthouse's view of one replica group's speed (wire message ``GroupSpeed``).
+
+    Args:
+        replica_id: the replica group.
+        relative_speed: the other groups' typical compute time divided by this group's: 1.0
+            typical, 0.25 four times slower; 0.0 not judged yet.
+        straggler: whether the lighthouse reports the group as a straggler now.
+        straggler_since_step: the group's step at which it became one; None when it is not.
+    """
+
+    replica_id: str
+    relative_speed: float = 0.0
+    straggler: bool = False
+    straggler_since_step: int | None = None
+
+    def to_proto(self) -> pb.GroupSpeed:
+        since = self.straggler_since_step
+        return pb.GroupSpeed(
+            replica_id=self.replica_id,
+            relative_speed=self.relative_speed,
+            straggler=self.straggler,
+            straggler_since_step=since if since is not None else -1,
+        )
+
+    @classmethod
+    def from_proto(cls, msg: pb.GroupSpeed) -> GroupSpeed:
+        since = msg.straggler_since_step if msg.straggler else None
+        return cls(msg.replica_id, msg.relative_speed, msg.straggler, since)

@@ -96,10 +96,13 @@ class ManagerClient:
         timeout: timedelta,
         commit_failures: int = 0,
         init_sync: bool = True,
+        progress: pb.GroupProgress | None = None,
     ) -> QuorumResult:
         """Joins this step's quorum round; returns this group rank's view of the quorum.
 
         Same argument order as torchft 0.2.0's ``ManagerClient._quorum``; prefer keywords.
+        ``progress``: this rank's recent step timings, for the straggler report (a torchft
+        0.2.0 server ignores them).
         """
         request = pb.ManagerQuorumRequest(
             group_rank=group_rank,
@@ -108,6 +111,7 @@ class ManagerClient:
             shrink_only=shrink_only,
             init_sync=init_sync,
             commit_failures=commit_failures,
+            progress=progress,
         )
         session = self._sessions.get(group_rank, NEW_SESSION)
         metadata = [*self._metadata, (SESSION_METADATA, session)]

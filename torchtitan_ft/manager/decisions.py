@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from torchtitan_ft.addresses import AddressProblem, Severity
-from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
+from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum, QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 # ---------------------------------------------------------------------------- quorum results
@@ -51,6 +51,9 @@ class QuorumResult:
     """Highest ``commit_failures`` reported by any member."""
     replica_ids: list[str] = field(hash=False)
     """Member replica ids in replica-rank order."""
+    speed: GroupSpeed | None = None
+    """This group's speed as the lighthouse judges it (the straggler report); None from a
+    torchft 0.2.0 lighthouse or manager server."""
 
     def to_proto(self) -> pb.ManagerQuorumResponse:
         msg = pb.ManagerQuorumResponse(
@@ -65,6 +68,7 @@ class QuorumResult:
             heal=self.heal,
             commit_failures=self.commit_failures,
             replica_ids=self.replica_ids,
+            speed=self.speed.to_proto() if self.speed is not None else None,
         )
         # proto3 ``optional``: presence must be explicit, also when the value is 0.
         if self.recover_src_replica_rank is not None:
@@ -91,6 +95,7 @@ class QuorumResult:
             heal=msg.heal,
             commit_failures=msg.commit_failures,
             replica_ids=list(msg.replica_ids),
+            speed=GroupSpeed.from_proto(msg.speed) if msg.HasField("speed") else None,
         )
 
 

@@ -61,6 +61,7 @@ from torchtitan_ft.manager.settings import (
     resolve_manager_settings,
 )
 from torchtitan_ft.manager.stats import Counters, ManagerStats
+from torchtitan_ft.manager.steptimes import StepTimer
 from torchtitan_ft.process_group.base import ProcessGroup
 from torchtitan_ft.process_group.futures import completed_future
 
@@ -249,6 +250,8 @@ class Manager:
         self._hung_armed = False
         self._participated = False
         """This group contributed its own tensors to the step's allreduces."""
+        self._step_timer = StepTimer()
+        """Times each step and its compute part for the lighthouse's straggler report."""
 
         group = join_replica_group(
             settings,
@@ -370,6 +373,7 @@ class Manager:
                 shrink_only=shrink_only,
                 timeout=timeout or self._quorum_timeout,
                 manager_state=self.state_dict(),
+                progress=self._step_timer.start(self._step, time.monotonic()),
             )
         )
         if not self._use_async_quorum:
@@ -432,6 +436,7 @@ class Manager:
             raise TypeError(f"ReduceOp.AVG needs a floating point tensor, got {tensor.dtype}")
         if should_quantize and reduce_op not in (ReduceOp.SUM, ReduceOp.AVG):
             raise ValueError(f"should_quantize supports ReduceOp.SUM and AVG, got {reduce_op}")
+        self._step_timer.collective(time.monotonic())
         try:
             self._quorum.wait_ready()
         except Exception as e:  # recorded: the step is discarded, the future completes
@@ -674,6 +679,7 @@ class Manager:
         any thread: it never waits for the quorum (quorum fields are the last completed one's)
         and takes no lock held across I/O."""
         result = self._quorum.result
+        speed = result.speed if result is not None else None
         return ManagerStats(
             step=self._step,
             quorum_id=result.quorum_id if result is not None else -1,
@@ -681,6 +687,8 @@ class Manager:
             num_participants=self._quorum.participation.world_size,
             participating=self.is_participating(),
             commit_failures=self._commit_failures,
+            relative_speed=speed.relative_speed if speed is not None else 0.0,
+            straggler=speed is not None and speed.straggler,
             **self._counters.snapshot(),
         )
 

@@ -28,6 +28,7 @@ from torchtitan_ft.manager.decisions import (
 from torchtitan_ft.manager.healing import Healing
 from torchtitan_ft.manager.rendezvous import GroupRendezvous
 from torchtitan_ft.manager.settings import ManagerSettings
+from torchtitan_ft.proto import torchft_pb2 as pb
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class QuorumRequest:
     timeout: timedelta
     manager_state: dict[str, int]
     """The Manager's ``state_dict()``, offered with the user state to healing peers."""
+    progress: pb.GroupProgress | None = None
+    """The previous step's timing, for the straggler report (``steptimes``)."""
 
 
 class QuorumThread:
@@ -60,7 +63,8 @@ class QuorumThread:
         init_sync, use_async_quorum, world_size_mode, min_replica_size: the Manager's
             arguments of these names.
         events: the event stream; a quorum with a new id, or a new role for this group in
-            it, is a ``QUORUM`` event.
+            it, is a ``QUORUM`` event; a change of the lighthouse's straggler report on this
+            group is a ``STRAGGLER`` event.
         log: the Manager's logger (level, message).
     """
 
@@ -94,6 +98,8 @@ class QuorumThread:
         self._events = events
         self._announced: tuple[int, str] | None = None
         """The (quorum id, role) of the last ``QUORUM`` event."""
+        self._straggler = False
+        """Whether the lighthouse reported this group as a straggler in the last quorum."""
         self._log = log
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="torchft_quorum"
@@ -162,6 +168,7 @@ class QuorumThread:
                     init_sync=self._init_sync,
                     commit_failures=request.commit_failures,
                     timeout=request.timeout,
+                    progress=request.progress,
                 )
             self.result = result
             self.participation = compute_participation(
@@ -174,6 +181,7 @@ class QuorumThread:
             )
             self.healing = request.allow_heal and result.heal
             self._announce(result)
+            self._announce_speed(result)
             self._collectives.usable = True
             if result.quorum_id != self._quorum_id and not self._reconfigure(result):
                 self._collectives.usable = False
@@ -202,6 +210,28 @@ class QuorumThread:
             participants=self.participation.world_size,
             max_step=result.max_step,
             role=role,
+        )
+
+    def _announce_speed(self, result: QuorumResult) -> None:
+        """An event when the lighthouse starts or stops reporting this group as a straggler."""
+        speed = result.speed
+        if speed is None or speed.straggler == self._straggler:
+            return
+        self._straggler = speed.straggler
+        self._log(
+            logging.WARNING if speed.straggler else logging.INFO,
+            f"the lighthouse reports this replica group as a straggler since its step "
+            f"{speed.straggler_since_step}: it computes at {speed.relative_speed:.2f}x the "
+            "others' speed"
+            if speed.straggler
+            else f"the lighthouse no longer reports this replica group as a straggler: it "
+            f"computes at {speed.relative_speed:.2f}x the others' speed",
+        )
+        self._events.emit(
+            EventKind.STRAGGLER,
+            straggler=speed.straggler,
+            relative_speed=round(speed.relative_speed, 4),
+            since_step=speed.straggler_since_step,
         )
 
     def _reconfigure(self, result: QuorumResult) -> bool:

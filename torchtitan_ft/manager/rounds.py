@@ -54,6 +54,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from torchtitan_ft.manager.decisions import impostor_refusal
+from torchtitan_ft.proto import torchft_pb2 as pb
 
 SESSION_METADATA = "torchtitan-ft-session"
 """The gRPC metadata key of a rank's session: sent by the ManagerServer in a Quorum answer's
@@ -87,6 +88,8 @@ class Joined:
     """Where healers fetch this rank's state, recorded if the round succeeds for it."""
     init_sync: bool
     """Whether the rank heals at step 0 (its answer depends on it; the round does not)."""
+    progress: pb.GroupProgress | None = None
+    """The rank's recent step timings, passed on to the lighthouse (straggler report)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -49,7 +49,7 @@ from torchtitan_ft.addresses import AddressProblem, Advertised, QuorumAddressChe
 from torchtitan_ft.auth import RefusalLog, check_token, peer_host
 from torchtitan_ft.connection_guard import AuthenticatedPeers, ConnectionGuard, GuardPolicy
 from torchtitan_ft.lighthouse.client import LighthouseClient
-from torchtitan_ft.lighthouse.types import Quorum
+from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum
 from torchtitan_ft.manager.decisions import QuorumGate, QuorumResult, compute_quorum_results
 from torchtitan_ft.manager.identity import GroupIdentity, identity_conflict
 from torchtitan_ft.manager.rounds import (
@@ -65,6 +65,7 @@ from torchtitan_ft.manager.rounds import (
     Unknown,
     Waiting,
 )
+from torchtitan_ft.manager.steptimes import slowest_per_step
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.rpc_server import (
     CannotListen,
@@ -123,6 +124,8 @@ class _QuorumOutcome:
     answers: dict[Joined, QuorumResult | ValueError]
     sessions: dict[Joined, str]
     """The session of each call that succeeded and takes sessions."""
+    speed: GroupSpeed | None = None
+    """This group's speed as the lighthouse judged it with the quorum."""
 
 
 class ManagerServer:
@@ -438,6 +441,7 @@ class ManagerServer:
             commit_failures=request.commit_failures,
             checkpoint_metadata=request.checkpoint_metadata,
             init_sync=request.init_sync,
+            progress=request.progress if request.HasField("progress") else None,
         )
         decision = self._rounds.join(call, time.monotonic())
         self._changed()
@@ -487,7 +491,9 @@ class ManagerServer:
 
         answer = outcome.answers.get(call)
         if answer is None:  # a same-connection retry replaced this call in the round
-            answer = _answer(self._replica_id, group_rank, outcome.quorum, request.init_sync)
+            answer = _answer(
+                self._replica_id, group_rank, outcome.quorum, request.init_sync, outcome.speed
+            )
         if isinstance(answer, ValueError):
             await _abort(context, grpc.StatusCode.INTERNAL, str(answer))
         if (session := outcome.sessions.get(call)) is not None:
@@ -512,10 +518,11 @@ class ManagerServer:
             "while asking the lighthouse for a quorum; see its log",
         )
         try:
-            quorum = await self._lighthouse_quorum(
+            quorum, speed = await self._lighthouse_quorum(
                 step=ask.step,
                 shrink_only=ask.shrink_only,
                 commit_failures=ask.commit_failures,
+                progress=slowest_per_step(call.progress for call in ask.calls.values()),
                 budget_s=budget_s,
             )
             members = [
@@ -530,10 +537,10 @@ class ManagerServer:
             outcome = e
         else:
             answers = {
-                call: _answer(self._replica_id, call.group_rank, quorum, call.init_sync)
+                call: _answer(self._replica_id, call.group_rank, quorum, call.init_sync, speed)
                 for call in ask.calls.values()
             }
-            outcome = _QuorumOutcome(quorum, answers, sessions={})
+            outcome = _QuorumOutcome(quorum, answers, sessions={}, speed=speed)
         finally:  # also when cancelled by shutdown, or on an unexpected error
             answers = outcome.answers if isinstance(outcome, _QuorumOutcome) else {}
             succeeded = [c.group_rank for c, a in answers.items() if isinstance(a, QuorumResult)]
@@ -561,9 +568,15 @@ class ManagerServer:
             )
 
     async def _lighthouse_quorum(
-        self, step: int, shrink_only: bool, commit_failures: int, budget_s: float
-    ) -> Quorum:
-        """One lighthouse quorum for the whole group, retried ``quorum_retries`` times."""
+        self,
+        step: int,
+        shrink_only: bool,
+        commit_failures: int,
+        progress: pb.GroupProgress | None,
+        budget_s: float,
+    ) -> tuple[Quorum, GroupSpeed | None]:
+        """One lighthouse quorum for the whole group, retried ``quorum_retries`` times; with
+        this group's speed as the lighthouse judges it (None: not judged, or torchft's)."""
         deadline = time.monotonic() + budget_s
         backoff, max_backoff = _RETRY_BACKOFF_S
         attempts = 0
@@ -579,8 +592,8 @@ class ManagerServer:
             attempts += 1
             remaining = max(deadline - time.monotonic(), 0.0)
             try:
-                quorum = await self._in_thread(
-                    lambda remaining=remaining: self._lighthouse.quorum(
+                quorum, speeds = await self._in_thread(
+                    lambda remaining=remaining: self._lighthouse.quorum_with_speeds(
                         replica_id=self._replica_id,
                         timeout=timedelta(seconds=remaining),
                         address=self.address(),
@@ -590,6 +603,7 @@ class ManagerServer:
                         shrink_only=shrink_only,
                         data=data,
                         commit_failures=commit_failures,
+                        progress=progress,
                     )
                 )
             except TimeoutError as e:
@@ -603,7 +617,7 @@ class ManagerServer:
                     quorum.quorum_id,
                     len(quorum.participants),
                 )
-                return quorum
+                return quorum, speeds.get(self._replica_id)
             left = deadline - time.monotonic()
             if attempts > self._quorum_retries or left <= backoff:
                 raise _RpcFailure(
@@ -720,13 +734,15 @@ def _session(context: aio.ServicerContext) -> str | None:
 
 
 def _answer(
-    replica_id: str, group_rank: int, quorum: Quorum, init_sync: bool
+    replica_id: str, group_rank: int, quorum: Quorum, init_sync: bool, speed: GroupSpeed | None
 ) -> QuorumResult | ValueError:
-    """``group_rank``'s view of ``quorum``, or why there is none (answered as INTERNAL)."""
+    """``group_rank``'s view of ``quorum`` (with the group's ``speed``), or why there is none
+    (answered as INTERNAL)."""
     try:
-        return compute_quorum_results(replica_id, group_rank, quorum, init_sync)
+        result = compute_quorum_results(replica_id, group_rank, quorum, init_sync)
     except ValueError as e:
         return e
+    return dataclasses.replace(result, speed=speed)
 
 
 async def _abort(context: aio.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:

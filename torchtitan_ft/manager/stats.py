@@ -50,6 +50,12 @@ class ManagerStats:
     steps_retried: int = 0
     """Steps whose allreduces were re-run over a new quorum after a peer died mid-step
     (``retry_inflight_allreduce``); a retried step that then commits is not discarded."""
+    relative_speed: float = 0.0
+    """This group's compute speed relative to the other groups' median, as the lighthouse
+    judged it at the last quorum (1.0 typical, 0.25 four times slower; 0.0 not judged yet, or
+    a torchft 0.2.0 lighthouse)."""
+    straggler: bool = False
+    """Whether the lighthouse reported this group as a straggler at the last quorum."""
 
 
 @dataclass

@@ -39,17 +39,49 @@ class Quorum(_message.Message):
     created: _timestamp_pb2.Timestamp
     def __init__(self, quorum_id: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ..., created: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
+class StepTiming(_message.Message):
+    __slots__ = ("step", "step_seconds", "compute_seconds")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    step_seconds: float
+    compute_seconds: float
+    def __init__(self, step: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ...) -> None: ...
+
+class GroupProgress(_message.Message):
+    __slots__ = ("steps",)
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[StepTiming]
+    def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ...) -> None: ...
+
+class GroupSpeed(_message.Message):
+    __slots__ = ("replica_id", "relative_speed", "straggler", "straggler_since_step")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    RELATIVE_SPEED_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_SINCE_STEP_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    relative_speed: float
+    straggler: bool
+    straggler_since_step: int
+    def __init__(self, replica_id: _Optional[str] = ..., relative_speed: _Optional[float] = ..., straggler: _Optional[bool] = ..., straggler_since_step: _Optional[int] = ...) -> None: ...
+
 class LighthouseQuorumRequest(_message.Message):
-    __slots__ = ("requester",)
+    __slots__ = ("requester", "progress")
     REQUESTER_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     requester: QuorumMember
-    def __init__(self, requester: _Optional[_Union[QuorumMember, _Mapping]] = ...) -> None: ...
+    progress: GroupProgress
+    def __init__(self, requester: _Optional[_Union[QuorumMember, _Mapping]] = ..., progress: _Optional[_Union[GroupProgress, _Mapping]] = ...) -> None: ...
 
 class LighthouseQuorumResponse(_message.Message):
-    __slots__ = ("quorum",)
+    __slots__ = ("quorum", "speeds")
     QUORUM_FIELD_NUMBER: _ClassVar[int]
+    SPEEDS_FIELD_NUMBER: _ClassVar[int]
     quorum: Quorum
-    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ...) -> None: ...
+    speeds: _containers.RepeatedCompositeFieldContainer[GroupSpeed]
+    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., speeds: _Optional[_Iterable[_Union[GroupSpeed, _Mapping]]] = ...) -> None: ...
 
 class LighthouseHeartbeatRequest(_message.Message):
     __slots__ = ("replica_id",)
@@ -82,23 +114,25 @@ class LighthouseGoneResponse(_message.Message):
     def __init__(self, gone: _Optional[_Iterable[str]] = ..., requester_gone: _Optional[bool] = ..., heartbeat_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class ManagerQuorumRequest(_message.Message):
-    __slots__ = ("group_rank", "step", "checkpoint_metadata", "shrink_only", "init_sync", "commit_failures")
+    __slots__ = ("group_rank", "step", "checkpoint_metadata", "shrink_only", "init_sync", "commit_failures", "progress")
     GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_METADATA_FIELD_NUMBER: _ClassVar[int]
     SHRINK_ONLY_FIELD_NUMBER: _ClassVar[int]
     INIT_SYNC_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     group_rank: int
     step: int
     checkpoint_metadata: str
     shrink_only: bool
     init_sync: bool
     commit_failures: int
-    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_metadata: _Optional[str] = ..., shrink_only: _Optional[bool] = ..., init_sync: _Optional[bool] = ..., commit_failures: _Optional[int] = ...) -> None: ...
+    progress: GroupProgress
+    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_metadata: _Optional[str] = ..., shrink_only: _Optional[bool] = ..., init_sync: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., progress: _Optional[_Union[GroupProgress, _Mapping]] = ...) -> None: ...
 
 class ManagerQuorumResponse(_message.Message):
-    __slots__ = ("quorum_id", "recover_src_manager_address", "recover_src_replica_rank", "recover_dst_replica_ranks", "store_address", "max_step", "max_replica_rank", "max_world_size", "replica_rank", "replica_world_size", "heal", "commit_failures", "replica_ids")
+    __slots__ = ("quorum_id", "recover_src_manager_address", "recover_src_replica_rank", "recover_dst_replica_ranks", "store_address", "max_step", "max_replica_rank", "max_world_size", "replica_rank", "replica_world_size", "heal", "commit_failures", "replica_ids", "speed")
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     RECOVER_SRC_MANAGER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RECOVER_SRC_REPLICA_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +146,7 @@ class ManagerQuorumResponse(_message.Message):
     HEAL_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FAILURES_FIELD_NUMBER: _ClassVar[int]
     REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    SPEED_FIELD_NUMBER: _ClassVar[int]
     quorum_id: int
     recover_src_manager_address: str
     recover_src_replica_rank: int
@@ -125,7 +160,8 @@ class ManagerQuorumResponse(_message.Message):
     heal: bool
     commit_failures: int
     replica_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, quorum_id: _Optional[int] = ..., recover_src_manager_address: _Optional[str] = ..., recover_src_replica_rank: _Optional[int] = ..., recover_dst_replica_ranks: _Optional[_Iterable[int]] = ..., store_address: _Optional[str] = ..., max_step: _Optional[int] = ..., max_replica_rank: _Optional[int] = ..., max_world_size: _Optional[int] = ..., replica_rank: _Optional[int] = ..., replica_world_size: _Optional[int] = ..., heal: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., replica_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    speed: GroupSpeed
+    def __init__(self, quorum_id: _Optional[int] = ..., recover_src_manager_address: _Optional[str] = ..., recover_src_replica_rank: _Optional[int] = ..., recover_dst_replica_ranks: _Optional[_Iterable[int]] = ..., store_address: _Optional[str] = ..., max_step: _Optional[int] = ..., max_replica_rank: _Optional[int] = ..., max_world_size: _Optional[int] = ..., replica_rank: _Optional[int] = ..., replica_world_size: _Optional[int] = ..., heal: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., replica_ids: _Optional[_Iterable[str]] = ..., speed: _Optional[_Union[GroupSpeed, _Mapping]] = ...) -> None: ...
 
 class CheckpointMetadataRequest(_message.Message):
     __slots__ = ("rank",)

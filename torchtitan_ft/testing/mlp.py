@@ -51,6 +51,9 @@ class WorkerConfig:
     fail_first_heal: bool = False
     """This rank's first checkpoint fetch fails (a donor lost mid-transfer)."""
     step_sleep_s: float = 0.0
+    work: int = 0
+    """Extra CPU work in each step's forward: this many 128x128 matrix products (0.3 to 1 ms
+    each on one core of the test machine), so that a CPU limit slows its compute measurably."""
     max_iterations: int = 400
     seed: int | None = None
     """Model init seed; default differs per replica (init_sync makes them equal)."""
@@ -76,6 +79,8 @@ class WorkerConfig:
 
 HOST = "127.0.0.1"
 """Every server of the harness binds and advertises this address."""
+BATCH_SIZE = 8
+"""Samples in each rank's batch of a step."""
 
 _PRELOAD = [
     "torch",
@@ -110,7 +115,17 @@ def _batch(replica: int, group_rank: int, step: int) -> tuple[Any, Any]:
     import torch
 
     g = torch.Generator().manual_seed(1000 * replica + 100 * group_rank + step)
-    return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+    return torch.randn(BATCH_SIZE, 16, generator=g), torch.randn(BATCH_SIZE, 4, generator=g)
+
+
+def _busy(products: int) -> None:
+    """Fixed CPU work: ``products`` 128x128 matrix products."""
+    if products:
+        import torch
+
+        a = torch.ones(128, 128)
+        for _ in range(products):
+            a = torch.tanh(a @ a / 128)
 
 
 def eval_batch() -> tuple[Any, Any]:
@@ -341,6 +356,7 @@ def train_worker(cfg: WorkerConfig) -> None:
         else:
             x, y = _batch(cfg.replica, cfg.group_rank, manager.current_step())
         loss = nn.functional.mse_loss(ddp(x), y)
+        _busy(cfg.work)
         loss.backward()
         committed = optim.step()
         if cfg.commit_log is not None:

@@ -29,6 +29,8 @@ scalar                     source
 ``ft/bytes_healed``        ``heal_bytes_received``: tensor bytes received from donors
 ``ft/bytes_served``        ``heal_bytes_sent``: tensor bytes served to healing peers
 ``ft/bytes_synced``        ``allreduce_bytes``: tensor bytes handed to the cross-group allreduce
+``ft/relative_speed``      ``relative_speed``: compute speed vs the other groups' (lighthouse)
+``ft/straggler``           ``straggler``: 1 while the lighthouse reports this group as one
 ``ft/syncs_committed``     semi-sync only: ``strategy.stats.syncs_committed``
 ``ft/syncs_failed``        semi-sync only: ``strategy.stats.syncs_failed``, cumulative
 =========================  ======================================================================
@@ -75,6 +77,8 @@ class FTMetrics:
             "ft/bytes_healed": float(stats.heal_bytes_received),
             "ft/bytes_served": float(stats.heal_bytes_sent),
             "ft/bytes_synced": float(stats.allreduce_bytes),
+            "ft/relative_speed": stats.relative_speed,
+            "ft/straggler": float(stats.straggler),
         }
         strategy_stats = getattr(self._strategy, "stats", None)
         if strategy_stats is not None:

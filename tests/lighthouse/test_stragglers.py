@@ -1,0 +1,177 @@
+"""The straggler report: table tests of the pure judgement, the lighthouse's history of it, and
+the report on a real lighthouse's quorum responses, status page and /metrics."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from tests.lighthouse._helpers import T, get
+from torchtitan_ft.lighthouse import LighthouseClient
+from torchtitan_ft.lighthouse.stragglers import (
+    Change,
+    Speed,
+    SpeedBook,
+    StragglerOptions,
+    judge,
+)
+from torchtitan_ft.proto import torchft_pb2 as pb
+
+OPTS = StragglerOptions(factor=1.5, steps=3, window=3)
+FAST = [1.0, 1.0, 1.0]
+OTHERS = {"b": FAST, "c": FAST}
+
+
+@dataclass
+class Case:
+    name: str
+    samples: list[float]
+    others: dict[str, list[float]]
+    prior: Speed
+    relative: float  # expected relative speed (0.0: not judged)
+    slow_streak: int
+    change: Change | None
+    since_step: int | None
+
+
+CASES = [
+    Case("too few own samples: not judged", [4.0, 4.0], OTHERS, Speed(), 0.0, 0, None, None),
+    Case("no other group judged: not judged", [4.0] * 3, {"b": [1.0]}, Speed(), 0.0, 0, None, None),
+    Case("as fast as the others", FAST, OTHERS, Speed(), 1.0, 0, None, None),
+    Case("one slow sample in the window: the median holds", [1.0, 1.0, 9.0], OTHERS, Speed(),
+         1.0, 0, None, None),
+    Case("slow, first of the streak", [4.0] * 3, OTHERS, Speed(), 0.25, 1, None, None),
+    Case("slow just below the factor", [1.4] * 3, OTHERS, Speed(), 1 / 1.4, 0, None, None),
+    Case("slow at exactly the factor", [1.5] * 3, OTHERS, Speed(), 1 / 1.5, 1, None, None),
+    Case("streak reaches steps: report starts since the streak's first step", [4.0] * 3,
+         OTHERS, Speed(0.25, slow_streak=2), 0.25, 3, Change.STARTED, 8),
+    Case("straggler stays while slow", [4.0] * 3, OTHERS,
+         Speed(0.25, slow_streak=5, since_step=3, since=1.0), 0.25, 6, None, 3),
+    Case("straggler fast once: not yet ended", FAST, OTHERS,
+         Speed(0.25, slow_streak=5, since_step=3, since=1.0), 1.0, 0, None, 3),
+    Case("straggler fast for steps: ends", FAST, OTHERS,
+         Speed(1.0, fast_streak=2, since_step=3, since=1.0), 1.0, 0, Change.ENDED, None),
+    Case("a slow sample resets the fast streak", [4.0] * 3, OTHERS,
+         Speed(1.0, fast_streak=2, since_step=3, since=1.0), 0.25, 1, None, 3),
+    Case("reference is the others' median, not their mean", [3.0] * 3,
+         {"b": FAST, "c": FAST, "d": [30.0] * 3}, Speed(), 1 / 3, 1, None, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_judge(case: Case) -> None:
+    speed, change = judge(case.samples, case.others, case.prior, step=10, now=50.0, opts=OPTS)
+    assert speed.relative_speed == pytest.approx(case.relative)
+    assert speed.slow_streak == case.slow_streak
+    assert change is case.change
+    assert speed.since_step == case.since_step
+    if change is Change.STARTED:
+        assert speed.since == 50.0
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"factor": 1.0}, "straggler factor must be > 1.0, got 1.0"),
+        ({"steps": 0}, "straggler steps must be >= 1, got 0"),
+        ({"window": 0}, "straggler window must be >= 1, got 0"),
+    ],
+)
+def test_bad_options_are_refused(kw: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        StragglerOptions(**kw)
+
+
+def timings(first_step: int, compute: list[float]) -> list[pb.StepTiming]:
+    return [
+        pb.StepTiming(step=first_step + i, step_seconds=c + 0.1, compute_seconds=c)
+        for i, c in enumerate(compute)
+    ]
+
+
+def test_book_reports_start_and_end_once_and_detection_delay() -> None:
+    """A group slowed 4x from step 10 is reported after ``steps + window // 2`` slow steps,
+    once; the report ends, once, ``steps + window // 2`` steps after it is fast again."""
+    book = SpeedBook(StragglerOptions(factor=1.5, steps=5, window=5))
+    lines: list[tuple[int, str]] = []
+    for step in range(40):
+        for rid in ("a", "b", "c"):
+            book.report(rid, timings(step, [0.01]), now=step)
+        slow = 10 <= step < 25
+        for line in book.report("d", timings(step, [0.04 if slow else 0.01]), now=step):
+            lines.append((step, line))
+    started, ended = lines
+    assert started[0] == 10 + 5 + 5 // 2 - 1  # the 7th slow step
+    assert "'d' computes at 0.25x the others' speed since its step 12" in started[1]
+    assert ended[0] == 25 + 5 + 5 // 2 - 1
+    assert "since its step 12" in ended[1]
+    assert book.reports_started == 1
+    assert [v.replica_id for v in book.views()] == ["a", "b", "c", "d"]
+    assert not any(v.straggler for v in book.views())
+
+
+def test_book_skips_unmeasured_steps_and_forgets_gone_groups() -> None:
+    book = SpeedBook(StragglerOptions(window=1, steps=1))
+    book.report("a", [pb.StepTiming(step=1, step_seconds=1.0)], now=0)  # no compute: skipped
+    assert "a" not in book.samples
+    book.report("a", timings(2, [1.0]), now=0)
+    book.report("b", timings(2, [1.0]), now=0)
+    book.forget("a")
+    assert list(book.samples) == ["b"] and list(book.speeds) == ["b"]
+
+
+def test_lighthouse_reports_a_straggler_on_responses_status_and_metrics(servers) -> None:
+    """Two real clients ask for quorums with their timings; a group 4x slower is reported in
+    every member's quorum response, on the status JSON and page, and in /metrics."""
+    server = servers(
+        min_replicas=2,
+        status_bind="127.0.0.1:0",
+        stragglers=StragglerOptions(factor=1.5, steps=2, window=1),
+    )
+    responses: dict[str, dict] = {}
+    # The fast group has a history already: the slow one is judged from its first report,
+    # whichever of them asks first in a round.
+    server.run_in_loop(lambda: server.state.speeds.report("fast", timings(-1, [0.01]), 0.0))
+
+    def run(rid: str, compute: float) -> None:
+        client = LighthouseClient(server.address())
+        try:
+            for step in range(4):
+                progress = pb.GroupProgress(steps=timings(step - 1, [compute])) if step else None
+                _, responses[rid] = client.quorum_with_speeds(rid, T, step=step, progress=progress)
+        finally:
+            client.close()
+
+    threads = [
+        threading.Thread(target=run, args=("fast", 0.01)),
+        threading.Thread(target=run, args=("slow", 0.04)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Step 2's request carries step 1's timing: the second slow sample, the report's start.
+    for speeds in responses.values():
+        assert speeds["slow"].straggler and speeds["slow"].straggler_since_step == 0
+        assert speeds["slow"].relative_speed == pytest.approx(0.25)
+        assert not speeds["fast"].straggler and speeds["fast"].relative_speed == 4.0
+    base = server.status_address()
+    _, body = get(base + "/status.json")
+    by_id = {s["replica_id"]: s for s in json.loads(body)["speeds"]}
+    assert by_id["slow"] == {
+        "replica_id": "slow",
+        "relative_speed": 0.25,
+        "straggler": True,
+        "straggler_since_step": 0,
+    }
+    _, page = get(base + "/")
+    assert '<tr class="straggler"><td>slow</td><td>0.25x</td><td>0</td></tr>' in page
+    _, metrics = get(base + "/metrics")
+    values = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if not line.startswith("#"))
+    assert float(values['torchft_lighthouse_relative_speed{replica_id="slow"}']) == 0.25
+    assert values['torchft_lighthouse_straggler{replica_id="slow"}'] == "1"
+    assert values['torchft_lighthouse_straggler{replica_id="fast"}'] == "0"
+    assert values["torchft_lighthouse_straggler_reports_total"] == "1"

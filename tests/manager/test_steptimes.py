@@ -1,0 +1,32 @@
+"""Step timings: what a rank measures, and how its group's ranks' timings merge."""
+
+from __future__ import annotations
+
+from torchtitan_ft.manager.steptimes import StepTimer, slowest_per_step
+from torchtitan_ft.proto import torchft_pb2 as pb
+
+
+def test_step_and_compute_times_from_quorum_to_first_collective() -> None:
+    timer = StepTimer()
+    assert timer.start(step=0, now=10.0) is None  # nothing to report before the first step
+    timer.collective(now=10.5)
+    timer.collective(now=10.9)  # only the first collective of a step counts
+    progress = timer.start(step=1, now=11.0)
+    assert list(progress.steps) == [pb.StepTiming(step=0, step_seconds=1.0, compute_seconds=0.5)]
+    # A step without a collective (a spare): step time only.
+    progress = timer.start(step=1, now=13.0)
+    assert list(progress.steps) == [pb.StepTiming(step=1, step_seconds=2.0, compute_seconds=0.0)]
+
+
+def test_group_is_as_slow_as_its_slowest_rank() -> None:
+    def rank(*timings: tuple[int, float, float]) -> pb.GroupProgress:
+        return pb.GroupProgress(
+            steps=[pb.StepTiming(step=s, step_seconds=w, compute_seconds=c) for s, w, c in timings]
+        )
+
+    merged = slowest_per_step([rank((4, 1.0, 0.2)), None, rank((3, 0.5, 0.1), (4, 0.9, 0.6))])
+    assert [(t.step, t.step_seconds, t.compute_seconds) for t in merged.steps] == [
+        (3, 0.5, 0.1),
+        (4, 1.0, 0.6),
+    ]
+    assert slowest_per_step([None, None]) is None

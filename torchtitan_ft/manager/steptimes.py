@@ -1,0 +1,69 @@
+"""Step timings for the straggler report: what each rank measures, and how a group's ranks'
+timings become the group's.
+
+A rank's step starts when it asks for the step's quorum (``Manager.start_quorum``) and ends
+when it asks for the next one. Its compute part ends at the step's first cross-group
+collective (``Manager.allreduce``): forward and backward run while the quorum forms, and are
+what the trainer does on its own, without waiting for the other groups. So the Manager measures
+both without the trainer's help. A step without a collective (a spare, an error before it) has
+no compute measurement (``compute_seconds`` 0) and does not count for the report.
+
+The group's ManagerServer sends the lighthouse, per step, the slowest of its ranks' timings:
+the group is as slow as its slowest rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torchtitan_ft.proto import torchft_pb2 as pb
+
+
+class StepTimer:
+    """One rank's step timings; the caller passes the clock's readings (seconds, monotonic)."""
+
+    def __init__(self) -> None:
+        self._step: int | None = None
+        self._started = 0.0
+        self._first_collective: float | None = None
+
+    def collective(self, now: float) -> None:
+        """A cross-group collective starts; the first of a step ends its compute part."""
+        if self._first_collective is None:
+            self._first_collective = now
+
+    def start(self, step: int, now: float) -> pb.GroupProgress | None:
+        """A new step starts at committed step ``step``; returns the previous step's timing
+        (None before the first step)."""
+        progress = None
+        if self._step is not None:
+            compute = 0.0
+            if self._first_collective is not None:
+                compute = self._first_collective - self._started
+            progress = pb.GroupProgress(
+                steps=[
+                    pb.StepTiming(
+                        step=self._step,
+                        step_seconds=now - self._started,
+                        compute_seconds=compute,
+                    )
+                ]
+            )
+        self._step, self._started, self._first_collective = step, now, None
+        return progress
+
+
+def slowest_per_step(progresses: Iterable[pb.GroupProgress | None]) -> pb.GroupProgress | None:
+    """A group's timings from its ranks': per step, the longest step and compute times, oldest
+    step first; None when no rank sent any."""
+    merged: dict[int, pb.StepTiming] = {}
+    for progress in progresses:
+        if progress is None:
+            continue
+        for timing in progress.steps:
+            mine = merged.setdefault(timing.step, pb.StepTiming(step=timing.step))
+            mine.step_seconds = max(mine.step_seconds, timing.step_seconds)
+            mine.compute_seconds = max(mine.compute_seconds, timing.compute_seconds)
+    if not merged:
+        return None
+    return pb.GroupProgress(steps=[merged[step] for step in sorted(merged)])

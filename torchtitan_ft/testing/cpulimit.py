@@ -1,0 +1,134 @@
+"""A CPU limit on a set of processes, to slow a replica group down for real (the straggler
+tests and ``benchmarks.stragglers``).
+
+The kernel enforces it: a cgroup with a CFS quota (cgroup v2 ``cpu.max``, or v1
+``cpu.cfs_quota_us`` where the machine has v1, as this project's test machine does). Where
+neither can be created (no root, read-only cgroup file system) it falls back to a SIGSTOP /
+SIGCONT duty cycle driven by a thread of the calling process, which is coarser (its period is
+a scheduler's tick or more on a busy machine). ``CpuLimit.mechanism`` says which one is used.
+
+    with CpuLimit("group_3", [proc.pid], cpus=0.25) as limit:
+        ...
+        limit.set(cpus=0.0625)  # 4x slower
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+PERIOD_US = 10_000
+"""The CFS period: quotas are shares of 10 ms. Shorter than a step's compute, so that every
+step is throttled alike (with 100 ms, a short compute often fits in one period's quota and the
+next one pays for it all). The kernel's smallest quota is 1 ms: ``cpus`` >= 0.1."""
+_V2_ROOT = Path("/sys/fs/cgroup")
+_V1_ROOT = Path("/sys/fs/cgroup/cpu")
+
+
+class CpuLimit:
+    """At most ``cpus`` CPUs (e.g. 0.25: a quarter of one core) for the processes ``pids``.
+
+    Args:
+        name: part of the cgroup's name (a random suffix keeps runs apart).
+        pids: the processes to limit (their threads go with them).
+        cpus: the limit, > 0.
+    """
+
+    def __init__(self, name: str, pids: Iterable[int], cpus: float) -> None:
+        self._pids = list(pids)
+        self._dir: Path | None = None
+        self._duty: _DutyCycle | None = None
+        self.mechanism = "none"
+        """``"cgroup v2 cpu.max"``, ``"cgroup v1 cpu.cfs_quota_us"`` or ``"duty cycle"``."""
+        cgroup = f"torchtitan_ft_{name}_{uuid.uuid4().hex[:8]}"
+        try:
+            if (_V2_ROOT / "cgroup.controllers").exists():
+                self._dir, self.mechanism = _V2_ROOT / cgroup, "cgroup v2 cpu.max"
+            else:
+                self._dir, self.mechanism = _V1_ROOT / cgroup, "cgroup v1 cpu.cfs_quota_us"
+            self._dir.mkdir()
+            self.set(cpus)
+            procs = self._dir / "cgroup.procs"
+            for pid in self._pids:
+                procs.write_text(f"{pid}\n")
+        except OSError:
+            self._remove_cgroup()
+            self._dir, self.mechanism = None, "duty cycle"
+            self._duty = _DutyCycle(self._pids, cpus)
+
+    def set(self, cpus: float) -> None:
+        """Changes the limit to ``cpus`` CPUs (> 0)."""
+        if not cpus > 0:
+            raise ValueError(f"cpus must be > 0, got {cpus!r}")
+        if self._duty is not None:
+            self._duty.cpus = cpus
+        elif self._dir is not None:
+            quota = max(int(cpus * PERIOD_US), 1000)  # the kernel's minimum
+            if self.mechanism.startswith("cgroup v2"):
+                (self._dir / "cpu.max").write_text(f"{quota} {PERIOD_US}\n")
+            else:
+                (self._dir / "cpu.cfs_period_us").write_text(f"{PERIOD_US}\n")
+                (self._dir / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+
+    def close(self) -> None:
+        """Lifts the limit (the processes go back to the parent cgroup, or keep running)."""
+        if self._duty is not None:
+            self._duty.stop()
+        self._remove_cgroup()
+
+    def _remove_cgroup(self) -> None:
+        if self._dir is None or not self._dir.exists():
+            return
+        parent = self._dir.parent / "cgroup.procs"
+        with contextlib.suppress(OSError):
+            for pid in (self._dir / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):  # it may have exited meanwhile
+                    parent.write_text(f"{pid}\n")
+        with contextlib.suppress(OSError):
+            self._dir.rmdir()
+
+    def __enter__(self) -> CpuLimit:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class _DutyCycle:
+    """Stops and continues ``pids`` so that they run ``cpus`` of each 40 ms (``cpus`` >= 1:
+    never stopped)."""
+
+    PERIOD_S = 0.04
+
+    def __init__(self, pids: list[int], cpus: float) -> None:
+        self._pids = pids
+        self.cpus = cpus
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu_duty_cycle", daemon=True)
+        self._thread.start()
+
+    def _signal(self, sig: int) -> None:
+        for pid in self._pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            share = min(self.cpus, 1.0)
+            if share >= 1.0:
+                self._stop.wait(self.PERIOD_S)
+                continue
+            self._stop.wait(self.PERIOD_S * share)
+            self._signal(signal.SIGSTOP)
+            self._stop.wait(self.PERIOD_S * (1 - share))
+            self._signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._signal(signal.SIGCONT)
