@@ -1,6 +1,7 @@
-"""Smoke tests of the benchmarks that run the shared worker harness
-(``torchtitan_ft.testing.processes.Worker``): each at its smallest setting prints the JSON its
-docstring describes. Timings are not checked (docs/performance.md has the measured ones)."""
+"""Smoke tests of the benchmarks that start processes of their own (most through the shared
+worker harness, ``torchtitan_ft.testing.processes.Worker``): each at its smallest setting
+prints the JSON its docstring describes. Timings are not checked (docs/performance.md has the
+measured ones)."""
 
 from __future__ import annotations
 
@@ -92,3 +93,12 @@ def test_stragglers_prints_results_and_clean_run() -> None:
     assert result["healthy_throughput_ratio_policy_on"] is None  # the policy is not built
     assert "detection_steps" in result and result["false_reports"] >= 0
     assert {"false_reports", "exclusions"} <= out["clean_run"].keys()
+
+
+@pytest.mark.slow  # the servers' start and one flood of 136 connections: 15 to 40 s under load
+@pytest.mark.timeout(240)
+def test_flood_prints_guarded_and_unguarded_cases() -> None:
+    out = _benchmark("benchmarks.flood", "--trials", "1", "--rounds", "2", timeout=210)
+    assert {"command", "machine", "setup", "bound_ms", "summary", "guard_costs"} <= out.keys()
+    assert {"guarded_quiet", "guarded_flood", "unguarded_quiet"} <= out["summary"].keys()
+    assert out["guard_costs"]["look_ms_median"] > 0
