@@ -102,10 +102,28 @@ def _exec_with_gloo_barrier(module: ModuleType, execute: Execute) -> None:
         module.set_pg_timeouts = set_pg_timeouts_cpu
 
 
+def _exec_with_sum_reduction(module: ModuleType, execute: Execute) -> None:
+    """Fix 4 for any trainer (this project's also calls :func:`force_sum_reduction` itself):
+    llama3's ``disable_fsdp_gradient_division``, which makes FSDP reduce with PREMUL_SUM, is
+    followed by :func:`force_sum_reduction`. Looked up at call time by llama3's
+    ``parallelize_llama``; the other models import it from this module after this fix."""
+    execute(module)
+    if cuda_available():
+        return
+    disable_division = module.disable_fsdp_gradient_division
+
+    def disable_division_then_sum(model: torch.nn.Module) -> None:
+        disable_division(model)
+        force_sum_reduction([model])
+
+    module.disable_fsdp_gradient_division = disable_division_then_sum
+
+
 _FIXES: dict[str, Callable[[ModuleType, Execute], None]] = {
     _DEVICE_TYPE_MODULE: _exec_with_cpu_device_type,
     "torchtitan.components.metrics": _exec_with_rss_memory_monitor,
     "torchtitan.distributed.utils": _exec_with_gloo_barrier,
+    "torchtitan.models.llama3.infra.parallelize": _exec_with_sum_reduction,
 }
 """TorchTitan modules that need a fix, and how each is executed."""
 
