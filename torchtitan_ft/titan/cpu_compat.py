@@ -33,10 +33,10 @@ def cuda_available() -> bool:
 
 
 def install() -> None:
-    """Fix TorchTitan's modules as they are imported, whoever imports them (fixes 1-3, and 4 for llama3): an
-    import hook, so installing it imports nothing. Idempotent; ``torchtitan_ft.titan`` calls
-    it on import. A module imported before it was installed is not fixed (see
-    :func:`apply_before_torchtitan_import`)."""
+    """Fix TorchTitan's modules as they are imported, whoever imports them (fixes 1-3, and 4
+    for llama3): an import hook, so installing it imports nothing. Idempotent;
+    ``torchtitan_ft.titan`` calls it on import. A module imported before it was installed is
+    not fixed (see :func:`apply_before_torchtitan_import`)."""
     if not any(isinstance(finder, _FixingFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _FixingFinder())
 
