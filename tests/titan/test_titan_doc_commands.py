@@ -33,6 +33,7 @@ import pytest
 
 from tests.titan._jobs import ROOT, TrainRun, finish_all, remaining
 from torchtitan_ft.events import EventKind
+from torchtitan_ft.titan.config import parse_job_config
 from torchtitan_ft.titan.named_configs import TITAN_CONFIGS, UnknownConfigName, resolve, resolve_env
 
 DOC = ROOT / "docs" / "titan.md"
@@ -240,6 +241,28 @@ def test_a_config_name_selects_a_file(model: str | None, config: str | None, fil
 )
 def test_the_line_names_the_variable_the_user_set(env: dict[str, str], named: str) -> None:
     assert named in resolve_env(env)[1]
+
+
+@pytest.mark.parametrize(
+    ("model", "config", "method", "min_replica_size"),
+    [
+        ("llama3_ft", "llama3_ft_debugmodel", "diloco", 1),
+        ("torchft.llama3", "llama3_torchft_debugmodel", "diloco", 1),
+        ("llama3", "llama3_8B", None, 1),
+    ],
+)
+def test_titans_names_parse_to_titans_ft_settings(
+    model: str, config: str, method: str | None, min_replica_size: int
+) -> None:
+    """With this project's trainer too (``TRAIN_FILE`` unset): upstream's config of each name
+    is Streaming DiLoCo with sync_steps 10 over 2 fragments, or per-step FT tolerating all but
+    one group (``min_replica_size`` 1)."""
+    path, _ = resolve(model, config)
+    args = ["--job.config_file", str(path), "--fault_tolerance.group_size=2"]  # as the doc
+    ft = parse_job_config(args).fault_tolerance
+    assert (ft.semi_sync_method, ft.min_replica_size) == (method, min_replica_size)
+    if method:
+        assert (ft.sync_steps, ft.num_fragments) == (10, 2)
 
 
 def test_every_titan_name_has_a_config() -> None:
