@@ -45,7 +45,8 @@ train_module=("$TRAIN_FILE")
 case "$TRAIN_FILE" in
     torchtitan_ft.*) ;;
     *)
-        "$PYTHON" -m torchtitan_ft.titan.run_module --check "$TRAIN_FILE" || exit $?
+        "$PYTHON" -m torchtitan_ft.titan.run_module --check "$TRAIN_FILE" \
+            --job.config_file "$CONFIG_FILE" "$@" || exit $?
         train_module=(torchtitan_ft.titan.run_module "$TRAIN_FILE")
         ;;
 esac

@@ -54,7 +54,7 @@ def test_strict_apply_refuses_a_cuda_frozen_torchtitan(monkeypatch: pytest.Monke
 def test_importing_the_plugin_is_cheap_and_torchtitan_imported_later_is_fixed() -> None:
     """In a fresh process: the torchrun agent and the config-name resolver import
     ``torchtitan_ft.titan`` without loading torch or TorchTitan, and TorchTitan imported after
-    it gets fixes 1-3 wherever it is imported from."""
+    it gets fixes 1-3, and 4 for llama3's parallelize, wherever it is imported from."""
     code = """
 import sys
 import torchtitan_ft.titan.launch, torchtitan_ft.titan.named_configs
@@ -62,15 +62,17 @@ print(sorted(m for m in ("torch", "torchtitan") if m in sys.modules))
 import torchtitan.components.metrics as metrics
 import torchtitan.distributed.utils as dist_utils
 from torchtitan.tools import utils
+import torchtitan.models.llama3.infra.parallelize as llama3_parallelize
 from torchtitan_ft.titan import cpu_compat
 print(
     utils.device_type,
     metrics.DeviceMemoryMonitor is cpu_compat.RSSMemoryMonitor,
     dist_utils.set_pg_timeouts is cpu_compat.set_pg_timeouts_cpu,
+    llama3_parallelize.disable_fsdp_gradient_division.__module__ == cpu_compat.__name__,
 )
 """
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=240
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines() == ["[]", "cpu True True"], result.stdout
+    assert result.stdout.splitlines() == ["[]", "cpu True True True"], result.stdout

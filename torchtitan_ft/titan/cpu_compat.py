@@ -33,10 +33,10 @@ def cuda_available() -> bool:
 
 
 def install() -> None:
-    """Fix TorchTitan's modules as they are imported, whoever imports them (fixes 1-3): an
-    import hook, so installing it imports nothing. Idempotent; ``torchtitan_ft.titan`` calls
-    it on import. A module imported before it was installed is not fixed (see
-    :func:`apply_before_torchtitan_import`)."""
+    """Fix TorchTitan's modules as they are imported, whoever imports them (fixes 1-3, and 4
+    for llama3): an import hook, so installing it imports nothing. Idempotent;
+    ``torchtitan_ft.titan`` calls it on import. A module imported before it was installed is
+    not fixed (see :func:`apply_before_torchtitan_import`)."""
     if not any(isinstance(finder, _FixingFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _FixingFinder())
 
@@ -102,10 +102,28 @@ def _exec_with_gloo_barrier(module: ModuleType, execute: Execute) -> None:
         module.set_pg_timeouts = set_pg_timeouts_cpu
 
 
+def _exec_with_sum_reduction(module: ModuleType, execute: Execute) -> None:
+    """Fix 4 for any trainer (this project's also calls :func:`force_sum_reduction` itself):
+    llama3's ``disable_fsdp_gradient_division``, which makes FSDP reduce with PREMUL_SUM, is
+    followed by :func:`force_sum_reduction`. Looked up at call time by llama3's
+    ``parallelize_llama``; the other models import it from this module after this fix."""
+    execute(module)
+    if cuda_available():
+        return
+    disable_division = module.disable_fsdp_gradient_division
+
+    def disable_division_then_sum(model: torch.nn.Module) -> None:
+        disable_division(model)
+        force_sum_reduction([model])
+
+    module.disable_fsdp_gradient_division = disable_division_then_sum
+
+
 _FIXES: dict[str, Callable[[ModuleType, Execute], None]] = {
     _DEVICE_TYPE_MODULE: _exec_with_cpu_device_type,
     "torchtitan.components.metrics": _exec_with_rss_memory_monitor,
     "torchtitan.distributed.utils": _exec_with_gloo_barrier,
+    "torchtitan.models.llama3.infra.parallelize": _exec_with_sum_reduction,
 }
 """TorchTitan modules that need a fix, and how each is executed."""
 

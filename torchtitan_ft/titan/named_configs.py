@@ -19,10 +19,13 @@ CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 TITAN_CONFIGS = {
     "llama3_debugmodel": "debug_cpu.toml",
     "llama3_8b": "llama3_8b_ft.toml",
-    "llama3_ft_debugmodel": "debug_ft_cpu.toml",
-    "llama3_torchft_debugmodel": "debug_ft_cpu.toml",
+    "llama3_ft_debugmodel": "llama3_ft_debug_cpu.toml",
+    "llama3_torchft_debugmodel": "llama3_ft_debug_cpu.toml",
 }
-"""TorchTitan's config names (lowercase) -> this project's equivalent in ``configs/``."""
+"""TorchTitan's config names (lowercase) -> this project's equivalent in ``configs/``: the same
+fault-tolerance settings as TorchTitan's config of that name (the two ``*_ft_debugmodel`` are
+Streaming DiLoCo, ``llama3_8b`` per-step with ``min_replica_size`` 1), scaled to a CPU where the
+file's header says."""
 
 MODEL_FAMILIES = {
     "llama3": "llama3_debugmodel",

@@ -5,19 +5,30 @@ TorchTitan's ``torchtitan.train`` or its fault-tolerance trainer
 and the project's local corpora registered as TorchTitan datasets.
 
     python -m torchtitan_ft.titan.run_module MODULE [trainer args...]
-    python -m torchtitan_ft.titan.run_module --check MODULE   # run_train.sh's pre-flight
+    python -m torchtitan_ft.titan.run_module --check MODULE [trainer args...]   # pre-flight
 
 TorchTitan's fault-tolerance trainer imports the ``torchft`` package. It runs on this project
 only with the opt-in torchft compatibility package installed (scripts/install_torchft_compat.sh);
 without it, both forms stop with one line naming this project's own entry point.
+
+It reads this project's configs too: TorchTitan's parser rejects a ``[fault_tolerance]`` key it
+does not know (``step_timeout_ms``, ``hostname``, ...), so the trainer is given this project's
+``[fault_tolerance]`` schema as its custom config module (``--job.custom_config_module``, unless
+the command line or the TOML names one of its own). TorchTitan's trainer builds torchft's
+Manager from its own fields only; the pre-flight says in one line which of the fields the user
+set it leaves unused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import runpy
 import subprocess
 import sys
+import tomllib
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 from torchtitan_ft.titan.launch import USER_ERROR_EXIT
 
@@ -26,6 +37,81 @@ PROJECT_TRAINER = "torchtitan_ft.titan.train"
 
 NEEDS_TORCHFT = frozenset({"torchtitan.experiments.ft.train"})
 """Trainer modules that import the ``torchft`` package for fault tolerance."""
+
+
+OWN_CONFIG_MODULE = "torchtitan_ft.titan.config_schema"
+"""This project's JobConfig (its ``[fault_tolerance]`` fields), given to TorchTitan's parser as
+the custom config module."""
+
+TITAN_FT_CONFIG_MODULE = "torchtitan.components.ft.config"
+"""TorchTitan's own FT config module; this project's schema holds all its fields, so it is
+replaced where a TOML names it."""
+
+_CUSTOM_CONFIG_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
+_FT_FLAG_PREFIXES = ("--fault_tolerance.", "--fault-tolerance.")
+
+
+def custom_config_args(args: Sequence[str], toml: Mapping[str, Any]) -> list[str]:
+    """The flag that makes TorchTitan's parser read this project's ``[fault_tolerance]`` keys,
+    or none where the command line (``args``) or the TOML names a module of the user's own."""
+    if any(a.split("=", 1)[0] in _CUSTOM_CONFIG_FLAGS for a in args):
+        return []
+    job = toml.get("job")
+    named = job.get("custom_config_module") if isinstance(job, dict) else None
+    if named and named not in (TITAN_FT_CONFIG_MODULE, OWN_CONFIG_MODULE):
+        return []
+    return [f"--job.custom_config_module={OWN_CONFIG_MODULE}"]
+
+
+def fields_set(args: Sequence[str], toml: Mapping[str, Any]) -> set[str]:
+    """The ``[fault_tolerance]`` fields the TOML or the command line sets (``--fault_tolerance.x``
+    and ``--fault-tolerance.x`` alike; ``--fault_tolerance.no-x`` sets ``x``)."""
+    section = toml.get("fault_tolerance")
+    names = set(section) if isinstance(section, dict) else set()
+    for arg in args:
+        for prefix in _FT_FLAG_PREFIXES:
+            if arg.startswith(prefix):
+                name = arg[len(prefix) :].split("=", 1)[0].replace("-", "_")
+                names.add(name.removeprefix("no_"))
+    return names
+
+
+def unused_fields_line(
+    module: str, set_names: Collection[str], titan_fields: Collection[str]
+) -> str | None:
+    """The line saying which fields the user set that TorchTitan's FT trainer ``module`` does
+    not use (fields not in ``titan_fields``), or None when there are none."""
+    unused = sorted(set(set_names) - set(titan_fields))
+    if not unused:
+        return None
+    return (
+        f"torchtitan_ft: TRAIN_FILE={module} is TorchTitan's FT trainer, which builds the "
+        f"Manager from TorchTitan's fault_tolerance fields only: it accepts but does not use "
+        f"fault_tolerance.{{{', '.join(unused)}}} (torchft's defaults and TORCHFT_* variables "
+        f"apply instead); leave TRAIN_FILE unset ({PROJECT_TRAINER}) to train with them"
+    )
+
+
+def _titan_ft_fields() -> set[str]:
+    from torchtitan.components.ft.config import FaultTolerance
+
+    return {f.name for f in dataclasses.fields(FaultTolerance)}
+
+
+def _toml_of(args: Sequence[str]) -> dict[str, Any]:
+    """The TOML of the first ``--job.config_file`` in ``args`` (the one TorchTitan's parser
+    reads; {} without one). A file that cannot be read is left to the trainer to report. Read
+    without importing TorchTitan: its parser takes ``sys.argv`` as it is at import time."""
+    for i, arg in enumerate(args):
+        key, sep, value = arg.partition("=")
+        if key in ("--job.config_file", "--job.config-file"):
+            path = value if sep else (args[i + 1] if i + 1 < len(args) else "")
+            try:
+                with open(path, "rb") as f:
+                    return tomllib.load(f)
+            except (OSError, tomllib.TOMLDecodeError):
+                return {}
+    return {}
 
 
 def torchft_problem(module: str, torchft_found: bool) -> str | None:
@@ -74,13 +160,22 @@ def check(module: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["--check"] and len(args) == 2:
-        check(args[1])
+    if args[:1] == ["--check"] and len(args) >= 2:
+        module, rest = args[1], args[2:]
+        check(module)
+        # Here, once per group (run_train.sh's pre-flight), not in every rank: importing
+        # TorchTitan before sys.argv is set (below) would hide the trainer's arguments.
+        if module in NEEDS_TORCHFT:
+            line = unused_fields_line(module, fields_set(rest, _toml_of(rest)), _titan_ft_fields())
+            if line:
+                print(line, file=sys.stderr, flush=True)
         return
     if not args or args[0].startswith("-"):
         _refuse("usage: python -m torchtitan_ft.titan.run_module MODULE [trainer args...]")
     module, rest = args[0], args[1:]
     check(module)
+    if module in NEEDS_TORCHFT:
+        rest = [*rest, *custom_config_args(rest, _toml_of(rest))]
     # Before TorchTitan is imported: its ConfigManager.parse_args takes sys.argv[1:] as a
     # default argument, fixed when torchtitan.config is first imported.
     sys.argv = [module, *rest]
