@@ -40,6 +40,10 @@ class _Config:
     lighthouse_addr: str
     replica: int
     out_path: str
+    started: Any
+    """A barrier of all the groups: each passes it once its Manager is built, so that the first
+    quorum has all three however slowly the processes start (a group that missed the join
+    timeout would take part in no step before it healed)."""
     kill_at_step: int | None = None
 
 
@@ -97,6 +101,7 @@ def _worker(cfg: _Config) -> None:
             return real_allreduce(tensors, opts)
 
         pg.allreduce = die_instead_of_sending  # type: ignore[method-assign]
+    cfg.started.wait(60)
 
     ddp = DistributedDataParallel(manager, model)
     optim = OptimizerWrapper(manager, inner)
@@ -171,17 +176,19 @@ def test_survivors_finish_the_step_the_victim_died_in(tmp_path: Path, procs: lis
     lighthouse = LighthouseServer(
         bind="127.0.0.1:0",
         min_replicas=2,
-        join_timeout_ms=3000,  # the three start together: the first quorum has all of them
+        join_timeout_ms=3000,  # the three start together (the barrier): the first quorum has all
         quorum_tick_ms=50,
         heartbeat_timeout_ms=3000,
     )
     try:
         outs = [tmp_path / f"r{i}.pt" for i in range(GROUPS)]
+        started = mp_context().Barrier(GROUPS)
         for i in range(GROUPS):
             cfg = _Config(
                 lighthouse.address(),
                 i,
                 str(outs[i]),
+                started,
                 kill_at_step=KILL_AT_STEP if i == VICTIM else None,
             )
             proc = mp_context().Process(target=_worker, args=(cfg,), daemon=True)
