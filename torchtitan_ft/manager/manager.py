@@ -218,6 +218,7 @@ class Manager:
             connect_timeout=connect_timeout,
             quorum_retries=quorum_retries,
             auth_token=auth_token,
+            events_dir=events_dir,
             default_store_host=hostname,
         )
         auth_token = settings.auth_token.value
@@ -260,7 +261,7 @@ class Manager:
         self._store, self._server, self._client = group.store, group.server, group.client
         self._replica_id: str = group.replica_id
         self._events: EventWriter = open_event_writer(
-            events_dir, os.environ, group.replica_id, self._group_rank, lambda: self._step
+            settings.events_dir.value, group.replica_id, self._group_rank, lambda: self._step
         )
         self._collectives = StepCollectives(
             pg,
