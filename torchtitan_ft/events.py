@@ -41,7 +41,8 @@ class EventKind(StrEnum):
 
     START = "start"
     """The Manager of a (re)started process joined its replica group. Fields: ``pid``,
-    ``group_world_size``."""
+    ``group_world_size``, ``settings`` (``ManagerSettings.record()``: each setting's value and
+    source), ``overridden`` (the ``TORCHFT_*`` variables an argument beat)."""
     QUORUM = "quorum"
     """This rank got a quorum with a new id, or its role changed. Fields: ``quorum_id``,
     ``replica_ids`` (the members, in replica-rank order), ``participants`` (groups averaging

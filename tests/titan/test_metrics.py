@@ -105,14 +105,26 @@ def test_log_prefix_names_replica_rank_and_step(caplog: pytest.LogCaptureFixture
 def test_ft_job_writes_ft_scalars_per_replica_group(tmp_path: Path) -> None:
     """2 replica groups x 1 rank, per-step FT, 3 steps, TensorBoard on: each group's event
     file has TorchTitan's loss and the ft/* scalars; the loss and tokens logged are the job's;
+    a TORCHFT_* variable applies unless the config sets its field;
     the group that healed at step 0 (init_sync) reports one heal and received exactly the
     bytes its donor served."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tests.titan._jobs import run_ft_groups
+    from tests.titan._jobs import group_events, run_ft_groups
+    from torchtitan_ft.events import EventKind
 
     steps = 3
-    outputs = run_ft_groups(tmp_path, 1, steps, "debug_ft_cpu.toml", "--metrics.enable_tensorboard")
+    # The config sets step_timeout_ms (30 s), not quorum_retries: one variable loses, one applies.
+    env = {"TORCHFT_TIMEOUT_SEC": "45", "TORCHFT_QUORUM_RETRIES": "2"}
+    outputs = run_ft_groups(
+        tmp_path, 1, steps, "debug_ft_cpu.toml", "--metrics.enable_tensorboard", env=env
+    )
+    for r in range(2):
+        (start,) = group_events(tmp_path, r, EventKind.START)
+        assert start["settings"]["timeout"] == {"value": 30.0, "source": "argument"}
+        assert start["settings"]["quorum_retries"]["value"] == 2
+        assert start["settings"]["quorum_retries"]["source"] == "env"
+        assert start["overridden"] == ["TORCHFT_TIMEOUT_SEC"]
     scalars = []
     for r, output in enumerate(outputs):
         # The last step's vote: TorchTitan's step 3, the Manager's 2 committed steps before it.

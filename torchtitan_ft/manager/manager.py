@@ -295,7 +295,13 @@ class Manager:
             events=self._events,
             log=self._log,
         )
-        self._events.emit(EventKind.START, pid=os.getpid(), group_world_size=self._group_world_size)
+        self._events.emit(
+            EventKind.START,
+            pid=os.getpid(),
+            group_world_size=self._group_world_size,
+            settings=settings.record(),
+            overridden=list(settings.overridden),
+        )
         if load_state_dict is not None and state_dict is not None:
             self.register_state_dict_fn("default", load_state_dict, state_dict)
         self._log(

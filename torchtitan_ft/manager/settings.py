@@ -103,6 +103,25 @@ class ManagerSettings:
     overridden: tuple[str, ...] = ()
     """The ``TORCHFT_*`` variables that are set but lose to an argument (``overridden_env``)."""
 
+    def record(self) -> dict[str, dict[str, object]]:
+        """Every setting as ``{"value", "source"[, "env_var"]}`` (timeouts in seconds; the
+        token only as set or not): the JSON-ready form of :meth:`describe`, for the event
+        stream's ``start`` event."""
+        out: dict[str, dict[str, object]] = {}
+        for f in dataclasses.fields(self):
+            resolved = getattr(self, f.name)
+            if not isinstance(resolved, Resolved):
+                continue
+            value = resolved.value
+            if f.name == "auth_token":
+                value = value is not None
+            elif isinstance(value, timedelta):
+                value = value.total_seconds()
+            out[f.name] = {"value": value, "source": resolved.source.value}
+            if resolved.env_var is not None:
+                out[f.name]["env_var"] = resolved.env_var
+        return out
+
     def describe(self) -> str:
         """One line naming every value and its source, e.g. for the start-up log."""
         names = (
