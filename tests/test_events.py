@@ -46,20 +46,33 @@ def test_writer_appends_one_json_object_per_line(tmp_path: Path) -> None:
 
 
 def test_disabled_writer_writes_nothing(tmp_path: Path) -> None:
-    writer = open_event_writer(None, {}, "r", 0, lambda: 0)
+    writer = open_event_writer(None, "r", 0, lambda: 0)
     assert not writer.enabled and writer.path is None
     writer.emit(EventKind.COMMIT, participants=1)
-    assert not open_event_writer(None, {EVENTS_DIR_ENV: ""}, "r", 0, lambda: 0).enabled
+    assert not open_event_writer("", "r", 0, lambda: 0).enabled
 
 
-def test_argument_beats_env_and_file_per_rank(tmp_path: Path) -> None:
+def test_one_file_per_rank(tmp_path: Path) -> None:
+    writer = open_event_writer(str(tmp_path / "env"), "train_0:ab/cd", 1, lambda: 0)
+    assert writer.path == tmp_path / "env" / "train_0_ab_cd.r1.jsonl"
+    assert writer.path == events_file(tmp_path / "env", "train_0:ab/cd", 1)
+    writer.close()
+
+
+def test_the_events_folder_is_a_manager_setting(tmp_path: Path) -> None:
+    from torchtitan_ft.manager.settings import Source, overridden_message, resolve_manager_settings
+
     env = {EVENTS_DIR_ENV: str(tmp_path / "env")}
-    from_env = open_event_writer(None, env, "train_0:ab/cd", 1, lambda: 0)
-    assert from_env.path == tmp_path / "env" / "train_0_ab_cd.r1.jsonl"
-    from_arg = open_event_writer(tmp_path / "arg", env, "train_0:ab", 0, lambda: 0)
-    assert from_arg.path == events_file(tmp_path / "arg", "train_0:ab", 0)
-    from_env.close()
-    from_arg.close()
+    from_env = resolve_manager_settings(env=env)
+    resolved = from_env.events_dir
+    assert (resolved.value, resolved.source) == (env[EVENTS_DIR_ENV], Source.ENV)
+    assert f"events_dir={env[EVENTS_DIR_ENV]!r} (env {EVENTS_DIR_ENV})" in from_env.describe()
+    from_arg = resolve_manager_settings(env=env, events_dir=tmp_path / "arg")
+    assert from_arg.events_dir.value == str(tmp_path / "arg")
+    assert from_arg.overridden == (EVENTS_DIR_ENV,)
+    assert f"{EVENTS_DIR_ENV}=" in (overridden_message(from_arg, env) or "")
+    for unset in ({}, {EVENTS_DIR_ENV: ""}):
+        assert resolve_manager_settings(env=unset).events_dir.value is None
 
 
 def test_reader_skips_torn_and_foreign_lines_and_reads_folders(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -41,7 +41,8 @@ class EventKind(StrEnum):
 
     START = "start"
     """The Manager of a (re)started process joined its replica group. Fields: ``pid``,
-    ``group_world_size``."""
+    ``group_world_size``, ``settings`` (``ManagerSettings.record()``: each setting's value and
+    source), ``overridden`` (the ``TORCHFT_*`` variables an argument beat)."""
     QUORUM = "quorum"
     """This rank got a quorum with a new id, or its role changed. Fields: ``quorum_id``,
     ``replica_ids`` (the members, in replica-rank order), ``participants`` (groups averaging
@@ -234,15 +235,13 @@ class EventWriter:
 
 def open_event_writer(
     events_dir: str | os.PathLike[str] | None,
-    env: Mapping[str, str],
     replica_id: str,
     group_rank: int,
     step: Callable[[], int],
 ) -> EventWriter:
-    """The writer for one Manager rank: ``events_dir`` > ``env[TORCHFT_EVENTS_DIR]`` > off
-    (an empty value is off too)."""
-    directory = events_dir if events_dir is not None else env.get(EVENTS_DIR_ENV)
-    path = events_file(directory, replica_id, group_rank) if directory else None
+    """The writer for one Manager rank into the folder ``events_dir`` (resolved against
+    ``TORCHFT_EVENTS_DIR`` by ``manager.settings``); ``None`` or empty: off."""
+    path = events_file(events_dir, replica_id, group_rank) if events_dir else None
     return EventWriter(path, replica_id, group_rank, step)
 
 

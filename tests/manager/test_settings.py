@@ -217,3 +217,13 @@ def test_overridden_env_vars_are_named_with_the_winning_argument() -> None:
     assert "TORCHFT_AUTH_TOKEN=(set) loses to auth_token=set (argument)" in message
     assert "s3cret" not in message and "QUORUM_RETRIES" not in message
     assert overridden_message(resolve_manager_settings(env=env), env) is None
+
+
+def test_the_record_names_every_value_and_source_and_hides_the_token() -> None:
+    env = {"TORCHFT_TIMEOUT_SEC": "7", "TORCHFT_AUTH_TOKEN": "s3cret"}
+    record = resolve_manager_settings(env=env, quorum_timeout=timedelta(seconds=3)).record()
+    assert record["timeout"] == {"value": 7.0, "source": "env", "env_var": "TORCHFT_TIMEOUT_SEC"}
+    assert record["quorum_timeout"] == {"value": 3.0, "source": "argument"}
+    assert record["quorum_retries"] == {"value": 0, "source": "default"}
+    assert record["auth_token"]["value"] is True and "s3cret" not in str(record)
+    assert record["events_dir"] == {"value": None, "source": "default"}

@@ -147,7 +147,8 @@ class LoggedProcess:
 
     def step_lines(self, rank: int = 0) -> list[tuple[int, float]]:
         """``(step, time)`` of every training-step line of ``rank``, in log order (a discarded
-        step is logged again when it is retried), time in seconds from the log's timestamps."""
+        step logs no line; its retry logs it once it commits), time in seconds from the log's
+        timestamps."""
         lines = []
         for line in self.lines:
             step = STEP_LINE.search(line)
@@ -288,6 +289,20 @@ def group_events(tmp_path: Path, replica: int, kind: EventKind, rank: int = 0) -
     :func:`run_ft_groups` wrote, in time order."""
     events = read_events(tmp_path / f"replica{replica}")
     return [e for e in events if e.kind is kind and e.group_rank == rank]
+
+
+def logged_scalars(dump_folder: Path, replica: int, tag: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of every ``tag`` scalar TensorBoard recorded for replica group
+    ``replica`` under ``dump_folder`` (all its runs: ``tb/<time>/replica_<id>``), by step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    values = []
+    for run_dir in sorted((dump_folder / "tb").glob(f"*/replica_{replica}")):
+        events = EventAccumulator(str(run_dir))
+        events.Reload()
+        if tag in events.Tags()["scalars"]:
+            values.extend((e.step, e.value) for e in events.Scalars(tag))
+    return sorted(values)
 
 
 def step_metrics(output: str, rank: int = 0) -> dict[int, tuple[float, float]]:

@@ -39,6 +39,7 @@ from tests.titan._jobs import (
     finish_all,
     ft_env,
     lighthouse,
+    logged_scalars,
     median_ratio,
     step_durations,
 )
@@ -360,11 +361,30 @@ def assert_groups_identical(tmp_path: Path, ranks: int) -> None:
 @pytest.mark.timeout(E2E_TIMEOUT_S)
 @pytest.mark.parametrize("ranks", [1, 2], ids=["1rank", "2ranks"])
 def test_killed_replica_group_heals_to_identical_state(tmp_path: Path, ranks: int) -> None:
-    job = kill_and_restart_group_1(tmp_path, ranks)
+    job = kill_and_restart_group_1(tmp_path, ranks, "--metrics.enable_tensorboard")
     job.assert_healed_and_survived()
     assert job.healed_to > KILL_AT_STEP
     assert_groups_identical(tmp_path, ranks)
+    assert_job_loss_logged_per_commit(tmp_path, job)
     job.assert_recovers_its_speed()
+
+
+def assert_job_loss_logged_per_commit(tmp_path: Path, job: KilledAndHealed) -> None:
+    """Through the kill and the heal, each group logged the job-level loss once for every
+    step it committed and for no other; where both groups logged a step, the same value."""
+    tag = "loss_metrics/global_avg_loss"
+    survivor = dict(logged_scalars(tmp_path / "outputs0", 0, tag))
+    commits = [e.step for e in job.survivor.events(EventKind.COMMIT)]
+    assert sorted(survivor) == commits == list(range(1, STEPS + 1))
+    # Group 1: the restarted run logged all its commits; the killed run at most its own (a
+    # SIGKILL may lose TensorBoard's unflushed tail).
+    group1 = logged_scalars(tmp_path / "outputs1", 1, tag)
+    restarted = {e.step for e in job.restarted.events(EventKind.COMMIT)}
+    killed = {e.step for e in job.killed.events(EventKind.COMMIT)}
+    steps = [step for step, _ in group1]
+    assert len(steps) == len(set(steps)) and restarted <= set(steps) <= restarted | killed
+    for step, value in group1:
+        assert value == pytest.approx(survivor[step], rel=1e-6), step
 
 
 DILOCO = (

@@ -107,14 +107,27 @@ def test_log_prefix_names_replica_rank_and_step(caplog: pytest.LogCaptureFixture
 @pytest.mark.multiprocess
 def test_ft_job_writes_ft_scalars_per_replica_group(tmp_path: Path) -> None:
     """2 replica groups x 1 rank, per-step FT, 3 steps, TensorBoard on: each group's event
-    file has TorchTitan's loss and the ft/* scalars; the group that healed at step 0
-    (init_sync) reports one heal and received exactly the bytes its donor served."""
+    file has TorchTitan's loss and the ft/* scalars; the loss and tokens logged are the job's;
+    a TORCHFT_* variable applies unless the config sets its field;
+    the group that healed at step 0 (init_sync) reports one heal and received exactly the
+    bytes its donor served."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tests.titan._jobs import run_ft_groups
+    from tests.titan._jobs import group_events, run_ft_groups
+    from torchtitan_ft.events import EventKind
 
     steps = 3
-    outputs = run_ft_groups(tmp_path, 1, steps, "debug_ft_cpu.toml", "--metrics.enable_tensorboard")
+    # The config sets step_timeout_ms (30 s), not quorum_retries: one variable loses, one applies.
+    env = {"TORCHFT_TIMEOUT_SEC": "45", "TORCHFT_QUORUM_RETRIES": "2"}
+    outputs = run_ft_groups(
+        tmp_path, 1, steps, "debug_ft_cpu.toml", "--metrics.enable_tensorboard", env=env
+    )
+    for r in range(2):
+        (start,) = group_events(tmp_path, r, EventKind.START)
+        assert start["settings"]["timeout"] == {"value": 30.0, "source": "argument"}
+        assert start["settings"]["quorum_retries"]["value"] == 2
+        assert start["settings"]["quorum_retries"]["source"] == "env"
+        assert start["overridden"] == ["TORCHFT_TIMEOUT_SEC"]
     scalars = []
     for r, output in enumerate(outputs):
         # The last step's vote: TorchTitan's step 3, the Manager's 2 committed steps before it.
@@ -127,6 +140,7 @@ def test_ft_job_writes_ft_scalars_per_replica_group(tmp_path: Path) -> None:
         tags = events.Tags()["scalars"]
         for tag in (
             "loss_metrics/global_avg_loss",
+            "ft/group_avg_loss",
             "ft/participants",
             "ft/quorum_size",
             "ft/committed_step",
@@ -152,10 +166,109 @@ def test_ft_job_writes_ft_scalars_per_replica_group(tmp_path: Path) -> None:
         # (TensorBoard keeps float32: compare approximately)
         assert synced[0] > 6e6 * 4
         assert synced == pytest.approx([synced[0] * (i + 1) for i in range(steps)], rel=1e-6)
+    # The job-level loss and tokens (TorchTitan's FT reduction): the same in both groups, the
+    # sum of the participating groups' own values (the group healing at step 0 contributes
+    # none), each group's own beside them.
+    donor = next(v for v in scalars if v["ft/heal_count"][-1] == 0.0)
+    for step in range(steps):
+        participants = [donor] if donor["ft/participants"][step] == 1.0 else scalars
+        for name, own in (
+            ("loss_metrics/global_avg_loss", "ft/group_avg_loss"),
+            ("n_tokens_seen", "ft/group_n_tokens_seen"),
+        ):
+            job = sum(v[own][step] for v in participants)
+            assert [v[name][step] for v in scalars] == pytest.approx([job, job], rel=1e-6)
+        job_max = max(v["ft/group_max_loss"][step] for v in participants)
+        assert [v["loss_metrics/global_max_loss"][step] for v in scalars] == [job_max] * 2
     heals = sorted(values["ft/heal_count"][-1] for values in scalars)
     assert heals == [0.0, 1.0]
     healed = next(v for v in scalars if v["ft/heal_count"][-1] == 1.0)
-    donor = next(v for v in scalars if v["ft/heal_count"][-1] == 0.0)
     assert healed["ft/bytes_healed"][-1] == donor["ft/bytes_served"][-1] > 6e6 * 4
     assert healed["ft/bytes_served"][-1] == donor["ft/bytes_healed"][-1] == 0
     assert healed["ft/heal_seconds"][-1] > 0
+
+
+class ReducingManager:
+    """A Manager's allreduce over fixed other groups' values (``others``: SUM / MAX applied
+    elementwise), or a recorded error."""
+
+    def __init__(self, others: list[list[float]], error: Exception | None = None) -> None:
+        self.others = others
+        self.error = error
+        self.ops: list[Any] = []
+
+    def allreduce(self, tensor: Any, reduce_op: Any) -> Any:
+        import torch
+        from torch.distributed import ReduceOp
+
+        self.ops.append(reduce_op)
+        for other in self.others:
+            values = torch.tensor(other[: tensor.numel()], dtype=tensor.dtype)
+            if reduce_op == ReduceOp.SUM:
+                tensor += values
+            else:
+                torch.maximum(tensor, values, out=tensor)
+        future: Any = torch.futures.Future()
+        future.set_result(tensor)
+        return future
+
+    def errored(self) -> Exception | None:
+        return self.error
+
+
+def test_job_loss_sums_means_and_tokens_and_takes_the_max_like_torchtitan() -> None:
+    from torchtitan_ft.titan.metrics import StepLoss, reduce_across_groups
+
+    # the other group: mean loss 2.5 and 300 tokens summed, max loss 4.0
+    manager = ReducingManager([[2.5, 300.0]])
+    manager_max = ReducingManager([[4.0]])
+    sums = reduce_across_groups(manager, StepLoss(1.25, 3.0, 200))
+    assert (sums.avg_loss, sums.ntokens_seen) == (3.75, 500)
+    assert reduce_across_groups(manager_max, StepLoss(1.25, 3.0, 200)).max_loss == 4.0
+
+
+def test_a_failed_reduction_is_not_a_job_loss() -> None:
+    from torchtitan_ft.titan.metrics import FAILED_REDUCTION, StepLoss, reduce_across_groups
+
+    manager = ReducingManager([[2.5, 300.0]], error=RuntimeError("peer gone"))
+    assert reduce_across_groups(manager, StepLoss(1.25, 3.0, 200)) is FAILED_REDUCTION
+
+
+def _job_logger(committed: bool) -> tuple[Any, list[tuple]]:
+    from torchtitan_ft.titan.metrics import JobLevelLoss, StepLoss
+
+    calls: list[tuple] = []
+
+    def log(step: int, avg: float, mx: float, grad_norm: float, extra_metrics: dict) -> None:
+        calls.append((step, avg, mx, grad_norm, extra_metrics))
+
+    def reduce(own: StepLoss) -> StepLoss:
+        return StepLoss(own.avg_loss * 2, own.max_loss + 1, own.ntokens_seen * 2)
+
+    return JobLevelLoss(log, reduce, lambda: committed), calls
+
+
+def test_a_committed_step_logs_the_job_loss_beside_the_groups_own() -> None:
+    job_log, calls = _job_logger(committed=True)
+    job_log(4, 1.5, 2.0, 0.3, extra_metrics={"n_tokens_seen": 512, "lr": 0.1})
+    assert calls == [
+        (
+            4,
+            3.0,
+            3.0,
+            0.3,
+            {
+                "n_tokens_seen": 1024,
+                "lr": 0.1,
+                "ft/group_avg_loss": 1.5,
+                "ft/group_max_loss": 2.0,
+                "ft/group_n_tokens_seen": 512.0,
+            },
+        )
+    ]
+
+
+def test_a_discarded_step_logs_no_loss() -> None:
+    job_log, calls = _job_logger(committed=False)
+    job_log(4, 1.5, 2.0, 0.3, extra_metrics={"n_tokens_seen": 512})
+    assert calls == []

@@ -222,6 +222,7 @@ class Manager:
             connect_timeout=connect_timeout,
             quorum_retries=quorum_retries,
             auth_token=auth_token,
+            events_dir=events_dir,
             default_store_host=hostname,
         )
         auth_token = settings.auth_token.value
@@ -267,7 +268,7 @@ class Manager:
         self._store, self._server, self._client = group.store, group.server, group.client
         self._replica_id: str = group.replica_id
         self._events: EventWriter = open_event_writer(
-            events_dir, os.environ, group.replica_id, self._group_rank, lambda: self._step
+            settings.events_dir.value, group.replica_id, self._group_rank, lambda: self._step
         )
         self._collectives = StepCollectives(
             pg,
@@ -309,7 +310,13 @@ class Manager:
                 on_abort=self._abort_hung_step,
                 log=self._log,
             )
-        self._events.emit(EventKind.START, pid=os.getpid(), group_world_size=self._group_world_size)
+        self._events.emit(
+            EventKind.START,
+            pid=os.getpid(),
+            group_world_size=self._group_world_size,
+            settings=settings.record(),
+            overridden=list(settings.overridden),
+        )
         if load_state_dict is not None and state_dict is not None:
             self.register_state_dict_fn("default", load_state_dict, state_dict)
         self._log(

@@ -9,6 +9,7 @@ with an env mapping. ``ManagerSettings.describe`` is the one line the Manager lo
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,6 +18,7 @@ from typing import Generic, TypeVar
 from urllib.parse import urlsplit
 
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, resolve_token
+from torchtitan_ft.events import EVENTS_DIR_ENV
 
 T = TypeVar("T")
 
@@ -96,8 +98,29 @@ class ManagerSettings:
     """Retries of a failed lighthouse quorum request by group rank 0's ManagerServer."""
     auth_token: Resolved[str | None]
     """The job token; ``None``: none. Never logged."""
+    events_dir: Resolved[str | None] = Resolved(None, Source.DEFAULT)
+    """Folder of the event stream (``torchtitan_ft.events``); ``None``: no stream."""
     overridden: tuple[str, ...] = ()
     """The ``TORCHFT_*`` variables that are set but lose to an argument (``overridden_env``)."""
+
+    def record(self) -> dict[str, dict[str, object]]:
+        """Every setting as ``{"value", "source"[, "env_var"]}`` (timeouts in seconds; the
+        token only as set or not): the JSON-ready form of :meth:`describe`, for the event
+        stream's ``start`` event."""
+        out: dict[str, dict[str, object]] = {}
+        for f in dataclasses.fields(self):
+            resolved = getattr(self, f.name)
+            if not isinstance(resolved, Resolved):
+                continue
+            value = resolved.value
+            if f.name == "auth_token":
+                value = value is not None
+            elif isinstance(value, timedelta):
+                value = value.total_seconds()
+            out[f.name] = {"value": value, "source": resolved.source.value}
+            if resolved.env_var is not None:
+                out[f.name]["env_var"] = resolved.env_var
+        return out
 
     def describe(self) -> str:
         """One line naming every value and its source, e.g. for the start-up log."""
@@ -113,6 +136,7 @@ class ManagerSettings:
             "quorum_timeout",
             "connect_timeout",
             "quorum_retries",
+            "events_dir",
         )
         described = [f"{n}={getattr(self, n).describe()}" for n in names]
         return ", ".join([*described, f"auth_token={self.auth_token.describe(secret=True)}"])
@@ -139,6 +163,15 @@ def _token(arg: str | None, env: Mapping[str, str]) -> Resolved[str | None]:
     return Resolved(None, Source.DEFAULT)
 
 
+def _events_dir(arg: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Resolved[str | None]:
+    """The events folder: argument > ``TORCHFT_EVENTS_DIR`` > none (an empty value is none)."""
+    if arg is not None:
+        return Resolved(os.fspath(arg), Source.ARGUMENT)
+    if env.get(EVENTS_DIR_ENV):
+        return Resolved(env[EVENTS_DIR_ENV], Source.ENV, EVENTS_DIR_ENV)
+    return Resolved(None, Source.DEFAULT)
+
+
 _ENV_SETTINGS = {
     LIGHTHOUSE_ENV: "lighthouse_addr",
     MANAGER_PORT_ENV: "manager_port",
@@ -147,6 +180,7 @@ _ENV_SETTINGS = {
     CONNECT_TIMEOUT_SEC_ENV: "connect_timeout",
     QUORUM_RETRIES_ENV: "quorum_retries",
     AUTH_TOKEN_ENV: "auth_token",
+    EVENTS_DIR_ENV: "events_dir",
 }
 """The ``TORCHFT_*`` variables the Manager reads -> the setting each one gives."""
 
@@ -234,6 +268,29 @@ def _as_timeout(r: Resolved[object], what: str) -> Resolved[timedelta]:
     return Resolved(value, r.source, r.env_var)
 
 
+def resolve_timeouts(
+    env: Mapping[str, str],
+    *,
+    timeout: timedelta | None = None,
+    quorum_timeout: timedelta | None = None,
+    connect_timeout: timedelta | None = None,
+) -> tuple[Resolved[timedelta], Resolved[timedelta], Resolved[timedelta]]:
+    """``(timeout, quorum_timeout, connect_timeout)``: argument, else ``TORCHFT_TIMEOUT_SEC``
+    / ``TORCHFT_QUORUM_TIMEOUT_SEC`` / ``TORCHFT_CONNECT_TIMEOUT_SEC``, else 60 s each (the
+    Manager's resolution, for callers that need the values before a Manager exists)."""
+    return (
+        _as_timeout(_pick(timeout, env, TIMEOUT_SEC_ENV, DEFAULT_TIMEOUT), "timeout"),
+        _as_timeout(
+            _pick(quorum_timeout, env, QUORUM_TIMEOUT_SEC_ENV, DEFAULT_QUORUM_TIMEOUT),
+            "quorum_timeout",
+        ),
+        _as_timeout(
+            _pick(connect_timeout, env, CONNECT_TIMEOUT_SEC_ENV, DEFAULT_CONNECT_TIMEOUT),
+            "connect_timeout",
+        ),
+    )
+
+
 def resolve_manager_settings(
     *,
     env: Mapping[str, str],
@@ -249,6 +306,7 @@ def resolve_manager_settings(
     connect_timeout: timedelta | None = None,
     quorum_retries: int | None = None,
     auth_token: str | None = None,
+    events_dir: str | os.PathLike[str] | None = None,
     default_store_host: str = "127.0.0.1",
 ) -> ManagerSettings:
     """Resolves the Manager's settings: argument, else env var, else default.
@@ -267,6 +325,7 @@ def resolve_manager_settings(
     | connect_timeout | TORCHFT_CONNECT_TIMEOUT_SEC (seconds) | 60 s |
     | quorum_retries | TORCHFT_QUORUM_RETRIES | 0 |
     | auth_token | TORCHFT_AUTH_TOKEN | none |
+    | events_dir | TORCHFT_EVENTS_DIR | none (no event stream) |
 
     torchft 0.2.0 reads the same four ``TORCHFT_*`` variables but lets them override the
     arguments; here an argument wins, as for every other setting.
@@ -281,6 +340,9 @@ def resolve_manager_settings(
     if store_port is not None and store_port < 0:
         raise ValueError(f"store_port must be >= 0, got {store_port}")
     validate_env(env)
+    timeouts = resolve_timeouts(
+        env, timeout=timeout, quorum_timeout=quorum_timeout, connect_timeout=connect_timeout
+    )
     settings = ManagerSettings(
         lighthouse_addr=_pick(lighthouse_addr, env, LIGHTHOUSE_ENV, DEFAULT_LIGHTHOUSE_ADDR),
         manager_port=_as_int(_pick(port, env, MANAGER_PORT_ENV, 0), "port"),
@@ -289,20 +351,15 @@ def resolve_manager_settings(
         store_port=_as_int(_pick(store_port, env, MASTER_PORT_ENV, 0), "store_port"),
         group_rank=_as_int(_pick(rank, env, RANK_ENV, 0), "rank"),
         group_world_size=_as_int(_pick(world_size, env, WORLD_SIZE_ENV, 1), "world_size"),
-        timeout=_as_timeout(_pick(timeout, env, TIMEOUT_SEC_ENV, DEFAULT_TIMEOUT), "timeout"),
-        quorum_timeout=_as_timeout(
-            _pick(quorum_timeout, env, QUORUM_TIMEOUT_SEC_ENV, DEFAULT_QUORUM_TIMEOUT),
-            "quorum_timeout",
-        ),
-        connect_timeout=_as_timeout(
-            _pick(connect_timeout, env, CONNECT_TIMEOUT_SEC_ENV, DEFAULT_CONNECT_TIMEOUT),
-            "connect_timeout",
-        ),
+        timeout=timeouts[0],
+        quorum_timeout=timeouts[1],
+        connect_timeout=timeouts[2],
         quorum_retries=_as_int(
             _pick(quorum_retries, env, QUORUM_RETRIES_ENV, DEFAULT_QUORUM_RETRIES),
             "quorum_retries",
         ),
         auth_token=_token(auth_token, env),
+        events_dir=_events_dir(events_dir, env),
     )
     settings = dataclasses.replace(settings, overridden=overridden_env(settings, env))
     if settings.quorum_retries.value < 0:

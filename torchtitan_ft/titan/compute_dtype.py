@@ -9,7 +9,6 @@ the record every benchmark stores beside its figures.
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -132,14 +131,3 @@ def describe_cpu(cpu: CpuInfo | None = None) -> dict[str, object]:
     """JSON-ready record of the CPU a figure was measured on."""
     cpu = cpu or probe_cpu()
     return {**asdict(cpu), "native_bf16": cpu.native_bf16, "bf16_flags": list(cpu.bf16_flags)}
-
-
-def set_explicitly(toml_values: dict, cli_args: Iterable[str]) -> bool:
-    """Whether the user set ``training.mixed_precision_param``: a ``[training]`` key in the TOML
-    file or a ``--training.mixed_precision_param`` flag (``-`` for ``_`` as tyro allows)."""
-    for arg in cli_args:
-        flag = arg.partition("=")[0]
-        if flag.startswith("--") and flag[2:].replace("-", "_") == "training.mixed_precision_param":
-            return True
-    training = toml_values.get("training")
-    return isinstance(training, dict) and "mixed_precision_param" in training

@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 from torchtitan.config import ConfigManager
 
-from torchtitan_ft.titan.compute_dtype import set_explicitly
 from torchtitan_ft.titan.config_schema import (
     SECTION,
     ConfigError,
@@ -69,7 +68,26 @@ def parse_job(args: list[str] | None = None) -> ParsedJob:
     if fragments is not None:
         config.fault_tolerance.module_fqns_per_model_fragment = fragments
     validate_job_config(config)
-    return ParsedJob(config, set_explicitly(toml_values, args))
+    config.fault_tolerance.explicit_fields = explicit_fields(SECTION, toml_values, args)
+    explicit_dtype = "mixed_precision_param" in explicit_fields("training", toml_values, args)
+    return ParsedJob(config, explicit_dtype)
+
+
+def explicit_fields(section: str, toml_values: dict, cli_args: list[str]) -> frozenset[str]:
+    """The fields of ``section`` the user set: keys of its TOML table and ``--section.name``
+    flags (``-`` for ``_``, and tyro's ``no_``/``no-`` form of a boolean, as tyro allows)."""
+    names = set()
+    for arg in cli_args:
+        flag = arg.partition("=")[0].replace("-", "_")
+        head, dot, name = flag.partition(".")
+        if dot and head == f"__{section}":
+            names.add(name)
+            if name.startswith("no_"):
+                names.add(name[3:])
+    table = toml_values.get(section)
+    if isinstance(table, dict):
+        names.update(table)
+    return frozenset(names)
 
 
 def parse_job_config(args: list[str] | None = None) -> JobConfig:

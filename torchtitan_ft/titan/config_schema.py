@@ -16,6 +16,7 @@ TorchTitan's TOML loader reads ``dataclasses.Field.type`` and needs real classes
 import types
 import typing
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Literal
 
 from torchtitan.config import FaultTolerance as TitanFaultTolerance
@@ -130,16 +131,19 @@ class FaultTolerance(TitanFaultTolerance):
     """
     Timeout of the Manager's per-step operations (gradient all-reduce future, commit vote,
     checkpoint send/receive when healing), in milliseconds. Default 60000 (torchft's
-    ``timeout``). Must be >= ``process_group_timeout_ms``; raise it when healing large states
-    over slow links. Applies when ``enable``.
+    ``timeout``). Unset (neither TOML nor command line), the ``TORCHFT_TIMEOUT_SEC`` env var
+    (seconds) applies if set; set, this field wins and the Manager says so in one line. Must be
+    >= ``process_group_timeout_ms``; raise it when healing large states over slow links.
+    Applies when ``enable``.
     """
 
     quorum_timeout_ms: int = 60000
     """
     How long one quorum request may wait for the lighthouse to issue a quorum, in
-    milliseconds. Default 60000 (torchft's ``quorum_timeout``). It should exceed the
-    lighthouse's ``--join_timeout_ms`` when replacements must be waited for. Must be
-    >= ``connect_timeout_ms``. Applies when ``enable``.
+    milliseconds. Default 60000 (torchft's ``quorum_timeout``). Unset, the
+    ``TORCHFT_QUORUM_TIMEOUT_SEC`` env var (seconds) applies if set (the field wins when set).
+    It should exceed the lighthouse's ``--join_timeout_ms`` when replacements must be waited
+    for. Must be >= ``connect_timeout_ms``. Applies when ``enable``.
     """
 
     connect_timeout_ms: int = 60000
@@ -147,7 +151,8 @@ class FaultTolerance(TitanFaultTolerance):
     Timeout of the connections made at start-up and when healing, in milliseconds. They are:
     ranks > 0 waiting for group rank 0 to publish its ManagerServer address in the group's
     TCPStore, connecting to that TCPStore and to the group's ManagerServer, and, when healing,
-    connecting to the donor's ManagerServer. Default 60000 (torchft's ``connect_timeout``). It
+    connecting to the donor's ManagerServer. Default 60000 (torchft's ``connect_timeout``);
+    unset, the ``TORCHFT_CONNECT_TIMEOUT_SEC`` env var (seconds) applies if set. It
     does not bound a quorum request to a lighthouse that cannot be reached: that waits
     ``quorum_timeout_ms``. Lower = a group rank 0 that never comes up is reported sooner; too
     low fails a slow start-up of rank 0. Must be <= ``quorum_timeout_ms``. Applies when
@@ -193,6 +198,7 @@ class FaultTolerance(TitanFaultTolerance):
     0.1 s doubling up to 1 s. Default 0. All attempts share the one
     ``quorum_timeout_ms`` deadline, so retries never lengthen the wait; an unreachable
     lighthouse (down or restarting) is retried until that deadline whatever this value is.
+    Unset, the ``TORCHFT_QUORUM_RETRIES`` env var applies if set (the field wins when set).
     When the quorum finally fails, ``should_commit`` raises and the process exits (torchrun
     may restart it). Raise it to ride out transient lighthouse errors. Applies when
     ``enable``.
@@ -301,6 +307,11 @@ class FaultTolerance(TitanFaultTolerance):
     outer_nesterov: bool = True
     """Use Nesterov momentum in the "sgd" outer optimizer ("diloco" only). Default True."""
 
+    explicit_fields = None
+    """Not a config key: the names of the fields the user set (TOML or command line), recorded
+    by the parse (``config_cli.parse_job``); None when unknown (a config built in code), which
+    counts every field as set. See :func:`manager_timeouts`."""
+
 
 @dataclass
 class JobConfig(TitanJobConfig):
@@ -377,6 +388,41 @@ def sync_config(ft: Any) -> SyncConfig:
 
 
 # --- what a field's type takes ----------------------------------------------------------------
+
+
+ENV_OVERRIDABLE = {
+    "step_timeout_ms": "TORCHFT_TIMEOUT_SEC",
+    "quorum_timeout_ms": "TORCHFT_QUORUM_TIMEOUT_SEC",
+    "connect_timeout_ms": "TORCHFT_CONNECT_TIMEOUT_SEC",
+    "quorum_retries": "TORCHFT_QUORUM_RETRIES",
+}
+"""Fields whose ``TORCHFT_*`` variable (torchft's name) applies when the user did not set the
+field; a field the user set wins over its variable (the Manager says so in one line)."""
+
+
+def is_set(ft: Any, name: str) -> bool:
+    """Whether the user set field ``name`` (unknown: yes; see ``explicit_fields``)."""
+    explicit = getattr(ft, "explicit_fields", None)
+    return explicit is None or name in explicit
+
+
+def manager_timeouts(ft: Any) -> dict[str, Any]:
+    """The Manager's ``timeout``, ``quorum_timeout``, ``connect_timeout`` and
+    ``quorum_retries`` arguments: a field the user set, else None, so that the Manager takes
+    the field's ``TORCHFT_*`` variable (:data:`ENV_OVERRIDABLE`) or its default, which equals
+    the field's."""
+
+    def given(name: str, value: Any) -> Any:
+        return value if is_set(ft, name) else None
+
+    return {
+        "timeout": given("step_timeout_ms", timedelta(milliseconds=ft.step_timeout_ms)),
+        "quorum_timeout": given("quorum_timeout_ms", timedelta(milliseconds=ft.quorum_timeout_ms)),
+        "connect_timeout": given(
+            "connect_timeout_ms", timedelta(milliseconds=ft.connect_timeout_ms)
+        ),
+        "quorum_retries": given("quorum_retries", ft.quorum_retries),
+    }
 
 
 def type_matches(value: Any, annotation: Any) -> tuple[bool, str]:

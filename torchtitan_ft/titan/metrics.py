@@ -37,15 +37,39 @@ scalar                     source
 
 Sizes are payload (tensor bytes of this rank's shards), not bytes on the wire; the counters are
 cumulative since the process started.
+
+Job-level loss (per-step FT, :class:`JobLevelLoss`): like TorchTitan's FT trainer
+(``torchtitan.experiments.ft.train``, whose ``dist_sum``/``dist_max`` take the FT process
+group), the loss and token count TorchTitan logs for a committed step are those of the job:
+
+=================================  =============================================================
+logged as                          value
+=================================  =============================================================
+``loss_metrics/global_avg_loss``   sum over the participating groups of each group's mean loss
+                                   (TorchTitan's reduction: with 2 groups, twice a mean loss)
+``loss_metrics/global_max_loss``   max over the participating groups
+``n_tokens_seen``                  sum over the participating groups
+``ft/group_avg_loss`` etc.         this group's own values (``group_max_loss``,
+                                   ``group_n_tokens_seen``)
+=================================  =============================================================
+
+A group that heals in the step contributes zeros and logs the participants' values. A
+discarded step logs no loss line and no scalars (its retry logs the step); a step whose
+reduction failed logs NaN as the job's loss, beside the group's own values.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed import ReduceOp
+
+_log = logging.getLogger(__name__)
 
 
 class FTMetrics:
@@ -106,6 +130,89 @@ class FTMetricLogger:
         return getattr(self._inner, name)
 
 
+@dataclass(frozen=True)
+class StepLoss:
+    """The loss values TorchTitan logs for one step (of one group, or of the job)."""
+
+    avg_loss: float
+    """``global_avg_loss``: the mean loss over the valid tokens."""
+    max_loss: float
+    """``global_max_loss``: the largest per-rank mean loss."""
+    ntokens_seen: int
+    """``n_tokens_seen``: tokens trained on since the start (committed steps only)."""
+
+    def scalars(self, prefix: str) -> dict[str, float]:
+        """The three values as ``<prefix>avg_loss``, ``<prefix>max_loss``,
+        ``<prefix>n_tokens_seen``."""
+        return {
+            f"{prefix}avg_loss": self.avg_loss,
+            f"{prefix}max_loss": self.max_loss,
+            f"{prefix}n_tokens_seen": float(self.ntokens_seen),
+        }
+
+
+FAILED_REDUCTION = StepLoss(math.nan, math.nan, 0)
+"""What :func:`reduce_across_groups` returns when the cross-group reduction failed."""
+
+
+def reduce_across_groups(manager: Any, own: StepLoss) -> StepLoss:
+    """The job's :class:`StepLoss` from this group's: TorchTitan's FT reduction (sum of the
+    mean losses and of the token counts, max of the max losses) over the Manager's
+    participating groups; :data:`FAILED_REDUCTION` if the Manager recorded an error."""
+    sums = torch.tensor([own.avg_loss, float(own.ntokens_seen)], dtype=torch.float64)
+    maxes = torch.tensor([own.max_loss], dtype=torch.float64)
+    manager.allreduce(sums, reduce_op=ReduceOp.SUM).wait()
+    manager.allreduce(maxes, reduce_op=ReduceOp.MAX).wait()
+    if manager.errored() is not None:
+        return FAILED_REDUCTION
+    return StepLoss(float(sums[0]), float(maxes[0]), round(float(sums[1])))
+
+
+class JobLevelLoss:
+    """Stands in for TorchTitan's ``MetricsProcessor.log``: a committed step is logged with
+    the job's loss and tokens (``reduce``) and this group's own beside them (``ft/group_*``);
+    a discarded step is not logged (see the module docstring).
+
+    Args:
+        log: the wrapped ``MetricsProcessor.log``.
+        reduce: this group's :class:`StepLoss` -> the job's (:func:`reduce_across_groups`).
+        committed: whether the step being logged committed.
+    """
+
+    def __init__(
+        self,
+        log: Callable[..., None],
+        reduce: Callable[[StepLoss], StepLoss],
+        committed: Callable[[], bool],
+    ) -> None:
+        self._log = log
+        self._reduce = reduce
+        self._committed = committed
+
+    def __call__(
+        self,
+        step: int,
+        global_avg_loss: float,
+        global_max_loss: float,
+        grad_norm: float,
+        extra_metrics: dict[str, Any] | None = None,
+    ) -> None:
+        extra = dict(extra_metrics or {})
+        own = StepLoss(global_avg_loss, global_max_loss, int(extra.get("n_tokens_seen", 0)))
+        if not self._committed():
+            _log.info(
+                f"FT: step {step} discarded (not committed; retried): this group's loss "
+                f"{own.avg_loss:.5f} is not logged"
+            )
+            return
+        job = self._reduce(own)
+        if job is FAILED_REDUCTION:
+            _log.warning(f"FT: step {step}: the job-level loss could not be reduced; logged NaN")
+        extra["n_tokens_seen"] = job.ntokens_seen
+        extra.update(own.scalars("ft/group_"))
+        self._log(step, job.avg_loss, job.max_loss, grad_norm, extra_metrics=extra)
+
+
 class ReplicaLogPrefix(logging.Filter):
     """Prefixes log records with ``[replica=<id> rank=<rank> train_step=<n>
     committed_steps=<m>]`` (once per record); a Manager record (``ft_message``) gets it instead
@@ -151,14 +258,27 @@ def install_log_prefix(
 
 
 def attach_ft_metrics(trainer: Any) -> FTMetrics | None:
-    """Wires :class:`FTMetrics` into ``trainer`` (see the module docstring); None if FT is off."""
+    """Wires :class:`FTMetrics` into ``trainer`` and, for per-step FT, :class:`JobLevelLoss`
+    (see the module docstring); None if FT is off."""
     axis = trainer.replica_axis
     manager = getattr(axis, "manager", None)
     if not axis.enabled or manager is None:
         return None
-    metrics = FTMetrics(manager, strategy=getattr(axis, "strategy", None))
+    strategy = getattr(axis, "strategy", None)
+    metrics = FTMetrics(manager, strategy=strategy)
     processor = trainer.metrics_processor
     processor.logger = FTMetricLogger(processor.logger, metrics.scalars)
+    if strategy is None:
+        processor.log = JobLevelLoss(
+            processor.log, lambda own: reduce_across_groups(manager, own), axis.step_committed
+        )
+        if not trainer.parallel_dims.dp_cp_enabled:
+            _log.info(
+                "FT: the logged loss and n_tokens_seen are the job's, summed over the replica "
+                "groups (TorchTitan's FT trainer sums them only when a group has data "
+                "parallelism; with one rank per group it logs the group's own, logged here as "
+                "ft/group_*)"
+            )
     return metrics
 
 

@@ -14,6 +14,7 @@ import os
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from datetime import timedelta
 from typing import Any
 
 from torchtitan_ft.manager.settings import (
@@ -28,6 +29,7 @@ from torchtitan_ft.titan.config_schema import (
     ConfigError,
     JobConfig,
     fragment_fqns,
+    manager_timeouts,
     num_fragments,
     quorum_mode,
     sync_config,
@@ -300,12 +302,48 @@ def check_manager_env(job_config: Any, env: Mapping[str, str] | None = None) -> 
     builds anything: one line naming the variable instead of a traceback in every rank."""
     from torchtitan_ft.manager.settings import validate_env
 
-    if not job_config.fault_tolerance.enable:
+    ft = job_config.fault_tolerance
+    if not ft.enable:
         return
+    env = os.environ if env is None else env
     try:
-        validate_env(os.environ if env is None else env)
+        validate_env(env)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    check_effective_timeout_order(ft, env)
+
+
+def check_effective_timeout_order(ft: Any, env: Mapping[str, str]) -> None:
+    """:func:`check_timeout_order` on the timeouts the Manager will use, where a ``TORCHFT_*``
+    variable stands in for a field the user did not set (``config_schema.ENV_OVERRIDABLE``);
+    the error names the variable."""
+    from torchtitan_ft.manager.settings import Source, resolve_timeouts
+
+    args = manager_timeouts(ft)
+    timeout, quorum, connect = resolve_timeouts(
+        env,
+        timeout=args["timeout"],
+        quorum_timeout=args["quorum_timeout"],
+        connect_timeout=args["connect_timeout"],
+    )
+
+    def named(field: str, value: Any) -> str:
+        if value.source is Source.ENV:
+            return f"env {value.env_var}={env[value.env_var]} (as {SECTION}.{field} is not set)"
+        return f"{SECTION}.{field}={getattr(ft, field)}"
+
+    pg_ms = ft.process_group_timeout_ms
+    if timedelta(milliseconds=pg_ms) > timeout.value:
+        raise ConfigError(
+            f"{named('step_timeout_ms', timeout)} is shorter than {SECTION}."
+            f"process_group_timeout_ms={pg_ms}: a failed collective must be detected before "
+            "the step times out"
+        )
+    if connect.value > quorum.value:
+        raise ConfigError(
+            f"{named('connect_timeout_ms', connect)} exceeds "
+            f"{named('quorum_timeout_ms', quorum)}: connecting is part of a quorum request"
+        )
 
 
 def check_model_fragments(job_config: Any) -> None:

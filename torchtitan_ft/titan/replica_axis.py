@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -14,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from torchtitan_ft.semi_sync.config import QuorumMode
-from torchtitan_ft.titan.config_schema import quorum_mode, uses_semi_sync
+from torchtitan_ft.titan.config_schema import manager_timeouts, quorum_mode, uses_semi_sync
 
 GradientReduce = Callable[[torch.Tensor], None]
 """Averages a gradient shard across replica groups, in place."""
@@ -423,11 +424,13 @@ def build_manager_runtime(job_config: Any) -> ManagerRuntime:
     pg_class = ProcessGroupGloo if ft.process_group == "gloo" else ProcessGroupNCCL
     pg = pg_class(timeout=timedelta(milliseconds=ft.process_group_timeout_ms))
     device = "cpu" if ft.process_group == "gloo" else f"cuda:{torch.cuda.current_device()}"
+    timeouts = manager_timeouts(ft)
     transport = None
     if ft.checkpoint_transport == "pg":
         from torchtitan_ft.checkpoint import PGTransport
+        from torchtitan_ft.manager.settings import resolve_timeouts
 
-        step_timeout = timedelta(milliseconds=ft.step_timeout_ms)
+        step_timeout = resolve_timeouts(os.environ, timeout=timeouts["timeout"])[0].value
         transport = PGTransport(pg, timeout=step_timeout, device=torch.device(device))
 
     manager = Manager(
@@ -436,9 +439,6 @@ def build_manager_runtime(job_config: Any) -> ManagerRuntime:
         state_dict=None,
         min_replica_size=ft.min_replica_size,
         use_async_quorum=quorum_mode(ft) is QuorumMode.ASYNC,
-        timeout=timedelta(milliseconds=ft.step_timeout_ms),
-        quorum_timeout=timedelta(milliseconds=ft.quorum_timeout_ms),
-        connect_timeout=timedelta(milliseconds=ft.connect_timeout_ms),
         world_size_mode=WorldSizeMode[ft.world_size_mode.upper()],
         lighthouse_addr=ft.lighthouse_addr or None,
         replica_id=f"torchtitan_ft_{ft.replica_id}",
@@ -446,12 +446,12 @@ def build_manager_runtime(job_config: Any) -> ManagerRuntime:
         init_sync=ft.init_sync,
         checkpoint_transport=transport,
         max_retries=ft.max_retries,
-        quorum_retries=ft.quorum_retries,
         auth_token=ft.auth_token or None,
         retry_inflight_allreduce=ft.retry_inflight_allreduce,
         # Checked against the other groups at the first quorum, once the model is built.
         model_fingerprint=lambda: model_config_fingerprint(job_config),
         num_replica_groups=ft.group_size,
+        **timeouts,
     )
     return ManagerRuntime(manager, pg, device)
 

@@ -1,10 +1,14 @@
 """TorchTitan's own ``Trainer`` with the FT replica axis plugged in; runs in every trainer rank
 (docs/titan.md, "How it plugs in")."""
 
+import contextlib
+import functools
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import torch
+import torchtitan.train as titan_train
 from torchtitan.config import JobConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed import utils as dist_utils
@@ -40,6 +44,32 @@ def register_train_spec_override(name: str, spec: Any) -> None:
     train_spec_module._extra_train_specs[name] = spec
 
 
+_PROFILERS = ("maybe_enable_profiling", "maybe_enable_memory_snapshot")
+"""What ``torchtitan.train.Trainer.train`` opens with the dump folder and no leaf folder."""
+
+
+def replica_leaf_folder(axis: ReplicaAxis) -> str:
+    """The folder of this replica group's profiler traces and memory snapshots inside each
+    ``iteration_<n>`` folder: ``replica_<id>`` with FT (as TorchTitan's FT trainer), else none."""
+    return f"replica_{axis.replica_id}" if axis.enabled else ""
+
+
+@contextlib.contextmanager
+def profiling_leaf_folder(leaf_folder: str) -> Iterator[None]:
+    """While open, TorchTitan's ``Trainer.train`` writes its profiler traces and memory
+    snapshots to ``<folder>/iteration_<n>/<leaf_folder>/rank<r>_...``, so that replica groups
+    sharing a ``dump_folder`` do not overwrite each other's (TorchTitan's FT trainer passes
+    the same ``leaf_folder``; its base loop passes none)."""
+    originals = {name: getattr(titan_train, name) for name in _PROFILERS}
+    for name, function in originals.items():
+        setattr(titan_train, name, functools.partial(function, leaf_folder=leaf_folder))
+    try:
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(titan_train, name, function)
+
+
 class FaultTolerantTrainer(Trainer):
     """TorchTitan's Trainer on CPU or GPU, one replica group of an FT job when FT is enabled.
 
@@ -52,8 +82,9 @@ class FaultTolerantTrainer(Trainer):
         lr_schedulers.step()     advances on commit
 
     Overridden, in the order TorchTitan calls them: ``__init__`` / ``init_distributed`` (build
-    the axis and plug it in), ``batch_generator`` (read through the axis's batch ledger),
-    ``train_step`` (a discarded step is retried under its number) and ``close``.
+    the axis and plug it in), ``train`` (profiler output per replica group),
+    ``batch_generator`` (read through the axis's batch ledger), ``train_step`` (a discarded
+    step is retried under its number) and ``close``.
     """
 
     replica_axis: ReplicaAxis
@@ -107,6 +138,12 @@ class FaultTolerantTrainer(Trainer):
         if uses_semi_sync(self.job_config):
             return build_semi_sync_axis(self.job_config)
         return build_replica_axis(self.job_config)
+
+    def train(self) -> None:
+        """TorchTitan's loop, with profiler traces and memory snapshots in a folder per
+        replica group (:func:`profiling_leaf_folder`)."""
+        with profiling_leaf_folder(replica_leaf_folder(self.replica_axis)):
+            super().train()
 
     def batch_generator(self, data_iterable: Any) -> Any:
         """TorchTitan's, reading the trainer's dataloader through ``self.batches`` (with FT,
