@@ -82,9 +82,13 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Our own lighthouse budget ends this much before the waiting ranks' deadline, so that they
-# receive the server's explanation rather than a bare client-side deadline.
-_ERROR_MARGIN_S = 0.2
+# Our own lighthouse budget ends this much (at most a quarter of the time left) before the
+# waiting ranks' deadline, so that they receive the server's explanation rather than a bare
+# client-side deadline. The answer crosses this process's event loop and the rank's, which a
+# busy trainer thread holding the GIL can delay by hundreds of milliseconds (0.2 s was not
+# enough beside a loaded TorchTitan rank: "DEADLINE_EXCEEDED: Stream removed").
+_ERROR_MARGIN_S = 1.0
+_ERROR_MARGIN_SHARE = 0.25
 _RETRY_BACKOFF_S = (0.1, 1.0)  # first, max
 _KILL_EXIT_FALLBACK_S = 1.0
 
@@ -478,7 +482,7 @@ class ManagerServer:
         if isinstance(decision, Ask):
             if held is not None:  # it waited: less time is left
                 remaining = context.time_remaining() or 0.0
-            budget = max(remaining - min(_ERROR_MARGIN_S, 0.1 * remaining), 0.0)
+            budget = max(remaining - min(_ERROR_MARGIN_S, _ERROR_MARGIN_SHARE * remaining), 0.0)
             self._spawn(self._run_lighthouse_quorum(decision, budget))
         end = self._round_end(decision.round)
         try:
