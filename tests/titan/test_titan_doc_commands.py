@@ -176,7 +176,10 @@ def test_example_2_trains_streaming_diloco(tmp_path: Path, doc_lighthouse: str) 
 def test_example_1_keeps_committing_after_a_group_is_killed(
     tmp_path: Path, doc_lighthouse: str
 ) -> None:
-    steps = 12
+    # min_replica_size 1: a group that starts first trains alone. Enough steps (about 0.3 s
+    # each here) that it is still training when the other, started a few seconds later under
+    # load (12 steps were over before it began once), joins it.
+    steps = 40
     survivor, victim = (
         _doc_run(tmp_path, f"example 1, group {r}", steps, doc_lighthouse, *CPU_8B)
         for r in range(2)
