@@ -187,13 +187,16 @@ class LighthouseState:
     def _excluded_now(self, rid: str, now: float) -> bool:
         """Decides (``decide_exclusion``) whether the asking group is out of the quorum."""
         prior = self.exclusions.get(rid, Exclusion())
-        if self.exclusion_opts.policy is StragglerPolicy.OFF and not prior.excluded:
-            return False
         speed = self.speeds.speeds.get(rid)
+        straggler = speed is not None and speed.straggler
+        if not prior.excluded and (
+            not straggler or self.exclusion_opts.policy is StragglerPolicy.OFF
+        ):
+            return False  # the common case, without the O(replicas) count below
         others = len(self.healthy() - self.excluded() - {rid})
         after, action, reason = decide_exclusion(
             prior,
-            speed is not None and speed.straggler,
+            straggler,
             others,
             self.opts.min_replicas,
             now,
