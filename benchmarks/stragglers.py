@@ -13,12 +13,12 @@ take each other's CPU. Runs, in one invocation:
 * for each ``--slowdowns`` factor, two runs with one group at ``--cpus / factor`` from its
   warm-up on: the policy off (``min_replicas`` = the groups: every step waits for it), and on.
 
-Throughput is the healthy groups' committed samples per second over ``--steps`` steps (from
-their event streams): with the policy off from the limits on, with it on from the slowed
-group's exclusion on (the steps before it, while it is being detected, run at the policy-off
-speed: ``detection_steps`` of them). ``detection_steps``: the slowed group's steps from its
-limit to the lighthouse's report reaching it (its ``straggler`` event); ``false_reports``:
-healthy groups reported in that run.
+Throughput is the healthy groups' (all but the last, in every run) committed samples per
+second over ``--steps`` steps (from their event streams): with the policy off from the limits
+on, with it on from the slowed group's exclusion on (the steps before it, while it is being
+detected, run at the policy-off speed: ``detection_steps`` of them). ``detection_steps``: the
+slowed group's steps from its limit to the lighthouse's report reaching it (its ``straggler``
+event); ``false_reports``: healthy groups reported in that run.
 
     python -m benchmarks.stragglers [--slowdowns 2,4] [--steps 40] [--clean-steps 40]
 """
@@ -129,13 +129,15 @@ def run(
     finally:
         for limit in limits:
             limit.close()
-        for proc in procs:
+        for proc in procs:  # all at once: none waits on a peer killed before it
             if proc.is_alive():
                 proc.kill()
-                proc.join(5)
+        for proc in procs:
+            proc.join(5)
         lighthouse.shutdown()
     all_events = read_events(events)
-    healthy = [i for i in range(args.groups) if i != slow]
+    # The same groups in every run, the clean one too: all but the last, the one slowed.
+    healthy = list(range(args.groups - 1))
     samples, seconds = 0, []
     for i in healthy:
         window = [e for e in _commits(all_events, i) if start_step < e.step <= start_step + steps]
