@@ -875,6 +875,17 @@ def test_manager_port_in_use_is_one_clear_line(
     assert "\n" not in message and excinfo.value.__suppress_context__
 
 
+class WaitingTransport(MemoryTransport):
+    """Waits for the donor's offer, as a real transport does: the donor's quorum thread may
+    offer after the healer's asks."""
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: Any) -> Any:
+        deadline = time.monotonic() + 10
+        while (metadata, step) not in self._offers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return super().recv_checkpoint(src_rank, metadata, step, timeout)
+
+
 def test_excluded_group_runs_alone_commits_nothing_and_heals_when_taken_back(
     tmp_path: Path,
 ) -> None:
@@ -892,7 +903,15 @@ def test_excluded_group_runs_alone_commits_nothing_and_heals_when_taken_back(
     a_user, b_user = UserState(7.0), UserState(-1.0)
     a = _manager(server, "a", user=a_user, init_sync=False, events_dir=tmp_path)
     b_pg = FakePG()
-    b = _manager(server, "b", user=b_user, pg=b_pg, init_sync=False, events_dir=tmp_path)
+    b = _manager(
+        server,
+        "b",
+        user=b_user,
+        pg=b_pg,
+        transport=WaitingTransport(),
+        init_sync=False,
+        events_dir=tmp_path,
+    )
 
     def leave_b_out(since: float) -> None:
         state = server.state
