@@ -219,8 +219,6 @@ class LighthouseState:
                 rid,
                 reason,
             )
-        elif reason.startswith("kept in"):
-            logger.debug("lighthouse: straggler %r %s", rid, reason)
         return after.excluded
 
     def _answer_excluded(self, rid: str, wire: pb.QuorumMember) -> asyncio.Future[bytes]:
