@@ -78,7 +78,7 @@ def test_manager_step_prints_the_ratio() -> None:
     assert size["ratio_ft_over_faster_baseline"] > 0
 
 
-@pytest.mark.slow  # two jobs of processes: 30 to 60 s under load
+@pytest.mark.slow  # three jobs of processes: 45 to 90 s under load
 @pytest.mark.timeout(300)
 def test_stragglers_prints_results_and_clean_run() -> None:
     out = _benchmark(
@@ -90,7 +90,8 @@ def test_stragglers_prints_results_and_clean_run() -> None:
     (result,) = out["results"]
     assert result["model"] == "mlp" and result["slowdown"] == 4
     assert result["healthy_throughput_ratio_policy_off"] > 0
-    assert result["healthy_throughput_ratio_policy_on"] is None  # the policy is not built
+    assert result["healthy_throughput_ratio_policy_on"] > 0
+    assert out["clean_run"]["exclusions"] >= 0
     assert "detection_steps" in result and result["false_reports"] >= 0
     assert {"false_reports", "exclusions"} <= out["clean_run"].keys()
 

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from torchtitan_ft.events import EventKind, read_events
 from torchtitan_ft.lighthouse import LighthouseServer
+from torchtitan_ft.lighthouse.exclusion import ExclusionOptions, StragglerPolicy
 from torchtitan_ft.lighthouse.stragglers import StragglerOptions
 from torchtitan_ft.testing.cpulimit import CpuLimit
 from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank
@@ -36,9 +38,15 @@ the last sample's timing and the one whose answer brings the report back."""
 
 
 class Job:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(
+        self, tmp_path: Path, min_replicas: int = GROUPS, exclusion: ExclusionOptions | None = None
+    ) -> None:
         self.lighthouse = LighthouseServer(
-            bind="127.0.0.1:0", min_replicas=GROUPS, join_timeout_ms=60000, stragglers=OPTS
+            bind="127.0.0.1:0",
+            min_replicas=min_replicas,
+            join_timeout_ms=60000,
+            stragglers=OPTS,
+            exclusion=exclusion,
         )
         self.events = tmp_path / "events"
         self.stop_file = tmp_path / "stop_step"
@@ -84,6 +92,22 @@ class Job:
             if found:
                 return found[0]
             assert time.monotonic() < deadline, f"no straggler={straggler} report in time"
+            self.check_alive()
+            time.sleep(0.1)
+
+    def wait_event(
+        self, kind: EventKind, replica: str, after: Any = None, timeout: float = 90.0
+    ) -> Any:
+        """The first ``kind`` event of ``replica`` (after the event ``after``, if given)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            events = [e for e in read_events(self.events) if e.replica_name == replica]
+            if after is not None:
+                events = events[events.index(after) + 1 :]
+            found = [e for e in events if e.kind is kind]
+            if found:
+                return found[0]
+            assert time.monotonic() < deadline, f"no {kind} event of {replica} in time"
             self.check_alive()
             time.sleep(0.1)
 
@@ -145,5 +169,45 @@ def test_a_clean_run_reports_nobody(tmp_path: Path) -> None:
         job.stop()
         assert job.reports() == []
         assert job.reports_started() == 0
+    finally:
+        job.close()
+
+
+POLICY = ExclusionOptions(StragglerPolicy.EXCLUDE, min_excluded_s=2.0)
+
+
+@pytest.mark.slow  # 20 to 40 s
+@pytest.mark.timeout(300)
+def test_under_the_policy_a_limited_group_is_left_out_and_rejoins_healed(
+    tmp_path: Path,
+) -> None:
+    """Under ``--straggler_policy exclude`` (min_replicas 2 of 3 groups): the group under a
+    CPU limit is left out, commits nothing while out and the others keep committing; once the
+    limit is lifted it is taken back, heals, and every group ends bitwise identical."""
+    job = Job(tmp_path, min_replicas=2, exclusion=POLICY)
+    try:
+        job.wait_step(2, OPTS.window + 3)
+        with CpuLimit("straggler_policy_test", [job.procs[2].pid], cpus=0.1):
+            job.wait_event(EventKind.EXCLUDED, "replica_2")
+            out_at = job.step(0)
+            job.wait_step(0, out_at + 10)  # the others keep committing without it
+        readmitted = job.wait_event(EventKind.READMITTED, "replica_2")
+        events = read_events(job.events)
+        excluded = next(e for e in events if e.kind is EventKind.EXCLUDED)
+        assert excluded["relative_speed"] < 1 / OPTS.factor
+        mine = [e for e in events if e.replica_name == "replica_2"]
+        out = mine[mine.index(excluded) : mine.index(readmitted)]
+        assert not [e for e in out if e.kind is EventKind.COMMIT]
+        assert [e for e in out if e.kind is EventKind.DISCARD]
+        heal = job.wait_event(EventKind.HEAL_END, "replica_2", after=readmitted)
+        assert heal["outcome"] == "applied"
+        job.stop()
+        outs = [torch.load(tmp_path / f"out_{i}.pt", weights_only=False) for i in range(GROUPS)]
+        for other in outs[1:]:
+            assert other["step"] == outs[0]["step"]
+            for key, value in outs[0]["model"].items():
+                assert torch.equal(value, other["model"][key]), key
+        exclusions = job.lighthouse.run_in_loop(lambda: job.lighthouse.state.metrics.exclusions)
+        assert exclusions == 1
     finally:
         job.close()

@@ -66,6 +66,14 @@ class EventKind(StrEnum):
     Fields: ``straggler`` (whether it is one now), ``relative_speed`` (the others' typical
     compute time / this group's: 0.25 is four times slower), ``since_step`` (the group's step
     at which the report started; None when it ended)."""
+    EXCLUDED = "excluded"
+    """The lighthouse's straggler policy left this replica group out of the quorum: it runs
+    its steps alone, without cross-group collectives, and commits none of them (each is a
+    ``DISCARD``) until it is taken back. Fields: ``relative_speed``."""
+    READMITTED = "readmitted"
+    """The lighthouse took this group back into the quorum (it is fast again, or the others
+    need it for ``min_replicas``); it heals from the others if it is behind. Fields:
+    ``relative_speed``."""
     FAULT = "fault"
     """The first error recorded in a step (the step will not commit). Fields: ``error`` (the
     exception's type name), ``message``, ``collective`` (raised by an allreduce)."""

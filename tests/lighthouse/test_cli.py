@@ -65,6 +65,15 @@ def run(*args: str) -> subprocess.CompletedProcess:
             "--auth_token may hold only visible ASCII characters",
         ),
         (["--min_replicas", "1", "--auth_token", "abc\n"], "it has '\\n'"),
+        (["--straggler_policy", "drop"], "--straggler_policy: invalid StragglerPolicy value"),
+        (
+            ["--min_replicas", "1", "--straggler_max_exclusions", "0"],
+            "--straggler_max_exclusions must be >= 1, got 0",
+        ),
+        (
+            ["--min_replicas", "1", "--straggler_min_excluded_ms", "-1"],
+            "--straggler_min_excluded_ms must be >= 0",
+        ),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_naming_the_flag(args, flag) -> None:

@@ -166,12 +166,15 @@ def test_lighthouse_reports_a_straggler_on_responses_status_and_metrics(servers)
         "relative_speed": 0.25,
         "straggler": True,
         "straggler_since_step": 0,
+        "excluded": False,
     }
     _, page = get(base + "/")
-    assert '<tr class="straggler"><td>slow</td><td>0.25x</td><td>0</td></tr>' in page
+    assert '<tr class="straggler"><td>slow</td><td>0.25x</td><td>0</td><td>yes</td></tr>' in page
     _, metrics = get(base + "/metrics")
     values = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if not line.startswith("#"))
     assert float(values['torchft_lighthouse_relative_speed{replica_id="slow"}']) == 0.25
     assert values['torchft_lighthouse_straggler{replica_id="slow"}'] == "1"
     assert values['torchft_lighthouse_straggler{replica_id="fast"}'] == "0"
     assert values["torchft_lighthouse_straggler_reports_total"] == "1"
+    assert values['torchft_lighthouse_excluded{replica_id="slow"}'] == "0"  # policy off
+    assert values["torchft_lighthouse_straggler_exclusions_total"] == "0"

@@ -27,6 +27,7 @@ from torch.distributed import ReduceOp
 
 from torchtitan_ft.events import EVENTS_DIR_ENV, EventKind, read_events
 from torchtitan_ft.lighthouse import LighthouseServer
+from torchtitan_ft.lighthouse.exclusion import Exclusion, ExclusionOptions, StragglerPolicy
 from torchtitan_ft.manager import (
     AddressInUseError,
     Manager,
@@ -872,3 +873,88 @@ def test_manager_port_in_use_is_one_clear_line(
     assert f"manager server port {port} (from " in message and origin in message
     assert "already in use" in message and "choose a free port" in message
     assert "\n" not in message and excinfo.value.__suppress_context__
+
+
+class WaitingTransport(MemoryTransport):
+    """Waits for the donor's offer, as a real transport does: the donor's quorum thread may
+    offer after the healer's asks."""
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: Any) -> Any:
+        deadline = time.monotonic() + 10
+        while (metadata, step) not in self._offers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return super().recv_checkpoint(src_rank, metadata, step, timeout)
+
+
+def test_excluded_group_runs_alone_commits_nothing_and_heals_when_taken_back(
+    tmp_path: Path,
+) -> None:
+    """The lighthouse's straggler policy leaves group b out (set on its state: the judge's
+    side is tested in tests/lighthouse): b's steps run without a cross-group collective and
+    are discarded without counting as commit failures while a commits alone; taken back, b
+    heals from a and both commit together."""
+    server = LighthouseServer(
+        bind="127.0.0.1:0",
+        min_replicas=1,
+        join_timeout_ms=5000,
+        heartbeat_timeout_ms=2000,
+        exclusion=ExclusionOptions(StragglerPolicy.EXCLUDE, min_excluded_s=30.0),
+    )
+    a_user, b_user = UserState(7.0), UserState(-1.0)
+    a = _manager(server, "a", user=a_user, init_sync=False, events_dir=tmp_path)
+    b_pg = FakePG()
+    b = _manager(
+        server,
+        "b",
+        user=b_user,
+        pg=b_pg,
+        transport=WaitingTransport(),
+        init_sync=False,
+        events_dir=tmp_path,
+    )
+
+    def leave_b_out(since: float) -> None:
+        state = server.state
+        server.run_in_loop(
+            lambda: state.exclusions.__setitem__(b.replica_id, Exclusion(since, (since,)))
+        )
+
+    try:
+        a.load_state_dict({"step": 2, "batches_committed": 2})
+        b.load_state_dict({"step": 2, "batches_committed": 2})
+        assert _step_both([a, b], [torch.ones(2), torch.ones(2)]) == [True, True]
+        leave_b_out(time.monotonic())
+        for _ in range(2):
+            b.start_quorum()
+            grad = torch.full((2,), 5.0)
+            seen = len(b_pg.seen)
+            assert b.allreduce(grad).wait() is grad and torch.equal(grad, torch.full((2,), 5.0))
+            assert len(b_pg.seen) == seen  # no cross-group collective
+            assert not b.should_commit()
+            assert b.stats().excluded and b.stats().commit_failures == 0
+            a.start_quorum()
+            a.allreduce(torch.ones(2)).wait()
+            assert a.should_commit() and a.num_participants() == 1
+        assert b.current_step() == 3 and a.current_step() == 5
+        leave_b_out(time.monotonic() - 60)  # out long enough, not a straggler: taken back
+        b.start_quorum()
+        deadline = time.monotonic() + 10
+        # b waits in the lighthouse's round before a asks (else a's quorum is a alone again,
+        # and b joins at a's next step, which this test does not take).
+        while b.replica_id not in server.run_in_loop(lambda: set(server.state.pending)):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        a.start_quorum()
+        for m in (a, b):
+            m.allreduce(torch.ones(2)).wait()
+        assert [b.should_commit(), a.should_commit()] == [True, True]
+        assert torch.equal(b_user.weights, a_user.weights)
+        assert b.current_step() == a.current_step() == 6 and not b.stats().excluded
+        kinds = [e.kind for e in read_events(tmp_path) if e.replica_id == b.replica_id]
+        out = kinds[kinds.index(EventKind.EXCLUDED) : kinds.index(EventKind.READMITTED)]
+        assert out.count(EventKind.DISCARD) == 2 and EventKind.COMMIT not in out
+        assert server.run_in_loop(lambda: server.state.metrics.readmissions) == 1
+    finally:
+        a.shutdown()
+        b.shutdown()
+        server.shutdown()

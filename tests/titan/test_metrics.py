@@ -57,6 +57,7 @@ def test_per_step_scalars_come_from_manager_stats() -> None:
         "ft/bytes_synced": 300.0,
         "ft/relative_speed": 0.25,
         "ft/straggler": 1.0,
+        "ft/excluded": 0.0,
     }
 
 

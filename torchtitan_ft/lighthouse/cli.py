@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import NoReturn
 
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, check_token
+from torchtitan_ft.lighthouse.exclusion import ExclusionOptions, StragglerPolicy
 from torchtitan_ft.lighthouse.server import LighthouseServer, validate_options
 from torchtitan_ft.lighthouse.stragglers import StragglerOptions
 from torchtitan_ft.netaddr import join_host_port, split_host_port
@@ -110,6 +111,37 @@ def build_parser() -> argparse.ArgumentParser:
         "default: %(default)s)",
     )
     p.add_argument(
+        "--straggler_policy",
+        type=StragglerPolicy,
+        choices=list(StragglerPolicy),
+        default=StragglerPolicy.OFF,
+        help="off: report stragglers only; exclude: leave a reported straggler out of the "
+        "quorum while the others are at least --min_replicas (it trains alone without "
+        "committing, and is taken back and heals when it is fast again); the others stop "
+        "waiting for it, at the cost of its compute (default: %(default)s)",
+    )
+    p.add_argument(
+        "--straggler_min_excluded_ms",
+        type=int,
+        default=round(ExclusionOptions.min_excluded_s * 1000),
+        help="ms a left-out group stays out before being fast again takes it back (not when "
+        "the quorum needs it for --min_replicas); longer damps flapping (>= 0; "
+        "default: %(default)s)",
+    )
+    p.add_argument(
+        "--straggler_max_exclusions",
+        type=int,
+        default=ExclusionOptions.max_exclusions,
+        help="times a group may be left out per --straggler_exclusion_window_ms; then it stays "
+        "in, reported (>= 1; default: %(default)s)",
+    )
+    p.add_argument(
+        "--straggler_exclusion_window_ms",
+        type=int,
+        default=round(ExclusionOptions.window_s * 1000),
+        help="ms over which --straggler_max_exclusions counts (> 0; default: %(default)s)",
+    )
+    p.add_argument(
         "--log_level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -173,6 +205,19 @@ def main(argv: list[str] | None = None) -> None:
         stragglers = StragglerOptions(factor=args.straggler_factor, steps=args.straggler_steps)
     except ValueError as e:
         parser.error(f"--{e}".replace("straggler ", "straggler_", 1))
+    for flag, value, least in (
+        ("--straggler_min_excluded_ms", args.straggler_min_excluded_ms, 0),
+        ("--straggler_max_exclusions", args.straggler_max_exclusions, 1),
+        ("--straggler_exclusion_window_ms", args.straggler_exclusion_window_ms, 1),
+    ):
+        if value < least:
+            parser.error(f"{flag} must be >= {least}, got {value}")
+    exclusion = ExclusionOptions(
+        policy=args.straggler_policy,
+        min_excluded_s=args.straggler_min_excluded_ms / 1000,
+        max_exclusions=args.straggler_max_exclusions,
+        window_s=args.straggler_exclusion_window_ms / 1000,
+    )
     try:
         host, port = split_host_port(args.bind, "bind address")
     except ValueError as e:
@@ -215,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
             status_bind=None if args.status_bind == "off" else args.status_bind,
             auth_token=token,
             stragglers=stragglers,
+            exclusion=exclusion,
         )
     except OSError as e:
         parser.error(str(e))

@@ -31,6 +31,7 @@ from torchtitan_ft.auth import check_token
 from torchtitan_ft.connection_guard import AuthenticatedPeers, ConnectionGuard, GuardPolicy
 from torchtitan_ft.lighthouse import status
 from torchtitan_ft.lighthouse.decision import DecisionOptions
+from torchtitan_ft.lighthouse.exclusion import ExclusionOptions
 from torchtitan_ft.lighthouse.state import LighthouseState
 from torchtitan_ft.lighthouse.stragglers import StragglerOptions
 from torchtitan_ft.lighthouse.types import QuorumMember
@@ -239,6 +240,10 @@ class LighthouseServer:
         stragglers: when a replica group is reported as a straggler (``StragglerOptions``:
             factor, steps, window); default ``StragglerOptions()``. The report changes nothing
             for the job.
+        exclusion: the straggler policy (``ExclusionOptions``: policy, min_excluded_s,
+            max_exclusions, window_s); default off. Under ``exclude`` a reported straggler is
+            left out of the quorum while the others are at least ``min_replicas``, trains
+            alone without committing, and is taken back (and heals) when fast again.
     """
 
     def __init__(
@@ -251,6 +256,7 @@ class LighthouseServer:
         status_bind: str | None = None,
         auth_token: str | None = None,
         stragglers: StragglerOptions | None = None,
+        exclusion: ExclusionOptions | None = None,
     ) -> None:
         validate_options(min_replicas, join_timeout_ms, quorum_tick_ms, heartbeat_timeout_ms)
         check_token(auth_token, "auth_token")
@@ -268,6 +274,7 @@ class LighthouseServer:
                 heartbeat_timeout=heartbeat_timeout_ms / 1000,
             ),
             stragglers=stragglers,
+            exclusion=exclusion,
         )
         self._port = 0
         self._status_port: int | None = None
@@ -341,9 +348,10 @@ class LighthouseServer:
         self.guard.start()
         self._ticker = asyncio.create_task(self._tick())
         logger.info(
-            "lighthouse serving on %s (min_replicas=%d)%s; %s",
+            "lighthouse serving on %s (min_replicas=%d, straggler policy %s)%s; %s",
             self.address(),
             self.state.opts.min_replicas,
+            self.state.exclusion_opts.policy.value,
             f", status on {self.status_address()}" if self._status_server else "",
             "every call needs the job token"
             if self._auth_token is not None

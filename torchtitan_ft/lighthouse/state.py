@@ -28,6 +28,13 @@ from torchtitan_ft.lighthouse.decision import (
     newcomer_ahead,
     next_quorum_id,
 )
+from torchtitan_ft.lighthouse.exclusion import (
+    Action,
+    Exclusion,
+    ExclusionOptions,
+    StragglerPolicy,
+    decide_exclusion,
+)
 from torchtitan_ft.lighthouse.stragglers import SpeedBook, StragglerOptions
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
@@ -53,6 +60,10 @@ class Metrics:
     decision_seconds_sum: float = 0.0
     decision_buckets: list[int] = field(default_factory=lambda: [0] * len(DECISION_BUCKETS))
     decision_count: int = 0
+    exclusions: int = 0
+    """Times the straggler policy left a group out of the quorum."""
+    readmissions: int = 0
+    """Times it took a left-out group back."""
 
     def observe_decision(self, seconds: float) -> None:
         self.decision_count += 1
@@ -71,6 +82,7 @@ class LighthouseState:
         wall_us: wall-clock microseconds since the epoch; the floor of every new quorum_id, so
             that a restarted lighthouse never reissues an id (see ``next_quorum_id``).
         stragglers: the straggler report's thresholds (``lighthouse.stragglers``).
+        exclusion: the straggler policy (``lighthouse.exclusion``); default: off.
     """
 
     def __init__(
@@ -79,8 +91,10 @@ class LighthouseState:
         clock: Callable[[], float] = time.monotonic,
         wall_us: Callable[[], int] = lambda: time.time_ns() // 1000,
         stragglers: StragglerOptions | None = None,
+        exclusion: ExclusionOptions | None = None,
     ) -> None:
         self.opts = opts
+        self.exclusion_opts = exclusion or ExclusionOptions()
         self._clock = clock
         self._wall_us = wall_us
         self.pending: dict[str, Pending] = {}
@@ -105,6 +119,8 @@ class LighthouseState:
         they must not commit the step their peers aborted."""
         self.speeds = SpeedBook(stragglers or StragglerOptions())
         """Each group's recent compute times and judged speed (the straggler report)."""
+        self.exclusions: dict[str, Exclusion] = {}
+        """Each group's state under the straggler policy (only groups it ever left out)."""
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -125,6 +141,7 @@ class LighthouseState:
         self._streams.pop(replica_id, None)
         self.heartbeats.pop(replica_id, None)
         self.speeds.forget(replica_id)
+        self.exclusions.pop(replica_id, None)
         self.metrics.stream_deaths += 1
         if replica_id in self.pending:
             self._drop_pending(replica_id)
@@ -145,6 +162,8 @@ class LighthouseState:
         if progress is not None:
             for line in self.speeds.report(rid, progress.steps, now):
                 logger.info("lighthouse: %s", line)
+        if self._excluded_now(rid, now):
+            return self._answer_excluded(rid, wire)
         previous = self.pending.get(rid)
         joined = previous.joined if previous is not None else now
         if previous is None and rid in self._previous_ids:
@@ -158,6 +177,64 @@ class LighthouseState:
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(rid, []).append(fut)
         if self._might_be_ready():
+            self.evaluate()
+        return fut
+
+    def excluded(self) -> frozenset[str]:
+        """The groups the straggler policy leaves out of the quorum now."""
+        return frozenset(rid for rid, e in self.exclusions.items() if e.excluded)
+
+    def _excluded_now(self, rid: str, now: float) -> bool:
+        """Decides (``decide_exclusion``) whether the asking group is out of the quorum."""
+        prior = self.exclusions.get(rid, Exclusion())
+        speed = self.speeds.speeds.get(rid)
+        straggler = speed is not None and speed.straggler
+        if not prior.excluded and (
+            not straggler or self.exclusion_opts.policy is StragglerPolicy.OFF
+        ):
+            return False  # the common case, without the O(replicas) count below
+        others = len(self.healthy() - self.excluded() - {rid})
+        after, action, reason = decide_exclusion(
+            prior,
+            straggler,
+            others,
+            self.opts.min_replicas,
+            now,
+            self.exclusion_opts,
+        )
+        self.exclusions[rid] = after
+        if action is Action.EXCLUDED:
+            self.metrics.exclusions += 1
+            logger.warning(
+                "lighthouse: straggler policy: replica group %r is left out of the quorum "
+                "(%s); it trains alone without committing until it is fast again",
+                rid,
+                reason,
+            )
+        elif action is Action.READMITTED:
+            self.metrics.readmissions += 1
+            logger.info(
+                "lighthouse: straggler policy: replica group %r is taken back into the quorum "
+                "(%s); it heals from the others",
+                rid,
+                reason,
+            )
+        return after.excluded
+
+    def _answer_excluded(self, rid: str, wire: pb.QuorumMember) -> asyncio.Future[bytes]:
+        """Answers a left-out group at once: a quorum of itself alone, its speed marked
+        ``excluded`` (its Manager then runs the step without committing it). The others' round
+        no longer waits for it."""
+        msg = pb.LighthouseQuorumResponse()
+        msg.quorum.quorum_id = self.quorum_id
+        msg.quorum.participants.append(wire)
+        msg.quorum.created.FromDatetime(datetime.now(UTC))
+        msg.speeds.extend(speed.to_proto() for speed in self.speeds.views(self.excluded()))
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        fut.set_result(msg.SerializeToString())
+        if rid in self.pending:
+            self._drop_pending(rid)
+        if self.pending:
             self.evaluate()
         return fut
 
@@ -178,6 +255,7 @@ class LighthouseState:
             if rid not in self._streams:
                 del self.heartbeats[rid]
                 self.speeds.forget(rid)
+                self.exclusions.pop(rid, None)
         for rid in [r for r, at in self.declared_gone.items() if now - at > _DECLARED_GONE_KEEP_S]:
             del self.declared_gone[rid]
         if self.pending:
@@ -207,11 +285,20 @@ class LighthouseState:
         if self.previous is not None and self._previous_pending == len(self._previous_ids):
             return True
         # Every known replica asked, and enough of them: otherwise the tick decides.
-        return len(self.pending) >= max(self.opts.min_replicas, len(self.heartbeats))
+        known = len(self.heartbeats) - len(self.excluded())
+        return len(self.pending) >= max(self.opts.min_replicas, known)
 
     def evaluate(self) -> Decision:
         start = time.perf_counter()
-        decision = decide(self.pending, self.heartbeats, self.previous, self._clock(), self.opts)
+        heartbeats, previous = self.heartbeats, self.previous
+        excluded = self.excluded()
+        if excluded:
+            # Left-out groups are neither waited for nor counted by the split-brain guard: they
+            # cannot commit, so they are no competing quorum.
+            heartbeats = {rid: t for rid, t in heartbeats.items() if rid not in excluded}
+            if previous is not None:
+                previous = tuple(m for m in previous if m.replica_id not in excluded) or None
+        decision = decide(self.pending, heartbeats, previous, self._clock(), self.opts)
         self.metrics.observe_decision(time.perf_counter() - start)
         if decision.members is not None:
             self._issue(decision.members)
@@ -229,7 +316,7 @@ class LighthouseState:
         msg.quorum.quorum_id = new_id
         msg.quorum.participants.extend(self._wire[m.replica_id] for m in members)
         msg.quorum.created.FromDatetime(created)
-        msg.speeds.extend(speed.to_proto() for speed in self.speeds.views())
+        msg.speeds.extend(speed.to_proto() for speed in self.speeds.views(self.excluded()))
         payload = msg.SerializeToString()
         for m in members:
             rid = m.replica_id
@@ -288,9 +375,11 @@ class LighthouseState:
                     for m in self.quorum.participants
                 ],
             }
+        excluded = self.excluded()
         return {
             "reason": self.reason,
             "min_replicas": self.opts.min_replicas,
+            "straggler_policy": self.exclusion_opts.policy.value,
             "quorum": quorum,
             "pending": sorted(self.pending),
             "heartbeats": [
@@ -308,7 +397,8 @@ class LighthouseState:
                     "relative_speed": round(speed.relative_speed, 3),
                     "straggler": speed.straggler,
                     "straggler_since_step": speed.straggler_since_step,
+                    "excluded": speed.excluded,
                 }
-                for speed in self.speeds.views()
+                for speed in self.speeds.views(excluded)
             ],
         }

@@ -285,7 +285,7 @@ def render_metrics(state: LighthouseState) -> str:
         "the others' median (1 typical, 0.25 four times slower; 0 not judged yet).",
         "# TYPE torchft_lighthouse_relative_speed gauge",
     ]
-    speeds = state.speeds.views()
+    speeds = state.speeds.views(state.excluded())
     lines += [
         f"torchft_lighthouse_relative_speed{{replica_id={_label(s.replica_id)}}} "
         f"{s.relative_speed:.4f}"
@@ -303,6 +303,22 @@ def render_metrics(state: LighthouseState) -> str:
         "# HELP torchft_lighthouse_straggler_reports_total Straggler reports started.",
         "# TYPE torchft_lighthouse_straggler_reports_total counter",
         f"torchft_lighthouse_straggler_reports_total {state.speeds.reports_started}",
+        "# HELP torchft_lighthouse_excluded Whether the straggler policy leaves a replica group "
+        "out of the quorum now.",
+        "# TYPE torchft_lighthouse_excluded gauge",
+    ]
+    lines += [
+        f"torchft_lighthouse_excluded{{replica_id={_label(s.replica_id)}}} {int(s.excluded)}"
+        for s in speeds
+    ]
+    lines += [
+        "# HELP torchft_lighthouse_straggler_exclusions_total Times the straggler policy left "
+        "a replica group out of the quorum.",
+        "# TYPE torchft_lighthouse_straggler_exclusions_total counter",
+        f"torchft_lighthouse_straggler_exclusions_total {m.exclusions}",
+        "# HELP torchft_lighthouse_straggler_readmissions_total Times it took one back.",
+        "# TYPE torchft_lighthouse_straggler_readmissions_total counter",
+        f"torchft_lighthouse_straggler_readmissions_total {m.readmissions}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -338,10 +354,11 @@ tr.straggler td {{ background: #fde2e2; }}
 {heartbeat_rows}
 </table>
 <h2>Speed</h2>
-<table id="speeds"><tr><th>replica</th><th>relative speed</th><th>straggler since step</th></tr>
+<table id="speeds"><tr><th>replica</th><th>relative speed</th><th>straggler since step</th>
+<th>in quorum</th></tr>
 {speed_rows}
 </table>
-<p>min_replicas = {min_replicas}; pending: {pending}.
+<p>min_replicas = {min_replicas}; straggler policy: {straggler_policy}; pending: {pending}.
 <a href="/status.json">JSON</a> &middot; <a href="/metrics">metrics</a></p>
 {kill_script}
 </body></html>
@@ -381,7 +398,8 @@ def render_html(status: dict, kill_enabled: bool) -> bytes:
     speeds = [
         f'<tr class="{"straggler" if s["straggler"] else "speed"}"><td>{e(s["replica_id"])}</td>'
         f"<td>{_speed_text(s['relative_speed'])}</td>"
-        f"<td>{s['straggler_since_step'] if s['straggler'] else '-'}</td></tr>"
+        f"<td>{s['straggler_since_step'] if s['straggler'] else '-'}</td>"
+        f"<td>{'no: left out (straggler policy)' if s['excluded'] else 'yes'}</td></tr>"
         for s in status["speeds"]
     ]
     title = (
@@ -397,6 +415,7 @@ def render_html(status: dict, kill_enabled: bool) -> bytes:
         heartbeat_rows="\n".join(beats),
         speed_rows="\n".join(speeds),
         min_replicas=status["min_replicas"],
+        straggler_policy=e(status["straggler_policy"]),
         pending=e(", ".join(status["pending"]) or "none"),
         kill_script=_KILL_SCRIPT if kill_enabled else "",
     )

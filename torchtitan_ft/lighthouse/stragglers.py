@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -167,9 +167,12 @@ class SpeedBook:
         self.samples.pop(replica_id, None)
         self.speeds.pop(replica_id, None)
 
-    def views(self) -> list[GroupSpeed]:
-        """Every judged group's speed, sorted by replica_id."""
+    def views(self, excluded: Collection[str] = ()) -> list[GroupSpeed]:
+        """Every judged group's speed, sorted by replica_id; ``excluded``: the groups the
+        straggler policy leaves out of the quorum now."""
         return [
-            GroupSpeed(rid, speed.relative_speed, speed.straggler, speed.since_step)
+            GroupSpeed(
+                rid, speed.relative_speed, speed.straggler, speed.since_step, rid in excluded
+            )
             for rid, speed in sorted(self.speeds.items())
         ]

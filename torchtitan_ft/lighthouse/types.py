@@ -124,12 +124,15 @@ class GroupSpeed:
             typical, 0.25 four times slower; 0.0 not judged yet.
         straggler: whether the lighthouse reports the group as a straggler now.
         straggler_since_step: the group's step at which it became one; None when it is not.
+        excluded: whether the straggler policy leaves the group out of the quorum now (its
+            quorum is itself alone and it must not commit; ``lighthouse.exclusion``).
     """
 
     replica_id: str
     relative_speed: float = 0.0
     straggler: bool = False
     straggler_since_step: int | None = None
+    excluded: bool = False
 
     def to_proto(self) -> pb.GroupSpeed:
         since = self.straggler_since_step
@@ -138,9 +141,10 @@ class GroupSpeed:
             relative_speed=self.relative_speed,
             straggler=self.straggler,
             straggler_since_step=since if since is not None else -1,
+            excluded=self.excluded,
         )
 
     @classmethod
     def from_proto(cls, msg: pb.GroupSpeed) -> GroupSpeed:
         since = msg.straggler_since_step if msg.straggler else None
-        return cls(msg.replica_id, msg.relative_speed, msg.straggler, since)
+        return cls(msg.replica_id, msg.relative_speed, msg.straggler, since, msg.excluded)

@@ -449,6 +449,10 @@ class Manager:
         except Exception as e:  # recorded: the step is discarded, the future completes
             self.report_error(e)
             return completed_future(tensor)
+        if self._quorum.excluded:
+            # Left out of the quorum: the step runs alone and is not committed; the tensor
+            # keeps this group's own values.
+            return completed_future(tensor)
         self._participated = self.is_participating()
         self._arm_hung_watch()
         return self._collectives.allreduce(
@@ -514,6 +518,8 @@ class Manager:
 
     def _should_commit(self, timeout: timedelta | None) -> bool:
         self.wait_quorum()
+        if self._quorum.excluded:
+            return self._discard_excluded()
         self._settle_collectives()
         if self.retry_decision().retry:
             self._retry_inflight()
@@ -548,6 +554,21 @@ class Manager:
             )
             check_commit_failures(self._commit_failures, self._max_retries)
         return decision
+
+    def _discard_excluded(self) -> bool:
+        """The step of a group the straggler policy left out: never committed (its weights
+        must not diverge from the quorum's, and it consumes no data), not a commit failure
+        (``max_retries`` does not count it); every rank of the group got the same answer, so
+        no group vote is needed."""
+        self._collectives.wait_pending()
+        self._log(logging.INFO, "should_commit=False (left out of the quorum: straggler policy)")
+        self._counters.add(steps_discarded=1)
+        self._events.emit(
+            EventKind.DISCARD,
+            participants=0,
+            reason="left out of the quorum by the lighthouse's straggler policy",
+        )
+        return False
 
     def _settle_collectives(self) -> None:
         self._collectives.wait_pending()
@@ -696,6 +717,7 @@ class Manager:
             commit_failures=self._commit_failures,
             relative_speed=speed.relative_speed if speed is not None else 0.0,
             straggler=speed is not None and speed.straggler,
+            excluded=speed is not None and speed.excluded,
             **self._counters.snapshot(),
         )
 

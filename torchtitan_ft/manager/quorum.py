@@ -64,7 +64,8 @@ class QuorumThread:
             arguments of these names.
         events: the event stream; a quorum with a new id, or a new role for this group in
             it, is a ``QUORUM`` event; a change of the lighthouse's straggler report on this
-            group is a ``STRAGGLER`` event.
+            group is a ``STRAGGLER`` event; being left out of the quorum by the straggler
+            policy, and taken back, are ``EXCLUDED`` and ``READMITTED`` events.
         log: the Manager's logger (level, message).
     """
 
@@ -113,6 +114,9 @@ class QuorumThread:
         """This group's slot in the last quorum's gradient average."""
         self.healing = False
         """Whether this rank heals in the current step."""
+        self.excluded = False
+        """Whether the lighthouse's straggler policy left this group out of the step's
+        quorum: the step runs alone (no cross-group collective) and must not commit."""
 
     @property
     def started(self) -> bool:
@@ -171,6 +175,14 @@ class QuorumThread:
                     progress=request.progress,
                 )
             self.result = result
+            self._announce_speed(result)
+            self._announce_exclusion(result)
+            if self.excluded:
+                # A quorum of this group alone: no participation, no reconfiguration (the
+                # process group keeps the last real quorum's id, so being taken back
+                # reconfigures it), no heal.
+                self.participation = Participation(rank=None, world_size=0, vote_size=0)
+                return
             self.participation = compute_participation(
                 result,
                 use_async_quorum=self._use_async_quorum,
@@ -181,7 +193,6 @@ class QuorumThread:
             )
             self.healing = request.allow_heal and result.heal
             self._announce(result)
-            self._announce_speed(result)
             self._collectives.usable = True
             if result.quorum_id != self._quorum_id and not self._reconfigure(result):
                 self._collectives.usable = False
@@ -232,6 +243,27 @@ class QuorumThread:
             straggler=speed.straggler,
             relative_speed=round(speed.relative_speed, 4),
             since_step=speed.straggler_since_step,
+        )
+
+    def _announce_exclusion(self, result: QuorumResult) -> None:
+        """Sets ``excluded`` from the lighthouse's answer; an event when it changes."""
+        speed = result.speed
+        excluded = speed is not None and speed.excluded
+        if excluded == self.excluded:
+            return
+        self.excluded = excluded
+        relative = round(speed.relative_speed, 4) if speed is not None else 0.0
+        self._log(
+            logging.WARNING if excluded else logging.INFO,
+            f"the lighthouse's straggler policy left this replica group out of the quorum (it "
+            f"computes at {relative:.2f}x the others' speed): its steps run alone and are not "
+            "committed until it is taken back"
+            if excluded
+            else "the lighthouse took this replica group back into the quorum; it heals from "
+            "the others if it is behind",
+        )
+        self._events.emit(
+            EventKind.EXCLUDED if excluded else EventKind.READMITTED, relative_speed=relative
         )
 
     def _reconfigure(self, result: QuorumResult) -> bool:

@@ -56,6 +56,9 @@ class ManagerStats:
     a torchft 0.2.0 lighthouse)."""
     straggler: bool = False
     """Whether the lighthouse reported this group as a straggler at the last quorum."""
+    excluded: bool = False
+    """Whether the lighthouse's straggler policy left this group out of the last quorum
+    (it trains alone and commits nothing until taken back)."""
 
 
 @dataclass

@@ -56,16 +56,18 @@ class GroupProgress(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ...) -> None: ...
 
 class GroupSpeed(_message.Message):
-    __slots__ = ("replica_id", "relative_speed", "straggler", "straggler_since_step")
+    __slots__ = ("replica_id", "relative_speed", "straggler", "straggler_since_step", "excluded")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     RELATIVE_SPEED_FIELD_NUMBER: _ClassVar[int]
     STRAGGLER_FIELD_NUMBER: _ClassVar[int]
     STRAGGLER_SINCE_STEP_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     relative_speed: float
     straggler: bool
     straggler_since_step: int
-    def __init__(self, replica_id: _Optional[str] = ..., relative_speed: _Optional[float] = ..., straggler: _Optional[bool] = ..., straggler_since_step: _Optional[int] = ...) -> None: ...
+    excluded: bool
+    def __init__(self, replica_id: _Optional[str] = ..., relative_speed: _Optional[float] = ..., straggler: _Optional[bool] = ..., straggler_since_step: _Optional[int] = ..., excluded: _Optional[bool] = ...) -> None: ...
 
 class LighthouseQuorumRequest(_message.Message):
     __slots__ = ("requester", "progress")

@@ -31,6 +31,7 @@ scalar                     source
 ``ft/bytes_synced``        ``allreduce_bytes``: tensor bytes handed to the cross-group allreduce
 ``ft/relative_speed``      ``relative_speed``: compute speed vs the other groups' (lighthouse)
 ``ft/straggler``           ``straggler``: 1 while the lighthouse reports this group as one
+``ft/excluded``            ``excluded``: 1 while the straggler policy leaves it out of the quorum
 ``ft/syncs_committed``     semi-sync only: ``strategy.stats.syncs_committed``
 ``ft/syncs_failed``        semi-sync only: ``strategy.stats.syncs_failed``, cumulative
 =========================  ======================================================================
@@ -103,6 +104,7 @@ class FTMetrics:
             "ft/bytes_synced": float(stats.allreduce_bytes),
             "ft/relative_speed": stats.relative_speed,
             "ft/straggler": float(stats.straggler),
+            "ft/excluded": float(stats.excluded),
         }
         strategy_stats = getattr(self._strategy, "stats", None)
         if strategy_stats is not None:
