@@ -8,12 +8,25 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.titan._jobs import CONFIGS, ROOT, STEP_LINE, group_events, remaining, run_ft_groups
-from torchtitan_ft.events import EventKind
+from tests.titan._jobs import (
+    CONFIGS,
+    ROOT,
+    STEP_LINE,
+    TrainRun,
+    finish_all,
+    ft_env,
+    group_events,
+    lighthouse,
+    logged_scalars,
+    remaining,
+    run_ft_groups,
+)
+from torchtitan_ft.events import EventKind, HealOutcome
 
 COMPAT = ROOT / "compat"
 TRAINER = "torchtitan.experiments.ft.train"
@@ -90,3 +103,74 @@ def test_with_the_compat_package_two_groups_train_on_torchtitan_ft(tmp_path: Pat
         assert any(e["participants"] == 2 for e in commits), commits
         trained = sorted({int(m.group(2)) for m in STEP_LINE.finditer(output)})
         assert trained and trained[-1] == steps, output[-3000:]
+
+
+TWO_RANKS = (
+    "--fault_tolerance.enable",
+    "--fault_tolerance.group_size=2",
+    "--fault_tolerance.process_group=gloo",
+    "--training.mixed_precision_param=float32",
+    "--parallelism.data_parallel_shard_degree=2",
+    "--metrics.enable_tensorboard",
+)
+"""2 replica groups of 2 FSDP ranks (TorchTitan reduces the loss across groups only then)."""
+
+
+def _two_rank_group(tmp_path: Path, replica: int, steps: int, lighthouse: str) -> TrainRun:
+    path = os.pathsep.join([str(COMPAT), _pythonpath_without_compat()])
+    env = ft_env(
+        CONFIGS / "debug_cpu.toml",
+        lighthouse,
+        TRAIN_FILE=TRAINER,
+        PYTHONPATH=path,
+        TORCHFT_QUORUM_TIMEOUT_SEC="180",  # the survivor waits for the restart (min 2 groups)
+    )
+    return TrainRun(
+        f"replica group {replica}",
+        steps,
+        tmp_path / f"replica{replica}" / "outputs",
+        f"--fault_tolerance.replica_id={replica}",
+        *TWO_RANKS,
+        ngpu=2,
+        env=env,
+    )
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_killed_two_rank_group_heals_with_torchtitans_trainer(tmp_path: Path) -> None:
+    """The DTensor heal between 2-rank groups whose worlds TorchTitan's trainer names by their
+    global ranks (torchtitan_ft/checkpoint/_dtensor.py): at start-up and after a SIGKILL. The
+    lighthouse wants both groups, so the survivor waits for the restarted group (which takes
+    longer to start than the survivor takes to finish alone) and the restart must heal."""
+    steps = 10
+    tag = "loss_metrics/global_avg_loss"
+    with lighthouse(min_replicas=2, heartbeat_timeout_ms=2000) as address:
+        survivor, victim = (_two_rank_group(tmp_path, r, steps, address) for r in range(2))
+        deadline = time.monotonic() + remaining(240)
+        while not any(e.data["participants"] == 2 for e in victim.events(EventKind.COMMIT)):
+            assert time.monotonic() < deadline, "the 2 groups never committed a step together"
+            assert victim.returncode is None and survivor.returncode is None
+            time.sleep(0.2)
+        victim.sigkill()
+        restarted = _two_rank_group(tmp_path, 1, steps, address)
+        finish_all([survivor, restarted])
+    for rank in range(2):
+        # At step 0 one of the groups loads the other's state (init_sync); the restarted one
+        # heals to the survivor's step.
+        at_start = [
+            e
+            for run in (victim, survivor)
+            for e in run.events(EventKind.HEAL_END, rank)
+            if e.step == 0
+        ]
+        for heals in (at_start, restarted.events(EventKind.HEAL_END, rank)):
+            assert heals and all(e.data["outcome"] == HealOutcome.APPLIED for e in heals), heals
+    # The restarted group trained beside the survivor to the last step. (TorchTitan's trainer
+    # counts its own steps: a discarded step is counted and logged too, so its step and the
+    # Manager's committed count part after the kill.)
+    assert any(e.data["participants"] == 2 for e in restarted.events(EventKind.COMMIT))
+    assert restarted.step_lines()[-1][0] == steps
+    logged = [step for step, _ in logged_scalars(tmp_path / "replica0" / "outputs", 0, tag)]
+    assert logged == list(range(1, steps + 1))
