@@ -25,6 +25,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from tests.process_group._workers import run_workers, store_client
 from torchtitan_ft.checkpoint import HTTPTransport, PGTransport
+from torchtitan_ft.checkpoint._dtensor import choose_group
 from torchtitan_ft.checkpoint._serialization import flatten, unflatten
 
 TIMEOUT = timedelta(seconds=20)
@@ -81,11 +82,42 @@ def test_dtensor_layout_round_trip(world_of_one: None) -> None:
     assert got["w"].device_mesh == mesh
 
 
-def test_dtensor_on_a_mesh_the_receiver_lacks_is_a_clear_error(world_of_one: None) -> None:
+@pytest.mark.parametrize(
+    ("row", "groups", "sent", "chosen"),
+    [
+        ([0, 1], [("a", [0, 1]), ("b", [0, 1])], "b", "b"),  # the sender's name, if it fits
+        ([0, 1], [("a", [0, 1]), ("b", [0, 1])], "x", "a"),  # else the first created
+        ([0, 1], [("a", [0]), ("b", [0, 1])], "a", "b"),  # a name with other ranks is not it
+        ([0, 1], [("a", [1, 0])], "a", None),  # group-rank order matters
+        ([2, 3], [("a", [0, 1]), ("b", [2])], "a", None),
+        ([5], [("a", [0, 5]), ("b", [5])], "", "b"),
+    ],
+)
+def test_choose_group_by_ranks(
+    row: list[int], groups: list[tuple[str, list[int]]], sent: str, chosen: str | None
+) -> None:
+    assert choose_group(row, groups, sent) == chosen
+
+
+def test_a_dtensor_is_rebuilt_on_the_group_with_its_ranks_whatever_its_name(
+    world_of_one: None,
+) -> None:
+    """TorchTitan's FT trainer names each replica group's world group by its global ranks, so
+    the sender's group name may not exist here; the group with the row's ranks is used."""
+    mesh = DeviceMesh("cpu", [0])
+    state = {"w": distribute_tensor(torch.ones(2), mesh, [Replicate()])}
+    tree, tensors = flatten(state)
+    tree["D"][0][1]["DT"][0]["groups"] = ["no-such-group"]
+    got = unflatten(tree, tensors)
+    assert got["w"]._spec == state["w"]._spec
+    assert got["w"].device_mesh.get_group(0) is dist.group.WORLD
+
+
+def test_dtensor_on_a_mesh_without_this_rank_is_a_clear_error(world_of_one: None) -> None:
     mesh = DeviceMesh("cpu", [0])
     tree, tensors = flatten({"w": distribute_tensor(torch.ones(2), mesh, [Replicate()])})
-    tree["D"][0][1]["DT"][0]["groups"] = ["no-such-group"]
-    with pytest.raises(RuntimeError, match="process group 'no-such-group' does not exist here"):
+    tree["D"][0][1]["DT"][0]["mesh"] = [1]
+    with pytest.raises(RuntimeError, match=r"mesh \[1\] .* without this process's rank 0"):
         unflatten(tree, tensors)
 
 
@@ -96,6 +128,7 @@ def test_dtensor_on_a_mesh_the_receiver_lacks_is_a_clear_error(world_of_one: Non
         ("mesh", [0, 0]),  # a rank twice
         ("shape", [-1]),
         ("groups", [3]),
+        ("groups", ["a", "b"]),  # one group per mesh dimension
         ("placements", [["shard", "x"]]),
         ("placements", [["exploding"]]),
     ],
@@ -144,12 +177,18 @@ _FULL = torch.arange(24.0).reshape(8, 3)
 def _replica_group_rank(rank: int, port: int) -> dict[str, Any]:  # runs in a forked process
     """Ranks 0-1: the donor replica group; ranks 2-3: the receiving one. Each group is its own
     2-rank torch.distributed world with a 1-D mesh; rank r of the receiver heals from rank r
-    of the donor, by HTTP and by a PGTransport over a 2-process group of the pair."""
+    of the donor, by HTTP and by a PGTransport over a 2-process group of the pair. Each world
+    is started with its global ranks, as TorchTitan's FT trainer does: the two worlds' groups
+    then have different names."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     group, local = divmod(rank, 2)
     store = store_client(port)
     dist.init_process_group(
-        "gloo", rank=local, world_size=2, store=dist.PrefixStore(f"group{group}", store)
+        "gloo",
+        rank=local,
+        world_size=2,
+        store=dist.PrefixStore(f"group{group}", store),
+        _ranks=[2 * group, 2 * group + 1],
     )
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp_shard",))
     pair = dist.ProcessGroupGloo(dist.PrefixStore(f"pair{local}", store), group, 2, TIMEOUT)

@@ -11,8 +11,9 @@ What the test adds, and why (the same list is in the doc):
   ``TORCHFT_EVENTS_DIR`` (the events the checks read), ``--job.dump_folder`` and
   ``--training.steps N``;
 * NGPU: ``NGPU=1`` and ``--parallelism.data_parallel_shard_degree=1`` after the doc's flags
-  (2 shared CPU cores; and TorchTitan's own FT trainer cannot heal a multi-rank FSDP group
-  here: docs/titan.md); ``CUDA_VISIBLE_DEVICES`` is kept (without CUDA it changes nothing);
+  (the doc's 4 ranks per group on 2 shared CPU cores; 2-rank groups of TorchTitan's trainer,
+  killed and healed, are the ``--full`` test in test_torchtitan_ft_trainer.py);
+  ``CUDA_VISIBLE_DEVICES`` is kept (without CUDA it changes nothing);
 * Example 1 only: :data:`CPU_8B`, which scales TorchTitan's ``llama3_8B`` to what a CPU
   trains (the debugmodel, the local corpus and tokenizer, fp32, gloo, no compile, no
   checkpoint).

@@ -1,15 +1,19 @@
 """DTensors in a checkpoint header: the local shard travels as an ordinary tensor, and the
 layout (device mesh, placements, global shape and stride) as JSON.
 
-The receiver rebuilds each DTensor on its own process groups, found by the names the sender's
-mesh used (``DeviceMesh``'s dimension group names). That is what unpickling a DTensor does in
-torchft, without pickle: the receiver's mesh must have been built the same way as the sender's
-(same mesh shape, dimension names and process groups), as the ranks of replica groups that run
-the same program do. The received DTensor holds the received local shard, so it is valid on a
-receiver whose rank holds the same shard as the sender's (the same coordinate in the mesh).
+The receiver rebuilds each DTensor on its own process groups: for each mesh dimension, the
+group of this process whose ranks are exactly this process's row of the sender's mesh along that
+dimension (:func:`choose_group`). The sender's group names go along and are preferred, but names
+are not enough: torch names a group by a hash of its ranks and of how many groups existed
+before it, and TorchTitan's FT trainer starts each replica group's world with that group's
+global ranks (``init_process_group(_ranks=...)``), so group 0's world group and group 1's have
+different names although both are ranks [0, 1] of their own world. The received DTensor holds
+the received local shard, so it is valid on a receiver whose rank holds the same shard as the
+sender's (the same coordinate in the mesh), as the ranks of replica groups running the same
+program do.
 
-Relies on private parts of torch 2.13's ``DeviceMesh`` (``_dim_group_names``, ``_pg_registry``,
-``_init_backend``), as its own ``__setstate__`` does.
+Relies on private parts of torch 2.13 (``DeviceMesh``'s ``_dim_group_names``, ``_pg_registry``
+and ``_init_backend``, as its own ``__setstate__`` does; c10d's ``_world.pg_names``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _resolve_process_group
+from torch.distributed.distributed_c10d import _world
 from torch.distributed.tensor import DeviceMesh, DTensor, Partial, Placement, Replicate, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.placement_types import _StridedShard
@@ -85,6 +89,7 @@ def _check_layout(layout: dict[str, Any]) -> None:
         and (names is None or (isinstance(names, list) and all(isinstance(n, str) for n in names)))
         and isinstance(layout.get("groups"), list)
         and all(isinstance(g, str) for g in layout["groups"])
+        and len(layout["groups"]) == _ndim(layout["mesh"])
         and isinstance(layout.get("placements"), list)
         and ints(layout.get("shape"))
         and ints(layout.get("stride"))
@@ -93,6 +98,34 @@ def _check_layout(layout: dict[str, Any]) -> None:
     if not ok:
         text = repr(layout)
         raise ValueError(f"malformed DTensor layout {text[:200]}")
+
+
+def _ndim(mesh: Any) -> int:
+    return 1 + _ndim(mesh[0]) if isinstance(mesh, list) and mesh else int(isinstance(mesh, list))
+
+
+def choose_group(row: list[int], groups: list[tuple[str, list[int]]], sent: str) -> str | None:
+    """The name of the group to use for a mesh dimension whose row (this process's ranks along
+    it, in mesh order) is ``row``: among ``groups`` (``(name, ranks in group-rank order)`` of
+    this process's groups, in creation order), the one named ``sent`` (the sender's) if its
+    ranks are ``row``, else the first created with ranks ``row``; ``None`` if there is none.
+
+    Every rank of a row has the same groups, created in the same order (they run the same
+    program), so all pick the same group and its collectives match.
+    """
+    matching = [name for name, ranks in groups if ranks == row]
+    if sent in matching:
+        return sent
+    return matching[0] if matching else None
+
+
+def _local_groups() -> list[tuple[str, list[int]]]:
+    """This process's groups as :func:`choose_group` takes them (dicts keep creation order)."""
+    groups = []
+    for pg, name in _world.pg_names.items():
+        group_rank_of = _world.pg_group_ranks.get(pg, {})  # {global rank: group rank}
+        groups.append((name, sorted(group_rank_of, key=group_rank_of.__getitem__)))
+    return groups
 
 
 class MeshCache:
@@ -128,16 +161,30 @@ def _rebuild_mesh(layout: dict[str, Any]) -> DeviceMesh:
     except (AssertionError, RuntimeError, TypeError, ValueError) as e:  # torch's own checks
         mesh_text = repr(layout["mesh"])[:200]
         raise ValueError(f"DTensor layout has an invalid device mesh {mesh_text}: {e}") from e
-    groups = [str(g) for g in layout["groups"]]
-    for name in groups:
-        try:
-            mesh._pg_registry[name] = _resolve_process_group(name)
-        except (RuntimeError, ValueError) as e:
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise RuntimeError(
+            f"the checkpoint holds a DTensor on a device mesh {layout['mesh']} (dims {names}) "
+            f"without this process's rank {dist.get_rank()}: heal from the rank that holds "
+            "the same shard"
+        )
+    local = _local_groups()
+    by_name = {pg_name: pg for pg, pg_name in _world.pg_names.items()}
+    groups = []
+    for dim, sent in enumerate(layout["groups"]):
+        index: list[int | slice] = list(coordinate)
+        index[dim] = slice(None)
+        row = mesh.mesh[tuple(index)].tolist()
+        name = choose_group(row, local, sent)
+        if name is None:
             raise RuntimeError(
-                f"the checkpoint holds a DTensor on a device mesh {layout['mesh']} "
-                f"(dims {names}) whose process group {name!r} does not exist here: build the "
-                f"same device mesh as the sender's before receiving ({e})"
-            ) from e
+                f"the checkpoint holds a DTensor on a device mesh {layout['mesh']} (dims "
+                f"{names}) whose dimension {dim} needs a process group of ranks {row}, and "
+                "this process has none: build the same device mesh as the sender's before "
+                "receiving"
+            )
+        mesh._pg_registry[name] = by_name[name]
+        groups.append(name)
     mesh._dim_group_names = groups
     return mesh
 
