@@ -156,7 +156,8 @@ def doc_lighthouse() -> str:
     proc.wait()
 
 
-@pytest.mark.multiprocess
+@pytest.mark.slow  # the two examples: 2 to 4 min of TorchTitan runs; their names and
+@pytest.mark.multiprocess  # settings are checked in the default tier (below)
 @pytest.mark.timeout(420)
 def test_example_2_trains_streaming_diloco(tmp_path: Path, doc_lighthouse: str) -> None:
     # Semi-sync: a quorum forms, and the Manager commits, only at the initial sync and at
@@ -172,6 +173,7 @@ def test_example_2_trains_streaming_diloco(tmp_path: Path, doc_lighthouse: str) 
         assert run.step_lines()[-1][0] == steps
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(420)
 def test_example_1_keeps_committing_after_a_group_is_killed(
