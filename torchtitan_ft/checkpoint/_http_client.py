@@ -255,14 +255,21 @@ class Source:
         """Calls ``fetch`` until the donor offers the step (503 until then) or the deadline;
         then raises TimeoutError naming the donor's last answer."""
         pause = _RETRY_FIRST_S
+        last: NotOfferedYet | None = None
         while True:
             try:
                 return fetch()
             except NotOfferedYet as e:
+                last = e
                 if time.monotonic() + pause >= deadline:
                     raise TimeoutError(f"timed out waiting for the donor to offer it: {e}") from e
                 time.sleep(pause)
                 pause = min(2 * pause, _RETRY_MAX_S)
+            except TimeoutError as e:
+                if last is None:
+                    raise
+                # The deadline fell inside a retry: the donor's last answer is the reason.
+                raise TimeoutError(f"timed out waiting for the donor to offer it: {last}") from e
 
     @contextlib.contextmanager
     def _get(self, path: str, headers: str, expect: int, deadline: float) -> Iterator[Response]:
