@@ -56,6 +56,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_pair() -> int:
+    """A port ``p`` with ``p + 1`` free as well at this moment (the lighthouse's default status
+    port is the next one: a lone free port's neighbour was once another test's)."""
+    for _ in range(100):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            try:
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two consecutive free ports on 127.0.0.1 in 100 tries")
+
+
 def get(url: str, headers: dict[str, str] | None = None, method: str = "GET"):
     request = urllib.request.Request(url, headers=headers or {}, method=method)
     try:

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.lighthouse._helpers import free_port, get, wait_serving
+from tests.lighthouse._helpers import free_port, free_port_pair, get, wait_serving
 from torchtitan_ft.lighthouse import LighthouseClient
 from torchtitan_ft.lighthouse.cli import AUTH_TOKEN_ENV, resolve_auth_token
 
@@ -167,7 +167,7 @@ def test_console_script_serves_and_stops_on_sigterm() -> None:
 
 @pytest.mark.multiprocess
 def test_status_page_defaults_to_the_next_port_on_the_bind_host() -> None:
-    port = free_port()
+    port = free_port_pair()
     proc = subprocess.Popen(
         [sys.executable, "-m", "torchtitan_ft.lighthouse.cli", "--min_replicas", "1",
          "--bind", f"127.0.0.1:{port}"],
