@@ -189,6 +189,9 @@ class Host:
         self._port = port
         self.link_mbit: float | None = None
         """The bandwidth limit of this host's link in Mbit/s (each way); ``None``: unlimited."""
+        self._started: list[subprocess.Popen[Any]] = []
+        """What :meth:`popen` started: killed on close even if it had not yet entered the
+        namespace when the namespace's processes were listed."""
 
     def __repr__(self) -> str:
         return f"Host({self.name!r}, {self.address})"
@@ -202,7 +205,17 @@ class Host:
 
     def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
         """Starts ``argv`` inside this host; ``kwargs`` go to ``subprocess.Popen``."""
-        return subprocess.Popen(self.command(argv), **kwargs)
+        proc = subprocess.Popen(self.command(argv), **kwargs)
+        self._started.append(proc)
+        return proc
+
+    def kill_started(self) -> None:
+        """SIGKILLs what :meth:`popen` started that still runs (``ip netns exec`` becomes the
+        command in the same process, so this reaches it before and after it entered)."""
+        for proc in self._started:
+            if proc.poll() is None:
+                proc.kill()
+        self._started = []
 
     def run(self, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         """Runs ``argv`` inside this host to completion; ``kwargs`` go to ``subprocess.run``."""
@@ -351,6 +364,8 @@ class HostNetwork:
         """Kills every process left in the hosts and deletes everything :meth:`start` made.
         Idempotent. Raises ``NetworkSetupError`` naming what could not be removed."""
         failures = []
+        for host in self._hosts.values():
+            host.kill_started()
         for namespace in reversed(self._made):
             try:
                 _delete_namespace(namespace)
