@@ -108,6 +108,11 @@ class MemoryTransport:
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: Any) -> Any:
         if self.fail_recv:
             raise RuntimeError("source went away mid-transfer")
+        # Waits for the donor's offer, as a real transport does: the donor's quorum thread may
+        # offer after the healer asks (a bare lookup raised KeyError once under load).
+        deadline = time.monotonic() + 10
+        while (metadata, step) not in self._offers and time.monotonic() < deadline:
+            time.sleep(0.01)
         return copy.deepcopy(self._offers[(metadata, step)])
 
     def disallow_checkpoint(self) -> None:
@@ -875,17 +880,6 @@ def test_manager_port_in_use_is_one_clear_line(
     assert "\n" not in message and excinfo.value.__suppress_context__
 
 
-class WaitingTransport(MemoryTransport):
-    """Waits for the donor's offer, as a real transport does: the donor's quorum thread may
-    offer after the healer's asks."""
-
-    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: Any) -> Any:
-        deadline = time.monotonic() + 10
-        while (metadata, step) not in self._offers and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return super().recv_checkpoint(src_rank, metadata, step, timeout)
-
-
 def test_excluded_group_runs_alone_commits_nothing_and_heals_when_taken_back(
     tmp_path: Path,
 ) -> None:
@@ -908,7 +902,7 @@ def test_excluded_group_runs_alone_commits_nothing_and_heals_when_taken_back(
         "b",
         user=b_user,
         pg=b_pg,
-        transport=WaitingTransport(),
+        transport=MemoryTransport(),
         init_sync=False,
         events_dir=tmp_path,
     )
