@@ -201,18 +201,18 @@ class _HeldAllReduce:
     def __init__(self, units: int) -> None:
         self.units = units
         self.order: list[str] = []
-        self._started = threading.Semaphore(0)
+        self._all_started = threading.Event()
 
     def start(self, shard: torch.Tensor) -> torch.futures.Future:
         future: torch.futures.Future = torch.futures.Future()
         self.order.append("start")
-        self._started.release()
+        if self.order.count("start") >= self.units:
+            self._all_started.set()
         threading.Thread(target=self._finish, args=(shard, future), daemon=True).start()
         return future
 
     def _finish(self, shard: torch.Tensor, future: torch.futures.Future) -> None:
-        if len(self.order) < self.units:
-            self._started.acquire(timeout=10.0)
+        self._all_started.wait(timeout=10.0)
         shard.mul_(0.5)
         self.order.append("done")
         future.set_result(shard)
