@@ -20,6 +20,24 @@ event files, ``log_freq`` 1); for FT the slower of the two groups at that step. 
 the CPU (model, torch capability, bf16 support) and the dtype this machine would choose.
 
     python -m benchmarks.titan_step [--steps 14] [--warmup 4] [--rounds 1] [--dtypes float32]
+
+With ``--link-mbit`` (e.g. ``--link-mbit unlimited,1000,100``) the replicate dimension crosses
+a link of that rate instead (needs root, ``ip`` and ``tc``: hosts made of network namespaces,
+``torchtitan_ft.testing.netns``; ``tc tbf`` on both hosts' links, as ``benchmarks.wan``):
+
+- ``native``: TorchTitan HSDP 2x2 as one torchrun job of 2 nodes, node 0 (ranks 0, 1) on host
+  A and node 1 (ranks 2, 3) on host B; each FSDP pair is on one host, each replicate pair
+  crosses the link;
+- ``ft``: replica group 0 (2 FSDP ranks) on host A, group 1 on host B, the lighthouse on a
+  third host L;
+- ``compute``: one group of 2 FSDP ranks alone on host A (no replicate dimension): the step
+  without any cross-host traffic, once per round.
+
+Per link the JSON ``links`` has ``link_mbit``, ``measured_mbit`` (TCP from A to B, probed with
+``benchmarks._link_probe``), the median ``native_step_s`` / ``ft_step_s`` and their ``ratio``,
+``compute_s``, each job's exposed communication (step - compute), and ``ideal_allreduce_s``:
+the gradient's bytes (fp32, every parameter: both ranks of a host send their shard over the
+same link) x 2(N-1)/N, N = 2 hosts, / the measured rate. ``--dtypes`` is float32 only there.
 """
 
 from __future__ import annotations
@@ -38,13 +56,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import machine
+from torchtitan_ft.testing.netns import INTERFACE, Host, HostNetwork, limit_unavailable_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP_TAG = "time_metrics/end_to_end(s)"
 TARGET = 1.05
 
 
-def _launch(dump: Path, ngpu: int, steps: int, config: str, *args: str, env: dict) -> Any:
+def _launch(
+    dump: Path, ngpu: int, steps: int, config: str, *args: str, env: dict, host: Host | None = None
+) -> Any:
+    """``run_train.sh`` (inside ``host`` when given, else here)."""
     full_env = {
         **os.environ,
         "NGPU": str(ngpu),
@@ -55,6 +77,7 @@ def _launch(dump: Path, ngpu: int, steps: int, config: str, *args: str, env: dic
         **env,
     }
     command = [
+        *(host.command([]) if host is not None else []),
         str(ROOT / "run_train.sh"),
         "--training.steps",
         str(steps),
@@ -140,6 +163,196 @@ def run_ft(work: Path, steps: int, timeout: float, *args: str) -> dict[int, floa
     return {s: max(g[s] for g in per_group) for s in per_group[0] if all(s in g for g in per_group)}
 
 
+RDZV_PORT = 29400
+LIGHTHOUSE_PORT = 29510
+
+
+def _tb_dir(dump: Path, pattern: str = "*") -> Path:
+    (run_dir,) = [d for d in (dump / "tb").glob(pattern) if d.is_dir()]
+    return run_dir
+
+
+def _finish_all(procs: list[Any], timeout: float) -> None:
+    try:
+        for proc in procs:
+            _finish(proc, timeout)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def run_compute_on(net: HostNetwork, work: Path, steps: int, timeout: float) -> dict[int, float]:
+    """One group of 2 FSDP ranks alone on host A: the step with no cross-host traffic."""
+    dump = work / "compute"
+    _finish_all([_launch(dump, 2, steps, "debug_cpu.toml", env={}, host=net["A"])], timeout)
+    return _step_times(_tb_dir(dump))
+
+
+def run_native_across(net: HostNetwork, work: Path, steps: int, timeout: float) -> dict[int, float]:
+    """Native HSDP 2x2, one torchrun node per host (A, B): {step: seconds of rank 0}."""
+    hsdp = (
+        "--parallelism.data_parallel_replicate_degree=2",
+        "--parallelism.data_parallel_shard_degree=2",
+    )
+    rdzv = f"{net['A'].address}:{RDZV_PORT}"
+    procs = []
+    for name in ("A", "B"):
+        host = net[name]
+        env = {"NNODES": "2", "RDZV_ENDPOINT": rdzv, "LOCAL_ADDR": host.address}
+        env["GLOO_SOCKET_IFNAME"] = INTERFACE  # TorchTitan's own groups span the hosts
+        dump = work / f"native_{name}"
+        procs.append(_launch(dump, 2, steps, "debug_cpu.toml", *hsdp, env=env, host=host))
+    _finish_all(procs, timeout)
+    return _step_times(_tb_dir(work / "native_A"))
+
+
+def run_ft_across(
+    net: HostNetwork, lighthouse: str, work: Path, steps: int, timeout: float
+) -> dict[int, float]:
+    """FT 2 groups x 2 ranks, group 0 on host A, group 1 on host B: {step: slower group}."""
+    procs = []
+    for r, name in enumerate(("A", "B")):
+        host = net[name]
+        args = (f"--fault_tolerance.replica_id={r}", f"--fault_tolerance.hostname={host.address}")
+        env = {"TORCHFT_LIGHTHOUSE": lighthouse}
+        procs.append(
+            _launch(work / f"ft{r}", 2, steps, "debug_ft_cpu.toml", *args, env=env, host=host)
+        )
+    _finish_all(procs, timeout)
+    per_group = [_step_times(_tb_dir(work / f"ft{r}", f"*/replica_{r}")) for r in range(2)]
+    return {s: max(g[s] for g in per_group) for s in per_group[0] if all(s in g for g in per_group)}
+
+
+def gradient_bytes() -> int:
+    """Bytes of the debug model's gradient in fp32 (every parameter; what crosses the link)."""
+    from torchtitan_ft.titan import cpu_compat
+
+    cpu_compat.install()  # before TorchTitan is imported
+    from torchtitan.config import ConfigManager
+
+    from torchtitan_ft.titan.replica_axis import meta_model
+
+    config = ConfigManager().parse_args(
+        ["--job.config_file", str(ROOT / "configs" / "debug_cpu.toml")]
+    )
+    return sum(p.numel() for p in meta_model(config).parameters()) * 4
+
+
+def ideal_allreduce_s(nbytes: int, hosts: int, mbit: float) -> float:
+    """Seconds a ring all-reduce of ``nbytes`` across ``hosts`` needs on a link of ``mbit``:
+    each host sends (and receives) ``nbytes x 2(N-1)/N``."""
+    return nbytes * 2 * (hosts - 1) / hosts * 8 / (mbit * 1e6)
+
+
+def _parse_links(text: str) -> list[float | None]:
+    from benchmarks.wan import _parse_link
+
+    return [_parse_link(part) for part in text.split(",")]
+
+
+def links_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """``--link-mbit``: native HSDP 2x2 and FT 2x2 with the replicate dimension across a link
+    of each rate (module docstring); prints and returns the JSON."""
+    from benchmarks.wan import probe
+
+    reason = limit_unavailable_reason()
+    if reason is not None:
+        parser.exit(2, f"{parser.prog}: cannot make hosts here: {reason}\n")
+    if args.dtypes != ["float32"]:
+        parser.error("--link-mbit measures float32 only; leave --dtypes out")
+    started, load_at_start = time.perf_counter(), os.getloadavg()[0]
+    nbytes = gradient_bytes()
+    jobs = ("native", "ft")
+    steps: dict[tuple[float | None, str], list[float]] = {}
+    compute: list[float] = []
+    measured: dict[float | None, float] = {}
+    work = Path(tempfile.mkdtemp(prefix="titan_link_"))
+    try:
+        with HostNetwork(["L", "A", "B"]) as net:
+            lighthouse = _start_lighthouse(net["L"], work / "lighthouse.log")
+            for i in range(args.rounds):
+                for host in (net["A"], net["B"]):
+                    host.limit(None)
+                times = run_compute_on(net, work / f"round{i}", args.steps, args.timeout)
+                compute += _after_warmup(times, args.warmup)
+                for link in args.link_mbit:
+                    for host in (net["A"], net["B"]):
+                        host.limit(link)
+                    if link not in measured:
+                        measured[link] = probe(net["A"], net["B"], link)
+                    order = jobs if i % 2 == 0 else jobs[::-1]
+                    for job in order:
+                        folder = work / f"round{i}" / f"{link or 'unlimited'}" / job
+                        if job == "native":
+                            times = run_native_across(net, folder, args.steps, args.timeout)
+                        else:
+                            times = run_ft_across(net, lighthouse, folder, args.steps, args.timeout)
+                        steps.setdefault((link, job), []).extend(_after_warmup(times, args.warmup))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    compute_s = _median(compute)
+    links = []
+    for link in args.link_mbit:
+        native, ft = _median(steps[(link, "native")]), _median(steps[(link, "ft")])
+        links.append(
+            {
+                "link_mbit": link,
+                "measured_mbit": round(measured[link], 1),
+                "native_step_s": native,
+                "ft_step_s": ft,
+                "ratio": round(ft / native, 4),
+                "compute_s": compute_s,
+                "native_exposed_comm_s": round(native - compute_s, 4),
+                "ft_exposed_comm_s": round(ft - compute_s, 4),
+                "ideal_allreduce_s": round(ideal_allreduce_s(nbytes, 2, measured[link]), 4),
+                "native_step_all_s": [round(t, 4) for t in steps[(link, "native")]],
+                "ft_step_all_s": [round(t, 4) for t in steps[(link, "ft")]],
+            }
+        )
+    command = ["python", "-m", "benchmarks.titan_step"]
+    command += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+    command += ["--rounds", str(args.rounds)]
+    command += ["--link-mbit", ",".join(str(link or "unlimited") for link in args.link_mbit)]
+    report = {
+        "command": " ".join(command),
+        "machine": machine(),
+        "load_avg_1m_at_start": load_at_start,
+        "what": "llama3 debugmodel, batch 2 x seq 256 per rank, gloo, CPU, float32",
+        "hosts": "network namespaces on one bridge (torchtitan_ft.testing.netns); tc tbf on "
+        "the links of hosts A and B; lighthouse on host L",
+        "native": "TorchTitan HSDP 2x2: torchrun, 2 nodes (A, B) x 2 ranks",
+        "ft": "2 replica groups x 2 FSDP ranks, group 0 on A, group 1 on B, per-step FT",
+        "compute": "1 group of 2 FSDP ranks alone on A (no replicate dimension)",
+        "gradient_bytes": nbytes,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+        "links": links,
+        "ft_over_native_target": TARGET,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    print(json.dumps(report, indent=2))
+    return report
+
+
+def _start_lighthouse(host: Host, log: Path) -> str:
+    """A lighthouse for 2 groups on ``host`` (stopped with the network); its URL."""
+    with log.open("w") as out:
+        host.popen(
+            [
+                *(sys.executable, "-m", "torchtitan_ft.lighthouse.cli"),
+                *("--bind", f"{host.address}:{LIGHTHOUSE_PORT}"),
+                *("--min_replicas", "2", "--status_bind", "off"),
+            ],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return f"http://{host.address}:{LIGHTHOUSE_PORT}"
+
+
 def _cpu_seconds() -> float:
     """User + system CPU seconds of this process and its waited-for descendants so far."""
     total = 0.0
@@ -169,9 +382,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=["bfloat16", "float32"])
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument(
+        "--link-mbit",
+        type=_parse_links,
+        default=None,
+        help="comma-separated link rates in Mbit/s or 'unlimited': put the replicate "
+        "dimension across a link of each rate (hosts made of network namespaces; root)",
+    )
     args = parser.parse_args(argv)
     if args.warmup >= args.steps:
         raise SystemExit(f"--warmup ({args.warmup}) must be < --steps ({args.steps})")
+    if args.link_mbit is not None:
+        return links_main(args, parser)
 
     work = Path(tempfile.mkdtemp(prefix="titan_step_"))
     kinds = [(dtype, job) for dtype in args.dtypes for job in JOBS]

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from torchtitan_ft.testing.netns import limit_unavailable_reason
+
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.multiprocess
@@ -103,3 +105,22 @@ def test_flood_prints_guarded_and_unguarded_cases() -> None:
     assert {"command", "machine", "setup", "bound_ms", "summary", "guard_costs"} <= out.keys()
     assert {"guarded_quiet", "guarded_flood", "unguarded_quiet"} <= out["summary"].keys()
     assert out["guard_costs"]["look_ms_median"] > 0
+
+
+@pytest.mark.slow  # three TorchTitan jobs on network-namespace hosts: 7.5 min at load 36
+@pytest.mark.multihost
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(
+    limit_unavailable_reason() is not None, reason=f"no limited links: {limit_unavailable_reason()}"
+)
+def test_titan_step_across_a_link_prints_both_jobs() -> None:
+    out = _benchmark(
+        "benchmarks.titan_step",
+        *("--link-mbit", "1000", "--steps", "3", "--warmup", "1"),
+        timeout=860,
+    )
+    assert {"command", "machine", "gradient_bytes", "links"} <= out.keys()
+    (link,) = out["links"]
+    assert link["link_mbit"] == 1000 and link["measured_mbit"] > 0
+    assert link["native_step_s"] > 0 and link["ft_step_s"] > 0 and link["ratio"] > 0
+    assert link["ideal_allreduce_s"] > 0 and link["compute_s"] > 0

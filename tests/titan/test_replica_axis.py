@@ -2,6 +2,7 @@
 one interface for every replica axis."""
 
 import dataclasses
+import threading
 
 import pytest
 import torch
@@ -11,12 +12,15 @@ from torchtitan_ft.titan.replica_axis import (
     ManagedReplicaAxis,
     ManagerRuntime,
     NoReplicaAxis,
+    OverlappedGradientSync,
     ReplicaAxis,
     ReplicaSlice,
+    UnitReduction,
     build_replica_axis,
     has_fsdp,
     install_replica_allreduce_hook,
     model_config_fingerprint,
+    overlap_blocker,
     replica_dataloader_shard,
     shard_on_single_rank,
 )
@@ -145,6 +149,100 @@ def test_hook_reaches_single_rank_fsdp_gradients_in_place() -> None:
     for got, want in zip(_grads(model), expected, strict=True):
         torch.testing.assert_close(got, want * 0.5)
     assert seen  # called on the flat gradient of the FSDP unit
+
+
+_FP32 = torch.float32
+_OVERLAP_CASES = [
+    # (what FSDP does after the hook, blocked?)
+    (UnitReduction("cpu", 1.0, True, _FP32, _FP32), None),  # TorchTitan on gloo
+    (UnitReduction("cpu", None, False, _FP32, _FP32), None),  # AVG in the collective
+    (UnitReduction("cpu", 1.0, False, torch.float16, torch.float16), None),
+    (UnitReduction("cpu", None, True, _FP32, _FP32), "divides"),
+    (UnitReduction("cpu", 2.0, True, _FP32, _FP32), "divides"),
+    (UnitReduction("cpu", None, False, torch.float16, torch.float16), "divides"),
+    (UnitReduction("cpu", 1.0, True, _FP32, torch.bfloat16), "casts"),
+    (UnitReduction("cpu", 1.0, True, _FP32, _FP32, offload=True), "copies"),
+    (UnitReduction("cpu", 1.0, True, _FP32, _FP32, accumulating=True), "accumulation"),
+    (UnitReduction("cpu", 1.0, True, _FP32, _FP32, grad_hooks=True), "post-accumulate"),
+    (UnitReduction("cuda:0", 1.0, False, _FP32, _FP32), "already asynchronous"),
+]
+
+
+@pytest.mark.parametrize(("unit", "blocked_because"), _OVERLAP_CASES)
+def test_overlap_only_where_fsdp_leaves_the_shard_alone(
+    unit: UnitReduction, blocked_because: str | None
+) -> None:
+    reason = overlap_blocker(unit)
+    if blocked_because is None:
+        assert reason is None
+    else:
+        assert reason is not None and blocked_because in reason
+
+
+def _two_units() -> torch.nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model()
+    mesh = init_device_mesh("cpu", (1,))
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    cpu_compat.force_sum_reduction([model])
+    for unit in (model[0], model):
+        unit.set_gradient_divide_factor(1.0)
+    return model
+
+
+class _HeldAllReduce:
+    """A cross-group all-reduce stand-in that halves each shard on its own thread, and only
+    once every FSDP unit's all-reduce has started (or after 10 s): a hook that waits for its
+    all-reduce stalls the next unit's, and the recorded order shows it."""
+
+    def __init__(self, units: int) -> None:
+        self.units = units
+        self.order: list[str] = []
+        self._all_started = threading.Event()
+
+    def start(self, shard: torch.Tensor) -> torch.futures.Future:
+        future: torch.futures.Future = torch.futures.Future()
+        self.order.append("start")
+        if self.order.count("start") >= self.units:
+            self._all_started.set()
+        threading.Thread(target=self._finish, args=(shard, future), daemon=True).start()
+        return future
+
+    def _finish(self, shard: torch.Tensor, future: torch.futures.Future) -> None:
+        self._all_started.wait(timeout=10.0)
+        shard.mul_(0.5)
+        self.order.append("done")
+        future.set_result(shard)
+
+
+@pytest.mark.usefixtures("single_rank_group")
+def test_unit_allreduces_overlap_the_backward_and_finish_before_it_returns() -> None:
+    expected = _grads(_model())
+    model = _two_units()
+    held = _HeldAllReduce(units=2)
+    sync = OverlappedGradientSync(held.start, "cpu")
+    assert sync.install([model]) == 2
+    grads = _grads(model)  # backward() returns after the final callback waited
+    assert held.order[:2] == ["start", "start"]  # the second began before the first ended
+    assert (sync.overlapped, sync.waited_in_hook) == (2, 0)
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want * 0.5)
+
+
+@pytest.mark.usefixtures("single_rank_group")
+def test_accumulated_gradients_wait_in_the_hook() -> None:
+    expected = _grads(_model())
+    model = _two_units()
+    sync = OverlappedGradientSync(_HeldAllReduce(units=1).start, "cpu")
+    sync.install([model])
+    _grads(model)
+    grads = _grads(model)  # no zero_grad: FSDP adds into the gradients of the first pass
+    assert (sync.overlapped, sync.waited_in_hook) == (2, 2)
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want)  # 0.5 + 0.5
 
 
 def test_enabled_axis_refuses_a_model_without_fsdp() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -16,6 +18,8 @@ import torch.distributed as dist
 
 from torchtitan_ft.semi_sync.config import QuorumMode
 from torchtitan_ft.titan.config_schema import manager_timeouts, quorum_mode, uses_semi_sync
+
+logger = logging.getLogger(__name__)
 
 GradientReduce = Callable[[torch.Tensor], None]
 """Averages a gradient shard across replica groups, in place."""
@@ -84,29 +88,165 @@ def replica_dataloader_shard(
     return dp_degree * group_size, replica_id * dp_degree + dp_rank
 
 
-def install_replica_allreduce_hook(
-    model_parts: Iterable[torch.nn.Module], reduce: GradientReduce
-) -> int:
-    """Average every FSDP unit's gradient shard across replica groups with ``reduce``.
-
-    Returns the number of FSDP modules hooked. Raises ``RuntimeError`` when there is none:
-    with one rank per replica group TorchTitan applies no FSDP, so the model must be wrapped
-    on a 1-rank mesh first (:func:`shard_on_single_rank`), or nothing would be synchronised.
-    """
+def _fsdp_modules(model_parts: Iterable[torch.nn.Module]) -> list[Any]:
+    """Every FSDP module of ``model_parts``. Raises ``RuntimeError`` when there is none: with
+    one rank per replica group TorchTitan applies no FSDP, so the model must be wrapped on a
+    1-rank mesh first (:func:`shard_on_single_rank`), or nothing would be synchronised."""
     from torch.distributed.fsdp import FSDPModule
 
-    hooked = 0
-    for part in model_parts:
-        for module in part.modules():
-            if isinstance(module, FSDPModule):
-                module.set_all_reduce_hook(reduce)
-                hooked += 1
-    if hooked == 0:
+    modules = [m for part in model_parts for m in part.modules() if isinstance(m, FSDPModule)]
+    if not modules:
         raise RuntimeError(
             "fault tolerance found no FSDP module to hook the cross-replica all-reduce "
             "into; the model must be FSDP-wrapped (a 1-rank mesh is enough)"
         )
-    return hooked
+    return modules
+
+
+def install_replica_allreduce_hook(
+    model_parts: Iterable[torch.nn.Module], reduce: GradientReduce
+) -> int:
+    """Average every FSDP unit's gradient shard across replica groups with ``reduce``, which
+    returns once the shard is averaged. Returns the number of FSDP modules hooked; raises
+    ``RuntimeError`` when there is none (see :func:`_fsdp_modules`)."""
+    modules = _fsdp_modules(model_parts)
+    for module in modules:
+        module.set_all_reduce_hook(reduce)
+    return len(modules)
+
+
+@dataclass(frozen=True)
+class UnitReduction:
+    """What FSDP does with an FSDP unit's reduced gradient shard after the all-reduce hook
+    returns (torch 2.13 ``foreach_reduce``), as far as it decides whether the hook may return
+    before the cross-group all-reduce has finished.
+
+    Args:
+        device_type: "cpu" (gloo) or an accelerator.
+        divide_factor: the unit's ``gradient_divide_factor`` (TorchTitan sets 1.0: it divides
+            the loss by the global token count instead).
+        force_sum: the unit's ``force_sum_reduction_for_comms`` (set on gloo).
+        reduce_dtype: dtype of the reduced shard.
+        orig_dtype: dtype of the sharded parameters (their gradients).
+        accumulating: a parameter of the unit already holds a gradient (gradient
+            accumulation: FSDP adds the shard into it at once).
+        offload: a parameter of the unit is offloaded to the CPU (FSDP copies the shard).
+        grad_hooks: a parameter of the unit has a post-accumulate-grad hook (it reads the
+            gradient at once, e.g. an optimizer in the backward).
+    """
+
+    device_type: str
+    divide_factor: float | None
+    force_sum: bool
+    reduce_dtype: torch.dtype
+    orig_dtype: torch.dtype
+    accumulating: bool = False
+    offload: bool = False
+    grad_hooks: bool = False
+
+
+def overlap_blocker(unit: UnitReduction) -> str | None:
+    """Why the cross-group all-reduce of ``unit``'s gradient shard must finish inside FSDP's
+    hook, or None when it may go on while the backward continues.
+
+    It may go on only while nothing reads or writes the shard before the optimizer: FSDP turns
+    the shard into the parameters' gradients by views, and after the hook it may divide the
+    shard (a post-division other than 1), cast it (reduce dtype other than the parameters'),
+    copy it (CPU offload), add it to gradients already there (gradient accumulation) or run
+    the parameters' post-accumulate-grad hooks on it. On an accelerator the wait is a stream
+    wait already, so nothing is gained there.
+    """
+    if unit.device_type != "cpu":
+        return f"device {unit.device_type!r}: the all-reduce is already asynchronous there"
+    overflow_risk = unit.reduce_dtype not in (torch.float32, torch.bfloat16)
+    if (overflow_risk or unit.force_sum) and unit.divide_factor != 1.0:
+        return (
+            f"FSDP divides the shard after the hook (gradient_divide_factor={unit.divide_factor})"
+        )
+    if unit.reduce_dtype != unit.orig_dtype:
+        return f"FSDP casts the shard after the hook ({unit.reduce_dtype} to {unit.orig_dtype})"
+    if unit.offload:
+        return "FSDP copies the shard to the CPU after the hook (CPU offload)"
+    if unit.accumulating:
+        return "FSDP adds the shard to the gradients already there (gradient accumulation)"
+    if unit.grad_hooks:
+        return "a post-accumulate-grad hook reads the gradient right after the hook"
+    return None
+
+
+def unit_reduction(module: Any, device_type: str) -> UnitReduction:
+    """The :class:`UnitReduction` of FSDP module ``module`` now (read from its FSDP state)."""
+    (group,) = module._get_fsdp_state()._fsdp_param_groups
+    params = [p.sharded_param for p in group.fsdp_params]
+    return UnitReduction(
+        device_type=device_type,
+        divide_factor=group.gradient_divide_factor,
+        force_sum=group.force_sum_reduction_for_comms,
+        reduce_dtype=group._reduce_dtype or group._orig_dtype,  # None: no mixed precision
+        orig_dtype=group._orig_dtype,
+        accumulating=any(p.grad is not None for p in params),
+        offload=any(p.offload_to_cpu for p in group.fsdp_params),
+        grad_hooks=any(getattr(p, "_post_accumulate_grad_hooks", None) for p in params),
+    )
+
+
+class OverlappedGradientSync:
+    """Starts each FSDP unit's cross-group all-reduce as soon as FSDP hands its reduced
+    gradient shard to the hook, lets the backward pass go on while it is on the wire, and
+    waits for all of them when the backward pass ends (an autograd final callback, which runs
+    after FSDP's own), before TorchTitan clips the gradients and steps the optimizer.
+
+    A unit whose shard FSDP still touches after the hook (:func:`overlap_blocker`) is waited
+    for inside its hook, as without overlap; the first such reason is logged once.
+
+    Args:
+        start: starts the all-reduce of a shard in place and returns its future (never
+            failing: ``Manager.allreduce``, whose errors are recorded and discard the step).
+        device_type: where the shards live ("cpu" for gloo).
+    """
+
+    def __init__(
+        self, start: Callable[[torch.Tensor], torch.futures.Future], device_type: str
+    ) -> None:
+        self._start = start
+        self._device_type = device_type
+        self._pending: list[torch.futures.Future] = []
+        self.overlapped = 0
+        """All-reduces that went on while the backward continued (since construction)."""
+        self.waited_in_hook = 0
+        """All-reduces waited for inside their hook (since construction)."""
+        self._logged = False
+
+    def install(self, model_parts: Iterable[torch.nn.Module]) -> int:
+        """Hook every FSDP unit of ``model_parts``; returns how many (raises as
+        :func:`install_replica_allreduce_hook`)."""
+        modules = _fsdp_modules(model_parts)
+        for module in modules:
+            module.set_all_reduce_hook(functools.partial(self._reduce, module))
+        return len(modules)
+
+    def _reduce(self, module: Any, shard: torch.Tensor) -> None:
+        blocker = overlap_blocker(unit_reduction(module, self._device_type))
+        if blocker is None and torch._C._current_graph_task_id() == -1:
+            blocker = "FSDP ran the hook outside a backward pass"
+        future = self._start(shard)
+        if blocker is not None:
+            if not self._logged:
+                self._logged = True
+                logger.info(f"FT: a cross-group gradient all-reduce is not overlapped: {blocker}")
+            self.waited_in_hook += 1
+            future.wait()
+            return
+        if not self._pending:
+            torch.autograd.Variable._execution_engine.queue_callback(self.wait)
+        self._pending.append(future)
+        self.overlapped += 1
+
+    def wait(self) -> None:
+        """Waits for every all-reduce started and not yet waited for."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.wait()
 
 
 def has_fsdp(model: torch.nn.Module) -> bool:
@@ -343,11 +483,13 @@ class ManagedReplicaAxis:
         return self._data.train_spec(spec)
 
     def install_gradient_sync(self, model_parts: Iterable[torch.nn.Module]) -> int:
-        """Hook ``Manager.allreduce`` into every FSDP unit; raises if nothing was hooked."""
-        return install_replica_allreduce_hook(model_parts, self._allreduce)
+        """Hook ``Manager.allreduce`` into every FSDP unit, overlapped with the rest of the
+        backward pass (:class:`OverlappedGradientSync`); raises if nothing was hooked."""
+        self.gradient_sync = OverlappedGradientSync(self._start_allreduce, self._runtime.device)
+        return self.gradient_sync.install(model_parts)
 
-    def _allreduce(self, grad: torch.Tensor) -> None:
-        self.manager.allreduce(grad).wait()
+    def _start_allreduce(self, shard: torch.Tensor) -> torch.futures.Future:
+        return self.manager.allreduce(shard)
 
     def track_data(self, dataloader: Any) -> Any:
         """A :class:`~torchtitan_ft.titan.data.CommittedBatches` over ``dataloader``: batches

@@ -99,7 +99,11 @@ class FaultTolerantTrainer(Trainer):
         axis = self.replica_axis
         hooked = axis.install_gradient_sync(self.model_parts)
         if hooked:
-            logger.info(f"FT: cross-replica gradient all-reduce hooked into {hooked} FSDP units")
+            logger.info(
+                f"FT: cross-replica gradient all-reduce hooked into {hooked} FSDP units; each "
+                "runs while the backward continues and is waited for when the backward ends "
+                "(TorchTitan's FT hook waits for it inside the hook)"
+            )
         self.batches = axis.track_data(self.dataloader)
         ledger = self.batches if self.batches is not self.dataloader else None
         self.healed_state = HealedState(
