@@ -65,12 +65,13 @@ def as_config_of(config_class: type, registry_config: Any) -> Any:
 
     Raises :class:`ConfigError` for a registry config of another trainer: its fields would be
     lost."""
-    base = config_class.__mro__[1:]
-    if type(registry_config) not in base:
+    from torchtitan.trainer import Trainer
+
+    if type(registry_config) is not Trainer.Config:
         raise ConfigError(
             f"the registry config is a {type(registry_config).__qualname__}, another trainer's "
-            f"config; torchtitan_ft trains configs of torchtitan.trainer.Trainer (expected a "
-            f"{config_class.__mro__[-3].__qualname__})"
+            "config; torchtitan_ft trains configs of torchtitan.trainer.Trainer (expected a "
+            "Trainer.Config)"
         )
     values = {f.name: getattr(registry_config, f.name) for f in dataclasses.fields(registry_config)}
     return config_class(**values)
