@@ -9,7 +9,9 @@ line is :mod:`~torchtitan_ft.titan.config_cli`'s job, checking values and this m
 TensorBoard logs go under ``replica_<id>``): its seven fields keep their names, the new ones
 follow. :class:`JobConfig` is TorchTitan's with this section type; the entry point owns the
 parse, so no ``--job.custom_config_module`` is needed and methods and ``isinstance`` survive
-(a custom config module still merges on top). No ``from __future__ import annotations`` here:
+(a custom config module still merges on top). On TorchTitan 0.3.0 the two bases are an empty
+section and ``Trainer.Config`` (:mod:`torchtitan_ft.titan.releases`): the section's fields and
+meanings are the same. No ``from __future__ import annotations`` here:
 TorchTitan's TOML loader reads ``dataclasses.Field.type`` and needs real classes there.
 """
 
