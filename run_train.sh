@@ -26,30 +26,53 @@ for count in "NGPU=$NGPU" "NNODES=${NNODES:-1}"; do
 done
 export LOG_RANK=${LOG_RANK:-0}
 PYTHON=${PYTHON:-python3}
-# A config by name, as TorchTitan's later launch commands spell it (MODEL or MODULE, and CONFIG;
-# see torchtitan_ft/titan/named_configs.py); CONFIG_FILE wins when both are given.
-if [ -n "${MODEL:-}${MODULE:-}${CONFIG:-}" ]; then
-    if [ -n "${CONFIG_FILE:-}" ]; then
-        echo "run_train.sh: CONFIG_FILE=$CONFIG_FILE is set, so MODEL/MODULE/CONFIG are not used" >&2
-    else
-        CONFIG_FILE="$("$PYTHON" -m torchtitan_ft.titan.named_configs)" || exit $?
-    fi
-fi
-CONFIG_FILE=${CONFIG_FILE:-"$root/configs/debug_cpu.toml"}
+# The installed TorchTitan release decides how a config is named (torchtitan_ft/titan/releases).
+release="$("$PYTHON" -m torchtitan_ft.titan.releases)" || exit $?
 TRAIN_FILE=${TRAIN_FILE:-"torchtitan_ft.titan.train"}
-# Another trainer module (TorchTitan's torchtitan.train, or its fault-tolerance trainer
-# torchtitan.experiments.ft.train, which needs the opt-in torchft compatibility package) runs
-# through a wrapper that applies the CPU fixes first; a trainer that cannot run here stops now,
-# with one line, before torchrun starts.
-train_module=("$TRAIN_FILE")
-case "$TRAIN_FILE" in
-    torchtitan_ft.*) ;;
-    *)
-        "$PYTHON" -m torchtitan_ft.titan.run_module --check "$TRAIN_FILE" \
-            --job.config_file "$CONFIG_FILE" "$@" || exit $?
-        train_module=(torchtitan_ft.titan.run_module "$TRAIN_FILE")
-        ;;
-esac
+if [ "$release" != 0.2.2 ]; then
+    # TorchTitan >= 0.3.0: a config registry entry, --module M --config C (also MODULE=M
+    # CONFIG=C, or MODEL=M as 0.2.x's later commands spell it), overridden by --section.key flags.
+    case "$TRAIN_FILE" in
+        torchtitan.*)
+            echo "run_train.sh: TRAIN_FILE=$TRAIN_FILE (TorchTitan's own trainer) is not supported with TorchTitan $release yet; leave TRAIN_FILE unset (torchtitan_ft's trainer)" >&2
+            exit 2
+            ;;
+    esac
+    if [ -n "${CONFIG_FILE:-}" ]; then
+        echo "run_train.sh: CONFIG_FILE=$CONFIG_FILE is a TOML config, which TorchTitan $release does not read; name a registry config with --module M --config C (or MODULE=M CONFIG=C)" >&2
+        exit 2
+    fi
+    config_args=()
+    module=${MODULE:-${MODEL:-}}
+    if [ -n "$module" ]; then config_args+=(--module "$module"); fi
+    if [ -n "${CONFIG:-}" ]; then config_args+=(--config "$CONFIG"); fi
+    train_module=("$TRAIN_FILE")
+else
+    # A config by name, as TorchTitan's later launch commands spell it (MODEL or MODULE, and
+    # CONFIG; see torchtitan_ft/titan/named_configs.py); CONFIG_FILE wins when both are given.
+    if [ -n "${MODEL:-}${MODULE:-}${CONFIG:-}" ]; then
+        if [ -n "${CONFIG_FILE:-}" ]; then
+            echo "run_train.sh: CONFIG_FILE=$CONFIG_FILE is set, so MODEL/MODULE/CONFIG are not used" >&2
+        else
+            CONFIG_FILE="$("$PYTHON" -m torchtitan_ft.titan.named_configs)" || exit $?
+        fi
+    fi
+    CONFIG_FILE=${CONFIG_FILE:-"$root/configs/debug_cpu.toml"}
+    config_args=(--job.config_file "$CONFIG_FILE")
+    # Another trainer module (TorchTitan's torchtitan.train, or its fault-tolerance trainer
+    # torchtitan.experiments.ft.train, which needs the opt-in torchft compatibility package)
+    # runs through a wrapper that applies the CPU fixes first; a trainer that cannot run here
+    # stops now, with one line, before torchrun starts.
+    train_module=("$TRAIN_FILE")
+    case "$TRAIN_FILE" in
+        torchtitan_ft.*) ;;
+        *)
+            "$PYTHON" -m torchtitan_ft.titan.run_module --check "$TRAIN_FILE" \
+                "${config_args[@]}" "$@" || exit $?
+            train_module=(torchtitan_ft.titan.run_module "$TRAIN_FILE")
+            ;;
+    esac
+fi
 export TORCHFT_LIGHTHOUSE=${TORCHFT_LIGHTHOUSE:-"http://localhost:29510"}
 export MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
 # No network: datasets and tokenizers are local files.
@@ -80,4 +103,4 @@ exec "$PYTHON" -m torchtitan_ft.titan.launch \
     --nnodes="$NNODES" --nproc_per_node="$NGPU" --max-restarts="$MAX_RESTARTS" \
     --rdzv_backend c10d --rdzv_endpoint="$RDZV_ENDPOINT" ${node[@]+"${node[@]}"} \
     --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
-    -m "${train_module[@]}" --job.config_file "$CONFIG_FILE" "$@"
+    -m "${train_module[@]}" ${config_args[@]+"${config_args[@]}"} "$@"

@@ -27,6 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from torchtitan_ft.events import EVENTS_DIR_ENV, Event, EventKind, read_events
+from torchtitan_ft.titan import releases
+
+ON_0_3 = releases.installed() is releases.Release.V0_3
+"""These tests run on TorchTitan 0.3.0 (tests/titan030, in the venv of
+scripts/install_torchtitan030.sh), not 0.2.2."""
+DUMP_FOLDER_FLAG = "--dump_folder" if ON_0_3 else "--job.dump_folder"
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -197,7 +203,7 @@ class TrainRun(LoggedProcess):
             str(ROOT / "run_train.sh"),
             "--training.steps",
             str(steps),
-            "--job.dump_folder",
+            DUMP_FOLDER_FLAG,
             str(dump_folder),
             *args,
         ]

@@ -74,7 +74,9 @@ def _ready_path(out: Path, replica: int, rank: int) -> Path:
 
 def _worker_main() -> None:
     import torchtitan_ft.titan.train as entry  # applies the CPU fixes before TorchTitan is imported
-    from torchtitan_ft.titan.trainer import FaultTolerantTrainer
+    from torchtitan_ft.titan import releases
+
+    FaultTolerantTrainer = releases.installed().module.trainer_class()
 
     class DumpingTrainer(FaultTolerantTrainer):
         """Announces itself once built, paces the survivor, dumps its state after training."""
@@ -292,11 +294,16 @@ class KilledAndHealed:
 
 
 def kill_and_restart_group_1(
-    tmp_path: Path, ranks: int, *args: str, config: str = "debug_ft_cpu.toml"
+    tmp_path: Path,
+    ranks: int,
+    *args: str,
+    config: str = "debug_ft_cpu.toml",
+    config_env: dict[str, str] | None = None,
 ) -> KilledAndHealed:
     """Two replica groups of ``ranks`` ranks train ``STEPS`` steps of ``config`` against a fresh
     lighthouse; group 1 is SIGKILLed once it logged ``KILL_AT_STEP`` (and ``STEPS_BEFORE_KILL``
-    steps past its own first one) and started again."""
+    steps past its own first one) and started again. ``config_env`` names the config instead
+    of ``config`` (TorchTitan 0.3.0: ``MODULE`` and ``CONFIG``, the FT fields in ``args``)."""
 
     def group(replica: int, address: str) -> TrainRun:
         return TrainRun(
@@ -313,7 +320,16 @@ def kill_and_restart_group_1(
                 FT_E2E_OUT=str(tmp_path),
                 FT_E2E_ALONE_SLEEP_S="0.7",
                 FT_E2E_MAX_ALONE=str(MAX_ALONE),
-            ),
+            )
+            if config_env is None
+            else {
+                **config_env,
+                "TORCHFT_LIGHTHOUSE": address,
+                "TRAIN_FILE": "tests.titan.test_ft_e2e",
+                "FT_E2E_OUT": str(tmp_path),
+                "FT_E2E_ALONE_SLEEP_S": "0.7",
+                "FT_E2E_MAX_ALONE": str(MAX_ALONE),
+            },
         )
 
     with lighthouse(min_replicas=1, join_timeout_ms=20000, heartbeat_timeout_ms=2000) as address:

@@ -9,7 +9,9 @@ line is :mod:`~torchtitan_ft.titan.config_cli`'s job, checking values and this m
 TensorBoard logs go under ``replica_<id>``): its seven fields keep their names, the new ones
 follow. :class:`JobConfig` is TorchTitan's with this section type; the entry point owns the
 parse, so no ``--job.custom_config_module`` is needed and methods and ``isinstance`` survive
-(a custom config module still merges on top). No ``from __future__ import annotations`` here:
+(a custom config module still merges on top). On TorchTitan 0.3.0 the two bases are an empty
+section and ``Trainer.Config`` (:mod:`torchtitan_ft.titan.releases`): the section's fields and
+meanings are the same. No ``from __future__ import annotations`` here:
 TorchTitan's TOML loader reads ``dataclasses.Field.type`` and needs real classes there.
 """
 
@@ -19,15 +21,20 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
-from torchtitan.config import FaultTolerance as TitanFaultTolerance
-from torchtitan.config import JobConfig as TitanJobConfig
-
 from torchtitan_ft.semi_sync.config import (
     OuterOptimizerConfig,
     QuorumMode,
     SyncConfig,
     SyncMethod,
 )
+from torchtitan_ft.titan import releases
+
+_release = releases.installed().module
+TitanFaultTolerance = _release.FaultToleranceBase
+"""TorchTitan's own ``fault_tolerance`` section on 0.2.2; an empty base on 0.3.0, which has
+none outside its torchft experiment."""
+TitanJobConfig = _release.JobConfigBase
+"""TorchTitan's ``JobConfig`` on 0.2.2; its ``Trainer.Config`` on 0.3.0."""
 
 SECTION = "fault_tolerance"
 """The section's name, in TOML (``[fault_tolerance]``) and on the command line."""
@@ -315,9 +322,10 @@ class FaultTolerance(TitanFaultTolerance):
 
 @dataclass
 class JobConfig(TitanJobConfig):
-    """TorchTitan 0.2.2's JobConfig with the extended ``fault_tolerance`` section."""
+    """TorchTitan's JobConfig (0.2.2) or ``Trainer.Config`` (0.3.0) with the extended
+    ``fault_tolerance`` section."""
 
-    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance, kw_only=True)
 
 
 # --- what the raw fields mean ---------------------------------------------------------------------

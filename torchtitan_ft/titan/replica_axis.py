@@ -3,7 +3,6 @@ FT off, and per-step FT (docs/titan.md, "How it plugs in")."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import logging
@@ -521,21 +520,12 @@ class ManagedReplicaAxis:
 
 
 def meta_model(job_config: Any) -> torch.nn.Module:
-    """A meta-device copy of the model ``job_config`` describes, built the way TorchTitan's
-    Trainer builds it (model args updated from the config; model converters not applied).
-    Cheap: no memory is allocated for the weights."""
-    from torchtitan.config import TORCH_DTYPE_MAP
-    from torchtitan.protocols.train_spec import get_train_spec
-    from torchtitan.tools import utils
+    """A meta-device copy of the model ``job_config`` describes, built the way the installed
+    TorchTitan's Trainer builds it (see the release modules in
+    :mod:`torchtitan_ft.titan.releases`). Cheap: no memory is allocated for the weights."""
+    from torchtitan_ft.titan import releases
 
-    spec = get_train_spec(job_config.model.name)
-    model_args = copy.deepcopy(spec.model_args[job_config.model.flavor])
-    model_args.update_from_config(job_config)
-    with (
-        torch.device("meta"),
-        utils.set_default_dtype(TORCH_DTYPE_MAP[job_config.training.dtype]),
-    ):
-        return spec.model_cls(model_args)
+    return releases.installed().module.meta_model(job_config)
 
 
 def model_config_fingerprint(job_config: Any) -> str:

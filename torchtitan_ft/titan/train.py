@@ -46,12 +46,21 @@ def _config_error(message: str) -> NoReturn:
 
 
 def main(argv: list[str] | None = None, trainer_class: type | None = None) -> None:
-    """Parse, check, train; mirrors ``torchtitan.train.main`` with the plugin's config.
+    """Parse, check, train; mirrors ``torchtitan.train.main`` with the plugin's config. On
+    another TorchTitan release than 0.2.2, that release's ``main`` does it
+    (:mod:`torchtitan_ft.titan.releases`).
 
     The trainer is given the parsed config with the values the plugin derives
     (:func:`~torchtitan_ft.titan.preflight.trainer_job_config`). ``trainer_class`` defaults to
     ``FaultTolerantTrainer`` (tests pass a subclass).
     """
+    from torchtitan_ft.titan import releases
+
+    release = releases.installed()
+    if release is not releases.Release.V0_2:
+        release.module.main(argv, trainer_class)
+        return
+
     import torch
     from torchtitan.tools.logging import init_logger, logger
 
@@ -97,6 +106,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
             "--fault_tolerance.replica_id=0 --fault_tolerance.group_size=2)"
         )
 
+    logger.info(releases.describe(releases.Release.V0_2))
     trainer: FaultTolerantTrainer | None = None
     try:
         trainer = (trainer_class or FaultTolerantTrainer)(trainer_config)

@@ -1,0 +1,24 @@
+"""TorchTitan 0.3.0 tests: they run in the 0.3.0 environment (``scripts/install_torchtitan030.sh``
+makes it; ``./run_tests.sh`` runs them there) and are skipped, with the command that runs them,
+in an environment with another TorchTitan. The fixtures of tests/titan (each test's wait
+budget, the runs' logs in a failure report) apply here too."""
+
+import pytest
+
+from tests.titan.conftest import _job_budget, pytest_runtest_makereport  # noqa: F401
+from torchtitan_ft.titan import releases
+
+RUN_HERE = (
+    "TorchTitan 0.3.0 tests; this Python has TorchTitan "
+    f"{releases.installed_version()}: run them with scripts/install_torchtitan030.sh && "
+    ".cache/tt030/venv/bin/python -m pytest tests/titan030"
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if releases.installed_version() == releases.Release.V0_3.value:
+        return
+    skip = pytest.mark.skip(reason=RUN_HERE)
+    for item in items:
+        if "titan030" in item.nodeid.split("/"):
+            item.add_marker(skip)

@@ -1,0 +1,36 @@
+"""run_train.sh on TorchTitan 0.3.0: what 0.3.0 cannot read stops before torchrun, with one
+line that gives the 0.3.0 form (the trainers themselves: test_ft_e2e.py)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_train(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(ROOT / "run_train.sh"), *args],
+        env={**os.environ, "PYTHON": sys.executable, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "named", "instead"),
+    [
+        ({"CONFIG_FILE": "configs/debug_cpu.toml"}, "CONFIG_FILE=", "--module M --config C"),
+        ({"TRAIN_FILE": "torchtitan.train"}, "TRAIN_FILE=torchtitan.train", "leave TRAIN_FILE"),
+    ],
+)
+def test_what_0_3_0_cannot_read_is_one_line(env: dict, named: str, instead: str) -> None:
+    result = run_train(env)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and named in lines[0] and instead in lines[0], result.stderr
+    assert result.stdout == ""

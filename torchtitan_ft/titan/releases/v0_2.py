@@ -1,0 +1,39 @@
+"""What differs on TorchTitan 0.2.2: the config bases that ``config_schema`` extends and how a
+meta-device copy of the configured model is built. The rest of ``titan/`` (the TOML and
+command-line parse, ``FaultTolerantTrainer``, ``train.main``) is 0.2.2's own shape."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torchtitan.config import FaultTolerance as FaultToleranceBase
+from torchtitan.config import JobConfig as JobConfigBase
+
+__all__ = ["FaultToleranceBase", "JobConfigBase", "meta_model", "trainer_class"]
+
+
+def meta_model(job_config: Any) -> torch.nn.Module:
+    """A meta-device copy of the model ``job_config`` describes, built the way TorchTitan's
+    Trainer builds it (model args updated from the config; model converters not applied).
+    Cheap: no memory is allocated for the weights."""
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.protocols.train_spec import get_train_spec
+    from torchtitan.tools import utils
+
+    spec = get_train_spec(job_config.model.name)
+    model_args = copy.deepcopy(spec.model_args[job_config.model.flavor])
+    model_args.update_from_config(job_config)
+    with (
+        torch.device("meta"),
+        utils.set_default_dtype(TORCH_DTYPE_MAP[job_config.training.dtype]),
+    ):
+        return spec.model_cls(model_args)
+
+
+def trainer_class() -> type:
+    """This release's ``FaultTolerantTrainer`` (:mod:`torchtitan_ft.titan.trainer`)."""
+    from torchtitan_ft.titan.trainer import FaultTolerantTrainer
+
+    return FaultTolerantTrainer

@@ -1,0 +1,158 @@
+"""The command line on TorchTitan 0.3.0: ``--module M --config C`` picks a config from M's
+config registry, ``--section.key`` flags override it (tyro, with TorchTitan's own rules), and
+the trainer's ``Config`` carries this package's ``fault_tolerance`` section, shown by
+``--help`` with the same fields and meanings as on 0.2.2 (docs/configuration.md).
+
+A registry config names files of TorchTitan's source tree (the test tokenizer and the
+``c4_test`` corpus), which a pip install does not have, and FlexAttention, which has no
+backward on a CPU: :func:`runnable_here` swaps in this package's tokenizer and corpus and SDPA,
+one line each, only where the original cannot run and the user did not choose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torchtitan.config.manager import ConfigManager, custom_registry
+
+from torchtitan_ft.titan.config_schema import SECTION, ConfigError
+
+DEFAULT_MODULE, DEFAULT_CONFIG = "llama3", "llama3_debugmodel"
+"""The registry config used when the command line names none (0.2.2's embedded default is
+the same model, configs/debug_cpu.toml)."""
+
+_DATASET_SWAPS = {"c4_test": "ft_corpus", "c4_validation": "ft_corpus_validation"}
+"""TorchTitan's in-tree test corpora and the generated corpora that stand in for them."""
+
+
+@dataclass(frozen=True)
+class ParsedJob:
+    """The parsed config and what the user set on the command line."""
+
+    config: Any
+    explicit: frozenset[str]
+    """``section.key`` of every flag given (``--a.b=x`` and ``--a.b x`` and ``--a.b`` alike)."""
+
+
+def explicit_flags(args: list[str]) -> frozenset[str]:
+    """The ``section.key`` names the flags of ``args`` set (tyro's ``--a.no-b`` is ``a.b``)."""
+    names = set()
+    for arg in args:
+        if not arg.startswith("--") or "." not in arg:
+            continue
+        name = arg[2:].split("=", 1)[0].replace("-", "_")
+        section, _, key = name.rpartition(".")
+        names.add(f"{section}.{key.removeprefix('no_')}")
+    return frozenset(names)
+
+
+def with_default_config(args: list[str]) -> list[str]:
+    """``args`` plus ``--module``/``--config`` of :data:`DEFAULT_MODULE`/:data:`DEFAULT_CONFIG`
+    for whichever of the two is missing."""
+    names = {a.split("=", 1)[0] for a in args}
+    added = [] if "--module" in names else ["--module", DEFAULT_MODULE]
+    added += [] if "--config" in names else ["--config", DEFAULT_CONFIG]
+    return [*added, *args]
+
+
+def as_config_of(config_class: type, registry_config: Any) -> Any:
+    """``registry_config`` (a ``Trainer.Config`` from a config registry) as an instance of
+    ``config_class`` (its subclass with the ``fault_tolerance`` section, at its defaults).
+
+    Raises :class:`ConfigError` for a registry config of another trainer: its fields would be
+    lost."""
+    from torchtitan.trainer import Trainer
+
+    if type(registry_config) is not Trainer.Config:
+        raise ConfigError(
+            f"the registry config is a {type(registry_config).__qualname__}, another trainer's "
+            "config; torchtitan_ft trains configs of torchtitan.trainer.Trainer (expected a "
+            "Trainer.Config)"
+        )
+    values = {f.name: getattr(registry_config, f.name) for f in dataclasses.fields(registry_config)}
+    return config_class(**values)
+
+
+def parse(args: list[str], config_class: type) -> ParsedJob:
+    """Parse ``args`` as TorchTitan 0.3.0's ``ConfigManager`` does, into ``config_class``.
+
+    Raises :class:`ConfigError` for a bad ``--module``/``--config``; tyro itself exits 2 with
+    its usage message for a bad flag, as TorchTitan's trainer does."""
+    import tyro
+
+    args = with_default_config(args)
+    manager = ConfigManager()
+    try:
+        loaded, rest = manager._load_config(args)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+    default = as_config_of(config_class, loaded)
+    config = tyro.cli(config_class, args=rest, default=default, registry=custom_registry)
+    explicit = explicit_flags(rest)
+    config.fault_tolerance.explicit_fields = frozenset(
+        name.partition(".")[2] for name in explicit if name.startswith(f"{SECTION}.")
+    )
+    return ParsedJob(config, explicit)
+
+
+def _swap_dataset(section: Any, where: str, log: Callable[[str], None]) -> None:
+    name = section.dataset
+    if name not in _DATASET_SWAPS or section.dataset_path is not None:
+        return
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    if os.path.exists(DATASETS[name].path):
+        return
+    section.dataset = _DATASET_SWAPS[name]
+    log(
+        f"torchtitan_ft: {where}.dataset={name!r} reads {DATASETS[name].path!r}, which "
+        f"TorchTitan's source tree has and this install does not; using {section.dataset!r}, "
+        "the generated corpus (set the flag to choose)"
+    )
+
+
+def runnable_here(parsed: ParsedJob, cuda: bool, log: Callable[[str], None]) -> None:
+    """Make ``parsed.config`` (in place) run on this machine where the registry's values
+    cannot and the user did not set them (see the module docstring); each change is logged as
+    one line."""
+    from torchtitan_ft.titan.data import TOKENIZER_DIR
+
+    config, explicit = parsed.config, parsed.explicit
+    path = config.hf_assets_path
+    if "hf_assets_path" not in {n.rpartition(".")[2] for n in explicit} and not os.path.isdir(path):
+        config.hf_assets_path = str(TOKENIZER_DIR)
+        log(
+            f"torchtitan_ft: hf_assets_path={path!r} is not a directory here (it is in "
+            f"TorchTitan's source tree); using the project's tokenizer {config.hf_assets_path} "
+            "(set --hf_assets_path to choose)"
+        )
+    if "dataloader.dataset" not in explicit:
+        _swap_dataset(config.dataloader, "dataloader", log)
+    if "validator.dataloader.dataset" not in explicit:
+        _swap_dataset(config.validator.dataloader, "validator.dataloader", log)
+    if not cuda:
+        _sdpa_for_flex(config, log)
+
+
+def _sdpa_for_flex(config: Any, log: Callable[[str], None]) -> None:
+    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
+
+    swapped = 0
+    for _, _, parent, attr in list(config.model_spec.model.traverse(FlexAttention.Config)):
+        if parent is None:
+            continue
+        if isinstance(attr, int):
+            parent[attr] = ScaledDotProductAttention.Config()
+        else:
+            setattr(parent, attr, ScaledDotProductAttention.Config())
+        swapped += 1
+    if swapped:
+        log(
+            f"torchtitan_ft: CPU: FlexAttention has no backward on a CPU; {swapped} attention "
+            "module(s) use SDPA instead (causal over the whole sequence, not per document, as "
+            "TorchTitan 0.2.2's llama3 did)"
+        )
