@@ -223,7 +223,7 @@ def test_lighthouse_leaves_a_straggler_out_and_takes_it_back() -> None:
 
 @pytest.mark.parametrize(
     "replica_id, group",
-    [("replica_3:0f51916d", "replica_3"), ("replica_3", "replica_3"), ("a:b:c", "a"), ("", "")],
+    [("replica_3:0f51916d", "replica_3"), ("replica_3", "replica_3"), ("a:b:c", "a:b"), ("", "")],
 )
 def test_group_of(replica_id: str, group: str) -> None:
     assert group_of(replica_id) == group

@@ -78,8 +78,8 @@ class Exclusion:
 def group_of(replica_id: str) -> str:
     """The replica group a quorum member's id names: the id without the per-process suffix
     that the Manager (as torchft's) appends after a colon (``"replica_3:<uuid>"`` ->
-    ``"replica_3"``); an id without one is its own group."""
-    return replica_id.split(":", 1)[0]
+    ``"replica_3"``, as ``Event.replica_name``); an id without one is its own group."""
+    return replica_id.rsplit(":", 1)[0]
 
 
 class Action(StrEnum):
