@@ -37,15 +37,28 @@ class CpuLimit:
         name: part of the cgroup's name (a random suffix keeps runs apart).
         pids: the processes to limit (their threads go with them).
         cpus: the limit, > 0.
+        duty_cycle: use the SIGSTOP/SIGCONT duty cycle even where a cgroup could be made. A
+            quota only caps the processes, and on a machine loaded beyond its cores every
+            process may already get less than the cap; the duty cycle stops them for
+            ``1 - cpus`` of the wall time, so they run ``cpus`` times as fast as their peers
+            whatever the load.
     """
 
-    def __init__(self, name: str, pids: Iterable[int], cpus: float) -> None:
+    def __init__(
+        self, name: str, pids: Iterable[int], cpus: float, *, duty_cycle: bool = False
+    ) -> None:
         self._pids = list(pids)
         self._dir: Path | None = None
         self._duty: _DutyCycle | None = None
         self.mechanism = "none"
         """``"cgroup v2 cpu.max"``, ``"cgroup v1 cpu.cfs_quota_us"`` or ``"duty cycle"``."""
         cgroup = f"torchtitan_ft_{name}_{uuid.uuid4().hex[:8]}"
+        if duty_cycle:
+            if not cpus > 0:
+                raise ValueError(f"cpus must be > 0, got {cpus!r}")
+            self.mechanism = "duty cycle"
+            self._duty = _DutyCycle(self._pids, cpus)
+            return
         try:
             if (_V2_ROOT / "cgroup.controllers").exists():
                 self._dir, self.mechanism = _V2_ROOT / cgroup, "cgroup v2 cpu.max"
