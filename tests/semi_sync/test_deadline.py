@@ -155,8 +155,9 @@ def test_outer_sync_proceeds_without_late_group_which_heals(tmp_path: Path) -> N
             p.start()
         _wait(tmp_path, procs, "the first quorum", lambda: bool(_syncs(tmp_path, slow)), 200)
         # A duty cycle: a twentieth of its peers' speed whatever the machine's load (a cgroup
-        # quota of 0.1 CPU is no slowdown when every process gets less).
-        limit = CpuLimit("deadline", [procs[slow].pid], 0.05, duty_cycle=True)
+        # quota of 0.1 CPU is no slowdown when every process gets less); a long period, so
+        # that its thread's late wake-ups on a busy machine barely change the share.
+        limit = CpuLimit("deadline", [procs[slow].pid], 0.05, duty_cycle=True, duty_period_s=0.5)
         heals_before = _syncs(tmp_path, slow)[-1]["loads"]  # init_sync's heal, perhaps
 
         def without_slow_and_healed() -> bool:
