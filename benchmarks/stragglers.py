@@ -20,18 +20,33 @@ detected, run at the policy-off speed: ``detection_steps`` of them). ``detection
 slowed group's steps from its limit to the lighthouse's report reaching it (its ``straggler``
 event); ``false_reports``: healthy groups reported in that run.
 
+``--models mlp,titan`` adds the TorchTitan row: the same runs with every group a
+``run_train.sh`` job of the llama3 debug model (``configs/debug_ft_cpu.toml``, one process per
+group, batch 2 x 256 tokens, ``--group_size`` = the groups), its Manager's events through
+``TORCHFT_EVENTS_DIR``, each job's processes under the CPU limit. Its steps take seconds at
+``--cpus``, so the row is reduced to ``--titan-slowdowns`` (default 4) and ``--titan-steps``
+(default 10) measured steps, and its policy-on run waits at most ``--titan-detect-steps``
+(default 30) steps for the exclusion (then it is measured without one: ``exclusions_policy_on``
+0); the JSON's ``titan_reduced`` says so.
+
     python -m benchmarks.stragglers [--slowdowns 2,4] [--steps 40] [--clean-steps 40]
+                                    [--models mlp,titan]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from benchmarks import machine
 from torchtitan_ft.events import Event, EventKind, read_events
@@ -44,52 +59,140 @@ from torchtitan_ft.testing.mlp import BATCH_SIZE, WorkerConfig, spawn_rank
 WARMUP_STEPS = StragglerOptions().window + 3
 """Steps before the limits: the lighthouse holds a full window of every group's steady-state
 compute times (the first steps are slow for all)."""
+ROOT = Path(__file__).resolve().parent.parent
+TITAN_BATCH = 2
+"""Samples in a TorchTitan group's step (``configs/debug_ft_cpu.toml``'s local batch size)."""
+NAMES = {"mlp": "replica_{}", "titan": "torchtitan_ft_{}"}
+"""Each model's replica group names (``Event.replica_name``) by group number."""
 
 
-def _commits(events: list[Event], replica: int) -> list[Event]:
-    name = f"replica_{replica}"
+def _commits(events: list[Event], name: str) -> list[Event]:
     return [e for e in events if e.kind is EventKind.COMMIT and e.replica_name == name]
 
 
-def _step(folder: Path, replica: int) -> int:
-    return max((e.step for e in _commits(read_events(folder), replica)), default=0)
+def _step(folder: Path, name: str) -> int:
+    return max((e.step for e in _commits(read_events(folder), name)), default=0)
 
 
-def _wait_step(folder: Path, replica: int, step: int, procs: list, timeout: float) -> None:
+class _Job:
+    """A TorchTitan replica group's ``run_train.sh``, with the interface of a
+    ``multiprocessing.Process`` that this benchmark uses."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+        self.pid = proc.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._proc.poll()
+
+    def is_alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def kill(self) -> None:
+        for pid in reversed(_tree(self.pid)):  # the trainers first, then their launchers
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+    def join(self, timeout: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout)
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (from /proc), parents before children."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        out.append(todo.pop(0))
+        todo.extend(children.get(out[-1], []))
+    return out
+
+
+def _spawn_titan(
+    args: argparse.Namespace, i: int, lighthouse: str, folder: Path, events: Path
+) -> _Job:
+    env = {
+        **os.environ,
+        "NGPU": "1",
+        "LOG_RANK": "0",
+        "PYTHON": sys.executable,
+        "OMP_NUM_THREADS": "1",
+        "CONFIG_FILE": str(ROOT / "configs" / "debug_ft_cpu.toml"),
+        "TORCHFT_LIGHTHOUSE": lighthouse,
+        "TORCHFT_EVENTS_DIR": str(events),
+    }
+    command = [
+        str(ROOT / "run_train.sh"),
+        *("--training.steps", "100000", "--job.dump_folder", str(folder / f"titan_{i}")),
+        f"--fault_tolerance.replica_id={i}",
+        f"--fault_tolerance.group_size={args.groups}",
+    ]
+    with (folder / f"titan_{i}.log").open("wb") as log:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return _Job(proc)
+
+
+def _wait_step(folder: Path, name: str, step: int, procs: list, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while _step(folder, replica) < step:
+    while _step(folder, name) < step:
         for i, proc in enumerate(procs):
             if proc.exitcode not in (None, 0):
-                raise RuntimeError(f"replica_{i} exited with {proc.exitcode}")
+                raise RuntimeError(f"group {i} exited with {proc.exitcode}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"replica_{replica} did not reach step {step} in {timeout} s")
+            raise RuntimeError(f"{name} did not reach step {step} in {timeout} s")
         time.sleep(0.1)
 
 
-def _wait_excluded(folder: Path, replica: int, procs: list, timeout: float) -> None:
+def _wait_excluded(
+    folder: Path, name: str, timeout: float, healthy: str, until_step: int | None
+) -> None:
+    """Waits until group ``name`` is left out, or (``until_step`` set) the ``healthy`` group
+    reached that step: then the run is measured without an exclusion (its ``exclusions``
+    say 0)."""
     deadline = time.monotonic() + timeout
-    name = f"replica_{replica}"
-    while not any(
-        e.kind is EventKind.EXCLUDED and e.replica_name == name for e in read_events(folder)
-    ):
+    while True:
+        events = read_events(folder)
+        if any(e.kind is EventKind.EXCLUDED and e.replica_name == name for e in events):
+            return
+        if until_step is not None and _step(folder, healthy) >= until_step:
+            return
         if time.monotonic() > deadline:
             raise RuntimeError(f"{name} was not left out in {timeout} s")
         time.sleep(0.1)
 
 
 def run(
-    args: argparse.Namespace, slowdown: float | None, steps: int, folder: Path, policy: bool
+    args: argparse.Namespace,
+    slowdown: float | None,
+    steps: int,
+    folder: Path,
+    policy: bool,
+    model: str = "mlp",
 ) -> dict:
-    """One job; ``slowdown`` None: the clean run; ``policy``: the straggler policy on.
-    Returns its measurements."""
+    """One job of ``model``'s groups; ``slowdown`` None: the clean run; ``policy``: the
+    straggler policy on. Returns its measurements."""
     lighthouse = LighthouseServer(
         bind="127.0.0.1:0",
         min_replicas=args.groups - 1 if policy else args.groups,
         exclusion=ExclusionOptions(StragglerPolicy.EXCLUDE) if policy else None,
     )
     events, stop_file = folder / "events", folder / "stop_step"
-    procs = [
-        spawn_rank(
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [NAMES[model].format(i) for i in range(args.groups)]
+    spawn: Callable[[int], Any]
+    if model == "titan":
+        spawn = lambda i: _spawn_titan(args, i, lighthouse.address(), folder, events)  # noqa: E731
+    else:
+        spawn = lambda i: spawn_rank(  # noqa: E731
             WorkerConfig(
                 lighthouse_addr=lighthouse.address(),
                 replica=i,
@@ -102,30 +205,36 @@ def run(
                 shared_batches=True,
             )
         )
-        for i in range(args.groups)
-    ]
+    procs = [spawn(i) for i in range(args.groups)]
     slow = args.groups - 1 if slowdown is not None else None
     limits: list[CpuLimit] = []
     try:
-        _wait_step(events, 0, WARMUP_STEPS, procs, timeout=120)
+        _wait_step(events, names[0], WARMUP_STEPS, procs, timeout=args.timeout)
         for i, proc in enumerate(procs):
-            cpus = args.cpus / slowdown if i == slow else args.cpus
-            limits.append(CpuLimit(f"bench_{i}", [proc.pid], cpus))
-        limited_at = _step(events, slow if slow is not None else 0)
+            pids = _tree(proc.pid)
+            if i == slow and args.slow_by == "duty-cycle":
+                limits.append(CpuLimit(f"bench_{i}", pids, args.cpus))
+                limits.append(CpuLimit(f"duty_{i}", pids, 1 / slowdown, duty_cycle=True))
+            else:
+                cpus = args.cpus / slowdown if i == slow else args.cpus
+                limits.append(CpuLimit(f"bench_{i}", pids, cpus))
+        limited_at = _step(events, names[slow] if slow is not None else names[0])
         if policy and slow is not None:
-            _wait_excluded(events, slow, procs, timeout=args.timeout)
-        start_step = _step(events, 0) + 1  # the first step that runs wholly under the limits
-        _wait_step(events, 0, start_step + steps, procs, timeout=args.timeout)
+            until = limited_at + args.titan_detect_steps if model == "titan" else None
+            _wait_excluded(events, names[slow], args.timeout, names[0], until)
+        start_step = _step(events, names[0]) + 1  # the first step wholly under the limits
+        _wait_step(events, names[0], start_step + steps, procs, timeout=args.timeout)
         reports = lighthouse.run_in_loop(lambda: lighthouse.state.speeds.reports_started)
         exclusions = lighthouse.run_in_loop(lambda: lighthouse.state.metrics.exclusions)
-        if not policy:
-            stop_file.write_text(str(max(_step(events, i) for i in range(args.groups)) + 2))
+        if not policy and model == "mlp":
+            stop_file.write_text(str(max(_step(events, n) for n in names) + 2))
             for i, proc in enumerate(procs):
                 proc.join(60)
                 if proc.exitcode != 0:
                     raise RuntimeError(f"replica_{i} exit code {proc.exitcode}")
         # Under the policy a left-out group never reaches a stop step with every group in the
-        # quorum: the processes are killed below, once measured.
+        # quorum, and the TorchTitan jobs have no stop step: the processes are killed below,
+        # once measured.
     finally:
         for limit in limits:
             limit.close()
@@ -137,17 +246,19 @@ def run(
         lighthouse.shutdown()
     all_events = read_events(events)
     # The same groups in every run, the clean one too: all but the last, the one slowed.
-    healthy = list(range(args.groups - 1))
+    healthy = names[:-1]
+    batch = TITAN_BATCH if model == "titan" else BATCH_SIZE
     samples, seconds = 0, []
-    for i in healthy:
-        window = [e for e in _commits(all_events, i) if start_step < e.step <= start_step + steps]
-        first = next(e for e in _commits(all_events, i) if e.step == start_step)
-        samples += len(window) * BATCH_SIZE
+    for name in healthy:
+        commits = _commits(all_events, name)
+        window = [e for e in commits if start_step < e.step <= start_step + steps]
+        first = next(e for e in commits if e.step == start_step)
+        samples += len(window) * batch
         seconds.append(window[-1].time - first.time)
     started = [e for e in all_events if e.kind is EventKind.STRAGGLER and e["straggler"] is True]
     detection = None
     if slow is not None:
-        mine = [e for e in started if e.replica_name == f"replica_{slow}"]
+        mine = [e for e in started if e.replica_name == names[slow]]
         detection = mine[0].step - limited_at if mine else None
     return {
         "seconds": max(seconds),
@@ -157,6 +268,35 @@ def run(
         "lighthouse_reports": reports,
         "exclusions": exclusions,
         "cpu_limit": limits[0].mechanism if limits else None,
+    }
+
+
+def _row(model: str, slowdown: float, off: dict, on: dict, clean: dict, groups: int) -> dict:
+    slow_name = NAMES[model].format(groups - 1)
+    return {
+        "model": model,
+        "slowdown": slowdown,
+        "healthy_throughput_ratio_policy_on": round(
+            on["healthy_samples_per_s"] / clean["healthy_samples_per_s"], 3
+        ),
+        "healthy_throughput_ratio_policy_off": round(
+            off["healthy_samples_per_s"] / clean["healthy_samples_per_s"], 3
+        ),
+        "detection_steps": off["detection_steps"],
+        "detection_steps_policy_on": on["detection_steps"],
+        "exclusions_policy_on": on["exclusions"],
+        "reported_groups": off["reported_groups"],
+        "false_reports": sum(g != slow_name for g in off["reported_groups"]),
+    }
+
+
+def _clean_summary(clean: dict, steps: int) -> dict:
+    return {
+        "steps": steps,
+        "seconds": round(clean["seconds"], 1),
+        "healthy_samples_per_s": round(clean["healthy_samples_per_s"], 1),
+        "false_reports": clean["lighthouse_reports"],
+        "exclusions": clean["exclusions"],
     }
 
 
@@ -174,76 +314,107 @@ def main() -> None:
         "--cpus", type=float, default=0.4, help="CPU limit of each healthy group (default 0.4)"
     )
     parser.add_argument(
-        "--work", type=int, default=400, help="matrix products per step (default 400)"
+        "--work", type=int, default=400, help="MLP: matrix products per step (default 400)"
+    )
+    parser.add_argument(
+        "--models",
+        default="mlp",
+        help="comma-separated models: mlp, titan (the llama3 debug model; default mlp)",
+    )
+    parser.add_argument(
+        "--titan-slowdowns", default="4", help="TorchTitan: slowdown factors (default 4)"
+    )
+    parser.add_argument(
+        "--titan-steps",
+        type=int,
+        default=10,
+        help="TorchTitan: measured steps per run, the clean one too (default 10)",
+    )
+    parser.add_argument(
+        "--slow-by",
+        choices=("quota", "duty-cycle"),
+        default="quota",
+        help="how the slowed group is slowed: quota (default): its CPU quota is --cpus / "
+        "slowdown; duty-cycle: the others' quota, and stopped 1 - 1/slowdown of the time "
+        "(SIGSTOP/SIGCONT), which slows it against its peers however loaded the machine is "
+        "(a quota does not where every process already gets less)",
+    )
+    parser.add_argument(
+        "--titan-detect-steps",
+        type=int,
+        default=30,
+        help="TorchTitan, policy on: steps to wait for the exclusion before measuring without "
+        "one (default 30)",
     )
     parser.add_argument(
         "--timeout", type=float, default=900, help="seconds a run may take (default 900)"
     )
     args = parser.parse_args()
-    slowdowns = [float(s) for s in args.slowdowns.split(",") if s]
+    models = [m for m in args.models.split(",") if m]
+    for model in models:
+        if model not in NAMES:
+            parser.error(f"--models: {model!r} is not one of {sorted(NAMES)}")
     folder = Path(tempfile.mkdtemp(prefix="bench_stragglers_"))
+    results, cleans = [], {}
     try:
-        clean = run(args, None, args.clean_steps or args.steps, folder / "clean", policy=True)
-        print(json.dumps({"clean": clean}), file=sys.stderr)
-        results = []
-        for slowdown in slowdowns:
-            measured = run(args, slowdown, args.steps, folder / f"slow_{slowdown:g}", False)
-            print(json.dumps({f"slowdown_{slowdown:g}": measured}), file=sys.stderr)
-            on = run(args, slowdown, args.steps, folder / f"slow_{slowdown:g}_on", True)
-            print(json.dumps({f"slowdown_{slowdown:g}_policy_on": on}), file=sys.stderr)
-            results.append(
-                {
-                    "model": "mlp",
-                    "slowdown": slowdown,
-                    "healthy_throughput_ratio_policy_on": round(
-                        on["healthy_samples_per_s"] / clean["healthy_samples_per_s"], 3
-                    ),
-                    "healthy_throughput_ratio_policy_off": round(
-                        measured["healthy_samples_per_s"] / clean["healthy_samples_per_s"], 3
-                    ),
-                    "detection_steps": measured["detection_steps"],
-                    "detection_steps_policy_on": on["detection_steps"],
-                    "exclusions_policy_on": on["exclusions"],
-                    "reported_groups": measured["reported_groups"],
-                    "false_reports": sum(
-                        g != f"replica_{args.groups - 1}" for g in measured["reported_groups"]
-                    ),
-                }
-            )
+        for model in models:
+            titan = model == "titan"
+            slowdowns = [
+                float(x)
+                for x in (args.titan_slowdowns if titan else args.slowdowns).split(",")
+                if x
+            ]
+            steps = args.titan_steps if titan else args.steps
+            clean_steps = args.titan_steps if titan else args.clean_steps or args.steps
+            work = folder / model
+            clean = run(args, None, clean_steps, work / "clean", True, model)
+            print(json.dumps({f"{model}_clean": clean}), file=sys.stderr)
+            cleans[model] = (clean, clean_steps)
+            for slowdown in slowdowns:
+                off = run(args, slowdown, steps, work / f"slow_{slowdown:g}", False, model)
+                print(json.dumps({f"{model}_slowdown_{slowdown:g}": off}), file=sys.stderr)
+                on = run(args, slowdown, steps, work / f"slow_{slowdown:g}_on", True, model)
+                print(json.dumps({f"{model}_slowdown_{slowdown:g}_on": on}), file=sys.stderr)
+                results.append(_row(model, slowdown, off, on, clean, args.groups))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    print(
-        json.dumps(
-            {
-                "benchmark": "stragglers",
-                "machine": machine(),
-                "command": " ".join(["python -m benchmarks.stragglers", *sys.argv[1:]]),
-                "setup": (
-                    f"{args.groups} MLP replica groups, {args.work} matrix products per step, "
-                    f"each under a CPU limit of {args.cpus} CPUs ({clean['cpu_limit']}); the "
-                    f"last group slowed by limiting it to {args.cpus}/slowdown; lighthouse "
-                    "straggler report at its defaults; policy off: min_replicas = the groups; "
-                    "policy on (and the clean run): --straggler_policy exclude, min_replicas "
-                    "one less, throughput measured from the exclusion on"
-                ),
-                "targets": {
-                    "healthy_throughput_ratio_policy_on": ">= 0.9 at slowdown 4",
-                    "detection_steps": "<= 10",
-                    "clean_run": "0 false reports, 0 exclusions",
-                },
-                "results": results,
-                "clean_run": {
-                    "steps": args.clean_steps or args.steps,
-                    "seconds": round(clean["seconds"], 1),
-                    "healthy_samples_per_s": round(clean["healthy_samples_per_s"], 1),
-                    "false_reports": clean["lighthouse_reports"],
-                    "exclusions": clean["exclusions"],
-                },
-                "not_done": "TorchTitan row",
-            },
-            indent=1,
+    first, first_steps = cleans[models[0]]
+    out = {
+        "benchmark": "stragglers",
+        "machine": machine(),
+        "command": " ".join(["python -m benchmarks.stragglers", *sys.argv[1:]]),
+        "setup": (
+            f"{args.groups} replica groups, each under a CPU limit of {args.cpus} CPUs "
+            f"({first['cpu_limit']}); MLP: {args.work} matrix products per step; TorchTitan: "
+            "the llama3 debug model, configs/debug_ft_cpu.toml, one process per group; the "
+            + (
+                "last group slowed by limiting it to --cpus/slowdown"
+                if args.slow_by == "quota"
+                else "last group slowed by a SIGSTOP/SIGCONT duty cycle of 1/slowdown on top"
+            )
+            + "; lighthouse straggler "
+            "report at its defaults; policy off: min_replicas = the groups; policy on (and the "
+            "clean run): --straggler_policy exclude, min_replicas one less, throughput "
+            "measured from the exclusion on"
+        ),
+        "targets": {
+            "healthy_throughput_ratio_policy_on": ">= 0.9 at slowdown 4",
+            "detection_steps": "<= 10",
+            "clean_run": "0 false reports, 0 exclusions",
+        },
+        "results": results,
+        "clean_run": _clean_summary(first, first_steps),
+        "clean_runs": {m: _clean_summary(c, n) for m, (c, n) in cleans.items()},
+    }
+    if "titan" in models:
+        out["titan_reduced"] = (
+            f"TorchTitan: slowdowns {args.titan_slowdowns} and {args.titan_steps} measured "
+            "steps per run (the MLP's: --slowdowns, --steps): a debug-model step takes seconds "
+            f"at {args.cpus} CPUs, so the full row does not fit this 2-core machine in minutes"
         )
-    )
+    else:
+        out["not_done"] = "TorchTitan row: run with --models mlp,titan"
+    print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -98,6 +98,20 @@ def test_stragglers_prints_results_and_clean_run() -> None:
     assert {"false_reports", "exclusions"} <= out["clean_run"].keys()
 
 
+@pytest.mark.slow  # two TorchTitan jobs: about 2 min under load
+@pytest.mark.timeout(420)
+def test_stragglers_titan_row_runs_its_clean_run() -> None:
+    out = _benchmark(
+        "benchmarks.stragglers",
+        *("--models", "titan", "--groups", "2", "--titan-slowdowns", "", "--titan-steps", "2"),
+        timeout=390,
+    )
+    assert out["results"] == [] and "titan_reduced" in out
+    clean = out["clean_runs"]["titan"]
+    assert clean["steps"] == 2 and clean["healthy_samples_per_s"] > 0
+    assert {"false_reports", "exclusions"} <= clean.keys()
+
+
 @pytest.mark.slow  # the servers' start and one flood of 136 connections: 15 to 40 s under load
 @pytest.mark.timeout(240)
 def test_flood_prints_guarded_and_unguarded_cases() -> None:

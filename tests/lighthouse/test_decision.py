@@ -161,6 +161,40 @@ CASES = [
         reason="1 healthy replica(s) have not asked",
         shrink_only={"b"},
     ),
+    # The semi-sync deadline (an outer sync of LocalSGD/DiLoCo is a quorum; the join timeout
+    # is its deadline): c, a member of the last sync, is late for this one.
+    Case(
+        "outer sync: a late group of the last sync is waited for until the deadline",
+        pending={"a": 95.0, "b": 99.0},
+        heartbeats={"a": 99.0, "b": 99.0, "c": 99.0},
+        previous=["a", "b", "c"],
+        expected=None,
+        reason="issuing without them in 5.0s",
+    ),
+    Case(
+        "outer sync: at the deadline it goes ahead with the groups that are ready",
+        pending={"a": 89.0, "b": 99.0},
+        heartbeats={"a": 99.0, "b": 99.0, "c": 99.0},
+        previous=["a", "b", "c"],
+        expected=["a", "b"],
+        reason="join timeout passed, issuing without 1",
+    ),
+    Case(
+        "outer sync: the late group alone waits for the others' next sync",
+        pending={"c": 80.0},
+        heartbeats={"a": 99.0, "b": 99.0, "c": 99.0},
+        previous=["a", "b"],
+        expected=None,
+        reason="1 healthy replica(s) asked, min_replicas=2",
+    ),
+    Case(
+        "outer sync: the late group joins the next sync at once (and heals there)",
+        pending={"a": 99.0, "b": 99.5, "c": 80.0},
+        heartbeats={"a": 99.0, "b": 99.0, "c": 99.0},
+        previous=["a", "b"],
+        expected=["a", "b", "c"],
+        reason="fast quorum: all 2 previous members are back plus 1 newcomer",
+    ),
 ]
 
 

@@ -14,6 +14,7 @@ from torchtitan_ft.lighthouse.exclusion import (
     ExclusionOptions,
     StragglerPolicy,
     decide_exclusion,
+    group_of,
 )
 from torchtitan_ft.lighthouse.state import LighthouseState
 from torchtitan_ft.lighthouse.stragglers import StragglerOptions
@@ -216,5 +217,64 @@ def test_lighthouse_leaves_a_straggler_out_and_takes_it_back() -> None:
         futs = round(5, 0.04, ids="sa")  # still slow, but the quorum needs it back
         assert response(futs["a"])[0] == ["a", "s"]
         assert state.metrics.exclusions == 2 and state.metrics.readmissions == 2
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    "replica_id, group",
+    [("replica_3:0f51916d", "replica_3"), ("replica_3", "replica_3"), ("a:b:c", "a:b"), ("", "")],
+)
+def test_group_of(replica_id: str, group: str) -> None:
+    assert group_of(replica_id) == group
+
+
+def test_a_restarted_group_goes_on_with_its_exclusion_count() -> None:
+    """A group left out its ``max_exclusions`` times, whose process is then restarted (a new
+    per-process replica id), is kept in when slow again: no fresh count. Another group is
+    not affected, and the count ends with the window."""
+    now = [0.0]
+    state = LighthouseState(
+        DecisionOptions(min_replicas=2, join_timeout=10.0, heartbeat_timeout=5.0),
+        clock=lambda: now[0],
+        stragglers=StragglerOptions(factor=1.5, steps=1, window=1),
+        exclusion=ExclusionOptions(
+            StragglerPolicy.EXCLUDE, min_excluded_s=0.0, max_exclusions=1, window_s=100.0
+        ),
+    )
+
+    def ask(rids: list[str], slow: str, step: int) -> dict[str, list[str]]:
+        for rid in rids:
+            state.heartbeat(rid)
+        futs = {}
+        for rid in rids:  # in this order
+            m = _member(rid, step)
+            compute = 0.04 if rid == slow else 0.01
+            futs[rid] = state.request(m, m.to_proto(), _progress(step - 1, compute))
+        return {
+            rid: [
+                p.replica_id
+                for p in pb.LighthouseQuorumResponse.FromString(f.result()).quorum.participants
+            ]
+            for rid, f in futs.items()
+        }
+
+    async def run() -> None:
+        for rid in ("a:1", "b:1", "c:1", "s:1"):
+            state.stream_opened(rid)
+        assert ask(["a:1", "b:1", "c:1", "s:1"], "s:1", 1)["s:1"] == ["s:1"]  # left out
+        assert state.metrics.exclusions == 1
+        state.stream_closed("s:1")  # its process dies; the group restarts
+        state.stream_opened("s:2")
+        now[0] = 1.0
+        # s:2 first: a fast quorum of the others would not wait for a newcomer.
+        got = ask(["s:2", "a:1", "b:1", "c:1"], "s:2", 2)
+        assert got["s:2"] == ["a:1", "b:1", "c:1", "s:2"]  # slow, but kept in
+        assert state.metrics.exclusions == 1
+        now[0] = 2.0
+        assert ask(["a:1", "b:1", "c:1", "s:2"], "c:1", 3)["c:1"] == ["c:1"]  # its own count
+        now[0] = 101.0
+        state.tick()
+        assert ask(["s:2", "a:1", "b:1"], "s:2", 4)["s:2"] == ["s:2"]  # the window moved on
 
     asyncio.run(run())

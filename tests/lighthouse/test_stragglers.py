@@ -123,6 +123,21 @@ def test_book_skips_unmeasured_steps_and_forgets_gone_groups() -> None:
     assert list(book.samples) == ["b"] and list(book.speeds) == ["b"]
 
 
+def test_book_takes_a_retried_requests_timing_once_and_a_rerun_step_again() -> None:
+    """A retried quorum request repeats the group's last timing: one sample. A step run again
+    (discarded: left out, or a failed commit) reports the same step with its own seconds: a
+    sample of its own."""
+    book = SpeedBook(StragglerOptions(window=1, steps=1))
+    book.report("a", timings(7, [0.5]), now=0)
+    book.report("a", timings(7, [0.5]), now=1)  # the retry
+    assert list(book.samples["a"]) == [0.5]
+    book.report("a", timings(7, [0.25]), now=2)  # step 7 again, discarded the first time
+    assert list(book.samples["a"]) == [0.5, 0.25]
+    book.forget("a")
+    book.report("a", timings(7, [0.25]), now=3)  # a new process of the same id
+    assert list(book.samples["a"]) == [0.25]
+
+
 def test_lighthouse_reports_a_straggler_on_responses_status_and_metrics(servers) -> None:
     """Two real clients ask for quorums with their timings; a group 4x slower is reported in
     every member's quorum response, on the status JSON and page, and in /metrics."""

@@ -13,6 +13,9 @@ Safety: a group is only left out while the groups in the quorum are at least ``m
 without it, and an excluded group never commits, so the job's committed weights are only ever
 those of the quorum. Flapping is bounded: a group is out at least ``min_excluded_s`` (unless
 the quorum needs it back) and is left out at most ``max_exclusions`` times per ``window_s``.
+The count is per replica group (:func:`group_of`), across restarts of its processes: a
+restarted group (a new per-process replica id) does not start a fresh count, or a slow host
+whose group is restarted now and then could be left out and taken back without bound.
 """
 
 from __future__ import annotations
@@ -70,6 +73,13 @@ class Exclusion:
     @property
     def excluded(self) -> bool:
         return self.since is not None
+
+
+def group_of(replica_id: str) -> str:
+    """The replica group a quorum member's id names: the id without the per-process suffix
+    that the Manager (as torchft's) appends after a colon (``"replica_3:<uuid>"`` ->
+    ``"replica_3"``, as ``Event.replica_name``); an id without one is its own group."""
+    return replica_id.rsplit(":", 1)[0]
 
 
 class Action(StrEnum):

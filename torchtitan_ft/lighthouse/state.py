@@ -34,6 +34,7 @@ from torchtitan_ft.lighthouse.exclusion import (
     ExclusionOptions,
     StragglerPolicy,
     decide_exclusion,
+    group_of,
 )
 from torchtitan_ft.lighthouse.stragglers import SpeedBook, StragglerOptions
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
@@ -121,6 +122,9 @@ class LighthouseState:
         """Each group's recent compute times and judged speed (the straggler report)."""
         self.exclusions: dict[str, Exclusion] = {}
         """Each group's state under the straggler policy (only groups it ever left out)."""
+        self._exclusion_history: dict[str, tuple[float, ...]] = {}
+        """When each replica group (``group_of``) was left out, within the policy's window:
+        kept when its process is gone, so that a restarted group goes on with its count."""
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -186,7 +190,9 @@ class LighthouseState:
 
     def _excluded_now(self, rid: str, now: float) -> bool:
         """Decides (``decide_exclusion``) whether the asking group is out of the quorum."""
-        prior = self.exclusions.get(rid, Exclusion())
+        prior = self.exclusions.get(rid) or Exclusion(
+            history=self._exclusion_history.get(group_of(rid), ())
+        )
         speed = self.speeds.speeds.get(rid)
         straggler = speed is not None and speed.straggler
         if not prior.excluded and (
@@ -203,6 +209,7 @@ class LighthouseState:
             self.exclusion_opts,
         )
         self.exclusions[rid] = after
+        self._exclusion_history[group_of(rid)] = after.history
         if action is Action.EXCLUDED:
             self.metrics.exclusions += 1
             logger.warning(
@@ -258,6 +265,11 @@ class LighthouseState:
                 self.exclusions.pop(rid, None)
         for rid in [r for r, at in self.declared_gone.items() if now - at > _DECLARED_GONE_KEEP_S]:
             del self.declared_gone[rid]
+        window = self.exclusion_opts.window_s
+        for group in [
+            g for g, h in self._exclusion_history.items() if not h or now - h[-1] >= window
+        ]:
+            del self._exclusion_history[group]
         if self.pending:
             self.evaluate()
 

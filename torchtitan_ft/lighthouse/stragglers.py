@@ -141,16 +141,23 @@ class SpeedBook:
         self._history = max(history, opts.window)
         self.samples: dict[str, deque[float]] = {}
         self.speeds: dict[str, Speed] = {}
+        self._last: dict[str, tuple[int, float, float]] = {}
+        """Each group's last timing taken: a retried quorum request carries it again."""
         self.reports_started = 0
         """Straggler reports started so far (a counter for ``/metrics``)."""
 
     def report(self, replica_id: str, timings: Iterable[pb.StepTiming], now: float) -> list[str]:
         """Takes a group's new step timings; returns the log lines of reports that started or
-        ended. Timings without a compute measurement (``compute_seconds`` <= 0) are skipped."""
+        ended. Timings without a compute measurement (``compute_seconds`` <= 0) are skipped,
+        and so is a repeat of the group's last timing taken (same step and seconds: a retried
+        request). Not the step alone: a discarded step (a left-out group's, a failed commit)
+        is run again at the same step, and is a sample of its own."""
         lines = []
         for timing in timings:
-            if not timing.compute_seconds > 0:
+            key = (timing.step, timing.step_seconds, timing.compute_seconds)
+            if not timing.compute_seconds > 0 or self._last.get(replica_id) == key:
                 continue
+            self._last[replica_id] = key
             samples = self.samples.setdefault(replica_id, deque(maxlen=self._history))
             samples.append(timing.compute_seconds)
             others = {rid: s for rid, s in self.samples.items() if rid != replica_id}
@@ -166,6 +173,7 @@ class SpeedBook:
         """The group is gone: its history no longer counts for the others."""
         self.samples.pop(replica_id, None)
         self.speeds.pop(replica_id, None)
+        self._last.pop(replica_id, None)
 
     def views(self, excluded: Collection[str] = ()) -> list[GroupSpeed]:
         """Every judged group's speed, sorted by replica_id; ``excluded``: the groups the

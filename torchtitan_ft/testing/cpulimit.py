@@ -37,15 +37,37 @@ class CpuLimit:
         name: part of the cgroup's name (a random suffix keeps runs apart).
         pids: the processes to limit (their threads go with them).
         cpus: the limit, > 0.
+        duty_cycle: use the SIGSTOP/SIGCONT duty cycle even where a cgroup could be made. A
+            quota only caps the processes, and on a machine loaded beyond its cores every
+            process may already get less than the cap; the duty cycle stops them for
+            ``1 - cpus`` of the wall time, so they run ``cpus`` times as fast as their peers
+            whatever the load.
+        duty_period_s: the duty cycle's period. On a loaded machine the thread that drives
+            it wakes late, which lengthens both its running and its stopped window; a longer
+            period keeps the share closer to ``cpus``.
     """
 
-    def __init__(self, name: str, pids: Iterable[int], cpus: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        pids: Iterable[int],
+        cpus: float,
+        *,
+        duty_cycle: bool = False,
+        duty_period_s: float = 0.04,
+    ) -> None:
         self._pids = list(pids)
         self._dir: Path | None = None
         self._duty: _DutyCycle | None = None
         self.mechanism = "none"
         """``"cgroup v2 cpu.max"``, ``"cgroup v1 cpu.cfs_quota_us"`` or ``"duty cycle"``."""
         cgroup = f"torchtitan_ft_{name}_{uuid.uuid4().hex[:8]}"
+        if duty_cycle:
+            if not cpus > 0:
+                raise ValueError(f"cpus must be > 0, got {cpus!r}")
+            self.mechanism = "duty cycle"
+            self._duty = _DutyCycle(self._pids, cpus, duty_period_s)
+            return
         try:
             if (_V2_ROOT / "cgroup.controllers").exists():
                 self._dir, self.mechanism = _V2_ROOT / cgroup, "cgroup v2 cpu.max"
@@ -59,7 +81,7 @@ class CpuLimit:
         except OSError:
             self._remove_cgroup()
             self._dir, self.mechanism = None, "duty cycle"
-            self._duty = _DutyCycle(self._pids, cpus)
+            self._duty = _DutyCycle(self._pids, cpus, duty_period_s)
 
     def set(self, cpus: float) -> None:
         """Changes the limit to ``cpus`` CPUs (> 0)."""
@@ -100,14 +122,15 @@ class CpuLimit:
 
 
 class _DutyCycle:
-    """Stops and continues ``pids`` so that they run ``cpus`` of each 40 ms (``cpus`` >= 1:
-    never stopped)."""
+    """Stops and continues ``pids`` so that they run ``cpus`` of each ``period_s`` (``cpus``
+    >= 1: never stopped)."""
 
-    PERIOD_S = 0.04
-
-    def __init__(self, pids: list[int], cpus: float) -> None:
+    def __init__(self, pids: list[int], cpus: float, period_s: float) -> None:
+        if not period_s > 0:
+            raise ValueError(f"duty_period_s must be > 0, got {period_s!r}")
         self._pids = pids
         self.cpus = cpus
+        self.period_s = period_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu_duty_cycle", daemon=True)
         self._thread.start()
@@ -121,11 +144,11 @@ class _DutyCycle:
         while not self._stop.is_set():
             share = min(self.cpus, 1.0)
             if share >= 1.0:
-                self._stop.wait(self.PERIOD_S)
+                self._stop.wait(self.period_s)
                 continue
-            self._stop.wait(self.PERIOD_S * share)
+            self._stop.wait(self.period_s * share)
             self._signal(signal.SIGSTOP)
-            self._stop.wait(self.PERIOD_S * (1 - share))
+            self._stop.wait(self.period_s * (1 - share))
             self._signal(signal.SIGCONT)
 
     def stop(self) -> None:
