@@ -210,6 +210,65 @@ def test_discarded_step_retries_its_batches_in_order() -> None:
     assert g.dataloader.reads == [0, 1, 2]
 
 
+def test_skip_left_out_drops_the_batches_and_the_ledger_counts_them_as_skipped() -> None:
+    """fault_tolerance.numerics = "torchtitan_ft_trainer": a group left out of a committed step
+    (healing) skips its batch as TorchTitan's FT trainer does; it reports the skip in its next
+    participating step (not in a discarded one), and every group's ledger then counts it as
+    consumed and skipped. A restart heals the ledger and skips again; each sample is trained
+    or skipped exactly once."""
+    from torchtitan_ft.titan.data import CommittedBatches
+
+    def step(groups: dict, participants: list[int], committed: bool) -> dict[int, int]:
+        batches = {r: next(g) for r, g in groups.items()}
+        reported = [0, 0]
+        for r in participants:
+            reported[r] = groups[r].skips_to_report()
+        skipped = {r: g.end_step(committed, participants, reported) for r, g in groups.items()}
+        for r in groups:
+            if committed and r in participants:
+                trained.append(batches[r])
+            elif skipped[r]:
+                dropped.append(batches[r])
+        return skipped
+
+    trained: list[int] = []
+    dropped: list[int] = []
+    g0 = CommittedBatches(_SliceLoader(0), 0, 2, skip_left_out=True)
+    g1 = CommittedBatches(_SliceLoader(1), 1, 2, skip_left_out=True)
+    assert step({0: g0, 1: g1}, [0], True) == {0: 0, 1: 1}  # group 1 heals in step 1
+    assert g1.skips_to_report() == 1 and g0.consumed == g1.consumed == [1, 0]
+    step({0: g0, 1: g1}, [0, 1], False)  # discarded: the report does not count
+    assert g1.skips_to_report() == 1 and g0.consumed == [1, 0]
+    step({0: g0, 1: g1}, [0, 1], True)
+    assert g0.consumed == g1.consumed == [2, 2]
+    assert g0.skipped == g1.skipped == [0, 1] and g1.skips_to_report() == 0
+    # Group 1 restarts and heals from group 0's ledger in the step it rejoins: skips again.
+    g1 = CommittedBatches(_SliceLoader(1), 1, 2, skip_left_out=True)
+    ledger = g0.state_dict()
+    batches = {0: next(g0), 1: next(g1)}
+    g1.load_state_dict(ledger)
+    assert g0.end_step(True, [0], [0, 0]) == 0 and g1.end_step(True, [0], [0, 0]) == 1
+    trained.append(batches[0])
+    dropped.append(batches[1])
+    step({0: g0, 1: g1}, [0, 1], True)
+    assert g0.consumed == g1.consumed == [4, 4] and g0.skipped == g1.skipped == [0, 2]
+    assert step({0: g0, 1: g1}, [0, 1], True) == {0: 0, 1: 0}
+    # Group 1's slice: 1000 and 1002 skipped (the restart read 1000 before its heal; the
+    # ledger counts it as its next batch, 1002), the others trained once, in order.
+    assert [s for s in trained if s >= 1000] == [1001, 1003, 1004]
+    assert [s for s in trained if s < 1000] == [0, 1, 2, 3, 4] and g1.position == 5
+    assert g0.consumed == [5, 5] and g0.skipped == [0, 2]
+
+
+def test_without_skip_left_out_a_left_out_group_retries_its_batch() -> None:
+    from torchtitan_ft.titan.data import CommittedBatches
+
+    g = CommittedBatches(_SliceLoader(1), 1, 2)
+    first = next(g)
+    assert g.end_step(True, [0], [0, 0]) == 0 and g.skips_to_report() == 0
+    assert next(g) == first and g.skipped == [0, 0]
+
+
 def test_reader_state_resumes_at_the_consumed_batch() -> None:
     """A disk checkpoint taken after a discarded step restarts at the retried batch."""
     from torchtitan_ft.titan.data import CommittedBatches
@@ -350,9 +409,13 @@ def assert_groups_identical(tmp_path: Path, ranks: int) -> None:
         assert_identical(states[0]["healed"], states[1]["healed"], f"rank{rank}")
         # Every committed step consumed one batch of each participant's slice; each group's
         # reader stands exactly at its ledger entry (the restarted group read forward to it).
-        consumed = states[0]["healed"]["data"]["consumed"]
+        # With fault_tolerance.numerics = "torchtitan_ft_trainer", the ledger also counts the
+        # batches skipped by request (``skipped``, zeros otherwise).
+        ledger = states[0]["healed"]["data"]
+        consumed, skipped = ledger["consumed"], ledger["skipped"]
         assert [s["position"] for s in states] == consumed
-        assert sum(consumed) == states[0]["manager"]["batches_committed"]
+        trained = sum(consumed) - sum(skipped)
+        assert trained == states[0]["manager"]["batches_committed"]
         assert 0 < consumed[1] < consumed[0] <= STEPS  # group 1 missed the steps it was down
 
 
@@ -367,6 +430,26 @@ def test_killed_replica_group_heals_to_identical_state(tmp_path: Path, ranks: in
     assert_groups_identical(tmp_path, ranks)
     assert_job_loss_logged_per_commit(tmp_path, job)
     job.assert_recovers_its_speed()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(E2E_TIMEOUT_S)
+def test_kill_and_heal_with_torchtitan_ft_trainer_numerics(tmp_path: Path) -> None:
+    """fault_tolerance.numerics = "torchtitan_ft_trainer" through a kill and a heal: the
+    restarted group skips the batch of the step it heals in (the ledger of both groups counts
+    it as skipped), both groups end identical, and every committed step is logged once."""
+    job = kill_and_restart_group_1(
+        tmp_path,
+        1,
+        "--metrics.enable_tensorboard",
+        "--fault_tolerance.numerics=torchtitan_ft_trainer",
+    )
+    job.assert_healed_and_survived()
+    assert_groups_identical(tmp_path, 1)
+    ledger = _load_states(tmp_path, 0)[0]["healed"]["data"]
+    assert ledger["skipped"][0] == 0 and ledger["skipped"][1] >= 1, ledger
+    assert_job_loss_logged_per_commit(tmp_path, job)
 
 
 def assert_job_loss_logged_per_commit(tmp_path: Path, job: KilledAndHealed) -> None:

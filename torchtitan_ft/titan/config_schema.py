@@ -37,6 +37,7 @@ QuorumModeName = Literal[tuple(sorted(m.value for m in QuorumMode))]  # QuorumMo
 WorldSizeModeName = Literal["dynamic", "fixed_with_spares"]
 CheckpointTransportName = Literal["http", "pg"]
 OuterOptimizerName = Literal["sgd", "adamw"]
+NumericsName = Literal["torchtitan", "torchtitan_ft_trainer"]
 
 
 class ConfigError(ValueError):
@@ -306,6 +307,22 @@ class FaultTolerance(TitanFaultTolerance):
 
     outer_nesterov: bool = True
     """Use Nesterov momentum in the "sgd" outer optimizer ("diloco" only). Default True."""
+
+    numerics: NumericsName = "torchtitan"
+    """
+    Whose numbers an FT job reproduces. "torchtitan" (default): those of TorchTitan's trainer
+    without FT, and every batch trained once. Adam's first update equals a run without FT,
+    and the batches of a replica group left out of a step that committed (healing, or a spare)
+    are retried by its next step. "torchtitan_ft_trainer": those of TorchTitan's own FT
+    trainer (``TRAIN_FILE=torchtitan.experiments.ft.train``), for comparing curves with it. Two
+    changes. Adam's state is created with one zero-lr step when the optimizer is built, as
+    TorchTitan's FT optimizer container does (its step counter runs one ahead, so the first
+    real update is smaller). And a group left out of a committed step skips that step's
+    batches: the data ledger records them as skipped, not trained. Trade-off: the opt-in gives
+    up Adam parity with runs without FT and drops the left-out group's samples. The start-up
+    log says which is in force. Applies when ``enable``; with a ``semi_sync_method`` only the
+    Adam step applies (every batch is trained by its group's inner step there anyway).
+    """
 
     explicit_fields = None
     """Not a config key: the names of the fields the user set (TOML or command line), recorded
