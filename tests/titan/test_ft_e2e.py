@@ -5,35 +5,22 @@ A lighthouse (in this process) and 2 replica groups of 1 or 2 ranks train the ll
 group 1 is SIGKILLed (its torchrun agent *and* its workers) mid-run; group 0 keeps committing
 alone; group 1 is started again, heals from group 0 and both finish the run. At exit each rank
 dumps its healed state (model, optimizer, lr scheduler, train state, data ledger), the Manager's
-state, its reader position and the sync strategy's state (``DumpingTrainer`` in
-``_worker_main``); the test checks that both groups hold the same state, rank by rank, and
-that the healed job steps as fast as before the kill.
-
-This module is also the ``TRAIN_FILE`` of the runs (``python -m tests.titan.test_ft_e2e``):
-the test-only hooks live here, not in the product. Environment of a run:
-
-* ``FT_E2E_OUT``: directory for ``ready_r<replica>_rank<rank>`` (written once the trainer is
-  built) and ``state_r<replica>_rank<rank>.pt`` (written after the last step);
-* ``FT_E2E_ALONE_SLEEP_S``: seconds to sleep after a step with fewer participants than
-  ``group_size``, so the survivor is still training when the restarted group is back;
-* ``FT_E2E_MAX_ALONE``: after this many such steps the survivor waits (at most
-  ``ALONE_WAIT_S``) for the other groups' ``ready`` files, so that a restart slowed down by a
-  busy machine still leaves steps to train together after the heal;
-* ``FT_E2E_STOP_FILE``: once this file exists, training ends after the step it names (the
-  test decides when every group has done what it watches for; ``--training.steps`` is then
-  only an upper bound).
+state, its reader position and the sync strategy's state (the runs' ``TRAIN_FILE`` is
+:mod:`torchtitan_ft.testing.titan_dump`, whose environment variables are set here); the test
+checks that both groups hold the same state, rank by rank, and that the healed job steps as
+fast as before the kill.
 """
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.titan._jobs import (
+from torchtitan_ft.events import EventKind
+from torchtitan_ft.testing.titan_dump import dump_path, ready_path
+from torchtitan_ft.testing.titan_jobs import (
     TrainRun,
     assert_identical,
     finish_all,
@@ -43,7 +30,6 @@ from tests.titan._jobs import (
     median_ratio,
     step_durations,
 )
-from torchtitan_ft.events import EventKind
 
 STEPS = 30
 KILL_AT_STEP = 8
@@ -52,80 +38,12 @@ KILL_AT_STEP = 8
 STEPS_BEFORE_KILL = 5
 """Step times of group 1 before the kill that the recovery-speed check compares against."""
 MAX_ALONE = 6
-ALONE_WAIT_S = 150.0
 RECOVERY_SLOWDOWN_LIMIT = 2.0
 """The healed job's median step time may be at most this times its median before the kill. What
 it catches is a group that never gets its speed back (a heal or a thread every step costs about
 2x or more); beside a busy process on 2 cores the survivor's median moved by up to 1.64x between
 the two windows with nothing wrong (a fresh-clone run, stop 28)."""
 E2E_TIMEOUT_S = 420
-
-
-def _dump_path(out: Path, replica: int, rank: int) -> Path:
-    return out / f"state_r{replica}_rank{rank}.pt"
-
-
-def _ready_path(out: Path, replica: int, rank: int) -> Path:
-    return out / f"ready_r{replica}_rank{rank}"
-
-
-# --- the worker (runs under torchrun) ----------------------------------------------------------
-
-
-def _worker_main() -> None:
-    import torchtitan_ft.titan.train as entry  # applies the CPU fixes before TorchTitan is imported
-    from torchtitan_ft.titan.trainer import FaultTolerantTrainer
-
-    class DumpingTrainer(FaultTolerantTrainer):
-        """Announces itself once built, paces the survivor, dumps its state after training."""
-
-        def __init__(self, job_config: Any) -> None:
-            super().__init__(job_config)
-            self._out = Path(os.environ["FT_E2E_OUT"])
-            self._replica = job_config.fault_tolerance.replica_id
-            self._rank = int(os.environ["RANK"])
-            self._tag = f"r{self._replica}_rank{self._rank}"
-            self._alone_steps = 0
-            _ready_path(self._out, self._replica, self._rank).write_text(str(os.getpid()))
-
-        def train_step(self, data_iterator: Any) -> None:
-            super().train_step(data_iterator)
-            if self.replica_axis.manager.num_participants() < self.replica_axis.group_size:
-                time.sleep(float(os.environ.get("FT_E2E_ALONE_SLEEP_S", "0")))
-                self._alone_steps += 1
-                if self._alone_steps >= int(os.environ.get("FT_E2E_MAX_ALONE", "1000000")):
-                    self._wait_for_the_others()
-
-        def should_continue_training(self) -> bool:
-            stop = os.environ.get("FT_E2E_STOP_FILE")
-            if stop and os.path.exists(stop):
-                return self.step < int(Path(stop).read_text())
-            return super().should_continue_training()
-
-        def _wait_for_the_others(self) -> None:
-            others = [
-                _ready_path(self._out, r, self._rank)
-                for r in range(self.replica_axis.group_size)
-                if r != self._replica
-            ]
-            deadline = time.monotonic() + ALONE_WAIT_S
-            while not all(p.exists() for p in others) and time.monotonic() < deadline:
-                time.sleep(0.2)
-
-        def train(self) -> None:
-            import torch
-
-            super().train()
-            strategy = getattr(self.replica_axis, "strategy", None)
-            state = {
-                "healed": self.healed_state.state_dict(),
-                "manager": self.replica_axis.manager.state_dict(),
-                "position": getattr(self.batches, "position", None),  # per-step FT only
-                "strategy": strategy.state_dict() if strategy is not None else None,
-            }
-            torch.save(state, self._out / f"state_{self._tag}.pt")
-
-    entry.main(trainer_class=DumpingTrainer)
 
 
 # --- data semantics, without processes ----------------------------------------------------------
@@ -368,7 +286,7 @@ def kill_and_restart_group_1(
             env=ft_env(
                 config,
                 address,
-                TRAIN_FILE="tests.titan.test_ft_e2e",
+                TRAIN_FILE="torchtitan_ft.testing.titan_dump",
                 FT_E2E_OUT=str(tmp_path),
                 FT_E2E_ALONE_SLEEP_S="0.7",
                 FT_E2E_MAX_ALONE=str(MAX_ALONE),
@@ -386,7 +304,7 @@ def kill_and_restart_group_1(
         killed.sigkill()
         killed.name = "replica group 1 (killed)"
         for rank in range(ranks):
-            _ready_path(tmp_path, 1, rank).unlink(missing_ok=True)
+            ready_path(tmp_path, 1, rank).unlink(missing_ok=True)
         restarted = group(1, address)
         restarted.name = "replica group 1 (restarted)"
         finish_all([survivor, restarted])
@@ -396,7 +314,7 @@ def kill_and_restart_group_1(
 def _load_states(tmp_path: Path, rank: int) -> list[dict]:
     import torch
 
-    return [torch.load(_dump_path(tmp_path, r, rank), weights_only=False) for r in range(2)]
+    return [torch.load(dump_path(tmp_path, r, rank), weights_only=False) for r in range(2)]
 
 
 def assert_groups_identical(tmp_path: Path, ranks: int) -> None:
@@ -500,7 +418,3 @@ def test_killed_diloco_group_heals_to_the_global_model(tmp_path: Path) -> None:
     assert_identical(states[0]["strategy"], states[1]["strategy"], "strategy")
     assert states[0]["manager"] == states[1]["manager"]
     job.assert_recovers_its_speed()
-
-
-if __name__ == "__main__":
-    _worker_main()

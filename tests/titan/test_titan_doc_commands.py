@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.titan._jobs import ROOT, TrainRun, finish_all, remaining
 from torchtitan_ft.events import EventKind
+from torchtitan_ft.testing.titan_jobs import ROOT, TrainRun, finish_all, remaining
 from torchtitan_ft.titan.config import parse_job_config
 from torchtitan_ft.titan.named_configs import TITAN_CONFIGS, UnknownConfigName, resolve, resolve_env
 

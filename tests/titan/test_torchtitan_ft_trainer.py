@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.titan._jobs import (
+from torchtitan_ft.events import EventKind, HealOutcome
+from torchtitan_ft.testing.titan_jobs import (
     CONFIGS,
     ROOT,
     STEP_LINE,
@@ -26,7 +27,6 @@ from tests.titan._jobs import (
     remaining,
     run_ft_groups,
 )
-from torchtitan_ft.events import EventKind, HealOutcome
 
 COMPAT = ROOT / "compat"
 TRAINER = "torchtitan.experiments.ft.train"
