@@ -38,6 +38,7 @@ WorldSizeModeName = Literal["dynamic", "fixed_with_spares"]
 CheckpointTransportName = Literal["http", "pg"]
 OuterOptimizerName = Literal["sgd", "adamw"]
 NumericsName = Literal["torchtitan", "torchtitan_ft_trainer"]
+ReplacementName = Literal["cold", "zygote"]
 
 
 class ConfigError(ValueError):
@@ -322,6 +323,21 @@ class FaultTolerance(TitanFaultTolerance):
     up Adam parity with runs without FT and drops the left-out group's samples. The start-up
     log says which is in force. Applies when ``enable``; with a ``semi_sync_method`` only the
     Adam step applies (every batch is trained by its group's inner step there anyway).
+    """
+
+    replacement: ReplacementName = "cold"
+    """
+    How ``./run_train.sh`` replaces this replica group's workers when one of them dies
+    (torchrun restarts the whole worker group: the others' in-group collectives are broken).
+    "cold" (default): torchrun starts fresh interpreters, which import torch, TorchTitan and
+    this package again before they build the model, join a quorum and heal; torchrun restarts
+    only ``MAX_RESTARTS`` times (run_train.sh, default 0: the group then stops). "zygote": the
+    launcher keeps one pre-imported process per machine that forks every worker torchrun
+    starts, so a restart skips the imports (``torchtitan_ft/titan/zygote.py``); with
+    ``MAX_RESTARTS`` left at 0 torchrun may then restart the group up to 100 times, and the
+    launcher says so in one line. Trade-off: the zygote holds the imported modules' memory
+    (a few hundred MB on CPU) while the group trains. Applies when ``enable``, to groups
+    started by ``./run_train.sh``; the first start comes from the zygote too.
     """
 
     explicit_fields = None
