@@ -12,6 +12,7 @@ hand: torchrun restarts the group (``fault_tolerance.replacement``: "cold" with
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -47,6 +48,30 @@ class ReplacementRun:
             if e.replica_id not in self.killed_replica_ids and e.data["participants"] == 2
         ]
         return min(e.time for e in commits) - self.killed_at if commits else None
+
+    def timeline(self) -> dict[str, float | None]:
+        """Seconds from the SIGKILL to the replacement's milestones, from group 1's rank-0
+        events: its Manager built (``start``: torchrun's restart, the imports, TorchTitan's
+        model build), its heal done (``heal_end``), and it committing beside group 0
+        (:meth:`replacement_s`); and the survivor's median step (commit to commit) meanwhile."""
+
+        def first(kind: EventKind) -> float | None:
+            times = [
+                e.time - self.killed_at
+                for e in self.group.events(kind)
+                if e.replica_id not in self.killed_replica_ids and e.time > self.killed_at
+            ]
+            return round(min(times), 3) if times else None
+
+        commits = [e.time for e in self.survivor.events(EventKind.COMMIT)]
+        steps = sorted(b - a for a, b in itertools.pairwise(commits))
+        seconds = self.replacement_s()
+        return {
+            "manager_built_s": first(EventKind.START),
+            "healed_s": first(EventKind.HEAL_END),
+            "participating_s": round(seconds, 3) if seconds is not None else None,
+            "survivor_median_step_s": round(steps[len(steps) // 2], 3) if steps else None,
+        }
 
 
 def _group(
@@ -94,5 +119,9 @@ def kill_a_rank(
         pid = int(ready_path(work, 1, kill_rank).read_text())
         os.kill(pid, signal.SIGKILL)
         killed_at = time.time()
+        # After FT_E2E_MAX_ALONE steps alone the survivor waits for these files, which the
+        # replacement's ranks write again once built: it is still training when they join.
+        for rank in range(ranks):
+            ready_path(work, 1, rank).unlink(missing_ok=True)
         finish_all([survivor, group])
     return ReplacementRun(survivor, group, killed_at, killed_ids)
