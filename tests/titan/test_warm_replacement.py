@@ -84,6 +84,8 @@ def _worker_pid(client: subprocess.Popen) -> int:
     return int(line.split()[1])
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
 def test_the_zygote_forks_a_worker_with_the_clients_env_stdio_and_exit_status(
     zygote, tmp_path: Path
 ) -> None:
@@ -95,6 +97,8 @@ def test_the_zygote_forks_a_worker_with_the_clients_env_stdio_and_exit_status(
     assert int(worker) != client.pid
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("kill", ["worker", "client"])
 def test_a_killed_worker_ends_its_client_and_the_clients_signals_reach_it(
     zygote, kill: str
