@@ -17,7 +17,7 @@ import pytest
 from torchtitan_ft.testing.titan_dump import dump_path
 from torchtitan_ft.testing.titan_jobs import assert_identical
 from torchtitan_ft.testing.titan_replacement import kill_a_rank
-from torchtitan_ft.titan.launch import ZYGOTE_MAX_RESTARTS, with_zygote
+from torchtitan_ft.titan.launch import ZYGOTE_MAX_RESTARTS, replacement, with_zygote
 
 
 def test_with_zygote_starts_workers_through_the_client_and_allows_restarts() -> None:
@@ -39,6 +39,23 @@ def test_with_zygote_starts_workers_through_the_client_and_allows_restarts() -> 
     assert kept[0] == "--max-restarts=3" and note is None
     with pytest.raises(ValueError, match="-m MODULE"):
         with_zygote(["--nproc_per_node=2"], "/s")
+
+
+def test_the_launcher_reads_the_replacement_from_the_command_line_or_the_toml(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "job.toml"
+    config.write_text("[fault_tolerance]\nenable = true\ngroup_size = 2\nreplacement = 'zygote'\n")
+    assert replacement(["--job.config_file", str(config)]) == "zygote"
+    flag = ["--fault_tolerance.replacement=cold"]
+    assert replacement([f"--job.config_file={config}", *flag]) == "cold"
+    plain = tmp_path / "plain.toml"
+    plain.write_text("[fault_tolerance]\nenable = true\ngroup_size = 2\n")
+    assert replacement(["--job.config_file", str(plain)]) == "cold"  # not parsed: cheap
+    assert (
+        replacement(["--job.config_file", str(plain), "--fault_tolerance.replacement=zygote"])
+        == "zygote"
+    )
 
 
 WORKER = """

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 USER_ERROR_EXIT = 2
@@ -78,9 +79,27 @@ def worker_args(argv: list[str]) -> list[str]:
     return argv[i + 2 :] if i >= 0 else []
 
 
+def mentions_replacement(args: list[str]) -> bool:
+    """Whether the trainer arguments ``args`` or their ``--job.config_file`` contain the word
+    "replacement": a cheap test before :func:`replacement` parses the config (which imports
+    TorchTitan into the agent, seconds of CPU on every launch otherwise)."""
+    if any("replacement" in arg for arg in args):
+        return True
+    files = [
+        arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+        for i, arg in enumerate(args)
+        if arg.partition("=")[0] in ("--job.config_file", "--job.config-file")
+    ]
+    with contextlib.suppress(OSError):
+        return bool(files) and "replacement" in Path(files[-1]).read_text()
+    return False
+
+
 def replacement(args: list[str]) -> str:
     """``fault_tolerance.replacement`` of the trainer arguments ``args`` ("cold" when FT is
     off or the config does not parse: the worker then reports the config error itself)."""
+    if not mentions_replacement(args):
+        return "cold"
     from torchtitan_ft.titan.config import ConfigError, parse_job
 
     try:
