@@ -53,6 +53,11 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.getLogger(_AGENT_LOGGER).addFilter(_DropUserErrorFailure())
     argv = list(sys.argv[1:] if argv is None else argv)
+    # A store per rendezvous round for the workers. By default it is the rendezvous store,
+    # without a per-round prefix: the workers torchrun restarts (MAX_RESTARTS, a zygote) read
+    # the gloo addresses of the previous round's workers and fail ("connectFullMesh failed
+    # ... Connection refused"), on one machine as on several.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     with contextlib.ExitStack() as stack:
         if replacement(worker_args(argv)) == "zygote":
             argv = stack.enter_context(zygote_workers(argv))
