@@ -60,6 +60,20 @@ throughout; replica 1 is the victim, then its replacements, one per kill:
 
 Summaries give medians and ranges per row and ``ours_over_torchft`` (``RATIO_ROWS``); runs whose
 worker died are listed under ``failed_runs``.
+
+The TorchTitan row (``--titan cold zygote``; ``--sizes-mb`` with no value runs it alone): two
+``./run_train.sh`` replica groups of ``--titan-ranks`` ranks (the debug model, per-step FT,
+``torchtitan_ft.testing.titan_replacement``); once they committed together, one rank of group
+1 is SIGKILLed, and torchrun restarts the group: ``cold`` (``MAX_RESTARTS=1``, fresh
+interpreters) or ``zygote`` (``fault_tolerance.replacement = "zygote"``, workers forked from a
+pre-imported process), the kinds alternating ``--repeats`` times. **replacement_s** = SIGKILL
+-> the first step the restarted group commits beside group 0 (from the event stream), against
+the 2 s goal; ``zygote_over_cold`` = the ratio of their medians. Per run also: SIGKILL -> the
+replacement's Manager built (``manager_built_s``: torchrun's restart, imports, TorchTitan's
+set-up) and -> its heal done (``healed_s``), and the survivor's median step meanwhile.
+
+    python -m benchmarks.recovery --sizes-mb --titan cold zygote [--titan-ranks 2]
+        [--titan-steps 16] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -83,6 +97,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from benchmarks import _mlp, machine  # noqa: E402
@@ -90,6 +105,8 @@ from torchtitan_ft.testing import processes  # noqa: E402
 
 MODULE = "benchmarks.recovery"
 TARGETS = {"stall_s": 0.5, "spawn_to_participating_s": 3.0, "manager_to_participating_s": 0.5}
+TITAN_TARGET_S = 2.0
+"""The goal of the TorchTitan row: a run_train.sh group participates again 2 s after a SIGKILL."""
 
 
 # ------------------------------------------------------------------ worker
@@ -690,9 +707,68 @@ def _ours_row(row: str) -> str:
     )
 
 
+def titan_row(replacements: list[str], repeats: int, ranks: int, steps: int) -> dict[str, Any]:
+    """The TorchTitan row (see the module docstring)."""
+    from torchtitan_ft.testing.titan_replacement import kill_a_rank
+
+    runs: list[dict[str, Any]] = []
+    for repeat in range(repeats):
+        for replacement in replacements:
+            work = tempfile.mkdtemp(prefix="recovery_titan_")
+            entry: dict[str, Any] = {"replacement": replacement, "repeat": repeat}
+            try:
+                job = kill_a_rank(Path(work), replacement, steps, ranks, kill_rank=ranks - 1)
+                timeline = job.timeline()
+                entry["replacement_s"] = timeline.pop("participating_s")
+                entry.update(timeline)
+            except AssertionError as e:  # a group failed or never trained together: recorded
+                entry["error"] = str(e)[:2000]
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            print(f"[titan] {entry}", file=sys.stderr)
+            runs.append(entry)
+    summary = {
+        kind: _median(
+            [
+                r["replacement_s"]
+                for r in runs
+                if r["replacement"] == kind and r.get("replacement_s") is not None
+            ]
+        )
+        for kind in replacements
+    }
+    row: dict[str, Any] = {
+        "setup": f"2 run_train.sh groups of {ranks} rank(s), llama3 debug model "
+        f"(debug_ft_cpu.toml), {steps} steps, per-step FT, lighthouse min_replicas=1, "
+        "heartbeat 2 s; group 1's last rank SIGKILLed once the groups committed 2 steps "
+        "together",
+        "target_s": TITAN_TARGET_S,
+        "runs": runs,
+        "replacement_s_median": summary,
+    }
+    if summary.get("cold") and summary.get("zygote"):
+        row["zygote_over_cold"] = round(summary["zygote"] / summary["cold"], 3)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[10.0, 200.0])
+    parser.add_argument(
+        "--sizes-mb",
+        type=float,
+        nargs="*",
+        default=[10.0, 200.0],
+        help="MLP sizes (none: only the TorchTitan row)",
+    )
+    parser.add_argument(
+        "--titan",
+        nargs="*",
+        choices=["cold", "zygote"],
+        default=[],
+        help="the TorchTitan row's replacements (default: no TorchTitan row)",
+    )
+    parser.add_argument("--titan-ranks", type=int, default=2, help="ranks per TorchTitan group")
+    parser.add_argument("--titan-steps", type=int, default=16, help="TorchTitan steps per run")
     parser.add_argument(
         "--kinds", nargs="+", choices=["cold", "warm", "bg_dynamo"], default=["cold", "warm"]
     )
@@ -762,6 +838,11 @@ def main() -> None:
                 for row, theirs in RATIO_ROWS.items()
             }
         sizes.append(entry)
+    titan = (
+        titan_row(args.titan, args.repeats, args.titan_ranks, args.titan_steps)
+        if args.titan
+        else None
+    )
     command = "python -m " + MODULE + " " + " ".join(sys.argv[1:])
     print(
         json.dumps(
@@ -780,6 +861,7 @@ def main() -> None:
                 },
                 "targets": TARGETS,
                 "sizes": sizes,
+                "titan": titan,
                 "failed_runs": errors,
                 "wall_s": round(time.time() - started, 1),
             },

@@ -34,6 +34,21 @@ def _benchmark(module: str, *args: str, timeout: float) -> dict[str, Any]:
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow  # two TorchTitan groups and a torchrun restart: minutes on 2 cores
+@pytest.mark.timeout(600)
+def test_recovery_titan_row_prints_the_replacement_time() -> None:
+    out = _benchmark(
+        "benchmarks.recovery",
+        *("--sizes-mb", "--titan", "zygote", "--titan-ranks", "1", "--titan-steps", "12"),
+        *("--repeats", "1"),
+        timeout=570,
+    )
+    assert out["sizes"] == [] and out["titan"]["target_s"] == 2.0
+    (run,) = out["titan"]["runs"]
+    assert run["replacement"] == "zygote" and run["replacement_s"] > 0, run
+    assert out["titan"]["replacement_s_median"]["zygote"] == run["replacement_s"]
+
+
 @pytest.mark.timeout(180)
 def test_recovery_prints_stall_and_replacement() -> None:
     """Once it crashed at once: ``'Proc' object has no attribute 'q'``, draining the victim's

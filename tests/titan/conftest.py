@@ -3,7 +3,7 @@
 import pytest
 import torch.distributed as dist
 
-from tests.titan import _jobs
+from torchtitan_ft.testing import titan_jobs as _jobs
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.titan._jobs import TrainRun, finish_all, ft_env, lighthouse
+from torchtitan_ft.testing.titan_jobs import TrainRun, finish_all, ft_env, lighthouse
 from torchtitan_ft.titan.checkpointing import (
     DATALOADER_KEY,
     REPLICA_AXIS_KEY,

@@ -5,35 +5,22 @@ A lighthouse (in this process) and 2 replica groups of 1 or 2 ranks train the ll
 group 1 is SIGKILLed (its torchrun agent *and* its workers) mid-run; group 0 keeps committing
 alone; group 1 is started again, heals from group 0 and both finish the run. At exit each rank
 dumps its healed state (model, optimizer, lr scheduler, train state, data ledger), the Manager's
-state, its reader position and the sync strategy's state (``DumpingTrainer`` in
-``_worker_main``); the test checks that both groups hold the same state, rank by rank, and
-that the healed job steps as fast as before the kill.
-
-This module is also the ``TRAIN_FILE`` of the runs (``python -m tests.titan.test_ft_e2e``):
-the test-only hooks live here, not in the product. Environment of a run:
-
-* ``FT_E2E_OUT``: directory for ``ready_r<replica>_rank<rank>`` (written once the trainer is
-  built) and ``state_r<replica>_rank<rank>.pt`` (written after the last step);
-* ``FT_E2E_ALONE_SLEEP_S``: seconds to sleep after a step with fewer participants than
-  ``group_size``, so the survivor is still training when the restarted group is back;
-* ``FT_E2E_MAX_ALONE``: after this many such steps the survivor waits (at most
-  ``ALONE_WAIT_S``) for the other groups' ``ready`` files, so that a restart slowed down by a
-  busy machine still leaves steps to train together after the heal;
-* ``FT_E2E_STOP_FILE``: once this file exists, training ends after the step it names (the
-  test decides when every group has done what it watches for; ``--training.steps`` is then
-  only an upper bound).
+state, its reader position and the sync strategy's state (the runs' ``TRAIN_FILE`` is
+:mod:`torchtitan_ft.testing.titan_dump`, whose environment variables are set here); the test
+checks that both groups hold the same state, rank by rank, and that the healed job steps as
+fast as before the kill.
 """
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.titan._jobs import (
+from torchtitan_ft.events import EventKind
+from torchtitan_ft.testing.titan_dump import dump_path, ready_path
+from torchtitan_ft.testing.titan_jobs import (
     TrainRun,
     assert_identical,
     finish_all,
@@ -43,7 +30,6 @@ from tests.titan._jobs import (
     median_ratio,
     step_durations,
 )
-from torchtitan_ft.events import EventKind
 
 STEPS = 30
 KILL_AT_STEP = 8
@@ -52,82 +38,12 @@ KILL_AT_STEP = 8
 STEPS_BEFORE_KILL = 5
 """Step times of group 1 before the kill that the recovery-speed check compares against."""
 MAX_ALONE = 6
-ALONE_WAIT_S = 150.0
 RECOVERY_SLOWDOWN_LIMIT = 2.0
 """The healed job's median step time may be at most this times its median before the kill. What
 it catches is a group that never gets its speed back (a heal or a thread every step costs about
 2x or more); beside a busy process on 2 cores the survivor's median moved by up to 1.64x between
 the two windows with nothing wrong (a fresh-clone run, stop 28)."""
 E2E_TIMEOUT_S = 420
-
-
-def _dump_path(out: Path, replica: int, rank: int) -> Path:
-    return out / f"state_r{replica}_rank{rank}.pt"
-
-
-def _ready_path(out: Path, replica: int, rank: int) -> Path:
-    return out / f"ready_r{replica}_rank{rank}"
-
-
-# --- the worker (runs under torchrun) ----------------------------------------------------------
-
-
-def _worker_main() -> None:
-    import torchtitan_ft.titan.train as entry  # applies the CPU fixes before TorchTitan is imported
-    from torchtitan_ft.titan import releases
-
-    FaultTolerantTrainer = releases.installed().module.trainer_class()
-
-    class DumpingTrainer(FaultTolerantTrainer):
-        """Announces itself once built, paces the survivor, dumps its state after training."""
-
-        def __init__(self, job_config: Any) -> None:
-            super().__init__(job_config)
-            self._out = Path(os.environ["FT_E2E_OUT"])
-            self._replica = job_config.fault_tolerance.replica_id
-            self._rank = int(os.environ["RANK"])
-            self._tag = f"r{self._replica}_rank{self._rank}"
-            self._alone_steps = 0
-            _ready_path(self._out, self._replica, self._rank).write_text(str(os.getpid()))
-
-        def train_step(self, data_iterator: Any) -> None:
-            super().train_step(data_iterator)
-            if self.replica_axis.manager.num_participants() < self.replica_axis.group_size:
-                time.sleep(float(os.environ.get("FT_E2E_ALONE_SLEEP_S", "0")))
-                self._alone_steps += 1
-                if self._alone_steps >= int(os.environ.get("FT_E2E_MAX_ALONE", "1000000")):
-                    self._wait_for_the_others()
-
-        def should_continue_training(self) -> bool:
-            stop = os.environ.get("FT_E2E_STOP_FILE")
-            if stop and os.path.exists(stop):
-                return self.step < int(Path(stop).read_text())
-            return super().should_continue_training()
-
-        def _wait_for_the_others(self) -> None:
-            others = [
-                _ready_path(self._out, r, self._rank)
-                for r in range(self.replica_axis.group_size)
-                if r != self._replica
-            ]
-            deadline = time.monotonic() + ALONE_WAIT_S
-            while not all(p.exists() for p in others) and time.monotonic() < deadline:
-                time.sleep(0.2)
-
-        def train(self) -> None:
-            import torch
-
-            super().train()
-            strategy = getattr(self.replica_axis, "strategy", None)
-            state = {
-                "healed": self.healed_state.state_dict(),
-                "manager": self.replica_axis.manager.state_dict(),
-                "position": getattr(self.batches, "position", None),  # per-step FT only
-                "strategy": strategy.state_dict() if strategy is not None else None,
-            }
-            torch.save(state, self._out / f"state_{self._tag}.pt")
-
-    entry.main(trainer_class=DumpingTrainer)
 
 
 # --- data semantics, without processes ----------------------------------------------------------
@@ -210,6 +126,65 @@ def test_discarded_step_retries_its_batches_in_order() -> None:
     g.end_step(True, [0])
     assert next(g) == 2
     assert g.dataloader.reads == [0, 1, 2]
+
+
+def test_skip_left_out_drops_the_batches_and_the_ledger_counts_them_as_skipped() -> None:
+    """fault_tolerance.numerics = "torchtitan_ft_trainer": a group left out of a committed step
+    (healing) skips its batch as TorchTitan's FT trainer does; it reports the skip in its next
+    participating step (not in a discarded one), and every group's ledger then counts it as
+    consumed and skipped. A restart heals the ledger and skips again; each sample is trained
+    or skipped exactly once."""
+    from torchtitan_ft.titan.data import CommittedBatches
+
+    def step(groups: dict, participants: list[int], committed: bool) -> dict[int, int]:
+        batches = {r: next(g) for r, g in groups.items()}
+        reported = [0, 0]
+        for r in participants:
+            reported[r] = groups[r].skips_to_report()
+        skipped = {r: g.end_step(committed, participants, reported) for r, g in groups.items()}
+        for r in groups:
+            if committed and r in participants:
+                trained.append(batches[r])
+            elif skipped[r]:
+                dropped.append(batches[r])
+        return skipped
+
+    trained: list[int] = []
+    dropped: list[int] = []
+    g0 = CommittedBatches(_SliceLoader(0), 0, 2, skip_left_out=True)
+    g1 = CommittedBatches(_SliceLoader(1), 1, 2, skip_left_out=True)
+    assert step({0: g0, 1: g1}, [0], True) == {0: 0, 1: 1}  # group 1 heals in step 1
+    assert g1.skips_to_report() == 1 and g0.consumed == g1.consumed == [1, 0]
+    step({0: g0, 1: g1}, [0, 1], False)  # discarded: the report does not count
+    assert g1.skips_to_report() == 1 and g0.consumed == [1, 0]
+    step({0: g0, 1: g1}, [0, 1], True)
+    assert g0.consumed == g1.consumed == [2, 2]
+    assert g0.skipped == g1.skipped == [0, 1] and g1.skips_to_report() == 0
+    # Group 1 restarts and heals from group 0's ledger in the step it rejoins: skips again.
+    g1 = CommittedBatches(_SliceLoader(1), 1, 2, skip_left_out=True)
+    ledger = g0.state_dict()
+    batches = {0: next(g0), 1: next(g1)}
+    g1.load_state_dict(ledger)
+    assert g0.end_step(True, [0], [0, 0]) == 0 and g1.end_step(True, [0], [0, 0]) == 1
+    trained.append(batches[0])
+    dropped.append(batches[1])
+    step({0: g0, 1: g1}, [0, 1], True)
+    assert g0.consumed == g1.consumed == [4, 4] and g0.skipped == g1.skipped == [0, 2]
+    assert step({0: g0, 1: g1}, [0, 1], True) == {0: 0, 1: 0}
+    # Group 1's slice: 1000 and 1002 skipped (the restart read 1000 before its heal; the
+    # ledger counts it as its next batch, 1002), the others trained once, in order.
+    assert [s for s in trained if s >= 1000] == [1001, 1003, 1004]
+    assert [s for s in trained if s < 1000] == [0, 1, 2, 3, 4] and g1.position == 5
+    assert g0.consumed == [5, 5] and g0.skipped == [0, 2]
+
+
+def test_without_skip_left_out_a_left_out_group_retries_its_batch() -> None:
+    from torchtitan_ft.titan.data import CommittedBatches
+
+    g = CommittedBatches(_SliceLoader(1), 1, 2)
+    first = next(g)
+    assert g.end_step(True, [0], [0, 0]) == 0 and g.skips_to_report() == 0
+    assert next(g) == first and g.skipped == [0, 0]
 
 
 def test_reader_state_resumes_at_the_consumed_batch() -> None:
@@ -316,7 +291,7 @@ def kill_and_restart_group_1(
             env=ft_env(
                 config,
                 address,
-                TRAIN_FILE="tests.titan.test_ft_e2e",
+                TRAIN_FILE="torchtitan_ft.testing.titan_dump",
                 FT_E2E_OUT=str(tmp_path),
                 FT_E2E_ALONE_SLEEP_S="0.7",
                 FT_E2E_MAX_ALONE=str(MAX_ALONE),
@@ -325,7 +300,7 @@ def kill_and_restart_group_1(
             else {
                 **config_env,
                 "TORCHFT_LIGHTHOUSE": address,
-                "TRAIN_FILE": "tests.titan.test_ft_e2e",
+                "TRAIN_FILE": "torchtitan_ft.testing.titan_dump",
                 "FT_E2E_OUT": str(tmp_path),
                 "FT_E2E_ALONE_SLEEP_S": "0.7",
                 "FT_E2E_MAX_ALONE": str(MAX_ALONE),
@@ -343,7 +318,7 @@ def kill_and_restart_group_1(
         killed.sigkill()
         killed.name = "replica group 1 (killed)"
         for rank in range(ranks):
-            _ready_path(tmp_path, 1, rank).unlink(missing_ok=True)
+            ready_path(tmp_path, 1, rank).unlink(missing_ok=True)
         restarted = group(1, address)
         restarted.name = "replica group 1 (restarted)"
         finish_all([survivor, restarted])
@@ -353,7 +328,7 @@ def kill_and_restart_group_1(
 def _load_states(tmp_path: Path, rank: int) -> list[dict]:
     import torch
 
-    return [torch.load(_dump_path(tmp_path, r, rank), weights_only=False) for r in range(2)]
+    return [torch.load(dump_path(tmp_path, r, rank), weights_only=False) for r in range(2)]
 
 
 def assert_groups_identical(tmp_path: Path, ranks: int) -> None:
@@ -366,9 +341,13 @@ def assert_groups_identical(tmp_path: Path, ranks: int) -> None:
         assert_identical(states[0]["healed"], states[1]["healed"], f"rank{rank}")
         # Every committed step consumed one batch of each participant's slice; each group's
         # reader stands exactly at its ledger entry (the restarted group read forward to it).
-        consumed = states[0]["healed"]["data"]["consumed"]
+        # With fault_tolerance.numerics = "torchtitan_ft_trainer", the ledger also counts the
+        # batches skipped by request (``skipped``, zeros otherwise).
+        ledger = states[0]["healed"]["data"]
+        consumed, skipped = ledger["consumed"], ledger["skipped"]
         assert [s["position"] for s in states] == consumed
-        assert sum(consumed) == states[0]["manager"]["batches_committed"]
+        trained = sum(consumed) - sum(skipped)
+        assert trained == states[0]["manager"]["batches_committed"]
         assert 0 < consumed[1] < consumed[0] <= STEPS  # group 1 missed the steps it was down
 
 
@@ -383,6 +362,26 @@ def test_killed_replica_group_heals_to_identical_state(tmp_path: Path, ranks: in
     assert_groups_identical(tmp_path, ranks)
     assert_job_loss_logged_per_commit(tmp_path, job)
     job.assert_recovers_its_speed()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(E2E_TIMEOUT_S)
+def test_kill_and_heal_with_torchtitan_ft_trainer_numerics(tmp_path: Path) -> None:
+    """fault_tolerance.numerics = "torchtitan_ft_trainer" through a kill and a heal: the
+    restarted group skips the batch of the step it heals in (the ledger of both groups counts
+    it as skipped), both groups end identical, and every committed step is logged once."""
+    job = kill_and_restart_group_1(
+        tmp_path,
+        1,
+        "--metrics.enable_tensorboard",
+        "--fault_tolerance.numerics=torchtitan_ft_trainer",
+    )
+    job.assert_healed_and_survived()
+    assert_groups_identical(tmp_path, 1)
+    ledger = _load_states(tmp_path, 0)[0]["healed"]["data"]
+    assert ledger["skipped"][0] == 0 and ledger["skipped"][1] >= 1, ledger
+    assert_job_loss_logged_per_commit(tmp_path, job)
 
 
 def assert_job_loss_logged_per_commit(tmp_path: Path, job: KilledAndHealed) -> None:
@@ -433,7 +432,3 @@ def test_killed_diloco_group_heals_to_the_global_model(tmp_path: Path) -> None:
     assert_identical(states[0]["strategy"], states[1]["strategy"], "strategy")
     assert states[0]["manager"] == states[1]["manager"]
     job.assert_recovers_its_speed()
-
-
-if __name__ == "__main__":
-    _worker_main()

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from scripts.local_job import one_prefix
-from tests.titan._jobs import ROOT
+from torchtitan_ft.testing.titan_jobs import ROOT
 
 LINE_PREFIX = re.compile(
     r"\[(lighthouse|run_local|replica=\d+( rank=\d+( train_step=\d+ committed_steps=\d+)?)?)\] "

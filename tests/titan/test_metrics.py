@@ -114,8 +114,8 @@ def test_ft_job_writes_ft_scalars_per_replica_group(tmp_path: Path) -> None:
     bytes its donor served."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tests.titan._jobs import group_events, run_ft_groups
     from torchtitan_ft.events import EventKind
+    from torchtitan_ft.testing.titan_jobs import group_events, run_ft_groups
 
     steps = 3
     # The config sets step_timeout_ms (30 s), not quorum_retries: one variable loses, one applies.

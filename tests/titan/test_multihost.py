@@ -3,9 +3,10 @@
 The hosts are Linux network namespaces on this machine (``torchtitan_ft.testing.netns``): the
 lighthouse (``torchft_lighthouse``) runs on host L, each replica group's ``run_train.sh`` on its
 own host with ``--fault_tolerance.hostname`` set to that host's address, all training the
-TorchTitan debug model (small shape) with per-step FT. The runs use ``tests.titan.test_ft_e2e``
-as their ``TRAIN_FILE``: it dumps each rank's state at the end, and ends training at the step
-the test writes to ``FT_E2E_STOP_FILE`` once it has seen what it watches for.
+TorchTitan debug model (small shape) with per-step FT. The runs use
+``torchtitan_ft.testing.titan_dump`` as their ``TRAIN_FILE``: it dumps each rank's state at the
+end, and ends training at the step the test writes to ``FT_E2E_STOP_FILE`` once it has seen
+what it watches for.
 
 A *partition* pulls a host's cable at the switch (``Host.disconnect``): its processes live on,
 and its packets are dropped silently, so nothing fails at once; only timeouts tell.
@@ -27,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.titan._jobs import (
+from torchtitan_ft.testing.netns import INTERFACE, Host, HostNetwork, unavailable_reason
+from torchtitan_ft.testing.titan_jobs import (
     LoggedProcess,
     TrainRun,
     _process_tree,
@@ -36,7 +38,6 @@ from tests.titan._jobs import (
     ft_env,
     remaining,
 )
-from torchtitan_ft.testing.netns import INTERFACE, Host, HostNetwork, unavailable_reason
 
 _UNAVAILABLE = unavailable_reason()
 pytestmark = [
@@ -148,7 +149,7 @@ def group(
         env=ft_env(
             "debug_ft_cpu.toml",
             url,
-            TRAIN_FILE="tests.titan.test_ft_e2e",
+            TRAIN_FILE="torchtitan_ft.testing.titan_dump",
             FT_E2E_OUT=str(out),
             FT_E2E_STOP_FILE=str(out / "stop"),
             **env,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.titan._jobs import ROOT
+from torchtitan_ft.testing.titan_jobs import ROOT
 from torchtitan_ft.titan.run_module import (
     OWN_CONFIG_MODULE,
     PROJECT_TRAINER,

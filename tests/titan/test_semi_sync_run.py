@@ -12,8 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.titan._jobs import CONFIGS, group_events, lighthouse, run_ft_groups, step_metrics
 from torchtitan_ft.events import EventKind
+from torchtitan_ft.testing.titan_jobs import (
+    CONFIGS,
+    group_events,
+    lighthouse,
+    run_ft_groups,
+    step_metrics,
+)
 
 TRAIN_MODULE = "tests.titan.test_semi_sync_run"
 

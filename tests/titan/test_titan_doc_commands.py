@@ -3,16 +3,18 @@ doc, command by command"), is read from that table and run, and does what the do
 Example 2 trains Streaming DiLoCo, Example 1 keeps committing after one of its 2 groups is
 killed, and both train with the doc's ``TRAIN_FILE=torchtitan.experiments.ft.train``.
 
-What the test adds, and why (the same list is in the doc):
+What the test edits, and why (each edit is printed at run time, and the same list is in the
+doc):
 
-* the compat package on ``PYTHONPATH`` (the doc's prerequisite, "install TorchFT": as
+* adds the compat package on ``PYTHONPATH`` (the doc's prerequisite, "install TorchFT": as
   scripts/install_torchft_compat.sh would), ``TORCHFT_LIGHTHOUSE`` and the lighthouse's
   ``--bind``/``--status_bind`` (a free port on 127.0.0.1: tests run beside others),
   ``TORCHFT_EVENTS_DIR`` (the events the checks read), ``--job.dump_folder`` and
-  ``--training.steps N``;
-* NGPU: ``NGPU=1`` and ``--parallelism.data_parallel_shard_degree=1`` after the doc's flags
-  (the doc's 4 ranks per group on 2 shared CPU cores; 2-rank groups of TorchTitan's trainer,
-  killed and healed, are the ``--full`` test in test_torchtitan_ft_trainer.py);
+  ``--training.steps N``, and what every test run gets (:class:`TrainRun`: ``LOG_RANK``,
+  ``PYTHON``, ``OMP_NUM_THREADS=1``);
+* scales the doc's 4 ranks per group to the 2 shared CPU cores: ``NGPU=4`` becomes ``NGPU=2``
+  (Example 2) or ``NGPU=1`` (Example 1, which trains 40 steps and kills a group), and the
+  doc's ``--parallelism.data_parallel_shard_degree=4`` the same number, in place;
   ``CUDA_VISIBLE_DEVICES`` is kept (without CUDA it changes nothing);
 * Example 1 only: :data:`CPU_8B`, which scales TorchTitan's ``llama3_8B`` to what a CPU
   trains (the debugmodel, the local corpus and tokenizer, fp32, gloo, no compile, no
@@ -32,8 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.titan._jobs import ROOT, TrainRun, finish_all, remaining
 from torchtitan_ft.events import EventKind
+from torchtitan_ft.testing.titan_jobs import ROOT, TrainRun, finish_all, remaining
 from torchtitan_ft.titan.config import parse_job_config
 from torchtitan_ft.titan.named_configs import TITAN_CONFIGS, UnknownConfigName, resolve, resolve_env
 
@@ -41,8 +43,9 @@ DOC = ROOT / "docs" / "titan.md"
 MARKER = "<!-- doc-commands:"
 COMPAT = ROOT / "compat"
 
-ONE_RANK = ("--parallelism.data_parallel_shard_degree=1",)
-"""Added after the doc's flags with ``NGPU=1`` (the last of a repeated flag wins)."""
+SHARD_FLAG = "--parallelism.data_parallel_shard_degree"
+DOC_RANKS = {"example 1": 1, "example 2": 2}
+"""Ranks per group each example runs with here, instead of the doc's 4 (see the docstring)."""
 
 CPU_8B = (
     "--model.flavor=debugmodel",
@@ -111,8 +114,10 @@ def _free_port() -> int:
 def _start_lighthouse(command: str) -> tuple[subprocess.Popen, str]:
     env, words = split_command(command)
     port = _free_port()
+    added = ["--bind", f"127.0.0.1:{port}", "--status_bind", "127.0.0.1:0"]
+    print(f"doc row 'lighthouse': + {' '.join(added)} (a free port: tests run beside others)")
     proc = subprocess.Popen(
-        [*words, "--bind", f"127.0.0.1:{port}", "--status_bind", "127.0.0.1:0"],
+        [*words, *added],
         env={**os.environ, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -130,22 +135,61 @@ def _start_lighthouse(command: str) -> tuple[subprocess.Popen, str]:
     raise AssertionError("the lighthouse did not listen within 60 s")
 
 
+def scaled_to_ranks(
+    env: dict[str, str], words: list[str], ranks: int
+) -> tuple[dict[str, str], list[str], list[str]]:
+    """The doc's command with ``ranks`` ranks per group instead of its ``NGPU``: ``NGPU`` and
+    the doc's own shard-degree flag changed in place. Also returns the edits, in words."""
+    edits = [f"NGPU={env['NGPU']} -> NGPU={ranks} (ranks per group, on 2 shared CPU cores)"]
+    env = {**env, "NGPU": str(ranks)}
+    shard = [i for i, w in enumerate(words) if w.startswith(f"{SHARD_FLAG}=")]
+    if len(shard) != 1:
+        raise AssertionError(f"expected one {SHARD_FLAG}=N in the doc's command: {words}")
+    (i,) = shard
+    edits.append(f"{words[i]} -> {SHARD_FLAG}={ranks} (as NGPU)")
+    words = [*words[:i], f"{SHARD_FLAG}={ranks}", *words[i + 1 :]]
+    return env, words, edits
+
+
 def _doc_run(tmp_path: Path, name: str, steps: int, lighthouse: str, *extra: str) -> TrainRun:
-    """The doc's row ``name``, started as written plus what the module docstring lists."""
+    """The doc's row ``name``, started as written but for the edits the module docstring
+    lists; each edit is printed."""
     env, words = split_command(doc_rows()[name])
     assert words[0] == "./run_train.sh", name
-    env.pop("NGPU")
+    ranks = DOC_RANKS[name.partition(",")[0]]
+    env, words, edits = scaled_to_ranks(env, words, ranks)
     path = os.pathsep.join([str(COMPAT), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    dump = tmp_path / name.replace(" ", "_").replace(",", "")
+    edits += [
+        f"+ PYTHONPATH={COMPAT}:... (the torchft compat package, as installed)",
+        f"+ TORCHFT_LIGHTHOUSE={lighthouse} (this test's lighthouse)",
+        "+ TORCHFT_EVENTS_DIR, LOG_RANK=0, PYTHON, OMP_NUM_THREADS=1 (every test run)",
+        f"+ --training.steps {steps} --job.dump_folder {dump}",
+    ]
+    if extra:
+        edits.append(f"+ {' '.join(extra)}")
+    for edit in edits:
+        print(f"doc row {name!r}: {edit}")
     return TrainRun(
         name,
         steps,
-        tmp_path / name.replace(" ", "_").replace(",", ""),
+        dump,
         *words[1:],
-        *ONE_RANK,
         *extra,
-        ngpu=1,
+        ngpu=ranks,
         env={**env, "TORCHFT_LIGHTHOUSE": lighthouse, "PYTHONPATH": path},
     )
+
+
+def test_scaling_edits_ngpu_and_the_shard_flag_in_place() -> None:
+    env, words = split_command(doc_rows()["example 2, group 1"])
+    scaled_env, scaled, edits = scaled_to_ranks(env, words, 2)
+    assert scaled_env == {**env, "NGPU": "2"} and len(scaled) == len(words)
+    assert [w for w in scaled if w not in words] == [f"{SHARD_FLAG}=2"]
+    assert edits == [
+        "NGPU=4 -> NGPU=2 (ranks per group, on 2 shared CPU cores)",
+        f"{SHARD_FLAG}=4 -> {SHARD_FLAG}=2 (as NGPU)",
+    ]
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.titan._jobs import (
+from torchtitan_ft.events import EventKind
+from torchtitan_ft.testing.titan_jobs import (
     CONFIGS,
     TrainRun,
     group_events,
@@ -17,7 +18,6 @@ from tests.titan._jobs import (
     run_train,
     step_metrics,
 )
-from torchtitan_ft.events import EventKind
 
 pytestmark = pytest.mark.multiprocess
 

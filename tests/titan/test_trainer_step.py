@@ -86,3 +86,33 @@ def test_discarded_step_does_not_count_its_tokens(trainer) -> None:
     _run(trainer, committed=False)  # the retry reads the same batch again
     _run(trainer)
     assert (trainer.step, trainer.ntokens_seen) == (2, 1024)
+
+
+def test_init_optimizer_state_is_torchtitans_zero_lr_adam_step() -> None:
+    """fault_tolerance.numerics = "torchtitan_ft_trainer": Adam's state exists before the first
+    step, its counter at 1, the weights and the learning rate untouched."""
+    import torch
+    from torchtitan.components.optimizer import OptimizersContainer
+
+    from torchtitan_ft.titan.trainer import init_optimizer_state
+
+    model = torch.nn.Linear(3, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizers = OptimizersContainer([model], torch.optim.AdamW, {"lr": 0.1, "weight_decay": 0.1})
+    init_optimizer_state([model], optimizers)
+    (adam,) = optimizers.optimizers
+    assert all(float(adam.state[p]["step"]) == 1.0 for p in model.parameters())
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    assert adam.param_groups[0]["lr"] == 0.1
+
+
+@pytest.mark.parametrize("numerics", ["torchtitan", "torchtitan_ft_trainer"])
+@pytest.mark.parametrize("semi_sync", [False, True])
+def test_the_start_line_names_the_difference_from_torchtitans_ft_trainer(
+    numerics: str, semi_sync: bool
+) -> None:
+    from torchtitan_ft.titan.trainer import numerics_line
+
+    line = numerics_line(numerics, semi_sync)
+    assert "\n" not in line and f"'{numerics}'" in line and "TorchTitan's FT trainer" in line
+    assert ("batches" in line) is not semi_sync  # semi-sync has no ledger to retry or skip

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.titan._jobs import TrainRun, finish_all, lighthouse
 from tests.titan030.test_ft_e2e import FT, NO_ACTIVATION_CHECKPOINTING, SMALL_CPU
 from torchtitan_ft.events import EventKind
+from torchtitan_ft.testing.titan_jobs import TrainRun, finish_all, lighthouse
 
 STEPS = 6
 

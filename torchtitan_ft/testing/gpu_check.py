@@ -24,9 +24,9 @@ The parts (:data:`PARTS`):
 - ``titan``: TorchTitan's llama3 debug model through ``./run_train.sh``, 2 replica groups of 1
   process sharing the device (bf16 on CUDA, fp32 on CPU), per-step FT across groups over gloo;
   group 1 is SIGKILLed partway, restarted, heals over HTTP from group 0, and both end bitwise
-  identical (the end-to-end test's dumping trainer, ``tests.titan.test_ft_e2e``). Beside it, the
-  same two processes without FT, one after the other on the same device: the FT step time over
-  theirs.
+  identical (the end-to-end test's dumping trainer, ``torchtitan_ft.testing.titan_dump``).
+  Beside it, the same two processes without FT, one after the other on the same device: the FT
+  step time over theirs.
 
 The pure parts (:func:`plan`, :func:`settle`, :func:`overall`) decide what runs and what a part's
 end means; unit-tested in ``tests/testing/test_gpu_check.py``.
@@ -610,18 +610,18 @@ the FT figure)."""
 
 
 def _median_step_s(run: Any, first: int, last: int) -> float | None:
-    from tests.titan._jobs import step_durations
+    from torchtitan_ft.testing.titan_jobs import step_durations
 
     durations = step_durations(run, first, last)
     return round(statistics.median(durations), 4) if durations else None
 
 
 def titan(device: Device, out: Path, checks: Checks, figures: dict) -> str | None:
-    """Needs the checkout (``run_train.sh``, ``configs/``, ``tests/titan``)."""
+    """Needs the checkout (``run_train.sh``, ``configs/``)."""
     import torch
 
-    from tests.titan import _jobs
-    from tests.titan.test_ft_e2e import _dump_path, _ready_path
+    from torchtitan_ft.testing import titan_jobs as _jobs
+    from torchtitan_ft.testing.titan_dump import dump_path, ready_path
 
     steps, kill_at = TITAN_STEPS[device], TITAN_KILL_AT[device]
     dtype = (f"--training.mixed_precision_param={TITAN_DTYPE[device]}",)
@@ -651,7 +651,7 @@ def titan(device: Device, out: Path, checks: Checks, figures: dict) -> str | Non
                 env=_jobs.ft_env(
                     "debug_ft_cpu.toml",
                     address,
-                    TRAIN_FILE="tests.titan.test_ft_e2e",
+                    TRAIN_FILE="torchtitan_ft.testing.titan_dump",
                     FT_E2E_OUT=str(work),
                     FT_E2E_ALONE_SLEEP_S="0.2" if device == "cuda" else "0.5",
                     FT_E2E_MAX_ALONE="4",
@@ -674,7 +674,7 @@ def titan(device: Device, out: Path, checks: Checks, figures: dict) -> str | Non
             ft = [_median_step_s(run, first, kill_at) for run in (survivor, killed)]
             killed.sigkill()
             killed.name = "replica group 1 (killed)"
-            _ready_path(work, 1, 0).unlink(missing_ok=True)
+            ready_path(work, 1, 0).unlink(missing_ok=True)
             restarted = group(1, address)
             _jobs.finish_all([survivor, restarted])
         figures["ft_median_step_s"] = ft
@@ -683,9 +683,9 @@ def titan(device: Device, out: Path, checks: Checks, figures: dict) -> str | Non
         heals = [e["outcome"] for e in restarted.events(_jobs.EventKind.HEAL_END)]
         figures["heal_outcomes"] = heals
         checks.expect("the restarted group healed", "applied" in heals, f"heals ended {heals}")
-        states = [torch.load(_dump_path(work, r, 0), weights_only=False) for r in range(2)]
+        states = [torch.load(dump_path(work, r, 0), weights_only=False) for r in range(2)]
         for r in range(2):  # tens of MB each: the report and the logs are what comes back
-            _dump_path(work, r, 0).unlink()
+            dump_path(work, r, 0).unlink()
         figures["final_steps"] = [s["manager"]["step"] for s in states]
         checks.expect("both groups at the last step", figures["final_steps"] == [steps] * 2)
         try:

@@ -44,6 +44,8 @@ QuorumModeName = Literal[tuple(sorted(m.value for m in QuorumMode))]  # QuorumMo
 WorldSizeModeName = Literal["dynamic", "fixed_with_spares"]
 CheckpointTransportName = Literal["http", "pg"]
 OuterOptimizerName = Literal["sgd", "adamw"]
+NumericsName = Literal["torchtitan", "torchtitan_ft_trainer"]
+ReplacementName = Literal["cold", "zygote"]
 
 
 class ConfigError(ValueError):
@@ -313,6 +315,37 @@ class FaultTolerance(TitanFaultTolerance):
 
     outer_nesterov: bool = True
     """Use Nesterov momentum in the "sgd" outer optimizer ("diloco" only). Default True."""
+
+    numerics: NumericsName = "torchtitan"
+    """
+    Whose numbers an FT job reproduces. "torchtitan" (default): those of TorchTitan's trainer
+    without FT, and every batch trained once. Adam's first update equals a run without FT,
+    and the batches of a replica group left out of a step that committed (healing, or a spare)
+    are retried by its next step. "torchtitan_ft_trainer": those of TorchTitan's own FT
+    trainer (``TRAIN_FILE=torchtitan.experiments.ft.train``), for comparing curves with it. Two
+    changes. Adam's state is created with one zero-lr step when the optimizer is built, as
+    TorchTitan's FT optimizer container does (its step counter runs one ahead, so the first
+    real update is smaller). And a group left out of a committed step skips that step's
+    batches: the data ledger records them as skipped, not trained. Trade-off: the opt-in gives
+    up Adam parity with runs without FT and drops the left-out group's samples. The start-up
+    log says which is in force. Applies when ``enable``; with a ``semi_sync_method`` only the
+    Adam step applies (every batch is trained by its group's inner step there anyway).
+    """
+
+    replacement: ReplacementName = "cold"
+    """
+    How ``./run_train.sh`` replaces this replica group's workers when one of them dies
+    (torchrun restarts the whole worker group: the others' in-group collectives are broken).
+    "cold" (default): torchrun starts fresh interpreters, which import torch, TorchTitan and
+    this package again before they build the model, join a quorum and heal; torchrun restarts
+    only ``MAX_RESTARTS`` times (run_train.sh, default 0: the group then stops). "zygote": the
+    launcher keeps one pre-imported process per machine that forks every worker torchrun
+    starts, so a restart skips the imports (``torchtitan_ft/titan/zygote.py``); with
+    ``MAX_RESTARTS`` left at 0 torchrun may then restart the group up to 100 times, and the
+    launcher says so in one line. Trade-off: the zygote holds the imported modules' memory
+    (a few hundred MB on CPU) while the group trains. Applies when ``enable``, to groups
+    started by ``./run_train.sh``; the first start comes from the zygote too.
+    """
 
     explicit_fields = None
     """Not a config key: the names of the fields the user set (TOML or command line), recorded

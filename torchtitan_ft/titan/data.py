@@ -283,6 +283,14 @@ class CommittedBatches:
 
     So every batch of the slice lands in exactly one committed gradient, in slice order.
 
+    With ``skip_left_out`` (``fault_tolerance.numerics = "torchtitan_ft_trainer"``) a group left
+    out of a step that committed (healing, or a spare) drops that step's batches instead, as
+    TorchTitan's FT trainer does: they are *skipped by request*. The group reports the count in
+    its next participating step (:meth:`skips_to_report`), and every group then adds it to
+    ``consumed`` and ``skipped`` (:meth:`end_step`), so the ledger accounts for every batch of
+    the slice as trained once or skipped once. A group that dies before reporting has its
+    skipped batches trained after its restart instead (the ledger never counted them).
+
     ``consumed[g]`` counts the batches of replica group ``g``'s slice consumed so far, for
     every group (each group learns the step's participants from a participation all-reduce,
     see ``ManagedReplicaAxis``). The ledger travels with the healed state
@@ -294,12 +302,21 @@ class CommittedBatches:
         dataloader: this group's (TorchTitan, stateful) dataloader over its slice.
         replica_id: this replica group's index.
         group_size: the planned number of replica groups.
+        skip_left_out: drop, not retry, the batches of a committed step this group was left
+            out of (see above). Default False.
     """
 
-    def __init__(self, dataloader: Any, replica_id: int, group_size: int) -> None:
+    def __init__(
+        self, dataloader: Any, replica_id: int, group_size: int, skip_left_out: bool = False
+    ) -> None:
         self.dataloader = dataloader
         self.replica_id = replica_id
+        self.skip_left_out = skip_left_out
         self.consumed = [0] * group_size
+        self.skipped = [0] * group_size
+        """Of ``consumed[g]``, the batches group ``g`` skipped by request (``skip_left_out``)."""
+        self._unreported = 0
+        """Batches this group skipped that the ledger does not count yet."""
         self._iterator: Iterator[Any] | None = None
         self._read = 0
         """Batches read from the dataloader since it was (re)positioned."""
@@ -336,8 +353,9 @@ class CommittedBatches:
         return batch
 
     def _catch_up(self) -> None:
-        """Move the reader to ``consumed[replica_id]`` after a heal or a disk resume."""
-        target = self.consumed[self.replica_id]
+        """Move the reader to ``consumed[replica_id]`` (plus the skips not yet reported)
+        after a heal or a disk resume."""
+        target = self.consumed[self.replica_id] + self._unreported
         if self._this_step or target == self.position:
             return
         if target < self.position:
@@ -350,30 +368,55 @@ class CommittedBatches:
         while target > self.position:
             self._read_one()
 
-    def end_step(self, committed: bool, participants: list[int]) -> None:
-        """Settle this step's batches. ``participants``: replica ids whose gradients were in
-        the step's average (the same list on every group); only used when ``committed``."""
+    def skips_to_report(self) -> int:
+        """Batches this group skipped by request that the ledger does not count yet; sent with
+        the step's participation (only a participant's report reaches the others)."""
+        return self._unreported
+
+    def end_step(
+        self, committed: bool, participants: list[int], reported_skips: list[int] | None = None
+    ) -> int:
+        """Settle this step's batches and return how many this group skipped by request.
+
+        ``participants``: replica ids whose gradients were in the step's average;
+        ``reported_skips[g]``: the skips participant ``g`` reported in this step (each group's
+        :meth:`skips_to_report`, summed over the participants; None = none). Both are the same
+        on every group, and only used when ``committed``.
+        """
         batches, self._this_step = self._this_step, []
         if committed:
             for replica in participants:
                 self.consumed[replica] += len(batches)
-        if not (committed and self.replica_id in participants):
-            self._retry = batches + self._retry
+            for replica, count in enumerate(reported_skips or []):
+                self.consumed[replica] += count
+                self.skipped[replica] += count
+            self._unreported -= (reported_skips or [0] * len(self.consumed))[self.replica_id]
+        if committed and self.replica_id in participants:
+            return 0
+        if committed and self.skip_left_out:
+            self._unreported += len(batches)
+            return len(batches)
+        self._retry = batches + self._retry
+        return 0
 
     # healing (the ledger) and disk checkpoints (ledger + this group's reader) ----------------
 
     def state_dict(self) -> dict[str, Any]:
         """The ledger (what a healing peer needs; small, plain ints)."""
-        return {"consumed": list(self.consumed)}
+        return {"consumed": list(self.consumed), "skipped": list(self.skipped)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Adopt a peer's (or a checkpoint's) ledger; the reader catches up at the next read."""
+        """Adopt a peer's (or a checkpoint's) ledger; the reader catches up at the next read.
+        A ledger without ``skipped`` (a disk checkpoint) counts no skips."""
         consumed = [int(c) for c in state["consumed"]]
-        if len(consumed) != len(self.consumed):
+        skipped = [int(c) for c in state.get("skipped", [0] * len(consumed))]
+        if len(consumed) != len(self.consumed) or len(skipped) != len(consumed):
             raise ValueError(
-                f"ledger of {len(consumed)} replica groups, this job has {len(self.consumed)}"
+                f"ledger of {len(consumed)} replica groups ({len(skipped)} skip counts), this "
+                f"job has {len(self.consumed)}"
             )
         self.consumed = consumed
+        self.skipped = skipped
 
     def reader_state(self) -> dict[str, Any]:
         """This group's dataloader state at the consumed position, for a disk checkpoint."""

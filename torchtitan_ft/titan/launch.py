@@ -8,13 +8,24 @@ them had exited), the workers have already said what is wrong in one line
 reports), so torchrun's own report of the failure (an ERROR log line and a
 ``ChildFailedError`` traceback) is left out and the launcher exits with the same status. Any
 other failure is reported by torchrun as usual.
+
+With ``fault_tolerance.replacement = "zygote"`` in the trainer's config it also starts a
+pre-imported process that forks every worker torchrun starts (:mod:`torchtitan_ft.titan.zygote`),
+so a worker group that torchrun restarts after one of its ranks died skips the imports.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 USER_ERROR_EXIT = 2
@@ -22,6 +33,10 @@ USER_ERROR_EXIT = 2
 an unreachable lighthouse, a replica group inconsistent with the job, a port in use."""
 
 _AGENT_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+ZYGOTE_MAX_RESTARTS = 100
+"""torchrun's ``--max-restarts`` with ``replacement = "zygote"`` when run_train.sh's
+``MAX_RESTARTS`` is left at 0 (a warm replacement that torchrun never starts is no use)."""
 
 
 class _DropUserErrorFailure(logging.Filter):
@@ -37,12 +52,112 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.run import main as torchrun_main
 
     logging.getLogger(_AGENT_LOGGER).addFilter(_DropUserErrorFailure())
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # A store per rendezvous round for the workers. By default it is the rendezvous store,
+    # without a per-round prefix: the workers torchrun restarts (MAX_RESTARTS, a zygote) read
+    # the gloo addresses of the previous round's workers and fail ("connectFullMesh failed
+    # ... Connection refused"), on one machine as on several.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    with contextlib.ExitStack() as stack:
+        if replacement(worker_args(argv)) == "zygote":
+            argv = stack.enter_context(zygote_workers(argv))
+        try:
+            torchrun_main(argv)
+        except ChildFailedError as e:
+            if _explained(list(e.failures.values())):
+                raise SystemExit(USER_ERROR_EXIT) from None
+            raise
+
+
+def module_index(argv: list[str]) -> int:
+    """Index of torchrun's ``-m`` / ``--module`` flag in ``argv`` (run_train.sh always passes
+    one, followed by the worker module); -1 if there is none."""
+    for i, arg in enumerate(argv):
+        if arg in ("-m", "--module"):
+            return i
+    return -1
+
+
+def worker_args(argv: list[str]) -> list[str]:
+    """The worker module's arguments in torchrun's ``argv`` (after ``-m MODULE``)."""
+    i = module_index(argv)
+    return argv[i + 2 :] if i >= 0 else []
+
+
+def mentions_replacement(args: list[str]) -> bool:
+    """Whether the trainer arguments ``args`` or their ``--job.config_file`` contain the word
+    "replacement": a cheap test before :func:`replacement` parses the config (which imports
+    TorchTitan into the agent, seconds of CPU on every launch otherwise)."""
+    if any("replacement" in arg for arg in args):
+        return True
+    files = [
+        arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+        for i, arg in enumerate(args)
+        if arg.partition("=")[0] in ("--job.config_file", "--job.config-file")
+    ]
+    with contextlib.suppress(OSError):
+        return bool(files) and "replacement" in Path(files[-1]).read_text()
+    return False
+
+
+def replacement(args: list[str]) -> str:
+    """``fault_tolerance.replacement`` of the trainer arguments ``args`` ("cold" when FT is
+    off or the config does not parse: the worker then reports the config error itself)."""
+    if not mentions_replacement(args):
+        return "cold"
+    from torchtitan_ft.titan.config import ConfigError, parse_job
+
     try:
-        torchrun_main(sys.argv[1:] if argv is None else argv)
-    except ChildFailedError as e:
-        if _explained(list(e.failures.values())):
-            raise SystemExit(USER_ERROR_EXIT) from None
-        raise
+        ft = parse_job(args).config.fault_tolerance
+    except (ConfigError, SystemExit):
+        return "cold"
+    return ft.replacement if ft.enable else "cold"
+
+
+def with_zygote(argv: list[str], socket_path: str) -> tuple[list[str], str | None]:
+    """torchrun's ``argv`` with each worker started through the zygote at ``socket_path``,
+    and the line to print when ``--max-restarts`` was raised (None: it was not)."""
+    i = module_index(argv)
+    if i < 0:
+        raise ValueError(f"expected torchrun's -m MODULE in {argv}")
+    out = [*argv[: i + 1], "torchtitan_ft.titan.zygote", "client", socket_path, "-m"]
+    out += argv[i + 1 :]
+    note = None
+    for j, arg in enumerate(out[: i + 1]):
+        name, _, value = arg.partition("=")
+        if name in ("--max-restarts", "--max_restarts") and value == "0":
+            out[j] = f"{name}={ZYGOTE_MAX_RESTARTS}"
+            note = (
+                "torchtitan_ft: fault_tolerance.replacement='zygote': a pre-imported process "
+                "forks this group's workers, and torchrun restarts the group up to "
+                f"{ZYGOTE_MAX_RESTARTS} times (MAX_RESTARTS was 0)"
+            )
+    return out, note
+
+
+@contextlib.contextmanager
+def zygote_workers(argv: list[str]) -> Iterator[list[str]]:
+    """Start the zygote for the block; yields torchrun's argv that starts workers through it."""
+    folder = tempfile.mkdtemp(prefix="torchtitan_ft_zygote_")
+    socket_path = os.path.join(folder, "zygote.sock")
+    rewritten, note = with_zygote(argv, socket_path)
+    sys.stderr.write(
+        (
+            note
+            or "torchtitan_ft: fault_tolerance.replacement='zygote': a pre-imported "
+            "process forks this group's workers"
+        )
+        + "\n"
+    )
+    zygote = subprocess.Popen(
+        [sys.executable, "-m", "torchtitan_ft.titan.zygote", "serve", socket_path]
+    )
+    try:
+        yield rewritten
+    finally:
+        zygote.kill()
+        zygote.wait()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _explained(failures: list[Any]) -> bool:

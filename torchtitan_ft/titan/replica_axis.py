@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -14,11 +13,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
+from torchtitan.tools.logging import logger
 
 from torchtitan_ft.semi_sync.config import QuorumMode
 from torchtitan_ft.titan.config_schema import manager_timeouts, quorum_mode, uses_semi_sync
-
-logger = logging.getLogger(__name__)
 
 GradientReduce = Callable[[torch.Tensor], None]
 """Averages a gradient shard across replica groups, in place."""
@@ -419,17 +417,30 @@ class CommitGatedOptimizers:
 
     def step(self, *args: Any, **kwargs: Any) -> bool:
         """Apply the update if the step commits; returns whether it did. The step's batches
-        are settled with the step's participants (learnt by a tiny all-reduce: each
-        participant contributes a one-hot vector, non-participants zeros)."""
+        are settled with the step's participants and the skips they report, learnt by a tiny
+        all-reduce: a participant contributes a one-hot vector over the groups followed by its
+        :meth:`~torchtitan_ft.titan.data.CommittedBatches.skips_to_report` at its index, a
+        non-participant zeros."""
         batches = self._gate.batches
         if batches is not None:
-            vector = torch.zeros(len(batches.consumed), device=self._device)
+            groups = len(batches.consumed)
+            vector = torch.zeros(2 * groups, device=self._device)
             vector[batches.replica_id] = 1.0
+            vector[groups + batches.replica_id] = float(batches.skips_to_report())
             self._manager.allreduce(vector, reduce_op=dist.ReduceOp.SUM)
         self._gate.committed = self._manager.should_commit()
         if batches is not None:
-            participants = [int(i) for i in torch.nonzero(vector.cpu() > 0.5).flatten()]
-            batches.end_step(self._gate.committed, participants)
+            reduced = vector.cpu()
+            participants = [int(i) for i in torch.nonzero(reduced[:groups] > 0.5).flatten()]
+            reported = [round(float(c)) for c in reduced[groups:]]
+            skipped = batches.end_step(self._gate.committed, participants, reported)
+            if skipped:
+                logger.info(
+                    f"FT: replica group {batches.replica_id} skips the {skipped} batch(es) of "
+                    "this step, which committed without it (healing or a spare), as "
+                    "fault_tolerance.numerics='torchtitan_ft_trainer' asks; the data ledger "
+                    "records them as skipped"
+                )
         if self._gate.committed:
             self._optimizers.step(*args, **kwargs)
         return self._gate.committed
@@ -465,13 +476,19 @@ class ManagedReplicaAxis:
     Args:
         runtime: the Manager and its cross-group process group.
         data: this group's slice of the data.
+        skip_left_out: a committed step this group was left out of skips its batches rather
+            than retrying them (``fault_tolerance.numerics = "torchtitan_ft_trainer"``; see
+            :class:`~torchtitan_ft.titan.data.CommittedBatches`). Default False.
     """
 
     enabled = True
 
-    def __init__(self, runtime: ManagerRuntime, data: ReplicaSlice) -> None:
+    def __init__(
+        self, runtime: ManagerRuntime, data: ReplicaSlice, skip_left_out: bool = False
+    ) -> None:
         self._runtime = runtime
         self._data = data
+        self._skip_left_out = skip_left_out
         self.manager = runtime.manager
         self.replica_id = data.replica_id
         self.group_size = data.group_size
@@ -492,10 +509,13 @@ class ManagedReplicaAxis:
 
     def track_data(self, dataloader: Any) -> Any:
         """A :class:`~torchtitan_ft.titan.data.CommittedBatches` over ``dataloader``: batches
-        are consumed only by committed steps this group took part in, others are retried."""
+        are consumed only by committed steps this group took part in, others are retried (or,
+        with ``skip_left_out``, skipped when the step committed without this group)."""
         from torchtitan_ft.titan.data import CommittedBatches
 
-        self._gate.batches = CommittedBatches(dataloader, self.replica_id, self.group_size)
+        self._gate.batches = CommittedBatches(
+            dataloader, self.replica_id, self.group_size, skip_left_out=self._skip_left_out
+        )
         return self._gate.batches
 
     def register_state(self, state: Any) -> None:
@@ -606,4 +626,5 @@ def build_replica_axis(job_config: Any) -> ReplicaAxis:
             "torchtitan_ft.titan.semi_sync.build_semi_sync_axis"
         )
     data = ReplicaSlice(ft.replica_id, ft.group_size)
-    return ManagedReplicaAxis(build_manager_runtime(job_config), data)
+    skip = ft.numerics == "torchtitan_ft_trainer"
+    return ManagedReplicaAxis(build_manager_runtime(job_config), data, skip_left_out=skip)

@@ -54,6 +54,46 @@ def replica_leaf_folder(axis: ReplicaAxis) -> str:
     return f"replica_{axis.replica_id}" if axis.enabled else ""
 
 
+def numerics_line(numerics: str, semi_sync: bool) -> str:
+    """The start-up line of an FT job that says how its numbers differ from TorchTitan's FT
+    trainer under ``fault_tolerance.numerics`` (``semi_sync``: a LocalSGD / DiLoCo job, which
+    has no ledger retry or skip)."""
+    if numerics == "torchtitan_ft_trainer":
+        what = (
+            "Adam starts with a zero-lr step"
+            if semi_sync
+            else "Adam starts with a zero-lr step and a replica group left out of a committed "
+            "step skips its batches (the data ledger records them as skipped)"
+        )
+        return (
+            f"FT numerics 'torchtitan_ft_trainer': {what}, as TorchTitan's FT trainer does; "
+            "unlike it, a discarded step is retried under its number rather than counted"
+        )
+    what = (
+        "Adam's first update equals a run without FT"
+        if semi_sync
+        else "Adam's first update equals a run without FT and a replica group left out of a "
+        "committed step retries its batches"
+    )
+    return (
+        f"FT numerics 'torchtitan' (default): {what}; TorchTitan's FT trainer starts Adam with "
+        "a zero-lr step"
+        + ("" if semi_sync else " and skips those batches")
+        + ", so its loss differs from step 2 (fault_tolerance.numerics='torchtitan_ft_trainer'"
+        " reproduces it)"
+    )
+
+
+def init_optimizer_state(model_parts: list[torch.nn.Module], optimizers: Any) -> None:
+    """Create the optimizers' state with one zero-lr step, as TorchTitan's FT optimizer
+    container does when it is built (``get_optimizer_state_dict`` initialises the state that
+    way): Adam's step counter then runs one ahead of a run without FT."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    for model, optimizer in zip(model_parts, optimizers.optimizers, strict=True):
+        get_optimizer_state_dict(model, optimizer)
+
+
 @contextlib.contextmanager
 def profiling_leaf_folder(leaf_folder: str) -> Iterator[None]:
     """While open, TorchTitan's ``Trainer.train`` writes its profiler traces and memory
@@ -97,6 +137,11 @@ class FaultTolerantTrainer(Trainer):
         if changed:
             logger.info(f"CPU: {changed} FSDP modules reduce with SUM (gloo has no PREMUL_SUM)")
         axis = self.replica_axis
+        if axis.enabled:
+            numerics = job_config.fault_tolerance.numerics
+            logger.info(numerics_line(numerics, uses_semi_sync(job_config)))
+            if numerics == "torchtitan_ft_trainer":
+                init_optimizer_state(self.model_parts, self.optimizers)
         hooked = axis.install_gradient_sync(self.model_parts)
         if hooked:
             logger.info(

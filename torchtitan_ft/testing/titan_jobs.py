@@ -1,5 +1,6 @@
-"""TorchTitan jobs launched by the tests: ``run_train.sh`` runs, waits inside the test's own
-timeout, and the runs' logs shown when a test fails.
+"""TorchTitan jobs launched by the tests (and by ``scripts/gpu_check.py``): ``run_train.sh``
+runs, waits inside the test's own timeout, and the runs' logs shown when a test fails. Needs a
+checkout (``run_train.sh``, ``configs/``).
 
 Every :class:`TrainRun` is registered in :data:`RUNS` (emptied before each test by
 ``tests/titan/conftest.py``). When a test fails, a pytest timeout included, the conftest hook

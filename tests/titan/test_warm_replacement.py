@@ -1,0 +1,152 @@
+"""fault_tolerance.replacement = "zygote" (torchtitan_ft/titan/zygote.py): a SIGKILLed rank of a
+``./run_train.sh`` group is replaced by torchrun from a pre-imported process; the group heals,
+commits beside the survivor again and ends bitwise identical to it. The time it takes is
+``benchmarks.recovery``'s TorchTitan row (a benchmark, not a timed test)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from torchtitan_ft.testing.titan_dump import dump_path
+from torchtitan_ft.testing.titan_jobs import assert_identical
+from torchtitan_ft.testing.titan_replacement import kill_a_rank
+from torchtitan_ft.titan.launch import ZYGOTE_MAX_RESTARTS, replacement, with_zygote
+
+
+def test_with_zygote_starts_workers_through_the_client_and_allows_restarts() -> None:
+    argv = ["--nproc_per_node=2", "--max-restarts=0", "-m", "torchtitan_ft.titan.train", "--x"]
+    rewritten, note = with_zygote(argv, "/tmp/z.sock")
+    assert rewritten == [
+        "--nproc_per_node=2",
+        f"--max-restarts={ZYGOTE_MAX_RESTARTS}",
+        "-m",
+        "torchtitan_ft.titan.zygote",
+        "client",
+        "/tmp/z.sock",
+        "-m",
+        "torchtitan_ft.titan.train",
+        "--x",
+    ]
+    assert note is not None and f"up to {ZYGOTE_MAX_RESTARTS} times" in note
+    kept, note = with_zygote(["--max-restarts=3", "-m", "m"], "/s")
+    assert kept[0] == "--max-restarts=3" and note is None
+    with pytest.raises(ValueError, match="-m MODULE"):
+        with_zygote(["--nproc_per_node=2"], "/s")
+
+
+def test_the_launcher_reads_the_replacement_from_the_command_line_or_the_toml(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "job.toml"
+    config.write_text("[fault_tolerance]\nenable = true\ngroup_size = 2\nreplacement = 'zygote'\n")
+    assert replacement(["--job.config_file", str(config)]) == "zygote"
+    flag = ["--fault_tolerance.replacement=cold"]
+    assert replacement([f"--job.config_file={config}", *flag]) == "cold"
+    plain = tmp_path / "plain.toml"
+    plain.write_text("[fault_tolerance]\nenable = true\ngroup_size = 2\n")
+    assert replacement(["--job.config_file", str(plain)]) == "cold"  # not parsed: cheap
+    assert (
+        replacement(["--job.config_file", str(plain), "--fault_tolerance.replacement=zygote"])
+        == "zygote"
+    )
+
+
+WORKER = """
+import os, sys, time
+print(f"worker {os.getpid()} {os.environ['ZYGOTE_TEST']} {os.getcwd()} {sys.argv[1:]}", flush=True)
+if sys.argv[1] == "sleep":
+    time.sleep(60)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def zygote(tmp_path: Path):
+    """A zygote without the preload (cheap), its socket, and a client factory."""
+    (tmp_path / "zygote_test_worker.py").write_text(WORKER)
+    socket_path = str(tmp_path / "z.sock")
+    server = subprocess.Popen(
+        [sys.executable, "-c", "from torchtitan_ft.titan import zygote; "
+         f"zygote.run(zygote.serve({socket_path!r}))"]
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]])}
+
+    def client(arg: str) -> subprocess.Popen:
+        command = ["-m", "torchtitan_ft.titan.zygote", "client", socket_path]
+        command += ["-m", "zygote_test_worker", arg]
+        return subprocess.Popen(
+            [sys.executable, *command],
+            cwd=tmp_path,
+            env={**env, "ZYGOTE_TEST": f"env-of-{arg}"},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    yield client
+    server.kill()
+    server.wait()
+
+
+def _worker_pid(client: subprocess.Popen) -> int:
+    assert client.stdout is not None
+    line = client.stdout.readline()
+    assert line.startswith("worker "), line
+    return int(line.split()[1])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_the_zygote_forks_a_worker_with_the_clients_env_stdio_and_exit_status(
+    zygote, tmp_path: Path
+) -> None:
+    client = zygote("3")
+    out, _ = client.communicate(timeout=60)
+    assert client.returncode == 3
+    worker, env, cwd, argv = out.split(" ", 4)[1:]
+    assert (env, cwd, argv.strip()) == ("env-of-3", str(tmp_path), "['3']")
+    assert int(worker) != client.pid
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kill", ["worker", "client"])
+def test_a_killed_worker_ends_its_client_and_the_clients_signals_reach_it(
+    zygote, kill: str
+) -> None:
+    client = zygote("sleep")
+    pid = _worker_pid(client)
+    if kill == "worker":  # a SIGKILLed rank: torchrun sees its worker killed the same way
+        os.kill(pid, signal.SIGKILL)
+        assert client.wait(timeout=30) == -signal.SIGKILL
+    else:  # torchrun stopping its workers
+        os.kill(client.pid, signal.SIGTERM)
+        assert client.wait(timeout=30) == -signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{pid}"), "the worker outlived its client"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_killed_rank_of_a_run_train_group_is_replaced_warm(tmp_path: Path) -> None:
+    steps, ranks = 16, 2
+    job = kill_a_rank(tmp_path, "zygote", steps=steps, ranks=ranks, kill_rank=1)
+    assert "torchtitan_ft zygote: warm in" in job.group.output  # workers came from the zygote
+    replacement_s = job.replacement_s()
+    assert replacement_s is not None, "group 1's replacement never committed beside group 0"
+    print(f"replacement participated {replacement_s:.2f} s after the SIGKILL", file=sys.stderr)
+    for rank in range(ranks):
+        import torch
+
+        states = [torch.load(dump_path(tmp_path, r, rank), weights_only=False) for r in range(2)]
+        assert [s["manager"]["step"] for s in states] == [steps, steps]
+        assert_identical(states[0]["healed"], states[1]["healed"], f"rank{rank}")
