@@ -103,3 +103,9 @@ def test_flood_prints_guarded_and_unguarded_cases() -> None:
     assert {"command", "machine", "setup", "bound_ms", "summary", "guard_costs"} <= out.keys()
     assert {"guarded_quiet", "guarded_flood", "unguarded_quiet"} <= out["summary"].keys()
     assert out["guard_costs"]["look_ms_median"] > 0
+
+
+def test_history_memory_prints_both_mixes() -> None:
+    out = _benchmark("benchmarks.history_memory", "--events", "200", "--groups", "4", timeout=60)
+    assert out["results"].keys() == {"churn", "steady"}
+    assert all(r["bytes"] > 0 and r["record_us"] > 0 for r in out["results"].values())

@@ -20,6 +20,7 @@ from typing import NoReturn
 
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, check_token
 from torchtitan_ft.lighthouse.exclusion import ExclusionOptions, StragglerPolicy
+from torchtitan_ft.lighthouse.history import DEFAULT_CAPACITY
 from torchtitan_ft.lighthouse.server import LighthouseServer, validate_options
 from torchtitan_ft.lighthouse.stragglers import StragglerOptions
 from torchtitan_ft.netaddr import join_host_port, split_host_port
@@ -142,6 +143,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="ms over which --straggler_max_exclusions counts (> 0; default: %(default)s)",
     )
     p.add_argument(
+        "--state_dir",
+        default=None,
+        help="directory where the lighthouse keeps the job's event history (events.jsonl, "
+        "append-only, at most about 2 x --history_events lines), so that a restarted "
+        "lighthouse still shows what happened before; quorum ids are restart-safe without it "
+        "(default: none, the history is kept in memory only and lost on restart)",
+    )
+    p.add_argument(
+        "--history_events",
+        type=int,
+        default=DEFAULT_CAPACITY,
+        help="events of the job's history kept in memory, shown by the status page and "
+        "/events; about 30 bytes each plus their reasons' text (>= 1; default: %(default)s)",
+    )
+    p.add_argument(
         "--log_level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -212,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     ):
         if value < least:
             parser.error(f"{flag} must be >= {least}, got {value}")
+    if args.history_events < 1:
+        parser.error(f"--history_events must be >= 1, got {args.history_events}")
     exclusion = ExclusionOptions(
         policy=args.straggler_policy,
         min_excluded_s=args.straggler_min_excluded_ms / 1000,
@@ -261,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
             auth_token=token,
             stragglers=stragglers,
             exclusion=exclusion,
+            state_dir=args.state_dir,
+            history_events=args.history_events,
         )
     except OSError as e:
         parser.error(str(e))

@@ -4,6 +4,9 @@
   and every replica's heartbeat age; it refreshes itself every second.
 - ``GET /status.json``: the same data as JSON.
 - ``GET /metrics``: Prometheus text format.
+- ``GET /events?since=N``: the job's events after sequence number ``N`` (default 0: all that
+  are kept), oldest first, as JSON (``lighthouse.history``); at most ``EVENTS_PER_PAGE``, with
+  ``last_seq`` to ask for the next ones.
 - ``POST /replica/<replica_id>/kill``: only when the lighthouse has an auth token, and only
   for requests carrying ``Authorization: Bearer <token>``; forwards ``ManagerService/Kill``
   (with the same token) to that member's manager, if it is alive (``kill_target``).
@@ -19,11 +22,12 @@ import html
 import json
 import logging
 from collections import OrderedDict
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import grpc
 
 from torchtitan_ft.auth import AUTHORIZATION, grpc_metadata, presents
+from torchtitan_ft.lighthouse.history import EventKind
 from torchtitan_ft.lighthouse.state import DECISION_BUCKETS, LighthouseState
 from torchtitan_ft.lighthouse.types import Quorum
 from torchtitan_ft.netaddr import split_host_port
@@ -38,6 +42,8 @@ HEAD_TIMEOUT_S = 5.0
 at once, an idle or trickling connection is closed."""
 _WRITE_TIMEOUT_S = 10.0
 _KILL_TIMEOUT_S = 5.0
+EVENTS_PER_PAGE = 1000
+"""Most events one ``/events`` answer holds (about 150 kB of JSON)."""
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -145,18 +151,30 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, 
             raise ValueError(f"more than {_MAX_HEADER_LINES} header lines")
         name, _, value = line.decode("latin-1").partition(":")
         headers[name.strip().lower()] = value.strip()
-    return method, path.split("?", 1)[0], headers
+    return method, path, headers
 
 
 async def _handle(
-    method: str, path: str, headers: dict[str, str], state: LighthouseState, auth_token: str | None
+    method: str,
+    target: str,
+    headers: dict[str, str],
+    state: LighthouseState,
+    auth_token: str | None,
 ) -> tuple[int, str, bytes]:
+    path, _, query = target.partition("?")
     if method == "POST" and path.startswith("/replica/") and path.endswith("/kill"):
         if auth_token is None:
             return 404, "text/plain", b"no kill action: the lighthouse has no --auth_token\n"
         if not presents(headers.get(AUTHORIZATION), auth_token):
             return 401, "text/plain", b"kill needs 'Authorization: Bearer <token>'\n"
-        return await _kill(state, unquote(path[len("/replica/") : -len("/kill")]), auth_token)
+        replica_id = unquote(path[len("/replica/") : -len("/kill")])
+        code, ctype, body = await _kill(state, replica_id, auth_token)
+        state.history.record(
+            EventKind.KILL_REQUESTED,
+            replica_id,
+            f"from the status page: {body.decode(errors='replace').strip()}",
+        )
+        return code, ctype, body
     if method != "GET":
         return 405, "text/plain", f"{method} is not supported on {path}\n".encode()
     if path == "/":
@@ -165,7 +183,45 @@ async def _handle(
         return 200, "application/json", json.dumps(state.status(), indent=1).encode()
     if path == "/metrics":
         return 200, "text/plain; version=0.0.4", render_metrics(state).encode()
-    return 404, "text/plain", f"no page at {path}; try /, /status.json or /metrics\n".encode()
+    if path == "/events":
+        try:
+            since = events_since(query)
+        except ValueError as e:
+            return 400, "text/plain", f"{e}\n".encode()
+        return 200, "application/json", json.dumps(events_json(state, since)).encode()
+    return (
+        404,
+        "text/plain",
+        (f"no page at {path}; try /, /status.json, /events or /metrics\n".encode()),
+    )
+
+
+def events_since(query: str) -> int:
+    """The ``since`` of an ``/events`` query string (0 when absent).
+
+    Raises:
+        ValueError: ``since`` is not a whole number >= 0, or another parameter is given.
+    """
+    params = parse_qs(query, keep_blank_values=True)
+    unknown = sorted(set(params) - {"since"})
+    if unknown:
+        raise ValueError(f"/events takes only ?since=N, got {', '.join(unknown)}")
+    values = params.get("since", ["0"])
+    if len(values) != 1 or not values[0].isdigit():
+        raise ValueError(
+            f"/events?since= must be a sequence number >= 0 (an event's seq), got {values!r}"
+        )
+    return int(values[0])
+
+
+def events_json(state: LighthouseState, since: int) -> dict:
+    """``/events``: the events after ``since`` (at most ``EVENTS_PER_PAGE``)."""
+    events = state.history.since(since, EVENTS_PER_PAGE)
+    return {
+        "events": [e.to_json() for e in events],
+        "last_seq": events[-1].seq if events else max(since, 0),
+        "newest_seq": state.history.last_seq,
+    }
 
 
 class KillRefused(Exception):
@@ -319,6 +375,14 @@ def render_metrics(state: LighthouseState) -> str:
         "# HELP torchft_lighthouse_straggler_readmissions_total Times it took one back.",
         "# TYPE torchft_lighthouse_straggler_readmissions_total counter",
         f"torchft_lighthouse_straggler_readmissions_total {m.readmissions}",
+        "# HELP torchft_lighthouse_events_total Events of the job's history recorded by this "
+        "process, by kind, and by reason where it is one of a few (why a group left).",
+        "# TYPE torchft_lighthouse_events_total counter",
+    ]
+    lines += [
+        f"torchft_lighthouse_events_total{{kind={_label(kind.value)},reason={_label(reason)}}} "
+        f"{count}"
+        for (kind, reason), count in sorted(state.history.counts.items())
     ]
     return "\n".join(lines) + "\n"
 
