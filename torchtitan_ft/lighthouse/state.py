@@ -36,6 +36,7 @@ from torchtitan_ft.lighthouse.exclusion import (
     StragglerPolicy,
     decide_exclusion,
 )
+from torchtitan_ft.lighthouse.groups import GroupBook
 from torchtitan_ft.lighthouse.history import (
     DEFAULT_CAPACITY,
     EventKind,
@@ -142,6 +143,8 @@ class LighthouseState:
         """Groups whose stream ended since their last quorum request (why they left)."""
         self._was_healthy: set[str] = set()
         self._lost: set[str] = set()
+        self.groups = GroupBook()
+        """What the groups report (steps/s, committed batches, heals) and the job's figures."""
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -198,6 +201,7 @@ class LighthouseState:
                 kind = EventKind.STRAGGLER_ENDED if straggler else EventKind.STRAGGLER
                 self.history.record(kind, rid, line)
                 straggler = not straggler
+            self.history.record_all(self.groups.report(rid, progress, self._wall()))
         if self._excluded_now(rid, now):
             return self._answer_excluded(rid, wire)
         previous = self.pending.get(rid)
@@ -407,6 +411,7 @@ class LighthouseState:
         self.history.record_all(
             membership_events(self._previous_ids, ids, quorum_id, round_kind, because)
         )
+        self.groups.quorum(ids, self._wall())
         for m in members:
             if m.commit_failures > 0:
                 self.history.record(
@@ -436,6 +441,9 @@ class LighthouseState:
         self.reason = decision.reason
 
     # -- views ----------------------------------------------------------------------------
+
+    def _wall(self) -> float:
+        return self._wall_us() / 1e6
 
     def healthy(self) -> set[str]:
         return healthy_replicas(self.heartbeats, self._clock(), self.opts.heartbeat_timeout)
@@ -477,7 +485,13 @@ class LighthouseState:
                     "stream": rid in self._streams,
                 }
                 for rid, seen in sorted(self.heartbeats.items())
+                if rid in self.asked
             ],
+            "other_callers": sorted(rid for rid in self.heartbeats if rid not in self.asked),
+            "now": round(self._wall(), 3),
+            "job": self.groups.job(self._wall()),
+            "groups": self.groups.views(self._wall()),
+            "last_event_seq": self.history.last_seq,
             "speeds": [
                 {
                     "replica_id": speed.replica_id,
