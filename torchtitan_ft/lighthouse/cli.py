@@ -3,6 +3,9 @@
 Flags and defaults match torchft's (``--bind``, ``--min_replicas``, ``--join_timeout_ms``,
 ``--quorum_tick_ms``, ``--heartbeat_timeout_ms``); ``--status_bind``, ``--auth_token`` and
 ``--version`` are ours. Bad values exit with code 2 and one line naming the flag.
+
+``torchft_lighthouse status --lighthouse ADDR`` (ours) prints a running lighthouse's status page
+as text instead (``lighthouse.summary``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Mapping
 from typing import NoReturn
 
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, check_token
+from torchtitan_ft.lighthouse import summary
 from torchtitan_ft.lighthouse.exclusion import ExclusionOptions, StragglerPolicy
 from torchtitan_ft.lighthouse.history import DEFAULT_CAPACITY
 from torchtitan_ft.lighthouse.server import LighthouseServer, validate_options
@@ -44,7 +48,11 @@ def version_line() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog=PROG, description="The torchft lighthouse: decides each step's quorum.")
+    p = _OneLineParser(
+        prog=PROG,
+        description="The torchft lighthouse: decides each step's quorum. "
+        f"'{PROG} status --lighthouse ADDR' prints a running one's status page as text.",
+    )
     p.add_argument(
         "--version",
         action="version",
@@ -208,7 +216,55 @@ def _exit_cleanly(*_: object) -> NoReturn:
     sys.exit(0)
 
 
+def build_status_parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(
+        prog=f"{PROG} status",
+        description="Prints a running lighthouse's status page as text: the job's figures, "
+        "each group's, the quorum and the newest events with their reasons.",
+    )
+    p.add_argument(
+        "--lighthouse",
+        required=True,
+        help="the lighthouse's address, as the replica groups know it (http://host:port or "
+        "host:port); its status server is read at port + 1 unless --status is given",
+    )
+    p.add_argument(
+        "--status",
+        default=None,
+        help="host:port of the lighthouse's status server, when its --status_bind is not the "
+        "default (default: the --lighthouse host, port + 1)",
+    )
+    p.add_argument(
+        "--token",
+        default=None,
+        help=f"the job token, sent as 'Authorization: Bearer' (the status page's reads do not "
+        f"need it today; a proxy in front of it may) (default: ${AUTH_TOKEN_ENV}, else none)",
+    )
+    return p
+
+
+def status_main(argv: list[str]) -> None:
+    """``torchft_lighthouse status``: prints the summary; exit 2 on bad flags, 1 when the
+    status server cannot be read."""
+    parser = build_status_parser()
+    args = parser.parse_args(argv)
+    try:
+        base = summary.status_url(args.lighthouse, args.status)
+        token, _ = resolve_auth_token(args.token, os.environ)
+    except ValueError as e:
+        parser.error(str(e).replace("--auth_token", "--token"))
+    try:
+        status, events = summary.fetch(base, token)
+    except OSError as e:
+        sys.exit(f"{PROG} status: {e}")
+    sys.stdout.write(summary.render(status, events))
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["status"]:
+        status_main(argv[1:])
+        return
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
