@@ -80,7 +80,13 @@ def test_why_left(rid, ended, healthy, excluded, kind, expected) -> None:
     ],
 )
 def test_membership_events(previous, members, because, expected) -> None:
-    assert membership_events(previous, members, 7, RoundKind.FULL, because) == expected
+    were = set(previous) | ({"b"} if previous else set())  # b: a member before the previous
+    assert membership_events(previous, members, 7, RoundKind.FULL, because, were) == expected
+
+
+def test_a_group_joining_late_is_in_its_first_quorum() -> None:
+    events = membership_events(["a"], ["a", "n"], 8, RoundKind.FAST, {}, {"a"})
+    assert events[-1] == (K.JOINED, "n", "first quorum")
 
 
 @pytest.mark.parametrize(

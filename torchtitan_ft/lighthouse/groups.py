@@ -178,6 +178,15 @@ class GroupBook:
             events.append((EventKind.HEAL, rid, heal_reason(heal)))
         return events
 
+    def were_members(self, ids: Iterable[str]) -> set[str]:
+        """Those of ``ids`` that were in a quorum before (since this lighthouse started)."""
+        return {
+            rid
+            for rid in ids
+            if (g := self.groups.get(rid)) is not None
+            and (g.in_quorum_since is not None or g.away_since is not None)
+        }
+
     def quorum(self, members: Iterable[str], now: float) -> None:
         """A quorum with a new membership was issued."""
         ids = set(members)

@@ -140,10 +140,12 @@ def membership_events(
     quorum_id: int,
     round_kind: RoundKind,
     left_because: Mapping[str, LeftBecause],
+    were_members: Set[str] = frozenset(),
 ) -> list[tuple[EventKind, str, str]]:
     """The events of a new quorum id: one ``quorum`` for the job, then ``left`` (with
-    ``left_because``'s reason) and ``joined`` per group, sorted by group. ``(kind, group,
-    reason)`` triples."""
+    ``left_because``'s reason) and ``joined`` per group, sorted by group. ``were_members``:
+    the groups that were in an earlier quorum (a joined group is "back", else in its "first
+    quorum"). ``(kind, group, reason)`` triples."""
     before, after = set(previous), list(members)
     joined = sorted(set(after) - before)
     left = sorted(before - set(after))
@@ -154,9 +156,9 @@ def membership_events(
         parts.append("left " + ", ".join(f"{rid} ({left_because[rid].value})" for rid in left))
     events = [(EventKind.QUORUM, "", "; ".join(parts))]
     events += [(EventKind.LEFT, rid, left_because[rid].value) for rid in left]
-    first = not before
     events += [
-        (EventKind.JOINED, rid, "first quorum" if first else "back in the quorum") for rid in joined
+        (EventKind.JOINED, rid, "back in the quorum" if rid in were_members else "first quorum")
+        for rid in joined
     ]
     return events
 

@@ -409,7 +409,14 @@ class LighthouseState:
             rid: why_left(rid, self._stream_ended, healthy, excluded, round_kind) for rid in left
         }
         self.history.record_all(
-            membership_events(self._previous_ids, ids, quorum_id, round_kind, because)
+            membership_events(
+                self._previous_ids,
+                ids,
+                quorum_id,
+                round_kind,
+                because,
+                self.groups.were_members(ids),
+            )
         )
         self.groups.quorum(ids, self._wall())
         for m in members:
