@@ -71,11 +71,14 @@ def steady(groups: int) -> Iterator[tuple[EventKind, str, str]]:
 
 def measure(events: int, source: Iterator[tuple[EventKind, str, str]]) -> dict:
     mix = [next(source) for _ in range(events)]
+    # As bytes: each record decodes fresh strings, as the server builds them per request, and
+    # the history's own copies are what the trace counts.
+    encoded = [(kind, group.encode(), reason.encode()) for kind, group, reason in mix]
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     history = History(events, None, time.time)
-    for kind, group, reason in mix:
-        history.record(kind, group, reason)
+    for kind, group, reason in encoded:
+        history.record(kind, group.decode(), reason.decode())
     used = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     times = []

@@ -25,6 +25,7 @@ import asyncio
 import html
 import json
 import logging
+import time
 from collections import OrderedDict
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -99,13 +100,14 @@ async def serve(
     bind_host, port = split_host_port(bind, "bind address")
     host = bind_host or None
     connections = _Connections(max_connections)
+    pages = _PageCache()
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if not connections.admit(writer):
             writer.transport.abort()
             return
         try:
-            await _answer(reader, writer, state, auth_token, connections)
+            await _answer(reader, writer, state, auth_token, connections, pages)
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
             # The peer went away, reset, was evicted or was too slow: nothing to answer.
             logger.debug("status connection closed early: %s: %s", type(e).__name__, e)
@@ -127,6 +129,7 @@ async def _answer(
     state: LighthouseState,
     auth_token: str | None,
     connections: _Connections,
+    pages: _PageCache,
 ) -> None:
     try:
         async with asyncio.timeout(HEAD_TIMEOUT_S):
@@ -135,7 +138,7 @@ async def _answer(
         code, ctype, body = 400, "text/plain", f"bad request: {e}\n".encode()
     else:
         connections.head_read(writer)
-        code, ctype, body = await _handle(method, path, headers, state, auth_token)
+        code, ctype, body = await _handle(method, path, headers, state, auth_token, pages)
     head = (
         f"HTTP/1.1 {code} {_REASONS[code]}\r\nContent-Type: {ctype}\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -165,6 +168,7 @@ async def _handle(
     headers: dict[str, str],
     state: LighthouseState,
     auth_token: str | None,
+    pages: _PageCache,
 ) -> tuple[int, str, bytes]:
     path, _, query = target.partition("?")
     if method == "POST" and path.startswith("/replica/") and path.endswith("/kill"):
@@ -187,8 +191,7 @@ async def _handle(
             range_name = page_range(query)
         except ValueError as e:
             return 400, "text/plain", f"{e}\n".encode()
-        page = render_html(state.status(), auth_token is not None, list(state.history), range_name)
-        return 200, "text/html; charset=utf-8", page
+        return 200, "text/html; charset=utf-8", pages.get(state, auth_token, range_name)
     if path == "/status.json":
         return 200, "application/json", json.dumps(state.status(), indent=1).encode()
     if path == "/metrics":
@@ -403,6 +406,26 @@ def _label(value: str) -> str:
     return f'"{escaped}"'
 
 
+class _PageCache:
+    """The page of each range, rendered at most once per ``PAGE_CACHE_S``: however many
+    browsers have it open, rendering it costs the lighthouse's loop (which also decides the
+    quorums) one render per range per period. One per status server."""
+
+    def __init__(self) -> None:
+        self._pages: dict[str, tuple[float, bytes]] = {}
+
+    def get(self, state: LighthouseState, auth_token: str | None, range_name: str) -> bytes:
+        now = time.monotonic()
+        cached = self._pages.get(range_name)
+        if cached is not None and now - cached[0] < PAGE_CACHE_S:
+            return cached[1]
+        page = render_html(state.status(), auth_token is not None, list(state.history), range_name)
+        self._pages[range_name] = (now, page)
+        return page
+
+
+PAGE_CACHE_S = 1.0
+"""How long a rendered page is served again (the page's script refreshes every 2 s)."""
 RANGES = {"hour": 3600.0, "job": None}
 """The timeline's ranges (``/?range=``): the last hour (default), or the whole job (what the
 history still holds)."""
