@@ -12,6 +12,10 @@ the next round of trials) so that a change of machine load hits every server ali
 - ``ours_unary``: our lighthouse, unary ``Quorum`` calls (what torchft's clients send);
 - ``ours_stream``: our lighthouse, ``QuorumStream`` (what our ``LighthouseClient`` sends:
   one held-open stream per replica, one message each way per round);
+- ``ours_stream_page``: ``ours_stream`` with its status page served and open in
+  ``PAGE_VIEWERS`` browsers, each refreshing it every ``PAGE_REFRESH_S`` as the page's script
+  does (``/`` of the whole job, from a thread of the client process): what serving the page
+  and its history costs the quorum round, against ``ours_stream`` in the same run;
 - ``torchft``: torchft 0.2.0's Rust lighthouse, unary ``Quorum`` calls;
 - serving-loop candidates, as *null servers* that answer every request at once with a
   prebuilt response of the same size (so they cost what the serving loop costs and nothing
@@ -32,7 +36,9 @@ import os
 import socket
 import statistics
 import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -78,6 +84,70 @@ def run_lighthouse(n: int, conn, port: int) -> None:
     conn.send(server.address().rsplit(":", 1)[1])
     _answer_cpu_queries(conn)
     server.shutdown()
+
+
+def run_lighthouse_page(n: int, conn, port: int) -> None:
+    """Our lighthouse with its status page served; sends the gRPC port, then the page's."""
+    from torchtitan_ft.lighthouse import LighthouseServer
+
+    server = LighthouseServer(
+        bind="127.0.0.1:0",
+        min_replicas=n,
+        join_timeout_ms=600_000,
+        heartbeat_timeout_ms=60_000,
+        status_bind="127.0.0.1:0",
+    )
+    conn.send(server.address().rsplit(":", 1)[1])
+    conn.send(str(server.status_address()))
+    _answer_cpu_queries(conn)
+    server.shutdown()
+
+
+PAGE_VIEWERS = 4
+PAGE_REFRESH_S = 2.0
+"""The page's own refresh period (lighthouse/status.py's script)."""
+
+
+class PageViewers:
+    """``PAGE_VIEWERS`` open pages, each fetching ``/?range=job`` every ``PAGE_REFRESH_S``
+    (threads; staggered). Counts the pages fetched and fails loudly on an error."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url + "/?range=job"
+        self.stop = threading.Event()
+        self.opened = threading.Event()
+        self.fetched = 0
+        self.errors: list[str] = []
+        self.threads = [
+            threading.Thread(target=self._view, args=(i,), daemon=True) for i in range(PAGE_VIEWERS)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _view(self, i: int) -> None:
+        self.stop.wait(PAGE_REFRESH_S * i / PAGE_VIEWERS)
+        while not self.stop.is_set():
+            try:
+                with urllib.request.urlopen(self.url, timeout=30) as response:
+                    response.read()
+                self.fetched += 1
+                self.opened.set()
+            except OSError as e:
+                self.errors.append(f"{type(e).__name__}: {e}")
+            self.stop.wait(PAGE_REFRESH_S)
+
+    def wait_open(self) -> None:
+        """Returns once a page was fetched: the rounds are timed with the page open."""
+        if not self.opened.wait(30):
+            raise RuntimeError(f"the status page did not load in 30 s: {self.errors[:1]}")
+
+    def close(self) -> int:
+        self.stop.set()
+        for t in self.threads:
+            t.join(35)
+        if self.errors:
+            raise RuntimeError(f"the status page failed: {self.errors[0]}")
+        return self.fetched
 
 
 def run_reference_lighthouse(n: int, conn, port: int) -> None:
@@ -166,11 +236,14 @@ class Server:
     target: Callable
     streaming: bool
     processes: int = 1
+    page: bool = False
+    """Whether the server serves its status page, and viewers keep it open."""
 
 
 SERVERS = (
     Server("ours_unary", run_lighthouse, streaming=False),
     Server("ours_stream", run_lighthouse, streaming=True),
+    Server("ours_stream_page", run_lighthouse_page, streaming=True, page=True),
     Server("torchft", run_reference_lighthouse, streaming=False),
     Server("null_aio_unary", run_null_aio, streaming=False),
     Server("null_aio_stream", run_null_aio, streaming=True),
@@ -243,6 +316,7 @@ def measure(server: Server, n: int, rounds: int) -> tuple[list[float], float]:
     ctx = mp.get_context("spawn")
     share = _shared_port() if server.processes > 1 else 0
     conns, procs = [], []
+    viewers: PageViewers | None = None
     try:
         for _ in range(server.processes):
             parent, child = ctx.Pipe()
@@ -251,6 +325,9 @@ def measure(server: Server, n: int, rounds: int) -> tuple[list[float], float]:
             conns.append(parent)
             procs.append(proc)
             port = parent.recv()
+            if server.page:
+                viewers = PageViewers(parent.recv())
+                viewers.wait_open()
 
         def cpu() -> float:
             total = 0.0
@@ -259,8 +336,14 @@ def measure(server: Server, n: int, rounds: int) -> tuple[list[float], float]:
                 total += c.recv()
             return total
 
-        return asyncio.run(time_rounds(port, n, rounds, server.streaming, cpu))
+        result = asyncio.run(time_rounds(port, n, rounds, server.streaming, cpu))
+        if viewers is not None:
+            viewers, closing = None, viewers
+            closing.close()
+        return result
     finally:
+        if viewers is not None:
+            viewers.stop.set()
         for c in conns:
             c.send("stop")
         for p in procs:
@@ -276,8 +359,10 @@ def _ms(seconds: float) -> float:
 def summarize(trials: list[tuple[list[float], float]]) -> dict:
     """Median and range over trials of each trial's median steady round."""
     steady = [statistics.median(times[1:]) for times, _ in trials]
+    every = sorted(t for times, _ in trials for t in times[1:])
     return {
         "steady_round_ms": _ms(statistics.median(steady)),
+        "steady_round_p95_ms": _ms(every[min(len(every) - 1, int(0.95 * len(every)))]),
         "steady_round_range_ms": [_ms(min(steady)), _ms(max(steady))],
         "first_round_ms": _ms(statistics.median(times[0] for times, _ in trials)),
         "server_cpu_ms_per_round": _ms(statistics.median(cpu for _, cpu in trials)),
@@ -310,6 +395,11 @@ def main() -> None:
             for name in ("ours_unary", "ours_stream"):
                 if name in row:
                     row[f"{name}_over_torchft"] = round(row[name]["steady_round_ms"] / ref, 2)
+        if "ours_stream" in row and "ours_stream_page" in row:
+            row["page_over_no_page"] = round(
+                row["ours_stream_page"]["steady_round_ms"] / row["ours_stream"]["steady_round_ms"],
+                2,
+            )
         results.append(row)
         print(json.dumps(row), file=sys.stderr)
     print(

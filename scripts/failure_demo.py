@@ -37,7 +37,15 @@ At the end it writes to ``--out``:
   heal time (restart to healed) and heal transfer size and time, the lighthouse's downtime and
   the first commit after it came back;
 * ``faults.json``: the faults injected and the restarts, with times and the job's step;
-* the logs: ``lighthouse.log``, one log per replica-group process, and the event streams.
+* the logs: ``lighthouse.log``, one log per replica-group process, and the event streams;
+* with ``--page_snapshots``, ``page/<n>_<moment>.html`` (the lighthouse's status page as
+  headless Chromium rendered it, or as served when Chromium is missing) and
+  ``page/<n>_<moment>.json`` (its ``/status.json`` and ``/events``) after each fault's
+  recovery and at the end; with ``--screenshots`` also ``page/<n>_<moment>.png``.
+
+The lighthouse serves its status page on a free port (printed at the start: open it while the
+demo runs) and keeps its history under ``<out>/lighthouse_state``, so the page still tells the
+whole story after the lighthouse restart.
 
 Needs matplotlib. Everything is local: no network, 127.0.0.1 only.
 """
@@ -55,6 +63,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -347,6 +356,18 @@ class MlpGroup:
             self._ended(f"exit {self.proc.exitcode}")
 
 
+def _chromium(chromium: str, out: Path, *args: str) -> str:
+    """Headless Chromium's stdout for ``args`` (a profile under ``out``)."""
+    return subprocess.run(
+        [
+            chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--hide-scrollbars", f"--user-data-dir={out / 'chromium_profile'}", *args,
+        ],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+
+
 def events_folder(out: Path, replica: int, number: int) -> Path:
     """Where incarnation ``number`` of group ``replica`` writes its event stream."""
     return out / "events" / f"group{replica}_{number}"
@@ -365,7 +386,10 @@ class Demo:
             join_timeout_ms=args.join_timeout_ms,
             heartbeat_timeout_ms=args.heartbeat_timeout_ms,
             log=self.lighthouse_log,
+            status_port=free_port(),
+            state_dir=str(args.out / "lighthouse_state"),
         )
+        self.snapshots = 0
         cls = TitanGroup if args.model == "titan" else MlpGroup
         self.groups = [cls(r, args, self.lighthouse.address) for r in range(args.groups)]
         self.actions: list[Action] = []
@@ -442,7 +466,8 @@ class Demo:
             group.start()
         print(
             f"lighthouse {self.lighthouse.address}; {args.groups} replica groups ({args.model}), "
-            f"{args.steps} steps; logs in {args.out}",
+            f"{args.steps} steps; logs in {args.out}\n"
+            f"status page: {self.lighthouse.status_address} (open it while the demo runs)",
             flush=True,
         )
         self.wait(self.whole, args.startup_timeout_s, "all groups to train together")
@@ -467,6 +492,7 @@ class Demo:
                 self.wait(
                     self.whole, args.recovery_timeout_s, "recovery from the lighthouse restart"
                 )
+                self.snapshot("after_lighthouse")
                 continue
             victim = rng.choice([r for r in range(args.groups) if r != last_victim])
             last_victim = victim
@@ -484,12 +510,41 @@ class Demo:
                 group.resume()
                 self.act("SIGCONT", victim)
             self.wait(self.whole, args.recovery_timeout_s, f"recovery from {kind}")
+            self.snapshot(f"after_{kind}")
         if not self.wait(self.done, args.finish_timeout_s, "the groups to finish"):
             for group in self.groups:
                 if group.alive():
                     print(f"  stopping group {group.replica}", flush=True)
                     group.kill()
         self.refresh()
+        self.snapshot("end")
+
+    def snapshot(self, moment: str) -> None:
+        """Saves the status page as a browser renders it, and its JSON (``--page_snapshots``)."""
+        if not self.args.page_snapshots:
+            return
+        url = str(self.lighthouse.status_address)
+        folder = self.args.out / "page"
+        folder.mkdir(exist_ok=True)
+        name = f"{self.snapshots}_{moment}"
+        self.snapshots += 1
+        data = {
+            path: json.loads(urllib.request.urlopen(url + path, timeout=10).read())
+            for path in ("status.json", "events")
+        }
+        (folder / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+        chromium = shutil.which("chromium")
+        if chromium is None:
+            html = urllib.request.urlopen(url + "?range=job", timeout=10).read().decode()
+        else:
+            html = _chromium(chromium, self.args.out, "--dump-dom", url + "?range=job")
+            if self.args.screenshots:
+                png = folder / f"{name}.png"
+                _chromium(
+                    chromium, self.args.out, f"--screenshot={png}", "--window-size=1150,1250",
+                    url + "?range=job",
+                )  # fmt: skip
+        (folder / f"{name}.html").write_text(html)
 
     def close(self) -> None:
         for group in self.groups:
@@ -802,6 +857,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--startup_timeout_s", type=float, default=None)
     p.add_argument("--finish_timeout_s", type=float, default=None)
     p.add_argument("--print_every_s", type=float, default=3.0)
+    p.add_argument(
+        "--page_snapshots",
+        action="store_true",
+        help="save the lighthouse's status page (as Chromium renders it) and its JSON after "
+        "each fault's recovery and at the end, under <out>/page/",
+    )
+    p.add_argument(
+        "--screenshots", action="store_true", help="with --page_snapshots: PNGs of the page too"
+    )
     args = p.parse_args(argv)
     if args.groups < 2:
         p.error(f"--groups must be 2 or more (a fault needs a survivor), got {args.groups}")
@@ -828,7 +892,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for old in [*args.out.glob("*.log"), *args.out.glob("*.jsonl"), *args.out.glob("*.pt")]:
         old.unlink()
-    shutil.rmtree(args.out / "events", ignore_errors=True)
+    for folder in ("events", "lighthouse_state", "page"):
+        shutil.rmtree(args.out / folder, ignore_errors=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     demo = Demo(args)
     try:

@@ -153,3 +153,22 @@ def test_titan_step_across_a_link_prints_both_jobs() -> None:
     assert link["link_mbit"] == 1000 and link["measured_mbit"] > 0
     assert link["native_step_s"] > 0 and link["ft_step_s"] > 0 and link["ratio"] > 0
     assert link["ideal_allreduce_s"] > 0 and link["compute_s"] > 0
+
+
+@pytest.mark.slow  # 13 s under load (importing torch for the machine description)
+def test_history_memory_prints_both_mixes() -> None:
+    out = _benchmark("benchmarks.history_memory", "--events", "200", "--groups", "4", timeout=60)
+    assert out["results"].keys() == {"churn", "steady"}
+    assert all(r["bytes"] > 0 and r["record_us"] > 0 for r in out["results"].values())
+
+
+@pytest.mark.slow  # two server processes: 20 s under load
+def test_lighthouse_scale_prints_the_page_row() -> None:
+    out = _benchmark(
+        "benchmarks.lighthouse_scale",
+        *("--servers", "ours_stream,ours_stream_page", "--sizes", "2"),
+        *("--rounds", "3", "--trials", "1"),
+        timeout=120,
+    )
+    (row,) = out["results"]
+    assert row["ours_stream_page"]["steady_round_ms"] > 0 and row["page_over_no_page"] > 0

@@ -11,9 +11,10 @@ from datetime import timedelta
 
 import pytest
 
-from tests.lighthouse._helpers import free_port, free_port_pair, get, wait_serving
+from tests.lighthouse._helpers import ask_all, free_port, free_port_pair, get, wait_serving
 from torchtitan_ft.lighthouse import LighthouseClient
-from torchtitan_ft.lighthouse.cli import AUTH_TOKEN_ENV, resolve_auth_token
+from torchtitan_ft.lighthouse.cli import AUTH_TOKEN_ENV, main, resolve_auth_token
+from torchtitan_ft.lighthouse.summary import status_url
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -249,3 +250,35 @@ def test_token_from_env_is_required_and_logged_once_without_the_secret() -> None
     stderr = "".join(startup) + rest
     assert stderr.count("job token from $TORCHFT_AUTH_TOKEN") == 1, stderr
     assert "env-s3cret" not in stderr
+
+
+def test_status_command_prints_the_summary(servers, capsys) -> None:
+    server = servers(min_replicas=2, status_bind="127.0.0.1:0")
+    ask_all(server.address(), ["r-0", "r-1"])
+    status = server.status_address()
+    main(["status", "--lighthouse", server.address(), "--status", status, "--token", "t0ken"])
+    out = capsys.readouterr().out
+    assert "job: 0 batches committed" in out and "(2 groups)" in out
+    rows = [line.split()[:2] for line in out.splitlines() if line.startswith("r-")]
+    assert rows == [["r-0", "yes"], ["r-1", "yes"]]
+    events = [line.split()[2:4] for line in out.splitlines() if line.startswith("  #")]
+    assert events[-2:] == [["joined", "r-0"], ["joined", "r-1"]]
+
+
+@pytest.mark.parametrize(
+    ("lighthouse", "status", "expected"),
+    [
+        ("http://10.0.0.5:29510", None, "http://10.0.0.5:29511"),
+        ("[::1]:7000", None, "http://[::1]:7001"),
+        ("http://h:1", "other:80", "http://other:80"),
+    ],
+)
+def test_status_url(lighthouse, status, expected) -> None:
+    assert status_url(lighthouse, status) == expected
+
+
+def test_status_command_names_an_unreachable_server(capsys) -> None:
+    port = free_port()
+    with pytest.raises(SystemExit) as e:
+        main(["status", "--lighthouse", "127.0.0.1:1", "--status", f"127.0.0.1:{port}"])
+    assert "cannot reach the lighthouse's status server at http://127.0.0.1:" in str(e.value.code)

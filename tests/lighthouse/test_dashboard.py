@@ -57,5 +57,5 @@ def test_status_page_in_headless_chromium_shows_the_members(servers, tmp_path: P
     assert not re.findall(r'(?:src|href)="(?:https?:)?//', dom)
 
     png = tmp_path / "status.png"
-    chromium(tmp_path, f"--screenshot={png}", "--window-size=1200,900", url)
+    chromium(tmp_path, f"--screenshot={png}", "--window-size=1200,2400", url)  # whole page
     assert member_row_bands(png) == 3

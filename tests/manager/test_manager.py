@@ -515,6 +515,14 @@ def test_behind_replica_heals_at_safe_point(lighthouse2: LighthouseServer) -> No
         # next step: both up to date, both participate
         assert _step_both([donor, healer]) == [True, True]
         assert healer.is_participating() and healer.num_participants() == 2
+        # the heal and the committed batches reached the lighthouse with that step's request
+        views = lighthouse2.run_in_loop(lambda: lighthouse2.state.status()["groups"])
+        heals = {v["replica_id"].split(":")[0]: v["heals"] for v in views}
+        assert [(h["to_step"], h["bytes"], h["outcome"]) for h in heals["b_healer"]] == [
+            (3, 16, "applied")
+        ]
+        assert heals["a_donor"] == []
+        assert {v["batches_committed"] for v in views} == {7}
     finally:
         donor.shutdown()
         healer.shutdown()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchtitan_ft.manager.steptimes import StepTimer, slowest_per_step
+from torchtitan_ft.manager.steptimes import StepTimer, group_progress, slowest_per_step
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 
@@ -30,3 +30,22 @@ def test_group_is_as_slow_as_its_slowest_rank() -> None:
         (4, 1.0, 0.6),
     ]
     assert slowest_per_step([None, None]) is None
+
+
+def test_group_progress_merges_counts_and_heals_of_the_ranks() -> None:
+    def heal(to_step: int, nbytes: int, seconds: float, outcome: str) -> pb.HealReport:
+        return pb.HealReport(
+            to_step=to_step, source_address="http://d:1", bytes=nbytes, seconds=seconds,
+            outcome=outcome,
+        )  # fmt: skip
+
+    rank0 = pb.GroupProgress(
+        batches_committed=10, discarded_steps=1, heals=[heal(7, 100, 0.5, "applied")]
+    )
+    rank1 = pb.GroupProgress(
+        batches_committed=12, discarded_steps=2, heals=[heal(7, 50, 0.8, "not_applied")]
+    )
+    merged = group_progress([rank0, None, rank1])
+    assert (merged.batches_committed, merged.discarded_steps) == (12, 2)
+    assert list(merged.heals) == [heal(7, 150, 0.8, "not_applied")]
+    assert group_progress([None]) is None

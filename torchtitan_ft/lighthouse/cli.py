@@ -3,6 +3,9 @@
 Flags and defaults match torchft's (``--bind``, ``--min_replicas``, ``--join_timeout_ms``,
 ``--quorum_tick_ms``, ``--heartbeat_timeout_ms``); ``--status_bind``, ``--auth_token`` and
 ``--version`` are ours. Bad values exit with code 2 and one line naming the flag.
+
+``torchft_lighthouse status --lighthouse ADDR`` (ours) prints a running lighthouse's status page
+as text instead (``lighthouse.summary``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from collections.abc import Mapping
 from typing import NoReturn
 
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, check_token
+from torchtitan_ft.lighthouse import summary
 from torchtitan_ft.lighthouse.exclusion import ExclusionOptions, StragglerPolicy
+from torchtitan_ft.lighthouse.history import DEFAULT_CAPACITY
 from torchtitan_ft.lighthouse.server import LighthouseServer, validate_options
 from torchtitan_ft.lighthouse.stragglers import StragglerOptions
 from torchtitan_ft.netaddr import join_host_port, split_host_port
@@ -43,7 +48,11 @@ def version_line() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog=PROG, description="The torchft lighthouse: decides each step's quorum.")
+    p = _OneLineParser(
+        prog=PROG,
+        description="The torchft lighthouse: decides each step's quorum. "
+        f"'{PROG} status --lighthouse ADDR' prints a running one's status page as text.",
+    )
     p.add_argument(
         "--version",
         action="version",
@@ -142,6 +151,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="ms over which --straggler_max_exclusions counts (> 0; default: %(default)s)",
     )
     p.add_argument(
+        "--state_dir",
+        default=None,
+        help="directory where the lighthouse keeps the job's event history (events.jsonl, "
+        "append-only, at most about 2 x --history_events lines), so that a restarted "
+        "lighthouse still shows what happened before; quorum ids are restart-safe without it "
+        "(default: none, the history is kept in memory only and lost on restart)",
+    )
+    p.add_argument(
+        "--history_events",
+        type=int,
+        default=DEFAULT_CAPACITY,
+        help="events of the job's history kept in memory, shown by the status page and "
+        "/events; about 30 bytes each plus their reasons' text (>= 1; default: %(default)s)",
+    )
+    p.add_argument(
         "--log_level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -192,7 +216,55 @@ def _exit_cleanly(*_: object) -> NoReturn:
     sys.exit(0)
 
 
+def build_status_parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(
+        prog=f"{PROG} status",
+        description="Prints a running lighthouse's status page as text: the job's figures, "
+        "each group's, the quorum and the newest events with their reasons.",
+    )
+    p.add_argument(
+        "--lighthouse",
+        required=True,
+        help="the lighthouse's address, as the replica groups know it (http://host:port or "
+        "host:port); its status server is read at port + 1 unless --status is given",
+    )
+    p.add_argument(
+        "--status",
+        default=None,
+        help="host:port of the lighthouse's status server, when its --status_bind is not the "
+        "default (default: the --lighthouse host, port + 1)",
+    )
+    p.add_argument(
+        "--token",
+        default=None,
+        help=f"the job token, sent as 'Authorization: Bearer' (the status page's reads do not "
+        f"need it today; a proxy in front of it may) (default: ${AUTH_TOKEN_ENV}, else none)",
+    )
+    return p
+
+
+def status_main(argv: list[str]) -> None:
+    """``torchft_lighthouse status``: prints the summary; exit 2 on bad flags, 1 when the
+    status server cannot be read."""
+    parser = build_status_parser()
+    args = parser.parse_args(argv)
+    try:
+        base = summary.status_url(args.lighthouse, args.status)
+        token, _ = resolve_auth_token(args.token, os.environ)
+    except ValueError as e:
+        parser.error(str(e).replace("--auth_token", "--token"))
+    try:
+        status, events = summary.fetch(base, token)
+    except OSError as e:
+        sys.exit(f"{PROG} status: {e}")
+    sys.stdout.write(summary.render(status, events))
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["status"]:
+        status_main(argv[1:])
+        return
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -212,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
     ):
         if value < least:
             parser.error(f"{flag} must be >= {least}, got {value}")
+    if args.history_events < 1:
+        parser.error(f"--history_events must be >= 1, got {args.history_events}")
     exclusion = ExclusionOptions(
         policy=args.straggler_policy,
         min_excluded_s=args.straggler_min_excluded_ms / 1000,
@@ -261,6 +335,8 @@ def main(argv: list[str] | None = None) -> None:
             auth_token=token,
             stragglers=stragglers,
             exclusion=exclusion,
+            state_dir=args.state_dir,
+            history_events=args.history_events,
         )
     except OSError as e:
         parser.error(str(e))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from torchtitan_ft.lighthouse.types import QuorumMember
 
@@ -47,6 +48,17 @@ class Pending:
     """When it asked (seconds, same clock as ``now``)."""
 
 
+class RoundKind(StrEnum):
+    """How a round completed (the lighthouse's history records it with each new quorum)."""
+
+    FAST = "fast"
+    """Every member of the previous quorum asked again."""
+    FULL = "full"
+    """Every eligible healthy replica asked."""
+    JOIN_TIMEOUT = "join timeout"
+    """The join timeout passed; healthy replicas that had not asked were left out."""
+
+
 @dataclass(frozen=True)
 class Decision:
     members: tuple[QuorumMember, ...] | None
@@ -55,6 +67,9 @@ class Decision:
     log_key: str | None = None
     """What must change for the reason to be logged again; None: the reason itself. Set where
     the reason holds a countdown, so a wait is logged once, not at every tick."""
+
+    round_kind: RoundKind | None = None
+    """How the round completed; None when not ready."""
 
     @property
     def log_as(self) -> str:
@@ -108,6 +123,7 @@ def decide(
             return Decision(
                 _members(candidates),
                 f"fast quorum: all {len(previous_ids)} previous members are back{extra}",
+                round_kind=RoundKind.FAST,
             )
 
     if len(candidates) < opts.min_replicas:
@@ -129,7 +145,9 @@ def decide(
         stragglers &= {m.replica_id for m in previous}
     if not stragglers:
         return Decision(
-            _members(candidates), f"quorum: all {len(candidates)} eligible healthy replicas asked"
+            _members(candidates),
+            f"quorum: all {len(candidates)} eligible healthy replicas asked",
+            round_kind=RoundKind.FULL,
         )
     waited = now - min(p.joined for p in candidates)
     if waited < opts.join_timeout:
@@ -143,6 +161,7 @@ def decide(
         _members(candidates),
         f"quorum: join timeout passed, issuing without {len(stragglers)} healthy replica(s) "
         "that did not ask",
+        round_kind=RoundKind.JOIN_TIMEOUT,
     )
 
 

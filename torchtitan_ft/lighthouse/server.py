@@ -32,6 +32,7 @@ from torchtitan_ft.connection_guard import AuthenticatedPeers, ConnectionGuard, 
 from torchtitan_ft.lighthouse import status
 from torchtitan_ft.lighthouse.decision import DecisionOptions
 from torchtitan_ft.lighthouse.exclusion import ExclusionOptions
+from torchtitan_ft.lighthouse.history import DEFAULT_CAPACITY, History
 from torchtitan_ft.lighthouse.state import LighthouseState
 from torchtitan_ft.lighthouse.stragglers import StragglerOptions
 from torchtitan_ft.lighthouse.types import QuorumMember
@@ -244,6 +245,12 @@ class LighthouseServer:
             max_exclusions, window_s); default off. Under ``exclude`` a reported straggler is
             left out of the quorum while the others are at least ``min_replicas``, trains
             alone without committing, and is taken back (and heals) when fast again.
+        state_dir: a directory where the lighthouse keeps the job's event history
+            (``events.jsonl``, at most about twice ``history_events`` lines), so that a
+            restarted lighthouse shows what happened before it; None (default) keeps it in
+            memory only. Quorum ids are restart-safe without it.
+        history_events: events kept in memory (and shown by the status page and ``/events``);
+            default 10,000, about 0.3 MB (``benchmarks/history_memory.py``).
     """
 
     def __init__(
@@ -257,6 +264,8 @@ class LighthouseServer:
         auth_token: str | None = None,
         stragglers: StragglerOptions | None = None,
         exclusion: ExclusionOptions | None = None,
+        state_dir: str | None = None,
+        history_events: int = DEFAULT_CAPACITY,
     ) -> None:
         validate_options(min_replicas, join_timeout_ms, quorum_tick_ms, heartbeat_timeout_ms)
         check_token(auth_token, "auth_token")
@@ -275,6 +284,7 @@ class LighthouseServer:
             ),
             stragglers=stragglers,
             exclusion=exclusion,
+            history=History(history_events, state_dir, time.time),
         )
         self._port = 0
         self._status_port: int | None = None
@@ -368,6 +378,7 @@ class LighthouseServer:
             self._status_server.close()
         if self._server is not None:
             await self._server.stop(grace=0.5)
+        self.state.history.close()
 
     async def _serve_status(self, max_connections: int) -> asyncio.Server:
         status_bind = str(self._status_bind)

@@ -22,6 +22,7 @@ from torchtitan_ft.lighthouse.decision import (
     Decision,
     DecisionOptions,
     Pending,
+    RoundKind,
     decide,
     gone_members,
     healthy_replicas,
@@ -35,6 +36,15 @@ from torchtitan_ft.lighthouse.exclusion import (
     StragglerPolicy,
     decide_exclusion,
     group_of,
+)
+from torchtitan_ft.lighthouse.groups import GroupBook
+from torchtitan_ft.lighthouse.history import (
+    DEFAULT_CAPACITY,
+    EventKind,
+    History,
+    heartbeat_events,
+    membership_events,
+    why_left,
 )
 from torchtitan_ft.lighthouse.stragglers import SpeedBook, StragglerOptions
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
@@ -84,6 +94,8 @@ class LighthouseState:
             that a restarted lighthouse never reissues an id (see ``next_quorum_id``).
         stragglers: the straggler report's thresholds (``lighthouse.stragglers``).
         exclusion: the straggler policy (``lighthouse.exclusion``); default: off.
+        history: the job's event log (``lighthouse.history``); default: in memory only,
+            ``DEFAULT_CAPACITY`` events, on the wall clock.
     """
 
     def __init__(
@@ -93,6 +105,7 @@ class LighthouseState:
         wall_us: Callable[[], int] = lambda: time.time_ns() // 1000,
         stragglers: StragglerOptions | None = None,
         exclusion: ExclusionOptions | None = None,
+        history: History | None = None,
     ) -> None:
         self.opts = opts
         self.exclusion_opts = exclusion or ExclusionOptions()
@@ -125,6 +138,17 @@ class LighthouseState:
         self._exclusion_history: dict[str, tuple[float, ...]] = {}
         """When each replica group (``group_of``) was left out, within the policy's window:
         kept when its process is gone, so that a restarted group goes on with its count."""
+        self.history = history or History(DEFAULT_CAPACITY, None, time.time)
+        """The job's events: who joined and left the quorum and why (``lighthouse.history``)."""
+        self.asked: set[str] = set()
+        """Groups that ever asked for a quorum: replica groups, unlike a readiness probe that
+        only heartbeats (forgotten with their heartbeat)."""
+        self._stream_ended: set[str] = set()
+        """Groups whose stream ended since their last quorum request (why they left)."""
+        self._was_healthy: set[str] = set()
+        self._lost: set[str] = set()
+        self.groups = GroupBook()
+        """What the groups report (steps/s, committed batches, heals) and the job's figures."""
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -147,6 +171,13 @@ class LighthouseState:
         self.speeds.forget(replica_id)
         self.exclusions.pop(replica_id, None)
         self.metrics.stream_deaths += 1
+        self._was_healthy.discard(replica_id)
+        self._lost.discard(replica_id)
+        if replica_id in self.asked:
+            self._stream_ended.add(replica_id)
+            self.history.record(
+                EventKind.STREAM_ENDED, replica_id, "heartbeat stream ended: the process died"
+            )
         if replica_id in self.pending:
             self._drop_pending(replica_id)
         logger.info("replica %s is gone (heartbeat stream ended)", replica_id)
@@ -163,9 +194,18 @@ class LighthouseState:
         rid = member.replica_id
         now = self._clock()
         self.heartbeats[rid] = now
+        self.asked.add(rid)
+        self._stream_ended.discard(rid)
         if progress is not None:
+            was = self.speeds.speeds.get(rid)
+            straggler = was is not None and was.straggler
+            # Each line is a report that started or ended, so they alternate.
             for line in self.speeds.report(rid, progress.steps, now):
                 logger.info("lighthouse: %s", line)
+                kind = EventKind.STRAGGLER_ENDED if straggler else EventKind.STRAGGLER
+                self.history.record(kind, rid, line)
+                straggler = not straggler
+            self.history.record_all(self.groups.report(rid, progress, self._wall()))
         if self._excluded_now(rid, now):
             return self._answer_excluded(rid, wire)
         previous = self.pending.get(rid)
@@ -212,6 +252,7 @@ class LighthouseState:
         self._exclusion_history[group_of(rid)] = after.history
         if action is Action.EXCLUDED:
             self.metrics.exclusions += 1
+            self.history.record(EventKind.EXCLUDED, rid, reason)
             logger.warning(
                 "lighthouse: straggler policy: replica group %r is left out of the quorum "
                 "(%s); it trains alone without committing until it is fast again",
@@ -220,6 +261,7 @@ class LighthouseState:
             )
         elif action is Action.READMITTED:
             self.metrics.readmissions += 1
+            self.history.record(EventKind.READMITTED, rid, reason)
             logger.info(
                 "lighthouse: straggler policy: replica group %r is taken back into the quorum "
                 "(%s); it heals from the others",
@@ -263,6 +305,8 @@ class LighthouseState:
                 del self.heartbeats[rid]
                 self.speeds.forget(rid)
                 self.exclusions.pop(rid, None)
+                self.asked.discard(rid)
+                self._lost.discard(rid)
         for rid in [r for r, at in self.declared_gone.items() if now - at > _DECLARED_GONE_KEEP_S]:
             del self.declared_gone[rid]
         window = self.exclusion_opts.window_s
@@ -270,8 +314,26 @@ class LighthouseState:
             g for g, h in self._exclusion_history.items() if not h or now - h[-1] >= window
         ]:
             del self._exclusion_history[group]
+        self._heartbeat_changes()
         if self.pending:
             self.evaluate()
+
+    def _heartbeat_changes(self) -> None:
+        """Records heartbeats lost and regained since the last tick (groups that asked for a
+        quorum only)."""
+        healthy = self.healthy() & self.asked
+        if healthy == self._was_healthy:
+            return
+        events = heartbeat_events(
+            self._was_healthy, healthy, self._lost, self.opts.heartbeat_timeout
+        )
+        self.history.record_all(events)
+        for kind, rid, _ in events:
+            if kind is EventKind.HEARTBEAT_LOST:
+                self._lost.add(rid)
+            else:
+                self._lost.discard(rid)
+        self._was_healthy = healthy
 
     def gone(
         self, asker: str, watched: list[str], asker_runs: bool
@@ -313,14 +375,15 @@ class LighthouseState:
         decision = decide(self.pending, heartbeats, previous, self._clock(), self.opts)
         self.metrics.observe_decision(time.perf_counter() - start)
         if decision.members is not None:
-            self._issue(decision.members)
+            self._issue(decision.members, decision.round_kind or RoundKind.FULL)
         self._set_reason(decision)
         return decision
 
-    def _issue(self, members: tuple[QuorumMember, ...]) -> None:
+    def _issue(self, members: tuple[QuorumMember, ...], round_kind: RoundKind) -> None:
         new_id = next_quorum_id(self.quorum_id, self.previous, members, self._wall_us())
         if new_id != self.quorum_id:
             self.metrics.quorum_id_changes += 1
+            self._record_quorum(members, new_id, round_kind)
         self.quorum_id = new_id
         created = datetime.now(UTC)
         self.quorum = Quorum(new_id, members, created)
@@ -346,6 +409,42 @@ class LighthouseState:
         self.quorum_issued_at = self._clock()
         self.metrics.quorums_issued += 1
 
+    def _record_quorum(
+        self, members: tuple[QuorumMember, ...], quorum_id: int, round_kind: RoundKind
+    ) -> None:
+        """The history of a quorum with a new id: who joined, who left and why, commit
+        failures reported, healthy groups left out by the join timeout."""
+        ids = [m.replica_id for m in members]
+        left = self._previous_ids - set(ids)
+        healthy, excluded = self.healthy(), self.excluded()
+        because = {
+            rid: why_left(rid, self._stream_ended, healthy, excluded, round_kind) for rid in left
+        }
+        self.history.record_all(
+            membership_events(
+                self._previous_ids,
+                ids,
+                quorum_id,
+                round_kind,
+                because,
+                self.groups.were_members(ids),
+            )
+        )
+        self.groups.quorum(ids, self._wall())
+        for m in members:
+            if m.commit_failures > 0:
+                self.history.record(
+                    EventKind.COMMIT_FAILURES,
+                    m.replica_id,
+                    f"{m.commit_failures} failed commit(s) in a row at step {m.step}",
+                )
+        if round_kind is RoundKind.JOIN_TIMEOUT:
+            waited = round(self.opts.join_timeout, 3)
+            for rid in sorted((healthy & self.asked) - set(ids) - excluded - left):
+                self.history.record(
+                    EventKind.JOIN_TIMEOUT, rid, f"healthy but did not ask within {waited:g} s"
+                )
+
     def _drop_pending(self, replica_id: str) -> None:
         del self.pending[replica_id]
         self._wire.pop(replica_id, None)
@@ -361,6 +460,9 @@ class LighthouseState:
         self.reason = decision.reason
 
     # -- views ----------------------------------------------------------------------------
+
+    def _wall(self) -> float:
+        return self._wall_us() / 1e6
 
     def healthy(self) -> set[str]:
         return healthy_replicas(self.heartbeats, self._clock(), self.opts.heartbeat_timeout)
@@ -402,7 +504,13 @@ class LighthouseState:
                     "stream": rid in self._streams,
                 }
                 for rid, seen in sorted(self.heartbeats.items())
+                if rid in self.asked
             ],
+            "other_callers": sorted(rid for rid in self.heartbeats if rid not in self.asked),
+            "now": round(self._wall(), 3),
+            "job": self.groups.job(self._wall()),
+            "groups": self.groups.views(self._wall()),
+            "last_event_seq": self.history.last_seq,
             "speeds": [
                 {
                     "replica_id": speed.replica_id,

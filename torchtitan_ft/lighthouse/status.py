@@ -1,9 +1,16 @@
 """The lighthouse's HTTP status endpoints, served on the lighthouse's own event loop.
 
-- ``GET /``: an HTML page (no external assets) with the current quorum, the decision's reason
-  and every replica's heartbeat age; it refreshes itself every second.
+- ``GET /?range=hour|job``: an HTML page (no external assets): the job's figures (committed
+  batches per second against its best, availability, discarded steps), a timeline of the
+  groups in the quorum with a mark per event (``lighthouse.timeline``), each group's figures,
+  the newest events with their reasons, the current quorum and the heartbeats. Every table and
+  the SVG charts are rendered here (readable with scripts off); a script swaps in a fresh copy
+  every 2 s without reloading, and shows a mark's reason on click.
 - ``GET /status.json``: the same data as JSON.
 - ``GET /metrics``: Prometheus text format.
+- ``GET /events?since=N``: the job's events after sequence number ``N`` (default 0: all that
+  are kept), oldest first, as JSON (``lighthouse.history``); at most ``EVENTS_PER_PAGE``, with
+  ``last_seq`` to ask for the next ones.
 - ``POST /replica/<replica_id>/kill``: only when the lighthouse has an auth token, and only
   for requests carrying ``Authorization: Bearer <token>``; forwards ``ManagerService/Kill``
   (with the same token) to that member's manager, if it is alive (``kill_target``).
@@ -18,13 +25,16 @@ import asyncio
 import html
 import json
 import logging
+import time
 from collections import OrderedDict
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import grpc
 
 from torchtitan_ft.auth import AUTHORIZATION, grpc_metadata, presents
+from torchtitan_ft.lighthouse.history import Event, EventKind
 from torchtitan_ft.lighthouse.state import DECISION_BUCKETS, LighthouseState
+from torchtitan_ft.lighthouse.timeline import clock, render_timeline, sparkline
 from torchtitan_ft.lighthouse.types import Quorum
 from torchtitan_ft.netaddr import split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
@@ -38,6 +48,8 @@ HEAD_TIMEOUT_S = 5.0
 at once, an idle or trickling connection is closed."""
 _WRITE_TIMEOUT_S = 10.0
 _KILL_TIMEOUT_S = 5.0
+EVENTS_PER_PAGE = 1000
+"""Most events one ``/events`` answer holds (about 150 kB of JSON)."""
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -88,13 +100,14 @@ async def serve(
     bind_host, port = split_host_port(bind, "bind address")
     host = bind_host or None
     connections = _Connections(max_connections)
+    pages = _PageCache()
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if not connections.admit(writer):
             writer.transport.abort()
             return
         try:
-            await _answer(reader, writer, state, auth_token, connections)
+            await _answer(reader, writer, state, auth_token, connections, pages)
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
             # The peer went away, reset, was evicted or was too slow: nothing to answer.
             logger.debug("status connection closed early: %s: %s", type(e).__name__, e)
@@ -116,6 +129,7 @@ async def _answer(
     state: LighthouseState,
     auth_token: str | None,
     connections: _Connections,
+    pages: _PageCache,
 ) -> None:
     try:
         async with asyncio.timeout(HEAD_TIMEOUT_S):
@@ -124,7 +138,7 @@ async def _answer(
         code, ctype, body = 400, "text/plain", f"bad request: {e}\n".encode()
     else:
         connections.head_read(writer)
-        code, ctype, body = await _handle(method, path, headers, state, auth_token)
+        code, ctype, body = await _handle(method, path, headers, state, auth_token, pages)
     head = (
         f"HTTP/1.1 {code} {_REASONS[code]}\r\nContent-Type: {ctype}\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -145,27 +159,82 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, 
             raise ValueError(f"more than {_MAX_HEADER_LINES} header lines")
         name, _, value = line.decode("latin-1").partition(":")
         headers[name.strip().lower()] = value.strip()
-    return method, path.split("?", 1)[0], headers
+    return method, path, headers
 
 
 async def _handle(
-    method: str, path: str, headers: dict[str, str], state: LighthouseState, auth_token: str | None
+    method: str,
+    target: str,
+    headers: dict[str, str],
+    state: LighthouseState,
+    auth_token: str | None,
+    pages: _PageCache,
 ) -> tuple[int, str, bytes]:
+    path, _, query = target.partition("?")
     if method == "POST" and path.startswith("/replica/") and path.endswith("/kill"):
         if auth_token is None:
             return 404, "text/plain", b"no kill action: the lighthouse has no --auth_token\n"
         if not presents(headers.get(AUTHORIZATION), auth_token):
             return 401, "text/plain", b"kill needs 'Authorization: Bearer <token>'\n"
-        return await _kill(state, unquote(path[len("/replica/") : -len("/kill")]), auth_token)
+        replica_id = unquote(path[len("/replica/") : -len("/kill")])
+        code, ctype, body = await _kill(state, replica_id, auth_token)
+        state.history.record(
+            EventKind.KILL_REQUESTED,
+            replica_id,
+            f"from the status page: {body.decode(errors='replace').strip()}",
+        )
+        return code, ctype, body
     if method != "GET":
         return 405, "text/plain", f"{method} is not supported on {path}\n".encode()
     if path == "/":
-        return 200, "text/html; charset=utf-8", render_html(state.status(), auth_token is not None)
+        try:
+            range_name = page_range(query)
+        except ValueError as e:
+            return 400, "text/plain", f"{e}\n".encode()
+        return 200, "text/html; charset=utf-8", pages.get(state, auth_token, range_name)
     if path == "/status.json":
         return 200, "application/json", json.dumps(state.status(), indent=1).encode()
     if path == "/metrics":
         return 200, "text/plain; version=0.0.4", render_metrics(state).encode()
-    return 404, "text/plain", f"no page at {path}; try /, /status.json or /metrics\n".encode()
+    if path == "/events":
+        try:
+            since = events_since(query)
+        except ValueError as e:
+            return 400, "text/plain", f"{e}\n".encode()
+        return 200, "application/json", json.dumps(events_json(state, since)).encode()
+    return (
+        404,
+        "text/plain",
+        (f"no page at {path}; try /, /status.json, /events or /metrics\n".encode()),
+    )
+
+
+def events_since(query: str) -> int:
+    """The ``since`` of an ``/events`` query string (0 when absent).
+
+    Raises:
+        ValueError: ``since`` is not a whole number >= 0, or another parameter is given.
+    """
+    params = parse_qs(query, keep_blank_values=True)
+    unknown = sorted(set(params) - {"since"})
+    if unknown:
+        raise ValueError(f"/events takes only ?since=N, got {', '.join(unknown)}")
+    values = params.get("since", ["0"])
+    if len(values) != 1 or not values[0].isdigit():
+        raise ValueError(
+            f"/events?since= must be a sequence number >= 0 (an event's seq), got {values!r}"
+        )
+    return int(values[0])
+
+
+def events_json(state: LighthouseState, since: int) -> dict:
+    """``/events``: the events after ``since`` (at most ``EVENTS_PER_PAGE``)."""
+    events = state.history.since(since, EVENTS_PER_PAGE)
+    return {
+        "events": [e.to_json() for e in events],
+        "last_seq": events[-1].seq if events else max(since, 0),
+        "newest_seq": state.history.last_seq,
+    }
 
 
 class KillRefused(Exception):
@@ -319,6 +388,14 @@ def render_metrics(state: LighthouseState) -> str:
         "# HELP torchft_lighthouse_straggler_readmissions_total Times it took one back.",
         "# TYPE torchft_lighthouse_straggler_readmissions_total counter",
         f"torchft_lighthouse_straggler_readmissions_total {m.readmissions}",
+        "# HELP torchft_lighthouse_events_total Events of the job's history recorded by this "
+        "process, by kind, and by reason where it is one of a few (why a group left).",
+        "# TYPE torchft_lighthouse_events_total counter",
+    ]
+    lines += [
+        f"torchft_lighthouse_events_total{{kind={_label(kind.value)},reason={_label(reason)}}} "
+        f"{count}"
+        for (kind, reason), count in sorted(state.history.counts.items())
     ]
     return "\n".join(lines) + "\n"
 
@@ -329,9 +406,35 @@ def _label(value: str) -> str:
     return f'"{escaped}"'
 
 
+class _PageCache:
+    """The page of each range, rendered at most once per ``PAGE_CACHE_S``: however many
+    browsers have it open, rendering it costs the lighthouse's loop (which also decides the
+    quorums) one render per range per period. One per status server."""
+
+    def __init__(self) -> None:
+        self._pages: dict[str, tuple[float, bytes]] = {}
+
+    def get(self, state: LighthouseState, auth_token: str | None, range_name: str) -> bytes:
+        now = time.monotonic()
+        cached = self._pages.get(range_name)
+        if cached is not None and now - cached[0] < PAGE_CACHE_S:
+            return cached[1]
+        page = render_html(state.status(), auth_token is not None, list(state.history), range_name)
+        self._pages[range_name] = (now, page)
+        return page
+
+
+PAGE_CACHE_S = 1.0
+"""How long a rendered page is served again (the page's script refreshes every 2 s)."""
+RANGES = {"hour": 3600.0, "job": None}
+"""The timeline's ranges (``/?range=``): the last hour (default), or the whole job (what the
+history still holds)."""
+EVENTS_SHOWN = 100
+"""Rows of the page's event table (the newest); ``/events`` has them all."""
+
 _PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>torchft lighthouse</title>
-<meta http-equiv="refresh" content="1">
+<noscript><meta http-equiv="refresh" content="2"></noscript>
 <style>
 body {{ font-family: sans-serif; margin: 1.5em; }}
 table {{ border-collapse: collapse; margin-bottom: 1.5em; }}
@@ -339,28 +442,79 @@ th, td {{ border: 1px solid #bbb; padding: 0.3em 0.7em; text-align: left; }}
 th {{ background: #eee; }}
 tr.member td {{ background: #dff5e1; }}
 tr.straggler td {{ background: #fde2e2; }}
+tr.in-quorum td {{ background: #eef7ee; }}
+tr.away td {{ background: #fff3e0; }}
 .unhealthy {{ color: #b00; }}
 .reason {{ font-family: monospace; background: #f4f4f4; padding: 0.5em; }}
+svg text.lane, svg text.tick {{ font-size: 11px; font-family: monospace; }}
+svg circle.mark {{ cursor: pointer; stroke: #fff; stroke-width: 1; }}
+#mark-detail {{ font-family: monospace; min-height: 1.2em; }}
+.figure {{ font-size: 1.3em; font-weight: bold; }}
 </style></head><body>
 <h1>torchft lighthouse</h1>
+<div id="live">
 <p class="reason">{reason}</p>
+<h2>Job</h2>
+<table id="job"><tr><th>committed batches</th><th>batches/s (last {window:g} s)</th>
+<th>best sustained batches/s</th><th>availability (time at full membership: {full} groups)</th>
+<th>discarded steps</th></tr>
+<tr><td class="figure">{batches}</td><td class="figure">{rate}</td><td class="figure">{best}</td>
+<td class="figure">{availability}</td><td class="figure">{discarded}</td></tr></table>
+<h2>Timeline ({range_title})</h2>
+<p>Range: <a href="/?range=hour">last hour</a> &middot; <a href="/?range=job">whole job</a>.
+Green bars: time in the quorum. Marks: events (hover or click for the reason).</p>
+{timeline}
+<p id="mark-detail"></p>
+<h2>Groups</h2>
+<table id="groups"><tr><th>replica</th><th>in quorum</th><th>steps/s</th><th>recent steps/s</th>
+<th>time in quorum (s)</th><th>time away (s)</th><th>heals</th><th>last heal</th>
+<th>committed batches</th><th>discarded steps</th></tr>
+{group_rows}
+</table>
 <h2>Quorum {quorum_title}</h2>
 <table id="members"><tr><th>replica</th><th>step</th><th>address</th><th>store</th>
 <th>world size</th><th>commit failures</th>{kill_head}</tr>
 {member_rows}
 </table>
+<h2>Events (newest first; <a href="/events">all as JSON</a>)</h2>
+<table id="events"><tr><th>#</th><th>time (UTC)</th><th>kind</th><th>group</th><th>reason</th></tr>
+{event_rows}
+</table>
 <h2>Heartbeats</h2>
 <table id="heartbeats"><tr><th>replica</th><th>age (s)</th><th>healthy</th><th>stream</th></tr>
 {heartbeat_rows}
 </table>
+<p id="other-callers">{other_callers}</p>
 <h2>Speed</h2>
 <table id="speeds"><tr><th>replica</th><th>relative speed</th><th>straggler since step</th>
 <th>in quorum</th></tr>
 {speed_rows}
 </table>
 <p>min_replicas = {min_replicas}; straggler policy: {straggler_policy}; pending: {pending}.
-<a href="/status.json">JSON</a> &middot; <a href="/metrics">metrics</a></p>
+<a href="/status.json">JSON</a> &middot; <a href="/events">events</a> &middot;
+<a href="/metrics">metrics</a></p>
+</div>
 {kill_script}
+<script>
+function showMark(ev) {{
+  const m = ev.target.closest('circle.mark');
+  if (m) document.getElementById('mark-detail').textContent = m.dataset.reason;
+}}
+document.addEventListener('click', showMark);
+async function refresh() {{
+  try {{
+    const r = await fetch(location.pathname + location.search, {{cache: 'no-store'}});
+    if (r.ok) {{
+      const doc = new DOMParser().parseFromString(await r.text(), 'text/html');
+      const detail = document.getElementById('mark-detail').textContent;
+      document.getElementById('live').replaceWith(doc.getElementById('live'));
+      document.getElementById('mark-detail').textContent = detail;
+    }}
+  }} catch (e) {{}}
+  setTimeout(refresh, 2000);
+}}
+setTimeout(refresh, 2000);
+</script>
 </body></html>
 """
 
@@ -374,8 +528,35 @@ function kill(id) {
 </script>"""
 
 
-def render_html(status: dict, kill_enabled: bool) -> bytes:
+def page_range(query: str) -> str:
+    """The ``range`` of a page query string (default ``hour``).
+
+    Raises:
+        ValueError: an unknown range or parameter.
+    """
+    params = parse_qs(query, keep_blank_values=True)
+    unknown = sorted(set(params) - {"range"})
+    if unknown:
+        raise ValueError(f"/ takes only ?range={'|'.join(RANGES)}, got {', '.join(unknown)}")
+    values = params.get("range", ["hour"])
+    if len(values) != 1 or values[0] not in RANGES:
+        raise ValueError(f"/?range= must be one of {', '.join(RANGES)}, got {values!r}")
+    return values[0]
+
+
+def _figure(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def render_html(
+    status: dict, kill_enabled: bool, events: list[Event], range_name: str = "hour"
+) -> bytes:
+    """The status page: ``status`` (``LighthouseState.status``) and the history's ``events``
+    (oldest first), the timeline over ``range_name`` (``RANGES``)."""
     e = html.escape
+    now = status["now"]
+    window = RANGES[range_name]
+    start = now - window if window is not None else (events[0].time if events else now)
     quorum = status["quorum"]
     rows = []
     for m in quorum["members"] if quorum else []:
@@ -402,6 +583,40 @@ def render_html(status: dict, kill_enabled: bool) -> bytes:
         f"<td>{'no: left out (straggler policy)' if s['excluded'] else 'yes'}</td></tr>"
         for s in status["speeds"]
     ]
+    group_rows = []
+    for g in status["groups"]:
+        last = g["heals"][-1] if g["heals"] else None
+        last_heal = (
+            f"{clock(last['time'])}: {last['seconds']:.3f} s, {last['bytes']} bytes, "
+            f"{e(last['outcome'])}"
+            if last
+            else "-"
+        )
+        not_reported = "" if g["reports"] else " (not reported: torchft client)"
+        group_rows.append(
+            f'<tr class="{"in-quorum" if g["in_quorum"] else "away"}" '
+            f'data-group="{e(g["replica_id"])}"><td>{e(g["replica_id"])}</td>'
+            f"<td>{'yes' if g['in_quorum'] else 'no'}</td>"
+            f"<td>{_figure(g['steps_per_s'], '.2f')}{not_reported}</td>"
+            f"<td>{sparkline(g['steps_per_s_series'])}</td>"
+            f"<td>{g['in_quorum_s']:.1f}</td><td>{g['away_s']:.1f}</td>"
+            f"<td>{g['heal_count']}</td><td>{last_heal}</td>"
+            f"<td>{g['batches_committed']}</td><td>{g['discarded_steps']}</td></tr>"
+        )
+    event_rows = [
+        f'<tr class="event" data-kind="{ev.kind.value}" data-seq="{ev.seq}"><td>{ev.seq}</td>'
+        f"<td>{clock(ev.time)}</td><td>{ev.kind.value}</td><td>{e(ev.group)}</td>"
+        f"<td>{e(ev.reason)}</td></tr>"
+        for ev in reversed(events[-EVENTS_SHOWN:])
+    ]
+    others = status["other_callers"]
+    other_callers = (
+        f"Heartbeats from {len(others)} caller(s) that never asked for a quorum (readiness "
+        f"probes; not replica groups): {e(', '.join(others[:10]))}"
+        if others
+        else ""
+    )
+    job = status["job"]
     title = (
         f"{quorum['quorum_id']} ({len(quorum['members'])} members, age {quorum['age_s']:.1f} s)"
         if quorum
@@ -409,6 +624,21 @@ def render_html(status: dict, kill_enabled: bool) -> bytes:
     )
     page = _PAGE.format(
         reason=e(status["reason"]),
+        window=job["sustained_window_s"],
+        full=job["full_membership"],
+        batches=job["batches_committed"],
+        rate=_figure(job["batches_per_s"], ".2f"),
+        best=_figure(job["best_batches_per_s"], ".2f"),
+        availability=_figure(
+            None if job["availability"] is None else 100 * job["availability"], ".1f"
+        )
+        + ("%" if job["availability"] is not None else ""),
+        discarded=job["discarded_steps"],
+        range_title="last hour" if range_name == "hour" else "whole job",
+        timeline=render_timeline(events, [g["replica_id"] for g in status["groups"]], start, now),
+        group_rows="\n".join(group_rows),
+        event_rows="\n".join(event_rows),
+        other_callers=other_callers,
         quorum_title=e(title),
         kill_head="<th>kill</th>" if kill_enabled else "",
         member_rows="\n".join(rows),

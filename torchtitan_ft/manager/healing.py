@@ -21,6 +21,7 @@ from torchtitan_ft.events import EventKind, EventWriter, HealOutcome
 from torchtitan_ft.manager.client import ManagerClient
 from torchtitan_ft.manager.decisions import QuorumResult
 from torchtitan_ft.manager.stats import Counters, tensor_bytes
+from torchtitan_ft.proto import torchft_pb2 as pb
 
 
 class Healing:
@@ -70,6 +71,9 @@ class Healing:
         self._received_bytes = 0
         self._borrowed = False
         self._served = False
+        self._source = ""
+        self._to_step = 0
+        self._reports: list[pb.HealReport] = []
 
     # ---------------------------------------------------------------- user state
 
@@ -118,6 +122,8 @@ class Healing:
             sent = tensor_bytes(state) * len(result.recover_dst_replica_ranks)
             self._counters.add(heal_bytes_sent=sent)
         if result.heal:
+            self._source = result.recover_src_manager_address
+            self._to_step = result.max_step
             self._events.emit(
                 EventKind.HEAL_START,
                 to_step=result.max_step,
@@ -232,6 +238,15 @@ class Healing:
     def _heal_ended(
         self, outcome: HealOutcome, seconds: float, received: int, error: BaseException | None
     ) -> None:
+        self._reports.append(
+            pb.HealReport(
+                to_step=self._to_step,
+                source_address=self._source,
+                bytes=received,
+                seconds=seconds,
+                outcome=outcome.value,
+            )
+        )
         self._events.emit(
             EventKind.HEAL_END,
             outcome=outcome,
@@ -239,6 +254,12 @@ class Healing:
             bytes=received,
             error="" if error is None else f"{type(error).__name__}: {error}",
         )
+
+    def take_reports(self) -> list[pb.HealReport]:
+        """The heals that ended since the last call, for the lighthouse (``GroupProgress``).
+        Training thread, once the previous step's quorum thread is done (``start_quorum``)."""
+        reports, self._reports = self._reports, []
+        return reports
 
     def withdraw_stale_offer(self) -> None:
         """Withdraws the offer of an earlier step unless this step served one (training thread,

@@ -9,6 +9,7 @@ any field at any time):
 field                                                           written on
 ==============================================================  ===============================
 ``_step``, ``_batches_committed``, ``_commit_failures``,        the training thread
+``_discarded_steps``,
 ``_identity``, ``_quorum``'s futures, ``_collectives``'
 pending futures
 ``_quorum.result``, ``.participation``, ``.healing``,           the quorum thread (``healing``
@@ -64,6 +65,7 @@ from torchtitan_ft.manager.stats import Counters, ManagerStats
 from torchtitan_ft.manager.steptimes import StepTimer
 from torchtitan_ft.process_group.base import ProcessGroup
 from torchtitan_ft.process_group.futures import completed_future
+from torchtitan_ft.proto import torchft_pb2 as pb
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -241,6 +243,7 @@ class Manager:
         self._pg_can_wait_abandoned = isinstance(pg, ProcessGroup) and pg.can_wait_abandoned()
         self._step = 0
         self._batches_committed = 0
+        self._discarded_steps = 0
         self._commit_failures = 0
         self._identity: Callable[[], GroupIdentity] | None = lambda: GroupIdentity.resolve(
             settings.replica_id.value, model_fingerprint, num_replica_groups
@@ -380,12 +383,22 @@ class Manager:
                 shrink_only=shrink_only,
                 timeout=timeout or self._quorum_timeout,
                 manager_state=self.state_dict(),
-                progress=self._step_timer.start(self._step, time.monotonic()),
+                progress=self._progress(),
             )
         )
         if not self._use_async_quorum:
             self.wait_quorum()
             self._heal_all_or_nothing()  # safe point: the forward has not started
+
+    def _progress(self) -> pb.GroupProgress:
+        """What this rank tells the lighthouse with its quorum request: the previous step's
+        timing (``steptimes``), the committed batches and discarded steps, the heals that
+        ended since (its ManagerServer merges the group's ranks')."""
+        progress = self._step_timer.start(self._step, time.monotonic()) or pb.GroupProgress()
+        progress.batches_committed = self._batches_committed
+        progress.discarded_steps = self._discarded_steps
+        progress.heals.extend(self._heal.take_reports())
+        return progress
 
     def wait_quorum(self) -> None:
         """Blocks until this step's quorum, reconfiguration and heal transfer are done.
@@ -544,6 +557,7 @@ class Manager:
             self._events.emit(EventKind.COMMIT, participants=participation.world_size)
         else:
             self._commit_failures += 1
+            self._discarded_steps += 1
             self._counters.add(steps_discarded=1)
             self._events.emit(
                 EventKind.DISCARD,
@@ -562,6 +576,7 @@ class Manager:
         no group vote is needed."""
         self._collectives.wait_pending()
         self._log(logging.INFO, "should_commit=False (left out of the quorum: straggler policy)")
+        self._discarded_steps += 1
         self._counters.add(steps_discarded=1)
         self._events.emit(
             EventKind.DISCARD,

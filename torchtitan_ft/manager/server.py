@@ -65,7 +65,7 @@ from torchtitan_ft.manager.rounds import (
     Unknown,
     Waiting,
 )
-from torchtitan_ft.manager.steptimes import slowest_per_step
+from torchtitan_ft.manager.steptimes import group_progress
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.rpc_server import (
     CannotListen,
@@ -526,7 +526,7 @@ class ManagerServer:
                 step=ask.step,
                 shrink_only=ask.shrink_only,
                 commit_failures=ask.commit_failures,
-                progress=slowest_per_step(call.progress for call in ask.calls.values()),
+                progress=group_progress(call.progress for call in ask.calls.values()),
                 budget_s=budget_s,
             )
             members = [

@@ -53,6 +53,37 @@ class StepTimer:
         return progress
 
 
+def group_progress(progresses: Iterable[pb.GroupProgress | None]) -> pb.GroupProgress | None:
+    """A group's progress from its ranks' (None when no rank sent any): the slowest timing per
+    step (``slowest_per_step``), the highest committed batches and discarded steps, and each
+    heal (by the step it healed to) with the ranks' bytes summed, the slowest rank's seconds
+    and the worst outcome."""
+    sent = [p for p in progresses if p is not None]
+    if not sent:
+        return None
+    merged = slowest_per_step(sent) or pb.GroupProgress()
+    merged.batches_committed = max(p.batches_committed for p in sent)
+    merged.discarded_steps = max(p.discarded_steps for p in sent)
+    heals: dict[int, pb.HealReport] = {}
+    for p in sent:
+        for heal in p.heals:
+            mine = heals.get(heal.to_step)
+            if mine is None:
+                heals[heal.to_step] = pb.HealReport()
+                heals[heal.to_step].CopyFrom(heal)
+                continue
+            mine.bytes += heal.bytes
+            mine.seconds = max(mine.seconds, heal.seconds)
+            if _OUTCOME_RANK.get(heal.outcome, 0) > _OUTCOME_RANK.get(mine.outcome, 0):
+                mine.outcome = heal.outcome
+    merged.heals.extend(heals[step] for step in sorted(heals))
+    return merged
+
+
+_OUTCOME_RANK = {"applied": 0, "not_applied": 1, "failed": 2}
+"""Which outcome a group's heal takes when its ranks differ: the worst."""
+
+
 def slowest_per_step(progresses: Iterable[pb.GroupProgress | None]) -> pb.GroupProgress | None:
     """A group's timings from its ranks': per step, the longest step and compute times, oldest
     step first; None when no rank sent any."""

@@ -50,10 +50,30 @@ class StepTiming(_message.Message):
     def __init__(self, step: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ...) -> None: ...
 
 class GroupProgress(_message.Message):
-    __slots__ = ("steps",)
+    __slots__ = ("steps", "batches_committed", "discarded_steps", "heals")
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    DISCARDED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    HEALS_FIELD_NUMBER: _ClassVar[int]
     steps: _containers.RepeatedCompositeFieldContainer[StepTiming]
-    def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ...) -> None: ...
+    batches_committed: int
+    discarded_steps: int
+    heals: _containers.RepeatedCompositeFieldContainer[HealReport]
+    def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., batches_committed: _Optional[int] = ..., discarded_steps: _Optional[int] = ..., heals: _Optional[_Iterable[_Union[HealReport, _Mapping]]] = ...) -> None: ...
+
+class HealReport(_message.Message):
+    __slots__ = ("to_step", "source_address", "bytes", "seconds", "outcome")
+    TO_STEP_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    to_step: int
+    source_address: str
+    bytes: int
+    seconds: float
+    outcome: str
+    def __init__(self, to_step: _Optional[int] = ..., source_address: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ...) -> None: ...
 
 class GroupSpeed(_message.Message):
     __slots__ = ("replica_id", "relative_speed", "straggler", "straggler_since_step", "excluded")

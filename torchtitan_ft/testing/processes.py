@@ -38,7 +38,10 @@ def free_port() -> int:
 
 
 class LighthouseProcess:
-    """``python -m torchtitan_ft.lighthouse.cli`` on a fixed 127.0.0.1 port, restartable."""
+    """``python -m torchtitan_ft.lighthouse.cli`` on a fixed 127.0.0.1 port, restartable.
+
+    ``status_port``: serve the status page there (default: none); ``state_dir``: its
+    ``--state_dir``, so that a restarted one keeps the job's history (default: none)."""
 
     def __init__(
         self,
@@ -49,8 +52,11 @@ class LighthouseProcess:
         heartbeat_timeout_ms: int = 1000,
         quorum_tick_ms: int = 50,
         log: IO[str] | None = None,
+        status_port: int | None = None,
+        state_dir: str | None = None,
     ) -> None:
         self.port = port or free_port()
+        self.status_port = status_port
         self.args = [
             sys.executable,
             "-m",
@@ -60,14 +66,21 @@ class LighthouseProcess:
             f"--join_timeout_ms={join_timeout_ms}",
             f"--heartbeat_timeout_ms={heartbeat_timeout_ms}",
             f"--quorum_tick_ms={quorum_tick_ms}",
-            "--status_bind=off",
+            f"--status_bind=127.0.0.1:{status_port}" if status_port else "--status_bind=off",
         ]
+        if state_dir is not None:
+            self.args.append(f"--state_dir={state_dir}")
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def status_address(self) -> str | None:
+        """The status page's URL, or None when not served."""
+        return f"http://127.0.0.1:{self.status_port}/" if self.status_port else None
 
     def start(self, timeout_s: float = 30.0) -> None:
         self.proc = subprocess.Popen(
