@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import queue
 import socket
 import sys
 import threading
@@ -132,6 +133,47 @@ class _QuorumOutcome:
     """This group's speed as the lighthouse judged it with the quorum."""
 
 
+class _DaemonThreads:
+    """Daemon threads for blocking calls, each kept for the next call once it is done:
+    starting a thread waits until it runs, a scheduling delay on busy cores, and it was paid
+    twice per quorum on the path every rank waits on. A call that blocks long (a lighthouse
+    quorum of a round the ranks gave up on) does not hold up the next: it gets another
+    thread."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._idle: list[queue.SimpleQueue[Callable[[], None] | None]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def run(self, fn: Callable[[], None]) -> None:
+        """Runs ``fn`` (which must not raise) on an idle thread, or a new one."""
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            thread = threading.Thread(target=self._serve, args=(inbox,), name=self._name)
+            thread.daemon = True
+            thread.start()
+        inbox.put(fn)
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+        while (fn := inbox.get()) is not None:
+            fn()
+            with self._lock:
+                if self._closed:
+                    return
+                self._idle.append(inbox)
+
+    def close(self) -> None:
+        """Ends the idle threads, and each busy one when its call returns."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for inbox in idle:
+            inbox.put(None)
+
+
 class ManagerServer:
     """Serves ``torchft.ManagerService`` for one replica group (normally on group rank 0).
 
@@ -226,6 +268,7 @@ class ManagerServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._gate = QuorumGate()
         self._address_check = QuorumAddressCheck()
+        self._blocking = _DaemonThreads("manager-lighthouse-call")
 
         self._closed = False
         self._lighthouse = LighthouseClient(lighthouse_addr, connect_timeout, auth_token)
@@ -269,6 +312,7 @@ class ManagerServer:
         self._closed = True
         self._heartbeat.close()
         self._thread.stop(self._stop)
+        self._blocking.close()
         self._lighthouse.close()
         logger.info("manager server of replica %s stopped", self._replica_id)
 
@@ -329,7 +373,8 @@ class ManagerServer:
             )
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
-        """Runs blocking ``fn`` on a daemon thread (never delays shutdown or process exit)."""
+        """Runs blocking ``fn`` on a daemon thread (never delays shutdown or process exit),
+        one kept from an earlier call when one is idle."""
         fut: asyncio.Future[T] = self._new_future()
 
         def deliver(setter: Callable[[Any], object], value: Any) -> None:
@@ -347,7 +392,7 @@ class ManagerServer:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(deliver, *outcome)
 
-        threading.Thread(target=run, name="manager-lighthouse-call", daemon=True).start()
+        self._blocking.run(run)
         return await fut
 
     def _handler(self) -> grpc.GenericRpcHandler:
@@ -533,7 +578,10 @@ class ManagerServer:
                 Advertised(m.replica_id, m.address, m.store_address) for m in quorum.participants
             ]
             me = Advertised(self._replica_id, self.address(), self._store_addr)
-            addresses = await self._in_thread(lambda: self._address_check(me, members))
+            if self._address_check.known(me, members):  # the same members: no name lookups
+                addresses = self._address_check(me, members)
+            else:
+                addresses = await self._in_thread(lambda: self._address_check(me, members))
             self._check_identities(quorum, addresses)
         except _RpcFailure as e:
             log = logger.error if e.code is grpc.StatusCode.FAILED_PRECONDITION else logger.warning
