@@ -183,9 +183,13 @@ def worker_quorum(impl: str, replica: int, lighthouse: str) -> None:
         ft = load_reference()
         server_cls, client_cls = ft.ManagerServer, ft.ManagerClient
     else:
-        from torchtitan_ft.manager import ManagerClient, ManagerServer
+        from torchtitan_ft.manager.server import LocalManagerClient, ManagerServer
 
-        server_cls, client_cls = ManagerServer, ManagerClient
+        server_cls = ManagerServer
+
+        def client_cls(addr: str, _timeout: timedelta) -> Any:
+            return LocalManagerClient(server, addr)  # as the Manager's group rank 0 asks
+
     server = server_cls(
         replica_id=f"{impl}_{replica}",
         lighthouse_addr=lighthouse,
@@ -226,7 +230,8 @@ QUORUM_LEAD_S = 0.05
 def bench_quorum(rounds: int) -> dict[str, Any]:
     """The synchronous quorum round trip of ``torchtitan_ft`` and torchft 0.2.0 side by side:
     per implementation a lighthouse (``min_replicas`` 2, in this process) and two replica
-    groups of one rank (a ManagerServer and its client each, in a process of their own); each
+    groups of one rank (a ManagerServer and its client each, in a process of their own: ours
+    is the in-process client a Manager's group rank 0 uses, torchft's its gRPC one); each
     round both groups ask at the same wall-clock moment, and the time from asking to holding
     the quorum is the slower group's (it waited for nothing but the round trip, as both asked
     at once). The implementations take turns round by round."""
