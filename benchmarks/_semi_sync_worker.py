@@ -127,6 +127,9 @@ class StrategySpec:
     """Streaming DiLoCo's tau."""
     outer: OuterOptimizerConfig = field(default_factory=OuterOptimizerConfig)
     """DiLoCo's outer optimizer."""
+    bucket_cap_mb: float = 25.0
+    """per_step without overlap: ``PerStepSync``'s bucket size in MiB (tiny: one allreduce per
+    gradient, as before it bucketed)."""
     overlap_bucket_cap_mb: float | None = None
     """per_step: ``None`` averages the gradients after the backward (``PerStepSync``, sync
     quorum); a size in MiB wraps the model in ``torchtitan_ft.ddp.DistributedDataParallel``
@@ -223,7 +226,10 @@ def _build_strategy(spec: StrategySpec, manager: Any, model: nn.Module, opt: Any
 
     if spec.kind == "per_step":
         return PerStepSync(
-            manager, model.parameters(), allreduce_gradients=spec.overlap_bucket_cap_mb is None
+            manager,
+            model.parameters(),
+            allreduce_gradients=spec.overlap_bucket_cap_mb is None,
+            bucket_cap_mb=spec.bucket_cap_mb,
         )
     return DiLoCo(
         manager,
@@ -337,6 +343,7 @@ def replica_group(job: ReplicaJob) -> None:
     losses = []
     tx_bytes = [_read_counter(job.tx_bytes_path)]
     phases = dict.fromkeys((*PHASES, BACKWARD_SYNC), 0.0)
+    backward_s = 0.0  # the backward's compute (inside forward_backward)
     clock = time.perf_counter
     start = clock()
     first_step_s, steady_start = 0.0, start
@@ -346,6 +353,7 @@ def replica_group(job: ReplicaJob) -> None:
         backward_sync[0] = 0.0
         t1 = clock()
         loss = lm_loss(forward, train[step])
+        tb = clock()
         loss.backward()
         t2 = clock()
         commit = strategy.before_step()
@@ -367,6 +375,7 @@ def replica_group(job: ReplicaJob) -> None:
             phases[phase] += times[i + 1] - times[i]
         phases["forward_backward"] -= backward_sync[0]
         phases[BACKWARD_SYNC] += backward_sync[0]
+        backward_s += t2 - tb - backward_sync[0]
     end = clock()
     train_s = end - start
     tx_bytes.append(_read_counter(job.tx_bytes_path))
@@ -388,6 +397,7 @@ def replica_group(job: ReplicaJob) -> None:
         "steady_steps": setup.steps - 1,
         "steady_seconds": end - steady_start,
         "phase_seconds": phases,
+        "backward_seconds": backward_s,
         "host_tx_bytes": tx_bytes,
     }
     with open(job.out_path, "w") as f:
