@@ -127,6 +127,14 @@ class StrategySpec:
     """Streaming DiLoCo's tau."""
     outer: OuterOptimizerConfig = field(default_factory=OuterOptimizerConfig)
     """DiLoCo's outer optimizer."""
+    bucket_cap_mb: float = 25.0
+    """per_step without overlap: ``PerStepSync``'s bucket size in MiB (tiny: one allreduce per
+    gradient, as before it bucketed)."""
+    overlap_bucket_cap_mb: float | None = None
+    """per_step: ``None`` averages the gradients after the backward (``PerStepSync``, sync
+    quorum); a size in MiB wraps the model in ``torchtitan_ft.ddp.DistributedDataParallel``
+    with buckets of that size, each bucket's allreduce started during the backward, and
+    starts the quorum asynchronously (overlapped with the forward)."""
 
 
 @dataclass(frozen=True)
@@ -217,7 +225,12 @@ def _build_strategy(spec: StrategySpec, manager: Any, model: nn.Module, opt: Any
     from torchtitan_ft.semi_sync import DiLoCo, PerStepSync, QuorumMode, split_model
 
     if spec.kind == "per_step":
-        return PerStepSync(manager, model.parameters())
+        return PerStepSync(
+            manager,
+            model.parameters(),
+            allreduce_gradients=spec.overlap_bucket_cap_mb is None,
+            bucket_cap_mb=spec.bucket_cap_mb,
+        )
     return DiLoCo(
         manager,
         split_model(model, spec.fragments),
@@ -232,7 +245,10 @@ def _build_strategy(spec: StrategySpec, manager: Any, model: nn.Module, opt: Any
 
 PHASES = ("start_step", "forward_backward", "before_step", "optimizer", "after_step")
 """Where a step's time goes, in loop order; ``forward_backward`` + ``optimizer`` is compute,
-the others the sync strategy's (quorum, allreduce, commit vote, outer step)."""
+the others the sync strategy's (quorum, allreduce, commit vote, outer step). With an
+overlapped per-step run, the time the backward spends in the DDP wrapper's bucket launches
+and end-of-backward wait is moved from ``forward_backward`` to ``backward_sync``."""
+BACKWARD_SYNC = "backward_sync"
 
 
 def _read_counter(path: str | None) -> int | None:
@@ -247,6 +263,35 @@ def _params_sha1(model: nn.Module) -> str:
     for p in model.parameters():
         digest.update(p.detach().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+def _timed_ddp(
+    manager: Any, model: nn.Module, bucket_cap_mb: float, spent: list[float]
+) -> nn.Module:
+    """``model`` in ``DistributedDataParallel``; the time its bucket launches (quorum wait
+    included) and its end-of-backward wait take is added to ``spent[0]`` (once: the wait
+    launches the buckets that got no gradient)."""
+    from torchtitan_ft.ddp import DistributedDataParallel
+
+    ddp = DistributedDataParallel(manager, model, bucket_cap_mb=bucket_cap_mb)
+    depth = [0]
+
+    def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any) -> Any:
+            t = time.perf_counter()
+            depth[0] += 1
+            try:
+                return fn(*args)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    spent[0] += time.perf_counter() - t
+
+        return wrapper
+
+    ddp._launch = timed(ddp._launch)  # type: ignore[method-assign]
+    ddp._finish_backward = timed(ddp._finish_backward)  # type: ignore[method-assign]
+    return ddp
 
 
 def replica_group(job: ReplicaJob) -> None:
@@ -277,7 +322,7 @@ def replica_group(job: ReplicaJob) -> None:
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         min_replica_size=job.replica_groups,
-        use_async_quorum=False,
+        use_async_quorum=job.strategy.overlap_bucket_cap_mb is not None,
         timeout=timeout,
         quorum_timeout=2 * timeout,
         connect_timeout=timeout,
@@ -290,18 +335,25 @@ def replica_group(job: ReplicaJob) -> None:
         hostname=job.host,
     )
     strategy = _build_strategy(job.strategy, manager, model, opt)
+    backward_sync = [0.0]  # seconds inside the DDP wrapper's launches and wait, this step
+    forward: nn.Module = model
+    if job.strategy.overlap_bucket_cap_mb is not None:
+        forward = _timed_ddp(manager, model, job.strategy.overlap_bucket_cap_mb, backward_sync)
 
     losses = []
     tx_bytes = [_read_counter(job.tx_bytes_path)]
-    phases = dict.fromkeys(PHASES, 0.0)
+    phases = dict.fromkeys((*PHASES, BACKWARD_SYNC), 0.0)
+    backward_s = 0.0  # the backward's compute (inside forward_backward)
     clock = time.perf_counter
     start = clock()
     first_step_s, steady_start = 0.0, start
     for step in range(setup.steps):
         t0 = clock()
         strategy.start_step()
+        backward_sync[0] = 0.0
         t1 = clock()
-        loss = lm_loss(model, train[step])
+        loss = lm_loss(forward, train[step])
+        tb = clock()
         loss.backward()
         t2 = clock()
         commit = strategy.before_step()
@@ -321,6 +373,9 @@ def replica_group(job: ReplicaJob) -> None:
         times = (t0, t1, t2, t3, t4, t5)
         for i, phase in enumerate(PHASES):
             phases[phase] += times[i + 1] - times[i]
+        phases["forward_backward"] -= backward_sync[0]
+        phases[BACKWARD_SYNC] += backward_sync[0]
+        backward_s += t2 - tb - backward_sync[0]
     end = clock()
     train_s = end - start
     tx_bytes.append(_read_counter(job.tx_bytes_path))
@@ -342,6 +397,7 @@ def replica_group(job: ReplicaJob) -> None:
         "steady_steps": setup.steps - 1,
         "steady_seconds": end - steady_start,
         "phase_seconds": phases,
+        "backward_seconds": backward_s,
         "host_tx_bytes": tx_bytes,
     }
     with open(job.out_path, "w") as f:

@@ -172,7 +172,118 @@ def _serve(ddp: Any, optim: Any, dim: int, replica: int, probes: dict[str, float
         processes.send(result)
 
 
+def worker_quorum(impl: str, replica: int, lighthouse: str) -> None:
+    """One replica group of one rank with ``impl``'s ManagerServer and ManagerClient; asks for
+    a quorum at the wall-clock time each ``ask`` message names and sends how long it took."""
+    from datetime import timedelta
+
+    if impl == "torchft":
+        from benchmarks._reference import load_reference
+
+        ft = load_reference()
+        server_cls, client_cls = ft.ManagerServer, ft.ManagerClient
+    else:
+        from torchtitan_ft.manager.server import LocalManagerClient, ManagerServer
+
+        server_cls = ManagerServer
+
+        def client_cls(addr: str, _timeout: timedelta) -> Any:
+            return LocalManagerClient(server, addr)  # as the Manager's group rank 0 asks
+
+    server = server_cls(
+        replica_id=f"{impl}_{replica}",
+        lighthouse_addr=lighthouse,
+        hostname=_mlp.HOST,
+        bind=f"{_mlp.HOST}:0",
+        store_addr=f"{_mlp.HOST}:1",
+        world_size=1,
+        heartbeat_interval=timedelta(milliseconds=100),
+        connect_timeout=timedelta(seconds=10),
+        quorum_retries=0,
+    )
+    client = client_cls(server.address(), timedelta(seconds=10))
+    processes.send({"ready": True})
+    while (msg := processes.recv()) is not None and msg["cmd"] == "ask":
+        time.sleep(max(0.0, msg["at"] - time.time()))
+        t = time.perf_counter()
+        client._quorum(
+            group_rank=0,
+            step=msg["step"],
+            checkpoint_metadata="",
+            shrink_only=False,
+            timeout=timedelta(seconds=10),
+            commit_failures=0,
+            init_sync=True,
+        )
+        processes.send({"s": time.perf_counter() - t})
+    server.shutdown()
+
+
 # ------------------------------------------------------------------ parent
+
+
+QUORUM_IMPLS = ("ours", "torchft")
+QUORUM_LEAD_S = 0.05
+"""How far ahead of now each quorum round's agreed start time is set."""
+
+
+def bench_quorum(rounds: int) -> dict[str, Any]:
+    """The synchronous quorum round trip of ``torchtitan_ft`` and torchft 0.2.0 side by side:
+    per implementation a lighthouse (``min_replicas`` 2, in this process) and two replica
+    groups of one rank (a ManagerServer and its client each, in a process of their own: ours
+    is the in-process client a Manager's group rank 0 uses, torchft's its gRPC one); each
+    round both groups ask at the same wall-clock moment, and the time from asking to holding
+    the quorum is the slower group's (it waited for nothing but the round trip, as both asked
+    at once). The implementations take turns round by round."""
+    from benchmarks._reference import load_reference
+    from torchtitan_ft.lighthouse import LighthouseServer
+
+    ft = load_reference()
+    impls = [i for i in QUORUM_IMPLS if i != "torchft" or ft is not None]
+    lighthouses: list[Any] = []
+    workers: dict[str, list[processes.Worker]] = {}
+    try:
+        for impl in impls:
+            if impl == "torchft":
+                lighthouse = ft.LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=2)
+            else:
+                lighthouse = LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=2)
+            lighthouses.append(lighthouse)
+            args = ["--worker", "quorum", "--impl", impl, "--lighthouse", lighthouse.address()]
+            workers[impl] = [processes.Worker(MODULE, [*args, "--rank", str(r)]) for r in range(2)]
+        for pair in workers.values():
+            for w in pair:
+                w.recv()  # ready
+        slower: dict[str, list[float]] = {impl: [] for impl in impls}
+        faster: dict[str, list[float]] = {impl: [] for impl in impls}
+        for r in range(rounds + 1):  # round 0 forms the first quorum: not timed
+            for impl in impls[r % len(impls) :] + impls[: r % len(impls)]:
+                at = time.time() + QUORUM_LEAD_S
+                for w in workers[impl]:
+                    w.send({"cmd": "ask", "at": at, "step": r})
+                took = sorted(w.recv()["s"] for w in workers[impl])
+                if r > 0:
+                    faster[impl].append(took[0])
+                    slower[impl].append(took[-1])
+    finally:
+        for pair in workers.values():
+            for w in pair:
+                w.close()
+        for lighthouse in lighthouses:
+            lighthouse.shutdown()
+    out: dict[str, Any] = {"rounds": rounds, "implementations": impls}
+    for impl in impls:
+        out[impl] = {
+            "round_trip_ms": _mlp.summary(slower[impl]),
+            "faster_group_ms": _mlp.summary(faster[impl]),
+        }
+    if "torchft" in impls:
+        ours = statistics.median(slower["ours"])
+        theirs = statistics.median(slower["torchft"])
+        out["ratio_ours_over_torchft"] = round(ours / theirs, 3)
+    else:
+        out["torchft"] = "not installed (scripts/install_reference.sh): not measured"
+    return out
 
 
 def _run_pair(pair: list[processes.Worker], steps: int) -> list[dict[str, Any]]:
@@ -305,7 +416,9 @@ REFERENCE = {10.0: 1.43, 200.0: 1.15}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[10.0, 200.0])
+    parser.add_argument(
+        "--sizes-mb", type=float, nargs="*", default=[10.0, 200.0], help="MLP sizes (none: skip)"
+    )
     parser.add_argument("--rounds", type=int, default=6, help="turns per pair (alternating)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per turn")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per pair")
@@ -319,7 +432,15 @@ def main() -> None:
     )
     parser.add_argument("--bucket-view", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help=argparse.SUPPRESS)
-    parser.add_argument("--worker", choices=["ddp", "ft"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--quorum-rounds",
+        type=int,
+        default=30,
+        help="synchronous quorum round trips per implementation, ours and torchft 0.2.0 side "
+        "by side (0: not measured)",
+    )
+    parser.add_argument("--worker", choices=["ddp", "ft", "quorum"], help=argparse.SUPPRESS)
+    parser.add_argument("--impl", choices=QUORUM_IMPLS, default="ours", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--size-mb", type=float, default=10.0, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -330,6 +451,9 @@ def main() -> None:
         return
     if args.worker == "ft":
         worker_ft(args.rank, args.size_mb, args.lighthouse, args.bucket_cap_mb)
+        return
+    if args.worker == "quorum":
+        worker_quorum(args.impl, args.rank, args.lighthouse)
         return
 
     started = time.time()
@@ -345,6 +469,7 @@ def main() -> None:
         result["reference_torchft_0_2_0"] = REFERENCE.get(size_mb)
         sizes.append(result)
         print(f"size {size_mb} MB done: {ratio}", file=sys.stderr)
+    quorum = bench_quorum(args.quorum_rounds) if args.quorum_rounds > 0 else None
     command = "python -m " + MODULE + " " + " ".join(sys.argv[1:])
     print(
         json.dumps(
@@ -361,6 +486,7 @@ def main() -> None:
                     "warmup": args.warmup,
                 },
                 "sizes": sizes,
+                "quorum_round_trip": quorum,
                 "wall_s": round(time.time() - started, 1),
             },
             indent=1,

@@ -172,3 +172,26 @@ def test_lighthouse_scale_prints_the_page_row() -> None:
     )
     (row,) = out["results"]
     assert row["ours_stream_page"]["steady_round_ms"] > 0 and row["page_over_no_page"] > 0
+
+
+@pytest.mark.slow  # two hosts, a link probe and two runs of two processes: 6 min at load 40
+@pytest.mark.timeout(660)
+def test_wan_prints_the_per_step_rows_and_their_goals() -> None:
+    from torchtitan_ft.testing.netns import limit_unavailable_reason
+
+    if (reason := limit_unavailable_reason()) is not None:
+        pytest.skip(f"no network-namespace hosts here: {reason}")
+    out = _benchmark(
+        "benchmarks.wan",
+        *("--links", "unlimited", "--strategies", "per_step", "per_step_ddp_overlap"),
+        *("--steps", "3"),
+        timeout=630,
+    )
+    rows = {r["strategy"]: r for r in out["results"]}
+    assert set(rows) == {"per_step", "per_step_ddp_overlap"}, out["results"]
+    overlap = rows["per_step_ddp_overlap"]
+    assert overlap["phase_s_per_inner_step"]["backward_sync"] > 0
+    assert overlap["syncs_committed"] == 3 and overlap["syncs_failed"] == [0, 0]
+    assert rows["per_step"]["payload_bytes_per_inner_step"] > 0
+    goals = out["goals"]["per_step_exposed_sync"]
+    assert set(goals) == set(rows) and "met" in goals["per_step"]["unlimited"]

@@ -310,8 +310,17 @@ class QuorumAddressCheck:
         self._key: tuple[object, ...] | None = None
         self._problem: AddressProblem | None = None
 
+    def known(self, me: Advertised, members: Sequence[Advertised]) -> bool:
+        """Whether the answer for these addresses is computed already (a call returns at
+        once, with no name lookup)."""
+        return self._key_of(me, members) == self._key
+
+    @staticmethod
+    def _key_of(me: Advertised, members: Sequence[Advertised]) -> tuple[object, ...]:
+        return (me, tuple(sorted(members, key=lambda m: m.replica_id)))
+
     def __call__(self, me: Advertised, members: Sequence[Advertised]) -> AddressProblem | None:
-        key = (me, tuple(sorted(members, key=lambda m: m.replica_id)))
+        key = self._key_of(me, members)
         if key != self._key:
             self._problem = quorum_address_problem(
                 me, members, resolves_to_loopback, runs_here, route_source

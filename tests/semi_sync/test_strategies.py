@@ -20,18 +20,23 @@ from torchtitan_ft.semi_sync import (
     fragments_from_fqns,
     split_model,
 )
+from torchtitan_ft.semi_sync.per_step import gradient_buckets
 
 from ._helpers import loss_fn, make_model, params_of, run_threads, train_steps
 from ._simulated import SimulatedReplicaGroups
 
 
-def test_per_step_averages_gradients_every_step() -> None:
+@pytest.mark.parametrize("bucket_cap_mb", [25.0, 1e-7])  # one bucket; one per gradient
+def test_per_step_averages_gradients_every_step(bucket_cap_mb: float) -> None:
     """Two replicas with different data stay identical and equal a reference that steps on the
     mean gradient."""
     groups = SimulatedReplicaGroups(2, quorum_mode=QuorumMode.ASYNC)
     models = [make_model(0) for _ in range(2)]
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
-    strategies = [PerStepSync(groups.manager(str(r)), models[r].parameters()) for r in range(2)]
+    strategies = [
+        PerStepSync(groups.manager(str(r)), models[r].parameters(), bucket_cap_mb=bucket_cap_mb)
+        for r in range(2)
+    ]
     run_threads(
         [
             lambda r=r: train_steps(strategies[r], models[r], opts[r], r, range(1, 4))
@@ -53,6 +58,8 @@ def test_per_step_averages_gradients_every_step() -> None:
         for name, p in params_of(models[r]).items():
             torch.testing.assert_close(p, params_of(ref)[name])
         assert strategies[r].stats.syncs_committed == 3
+    params = len(list(models[0].parameters()))
+    assert strategies[0].stats.allreduce_calls == 3 * (1 if bucket_cap_mb == 25.0 else params)
 
 
 def test_per_step_failed_allreduce_skips_the_step() -> None:
@@ -179,3 +186,29 @@ def test_build_strategy_picks_the_configured_one() -> None:
     assert isinstance(diloco, DiLoCo) and diloco.num_fragments == 2
     with pytest.raises(ValueError, match="Manager uses 'async' quorums"):
         build_strategy(sync_cfg, async_.manager("d"), model, opt)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "dtypes", "cap", "expected"),
+    [
+        ([4, 4, 4], ["f", "f", "f"], 32, [[0, 1], [2]]),  # 16 bytes each, 2 fit in 32
+        ([4, 4, 4], ["f", "f", "f"], 1 << 20, [[0, 1, 2]]),
+        ([100, 1, 1], ["f", "f", "f"], 8, [[0], [1, 2]]),  # larger than the cap: alone
+        ([1, 1, 1], ["f", "d", "d"], 1 << 20, [[0], [1, 2]]),  # a new dtype starts a bucket
+        ([1, 1, 1], ["f", "d", "f"], 1 << 20, [[0], [1], [2]]),  # order kept, no regrouping
+        ([], [], 8, []),
+    ],
+)
+def test_gradient_buckets(
+    sizes: list[int], dtypes: list[str], cap: int, expected: list[list[int]]
+) -> None:
+    kinds = {"f": torch.float32, "d": torch.float64}
+    grads = [torch.zeros(n, dtype=kinds[d]) for n, d in zip(sizes, dtypes, strict=True)]
+    buckets = gradient_buckets(grads, cap)
+    index = {id(g): i for i, g in enumerate(grads)}
+    assert [[index[id(g)] for g in bucket] for bucket in buckets] == expected
+
+
+def test_per_step_refuses_a_bucket_cap_that_is_not_positive() -> None:
+    with pytest.raises(ValueError, match="bucket_cap_mb must be > 0"):
+        PerStepSync(SimulatedReplicaGroups(1).manager("a"), bucket_cap_mb=0)

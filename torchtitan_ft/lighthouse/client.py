@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from torchtitan_ft.auth import grpc_metadata, resolve_token
+from torchtitan_ft.deadlines import DEADLINES
 from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum, QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
@@ -251,9 +252,7 @@ class _QuorumStream:
             expired.set()
             self._call.cancel()
 
-        timer = threading.Timer(timeout, expire)
-        timer.daemon = True
-        timer.start()
+        cancel_expiry = DEADLINES.schedule(timeout, expire)
         try:
             return next(self._call)
         except StopIteration:
@@ -265,8 +264,8 @@ class _QuorumStream:
                 return None
             raise
         finally:
-            timer.cancel()
-            # The timer may have fired just as the answer came: the call is cancelled then.
+            cancel_expiry()
+            # The deadline may have fired just as the answer came: the call is cancelled then.
             self.broken = self.broken or expired.is_set()
 
 

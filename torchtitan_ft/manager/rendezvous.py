@@ -17,7 +17,7 @@ from torch.distributed import TCPStore
 from torchtitan_ft.addresses import advertised_store_host, is_loopback, loopback_address
 from torchtitan_ft.checkpoint import CheckpointTransport, HTTPTransport
 from torchtitan_ft.manager.client import ManagerClient
-from torchtitan_ft.manager.server import AddressInUseError, ManagerServer
+from torchtitan_ft.manager.server import AddressInUseError, LocalManagerClient, ManagerServer
 from torchtitan_ft.manager.settings import ManagerSettings, port_in_use_message, store_key_prefix
 from torchtitan_ft.netaddr import join_host_port
 
@@ -35,8 +35,9 @@ class GroupRendezvous:
     """The group's TCPStore (hosted by group rank 0 unless torchrun's agent already serves it)."""
     server: ManagerServer | None
     """The group's ManagerServer on group rank 0; None on the other ranks."""
-    client: ManagerClient
-    """This rank's client of the group's ManagerServer."""
+    client: ManagerClient | LocalManagerClient
+    """This rank's client of the group's ManagerServer (on group rank 0, the server's own
+    handlers called in process)."""
     replica_id: str
     """The group's id with its per-process uuid suffix (``"{replica_id}:{uuid}"``)."""
     manager_address: str
@@ -113,9 +114,12 @@ def join_replica_group(
             store.set(key_prefix + REPLICA_ID_KEY, full_id)
         manager_address = store.get(key_prefix + MANAGER_ADDR_KEY).decode()
         replica_id = store.get(key_prefix + REPLICA_ID_KEY).decode()
-        client = ManagerClient(
-            manager_address, connect_timeout=connect_timeout, auth_token=auth_token
-        )
+        if server is not None:  # its handlers, called in process
+            client = LocalManagerClient(server, manager_address)
+        else:
+            client = ManagerClient(
+                manager_address, connect_timeout=connect_timeout, auth_token=auth_token
+            )
         if transport is None:
             transport = HTTPTransport(
                 timeout=transport_timeout, num_chunks=0, hostname=hostname, auth_token=auth_token

@@ -30,10 +30,12 @@ most ``rpc_server.MAX_REQUEST_BYTES``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
 import os
+import queue
 import socket
 import sys
 import threading
@@ -50,6 +52,7 @@ from torchtitan_ft.auth import RefusalLog, check_token, peer_host
 from torchtitan_ft.connection_guard import AuthenticatedPeers, ConnectionGuard, GuardPolicy
 from torchtitan_ft.lighthouse.client import LighthouseClient
 from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum
+from torchtitan_ft.manager.client import QuorumTimeoutError, ReplicaGroupMismatchError
 from torchtitan_ft.manager.decisions import QuorumGate, QuorumResult, compute_quorum_results
 from torchtitan_ft.manager.identity import GroupIdentity, identity_conflict
 from torchtitan_ft.manager.rounds import (
@@ -130,6 +133,47 @@ class _QuorumOutcome:
     """The session of each call that succeeded and takes sessions."""
     speed: GroupSpeed | None = None
     """This group's speed as the lighthouse judged it with the quorum."""
+
+
+class _DaemonThreads:
+    """Daemon threads for blocking calls, each kept for the next call once it is done:
+    starting a thread waits until it runs, a scheduling delay on busy cores, and it was paid
+    twice per quorum on the path every rank waits on. A call that blocks long (a lighthouse
+    quorum of a round the ranks gave up on) does not hold up the next: it gets another
+    thread."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._idle: list[queue.SimpleQueue[Callable[[], None] | None]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def run(self, fn: Callable[[], None]) -> None:
+        """Runs ``fn`` (which must not raise) on an idle thread, or a new one."""
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            thread = threading.Thread(target=self._serve, args=(inbox,), name=self._name)
+            thread.daemon = True
+            thread.start()
+        inbox.put(fn)
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+        while (fn := inbox.get()) is not None:
+            fn()
+            with self._lock:
+                if self._closed:
+                    return
+                self._idle.append(inbox)
+
+    def close(self) -> None:
+        """Ends the idle threads, and each busy one when its call returns."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for inbox in idle:
+            inbox.put(None)
 
 
 class ManagerServer:
@@ -226,6 +270,7 @@ class ManagerServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._gate = QuorumGate()
         self._address_check = QuorumAddressCheck()
+        self._blocking = _DaemonThreads("manager-lighthouse-call")
 
         self._closed = False
         self._lighthouse = LighthouseClient(lighthouse_addr, connect_timeout, auth_token)
@@ -269,6 +314,7 @@ class ManagerServer:
         self._closed = True
         self._heartbeat.close()
         self._thread.stop(self._stop)
+        self._blocking.close()
         self._lighthouse.close()
         logger.info("manager server of replica %s stopped", self._replica_id)
 
@@ -329,7 +375,8 @@ class ManagerServer:
             )
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
-        """Runs blocking ``fn`` on a daemon thread (never delays shutdown or process exit)."""
+        """Runs blocking ``fn`` on a daemon thread (never delays shutdown or process exit),
+        one kept from an earlier call when one is idle."""
         fut: asyncio.Future[T] = self._new_future()
 
         def deliver(setter: Callable[[Any], object], value: Any) -> None:
@@ -347,7 +394,7 @@ class ManagerServer:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(deliver, *outcome)
 
-        threading.Thread(target=run, name="manager-lighthouse-call", daemon=True).start()
+        self._blocking.run(run)
         return await fut
 
     def _handler(self) -> grpc.GenericRpcHandler:
@@ -533,7 +580,10 @@ class ManagerServer:
                 Advertised(m.replica_id, m.address, m.store_address) for m in quorum.participants
             ]
             me = Advertised(self._replica_id, self.address(), self._store_addr)
-            addresses = await self._in_thread(lambda: self._address_check(me, members))
+            if self._address_check.known(me, members):  # the same members: no name lookups
+                addresses = self._address_check(me, members)
+            else:
+                addresses = await self._in_thread(lambda: self._address_check(me, members))
             self._check_identities(quorum, addresses)
         except _RpcFailure as e:
             log = logger.error if e.code is grpc.StatusCode.FAILED_PRECONDITION else logger.warning
@@ -752,3 +802,132 @@ def _answer(
 async def _abort(context: aio.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
     await context.abort(code, details)
     raise AssertionError("unreachable: ServicerContext.abort() raises")
+
+
+class _LocalAbort(Exception):
+    """A handler called for the in-process client aborted with ``code`` and ``details``."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+class _LocalContext:
+    """The part of ``aio.ServicerContext`` the ``Quorum`` and ``ShouldCommit`` handlers use,
+    for a call from this process (``LocalManagerClient``)."""
+
+    def __init__(self, deadline: float, session: str | None) -> None:
+        self._deadline = deadline
+        self._metadata = () if session is None else ((SESSION_METADATA, session),)
+        self.trailing: tuple[tuple[str, str], ...] = ()
+
+    def time_remaining(self) -> float:
+        return max(self._deadline - time.monotonic(), 0.0)
+
+    def peer(self) -> str:
+        return LOCAL_PEER
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.trailing = metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
+        raise _LocalAbort(code, details)
+
+
+LOCAL_PEER = "in-process:manager-server"
+"""The peer name the ManagerServer gives calls from its own process."""
+
+
+class LocalManagerClient:
+    """``ManagerClient``'s ``_quorum`` and ``should_commit`` for the rank in the ManagerServer's
+    own process (group rank 0): the server's handlers run on its event loop without gRPC, so a
+    quorum costs no serialization and no trip through the network stack each way (about half
+    the ManagerServer's part of a quorum round trip, docs/performance.md). The rank binds to
+    the server as any client does (``LOCAL_PEER`` and the session it is given); errors are
+    ``ManagerClient``'s. Healing peers and the other ranks still use gRPC.
+    """
+
+    def __init__(self, server: ManagerServer, addr: str) -> None:
+        self._server = server
+        self._addr = addr
+        self._sessions: dict[int, str] = {}
+
+    def _quorum(
+        self,
+        group_rank: int,
+        step: int,
+        checkpoint_metadata: str,
+        shrink_only: bool,
+        timeout: timedelta,
+        commit_failures: int = 0,
+        init_sync: bool = True,
+        progress: pb.GroupProgress | None = None,
+    ) -> QuorumResult:
+        """As ``ManagerClient._quorum``."""
+        request = pb.ManagerQuorumRequest(
+            group_rank=group_rank,
+            step=step,
+            checkpoint_metadata=checkpoint_metadata,
+            shrink_only=shrink_only,
+            init_sync=init_sync,
+            commit_failures=commit_failures,
+            progress=progress,
+        )
+        context = _LocalContext(
+            time.monotonic() + timeout.total_seconds(), self._sessions.get(group_rank)
+        )
+        try:
+            response = self._call("Quorum", self._server.quorum, request, context, timeout)
+        except TimeoutError as e:
+            raise QuorumTimeoutError(str(e)) from None
+        for key, value in context.trailing:
+            if key == SESSION_METADATA:
+                self._sessions[group_rank] = value
+        return QuorumResult.from_proto(response)
+
+    def should_commit(
+        self, group_rank: int, step: int, should_commit: bool, timeout: timedelta
+    ) -> bool:
+        """As ``ManagerClient.should_commit``."""
+        request = pb.ShouldCommitRequest(
+            should_commit=should_commit, group_rank=group_rank, step=step
+        )
+        context = _LocalContext(
+            time.monotonic() + timeout.total_seconds(), self._sessions.get(group_rank)
+        )
+        response = self._call("ShouldCommit", self._server.should_commit, request, context, timeout)
+        return response.should_commit
+
+    def close(self, wait: bool = True) -> None:
+        """Nothing to close (the server is the rendezvous's to stop)."""
+
+    def _call(
+        self,
+        name: str,
+        handler: Callable[[Any, Any], Any],
+        request: Any,
+        context: _LocalContext,
+        timeout: timedelta,
+    ) -> Any:
+        future = asyncio.run_coroutine_threadsafe(
+            asyncio.wait_for(handler(request, context), timeout.total_seconds()),
+            self._server._loop,
+        )
+        try:
+            return future.result()
+        except TimeoutError:
+            text = f"ManagerService/{name} at {self._addr} failed: DEADLINE_EXCEEDED: in process"
+            raise TimeoutError(text) from None
+        except _LocalAbort as e:
+            text = f"ManagerService/{name} at {self._addr} failed: {e.code.name}: {e.details}"
+            if e.code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                raise TimeoutError(text) from None
+            if e.code is grpc.StatusCode.FAILED_PRECONDITION:
+                raise ReplicaGroupMismatchError(e.details) from None
+            raise RuntimeError(text) from None
+        except concurrent.futures.CancelledError:
+            text = f"ManagerService/{name} at {self._addr} failed: CANCELLED: server stopped"
+            raise TimeoutError(text) from None

@@ -8,17 +8,16 @@ watches a CUDA stream and is not provided (CPU only).
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import threading
-import time
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TypeVar
 
 import torch
+
+from torchtitan_ft.deadlines import DEADLINES
 
 T = TypeVar("T")
 
@@ -30,54 +29,6 @@ def completed_future(value: T) -> torch.futures.Future[T]:
     fut: torch.futures.Future[T] = torch.futures.Future()
     fut.set_result(value)
     return fut
-
-
-class _Deadlines:
-    """One daemon thread firing callbacks at deadlines (a heap), instead of a
-    ``threading.Timer`` thread per collective, which cost ~1-2 ms of CPU per step."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._cancelled: set[int] = set()
-        self._seq = itertools.count()
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def schedule(self, delay_s: float, fn: Callable[[], None]) -> Callable[[], None]:
-        """Calls ``fn`` after ``delay_s`` seconds unless the returned cancel is called first."""
-        with self._cond:
-            key = next(self._seq)
-            heapq.heappush(self._heap, (time.monotonic() + delay_s, key, fn))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="ft-deadlines", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-        def cancel() -> None:
-            with self._cond:
-                self._cancelled.add(key)
-
-        return cancel
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._heap or self._heap[0][0] > time.monotonic():
-                    wait = self._heap[0][0] - time.monotonic() if self._heap else None
-                    self._cond.wait(wait)
-                    self._drop_cancelled()
-                _, key, fn = heapq.heappop(self._heap)
-                if key in self._cancelled:
-                    self._cancelled.discard(key)
-                    continue
-            fn()
-
-    def _drop_cancelled(self) -> None:
-        while self._heap and self._heap[0][1] in self._cancelled:
-            self._cancelled.discard(heapq.heappop(self._heap)[1])
-
-
-_DEADLINES = _Deadlines()
 
 
 def future_with_timeout(
@@ -98,7 +49,7 @@ def future_with_timeout(
         if claim():
             out.set_exception(TimeoutError(f"future did not complete within {timeout}"))
 
-    cancel_timeout = _DEADLINES.schedule(timeout.total_seconds(), on_timeout)
+    cancel_timeout = DEADLINES.schedule(timeout.total_seconds(), on_timeout)
 
     def on_done(f: torch.futures.Future[T]) -> None:
         cancel_timeout()
@@ -151,7 +102,7 @@ def context_timeout(
         except Exception:  # a user callback must not end the thread every deadline runs on
             logger.exception("context_timeout callback failed")
 
-    cancel = _DEADLINES.schedule(timeout.total_seconds(), guarded)
+    cancel = DEADLINES.schedule(timeout.total_seconds(), guarded)
     try:
         yield
     finally:

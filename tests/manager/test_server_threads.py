@@ -1,0 +1,126 @@
+"""The ManagerServer's quorum fast paths: daemon threads kept for blocking calls (lighthouse
+quorum, address checks), and the in-process client of group rank 0."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from torchtitan_ft.addresses import Advertised, QuorumAddressCheck
+from torchtitan_ft.lighthouse import LighthouseServer
+from torchtitan_ft.manager.client import ManagerClient, QuorumTimeoutError
+from torchtitan_ft.manager.decisions import QuorumResult
+from torchtitan_ft.manager.server import LocalManagerClient, ManagerServer, _DaemonThreads
+
+
+def test_a_done_thread_serves_the_next_call() -> None:
+    threads = _DaemonThreads("test-blocking")
+    seen: list[threading.Thread] = []
+    try:
+        for _ in range(3):
+            done = threading.Event()
+            threads.run(lambda done=done: (seen.append(threading.current_thread()), done.set()))
+            assert done.wait(10)
+            while not threads._idle:  # it is put back right after the call returns
+                threading.Event().wait(0.001)
+    finally:
+        threads.close()
+    assert len(set(seen)) == 1 and seen[0].daemon
+
+
+def test_a_blocked_call_does_not_hold_up_the_next() -> None:
+    threads = _DaemonThreads("test-blocking")
+    release, second = threading.Event(), threading.Event()
+    try:
+        threads.run(lambda: release.wait(10))
+        threads.run(second.set)
+        assert second.wait(10)
+    finally:
+        release.set()
+        threads.close()
+
+
+def test_address_check_knows_an_unchanged_quorum() -> None:
+    check = QuorumAddressCheck()
+    me = Advertised("a", "http://127.0.0.1:1", "127.0.0.1:2")
+    other = Advertised("b", "http://127.0.0.1:3", "127.0.0.1:4")
+    assert not check.known(me, [me, other])
+    check(me, [me, other])
+    assert check.known(me, [other, me])  # order does not matter
+    assert not check.known(me, [me])
+
+
+def _server(lighthouse: str, name: str) -> ManagerServer:
+    return ManagerServer(
+        replica_id=name,
+        lighthouse_addr=lighthouse,
+        hostname="127.0.0.1",
+        bind="127.0.0.1:0",
+        store_addr="127.0.0.1:1",
+        world_size=1,
+        heartbeat_interval=timedelta(milliseconds=100),
+        connect_timeout=timedelta(seconds=10),
+    )
+
+
+def test_the_in_process_client_joins_quorums_beside_a_grpc_client() -> None:
+    """Group rank 0's client calls its server's handlers without gRPC; a group whose rank
+    uses gRPC gets the same quorums, round after round."""
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
+    local_server = _server(lighthouse.address(), "local")
+    remote_server = _server(lighthouse.address(), "remote")
+    remote = ManagerClient(remote_server.address(), timedelta(seconds=10))
+    local = LocalManagerClient(local_server, local_server.address())
+    try:
+        for step in range(3):
+            answers: dict[str, QuorumResult] = {}
+
+            def ask(name: str, client: Any, step: int = step, answers: dict = answers) -> None:
+                answers[name] = client._quorum(
+                    group_rank=0,
+                    step=step,
+                    checkpoint_metadata=name,
+                    shrink_only=False,
+                    timeout=timedelta(seconds=20),
+                )
+
+            threads = [
+                threading.Thread(target=ask, args=args)
+                for args in (("local", local), ("remote", remote))
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            assert answers["local"].quorum_id == answers["remote"].quorum_id
+            assert answers["local"].replica_world_size == 2
+        assert local.should_commit(0, 2, True, timedelta(seconds=10))
+        assert not local.should_commit(0, 3, False, timedelta(seconds=10))
+    finally:
+        remote.close()
+        local_server.shutdown()
+        remote_server.shutdown()
+        lighthouse.shutdown()
+
+
+def test_the_in_process_client_raises_what_the_grpc_client_raises() -> None:
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
+    server = _server(lighthouse.address(), "alone")
+    local = LocalManagerClient(server, server.address())
+    try:
+        with pytest.raises(QuorumTimeoutError, match="lighthouse"):
+            local._quorum(
+                group_rank=0,
+                step=0,
+                checkpoint_metadata="",
+                shrink_only=False,
+                timeout=timedelta(seconds=2),
+            )
+        with pytest.raises(RuntimeError, match=r"INVALID_ARGUMENT: .*group_rank"):
+            local.should_commit(5, 0, True, timedelta(seconds=2))
+    finally:
+        server.shutdown()
+        lighthouse.shutdown()
