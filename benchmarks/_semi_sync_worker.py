@@ -125,6 +125,9 @@ class StrategySpec:
     """DiLoCo: model fragments (> 1: Streaming DiLoCo)."""
     fragment_sync_delay: int = 0
     """Streaming DiLoCo's tau."""
+    overlap: str = "none"
+    """DiLoCo's ``outer_overlap``: ``none``, or ``delayed`` (the outer round overlaps the next
+    cycle, applied one outer step late; the run ends with ``flush``)."""
     outer: OuterOptimizerConfig = field(default_factory=OuterOptimizerConfig)
     """DiLoCo's outer optimizer."""
 
@@ -226,6 +229,7 @@ def _build_strategy(spec: StrategySpec, manager: Any, model: nn.Module, opt: Any
         spec.sync_every,
         should_quantize=spec.quantize,
         fragment_sync_delay=spec.fragment_sync_delay,
+        outer_overlap=spec.overlap,
         quorum_mode=QuorumMode.SYNC,
     )
 
@@ -321,6 +325,11 @@ def replica_group(job: ReplicaJob) -> None:
         times = (t0, t1, t2, t3, t4, t5)
         for i, phase in enumerate(PHASES):
             phases[phase] += times[i + 1] - times[i]
+    flush = getattr(strategy, "flush", None)
+    if flush is not None:  # the delayed update's last round: waited for, counted as sync time
+        t0 = clock()
+        flush()
+        phases["after_step"] += clock() - t0
     end = clock()
     train_s = end - start
     tx_bytes.append(_read_counter(job.tx_bytes_path))
