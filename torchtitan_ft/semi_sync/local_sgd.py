@@ -489,6 +489,11 @@ class DiLoCo(_SemiSync):
         # replica picks the same one).
         self._syncs_committed = 0
         self._register()
+        if self._overlap is OuterOverlap.DELAYED:
+            logger.info(
+                "DiLoCo outer_overlap='delayed' (not in torchft or TorchTitan): each outer round "
+                "is applied one round late, on top of the inner progress made meanwhile"
+            )
 
     @property
     def num_fragments(self) -> int:
