@@ -125,6 +125,9 @@ class StrategySpec:
     """DiLoCo: model fragments (> 1: Streaming DiLoCo)."""
     fragment_sync_delay: int = 0
     """Streaming DiLoCo's tau."""
+    overlap: str = "none"
+    """DiLoCo's ``outer_overlap``: ``none``, or ``delayed`` (the outer round overlaps the next
+    cycle, applied one outer step late; the run ends with ``flush``)."""
     outer: OuterOptimizerConfig = field(default_factory=OuterOptimizerConfig)
     """DiLoCo's outer optimizer."""
     bucket_cap_mb: float = 25.0
@@ -239,6 +242,7 @@ def _build_strategy(spec: StrategySpec, manager: Any, model: nn.Module, opt: Any
         spec.sync_every,
         should_quantize=spec.quantize,
         fragment_sync_delay=spec.fragment_sync_delay,
+        outer_overlap=spec.overlap,
         quorum_mode=QuorumMode.SYNC,
     )
 
@@ -376,6 +380,12 @@ def replica_group(job: ReplicaJob) -> None:
         phases["forward_backward"] -= backward_sync[0]
         phases[BACKWARD_SYNC] += backward_sync[0]
         backward_s += t2 - tb - backward_sync[0]
+
+    flush = getattr(strategy, "flush", None)
+    if flush is not None:  # the delayed update's last round: waited for, counted as sync time
+        t0 = clock()
+        flush()
+        phases["after_step"] += clock() - t0
     end = clock()
     train_s = end - start
     tx_bytes.append(_read_counter(job.tx_bytes_path))

@@ -9,7 +9,11 @@ number of inner steps and tokens, with:
 - ``diloco_h10_int8``: DiLoCo H = 10 with int8 pseudo-gradients (``should_quantize``);
 - ``diloco_h10_paper_outer``: DiLoCo H = 10 with the DiLoCo paper's outer optimizer (SGD lr
   0.7, momentum 0.9, Nesterov; torchft's hard-coded choice), for comparison;
-- optionally ``streaming_h10_f2_tau1``: Streaming DiLoCo, 2 fragments, tau = 1, alpha = 0.
+- optionally ``streaming_h10_f2_tau1``: Streaming DiLoCo, 2 fragments, tau = 1, alpha = 0;
+- optionally (``--overlap``) the one-step-delayed outer update (``outer_overlap="delayed"``)
+  beside the same strategy without it: ``diloco_h10_overlap`` (base ``diloco_h10``) and
+  ``streaming_h10_f2_overlap`` (base ``streaming_h10_f2``, tau = 0); each overlapped row gets
+  ``validation_loss_vs_base`` (its loss / the base's - 1, at equal inner steps and tokens).
 
 The outer optimizer of the other DiLoCo runs is SGD lr 0.7, momentum 0.5, Nesterov (change it
 with ``--outer-lr/--outer-momentum/--no-nesterov``): at H = 10 over a few hundred steps the
@@ -30,7 +34,7 @@ collective's algorithm to those counts (ring allreduce ``2 (N-1)/N`` of the payl
 step, with their ratio to per-step. The loss is the held-out loss of each group's final model
 (the global model: ``--steps`` must be a multiple of every H).
 
-    python -m benchmarks.semi_sync [--steps 600] [--streaming] [--quick]
+    python -m benchmarks.semi_sync [--steps 600] [--streaming] [--overlap] [--quick]
 """
 
 from __future__ import annotations
@@ -194,6 +198,12 @@ def _runs(args: argparse.Namespace, outer: OuterOptimizerConfig) -> list[tuple[s
     ]
     if args.streaming:
         runs.append(("streaming_h10_f2_tau1", diloco(10, fragments=2, fragment_sync_delay=1)))
+    if args.overlap:
+        runs += [
+            ("diloco_h10_overlap", diloco(10, overlap="delayed")),
+            ("streaming_h10_f2", diloco(10, fragments=2)),
+            ("streaming_h10_f2_overlap", diloco(10, fragments=2, overlap="delayed")),
+        ]
     if args.only is not None:
         runs = [r for r in runs if r[0] == "per_step" or r[0] in args.only]
     return runs
@@ -210,6 +220,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--outer-momentum", type=float, default=0.5)
     parser.add_argument("--no-nesterov", action="store_true")
     parser.add_argument("--streaming", action="store_true", help="also run Streaming DiLoCo")
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="also run the delayed outer update beside the same strategy without it",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument(
         "--timeout-s", type=float, default=60.0, help="the Managers' collective timeout"
@@ -255,6 +270,13 @@ def main(argv: list[str] | None = None) -> None:
             r["sent_bytes_per_inner_step_estimate"] / base["sent_bytes_per_inner_step_estimate"]
         )
         r["validation_loss_vs_per_step"] = r["validation_loss"] / base["validation_loss"] - 1
+    by_name = {r["name"]: r for r in results}
+    for r in results:
+        base_name = r["name"].removesuffix("_overlap")
+        if r["name"].endswith("_overlap") and base_name in by_name:
+            r["validation_loss_vs_base"] = (
+                r["validation_loss"] / by_name[base_name]["validation_loss"] - 1
+            )
     print(
         json.dumps(
             {

@@ -4,6 +4,11 @@
   bit-identical (parameters, global parameters, outer-optimizer momentum);
 - a replica group joining mid-run heals to the global parameters and outer-optimizer state
   (its momentum equals the others' afterwards, which a fresh optimizer could not have).
+
+Both also run with the one-step-delayed outer update (``outer_overlap="delayed"``): there the
+victim dies at the start of an overlapped round, whose allreduce fails while the survivors
+train on, and the healer joins at a sync point with the next round about to go on the wire;
+every group calls ``flush`` after its last step, so the models end equal to the global ones.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ def _replica(
     kill_on_allreduce: int | None = None,
     pause_at_step: int | None = None,
     start_with: tuple[int, ...] = (),
+    overlap: str = "none",
 ) -> None:
     """One replica group (1 rank): DiLoCo until the Manager's step reaches ``target_step``.
 
@@ -74,7 +80,9 @@ def _replica(
         quorum_timeout=timedelta(seconds=60),
         connect_timeout=timedelta(seconds=10),
     )
-    diloco = DiLoCo(manager, [model], inner, OuterOptimizerConfig(), SYNC_EVERY)
+    diloco = DiLoCo(
+        manager, [model], inner, OuterOptimizerConfig(), SYNC_EVERY, outer_overlap=overlap
+    )
     if kill_on_allreduce is not None:
         real_allreduce, calls = manager.allreduce, [0]
 
@@ -102,6 +110,7 @@ def _replica(
             inner.step()
         diloco.after_step()
         inner.zero_grad()
+    diloco.flush()  # the delayed update's last round (nothing without overlap)
     outer = diloco.outer_optimizers()[0]
     torch.save(
         {
@@ -144,7 +153,17 @@ def _assert_identical(a: dict[str, Any], b: dict[str, Any]) -> None:
             assert torch.equal(ga[name], gb[name])
 
 
-def test_replica_group_killed_during_sync_survivors_stay_identical(tmp_path: Path) -> None:
+OVERLAP = pytest.mark.parametrize(
+    "overlap",
+    # The default tier covers the delayed update with simulated groups (test_overlap.py).
+    ["none", pytest.param("delayed", marks=pytest.mark.slow)],
+)
+
+
+@OVERLAP
+def test_replica_group_killed_during_sync_survivors_stay_identical(
+    tmp_path: Path, overlap: str
+) -> None:
     server = LighthouseServer(
         bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=5000, heartbeat_timeout_ms=1000
     )
@@ -153,11 +172,22 @@ def test_replica_group_killed_during_sync_survivors_stay_identical(tmp_path: Pat
         target = 1 + 6  # the initial quorum, then 6 committed syncs
         all3 = (0, 1, 2)
         survivors = [
-            _spawn(ctx, r, server.address(), str(tmp_path), target, start_with=all3) for r in (0, 1)
+            _spawn(
+                ctx, r, server.address(), str(tmp_path), target, start_with=all3, overlap=overlap
+            )
+            for r in (0, 1)
         ]
         # allreduce 1 is the initial quorum's barrier, 2 the first sync, 3 the second sync
+        # (delayed: started after the first sync committed, in flight for the next 4 steps)
         victim = _spawn(
-            ctx, 2, server.address(), str(tmp_path), target, kill_on_allreduce=3, start_with=all3
+            ctx,
+            2,
+            server.address(),
+            str(tmp_path),
+            target,
+            kill_on_allreduce=3,
+            start_with=all3,
+            overlap=overlap,
         )
         _join([*survivors, victim])
     finally:
@@ -165,12 +195,14 @@ def test_replica_group_killed_during_sync_survivors_stay_identical(tmp_path: Pat
     assert victim.exitcode == -signal.SIGKILL
     assert all(p.exitcode == 0 for p in survivors)
     results = [torch.load(tmp_path / f"result_{r}.pt") for r in (0, 1)]
-    assert results[0]["step"] == results[1]["step"] == target
+    # delayed: the loop ends with a sync in flight, which flush commits
+    assert results[0]["step"] == results[1]["step"] == target + (overlap == "delayed")
     assert results[0]["failed"] == results[1]["failed"] == 1
     _assert_identical(results[0], results[1])
 
 
-def test_joining_replica_group_heals_outer_optimizer_state(tmp_path: Path) -> None:
+@OVERLAP
+def test_joining_replica_group_heals_outer_optimizer_state(tmp_path: Path, overlap: str) -> None:
     server = LighthouseServer(
         bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=5000, heartbeat_timeout_ms=2000
     )
@@ -180,7 +212,14 @@ def test_joining_replica_group_heals_outer_optimizer_state(tmp_path: Path) -> No
         # The first two pause at step 13 (after 3 syncs) until the third has started.
         first = [
             _spawn(
-                ctx, r, server.address(), str(tmp_path), target, pause_at_step=13, start_with=(0, 1)
+                ctx,
+                r,
+                server.address(),
+                str(tmp_path),
+                target,
+                pause_at_step=13,
+                start_with=(0, 1),
+                overlap=overlap,
             )
             for r in (0, 1)
         ]
@@ -188,7 +227,7 @@ def test_joining_replica_group_heals_outer_optimizer_state(tmp_path: Path) -> No
         while not all((tmp_path / f"paused_{r}").exists() for r in (0, 1)):
             assert time.monotonic() < deadline, "first replicas did not reach the pause"
             time.sleep(0.05)
-        joiner = _spawn(ctx, 2, server.address(), str(tmp_path), target)
+        joiner = _spawn(ctx, 2, server.address(), str(tmp_path), target, overlap=overlap)
         while not (tmp_path / "ready_2").exists():
             assert time.monotonic() < deadline, "joiner did not start"
             time.sleep(0.05)
@@ -199,7 +238,7 @@ def test_joining_replica_group_heals_outer_optimizer_state(tmp_path: Path) -> No
         server.shutdown()
     assert all(p.exitcode == 0 for p in [*first, joiner])
     results = [torch.load(tmp_path / f"result_{r}.pt") for r in (0, 1, 2)]
-    assert {r["step"] for r in results} == {target}
+    assert {r["step"] for r in results} == {target + (overlap == "delayed")}
     assert results[2]["loads"] >= 1  # healed from a peer
     assert all(r["failed"] == 0 for r in results)
     _assert_identical(results[0], results[1])

@@ -763,3 +763,25 @@ def test_the_titan_side_validates_the_sync_config_once(monkeypatch: pytest.Monke
     axis = semi_sync.build_semi_sync_axis(config)
     assert axis.config.method is SyncMethod.DILOCO
     assert len(calls) == 2 and calls[1] is axis.config
+
+
+def test_outer_overlap_maps_to_the_sync_config_and_is_checked_with_the_schedule() -> None:
+    from torchtitan_ft.semi_sync import OuterOverlap
+    from torchtitan_ft.titan.config import sync_config
+
+    args = [*FT_ON, "--fault_tolerance.semi_sync_method=diloco", "--fault_tolerance.sync_steps=4"]
+    ft = parse_job_config(args).fault_tolerance
+    assert sync_config(ft).outer_overlap is OuterOverlap.NONE
+    ft = parse_job_config([*args, "--fault_tolerance.outer_overlap=delayed"]).fault_tolerance
+    assert sync_config(ft).outer_overlap is OuterOverlap.DELAYED
+    with pytest.raises(ConfigError, match="fragment_sync_delay must be 0 with it, got 1"):
+        parse_job_config(
+            [
+                *args,
+                "--fault_tolerance.outer_overlap=delayed",
+                "--fault_tolerance.num_fragments=2",
+                "--fault_tolerance.fragment_sync_delay=1",
+            ]
+        )
+    with pytest.raises(ConfigError, match="outer_overlap"):
+        parse_job_config([*args, "--fault_tolerance.outer_overlap=eager"])

@@ -54,5 +54,6 @@ def build_strategy(
         should_quantize=config.should_quantize,
         fragment_sync_delay=config.fragment_sync_delay,
         fragment_update_alpha=config.fragment_update_alpha,
+        outer_overlap=config.outer_overlap,
         quorum_mode=QuorumMode(config.quorum_mode),
     )

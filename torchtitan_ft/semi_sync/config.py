@@ -18,6 +18,7 @@ from enum import StrEnum
 import torch
 from torch import optim
 
+from torchtitan_ft.semi_sync.overlap import OuterOverlap, check_outer_overlap
 from torchtitan_ft.semi_sync.schedule import SyncSchedule
 
 
@@ -145,6 +146,12 @@ class SyncConfig:
     fragment_update_alpha: float = 0.0
     """DiLoCo: alpha in [0, 1]; after a sync the fragment is ``(1 - alpha) * global +
     alpha * local``. 0 (default) takes the global parameters."""
+    outer_overlap: OuterOverlap = OuterOverlap.NONE
+    """DiLoCo: ``none`` (default) blocks on each outer round at its sync point; ``delayed``
+    lets each round's allreduce run during the next ``sync_every / F`` inner steps and applies
+    it one outer step late, keeping the inner progress made meanwhile (``overlap.py``). Hides
+    the link behind compute at some cost in loss (staleness); needs ``fragment_sync_delay = 0``
+    and ``fragment_update_alpha = 0``. Only DiLoCo (LocalSGD refuses ``delayed``)."""
     should_quantize: bool = False
     """DiLoCo: send pseudo-gradients as int8 with per-block scales (~4x fewer bytes)."""
     outer_optimizer: OuterOptimizerConfig = field(default_factory=OuterOptimizerConfig)
@@ -168,7 +175,15 @@ class SyncConfig:
         if self.sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {self.sync_every}")
         if method is SyncMethod.LOCAL_SGD:
+            if OuterOverlap(self.outer_overlap) is not OuterOverlap.NONE:
+                raise ValueError(
+                    f"outer_overlap={self.outer_overlap!r} is for DiLoCo only; LocalSGD needs "
+                    "'none'"
+                )
             return
+        check_outer_overlap(
+            self.outer_overlap, self.fragment_sync_delay, self.fragment_update_alpha
+        )
         num_fragments = len(self.fragment_fqns) if self.fragment_fqns else self.num_fragments
         validate_diloco_schedule(
             self.sync_every, num_fragments, self.fragment_sync_delay, self.fragment_update_alpha

@@ -22,6 +22,11 @@ here carry it out. After applying, the fragment's parameters are
 the parameters just before the sync, including the tau inner steps taken while the allreduce
 was in flight).
 
+**Overlap.** With ``outer_overlap=OuterOverlap.DELAYED`` (DiLoCo and Streaming DiLoCo) a
+sync's allreduce runs during the whole next cycle and is applied at the next sync point, one
+outer step late, keeping the inner progress made meanwhile: ``overlap.py`` defines the math
+and decides the order (finish the sync in flight, quorum, start the next).
+
 **Failures.** A sync commits only if the allreduce succeeded and ``Manager.should_commit()``
 agrees. Otherwise the sync is discarded: the fragment is restored from its backup (the last
 global parameters), the outer optimizer does not step, and every replica group, having voted
@@ -74,6 +79,13 @@ from torchtitan_ft.semi_sync.outer_optimizer import (
     local_copy,
     shard_like_params,
 )
+from torchtitan_ft.semi_sync.overlap import (
+    OuterOverlap,
+    check_outer_overlap,
+    delayed_actions,
+    delayed_parameters,
+    next_fragment,
+)
 from torchtitan_ft.semi_sync.schedule import SyncActions, SyncSchedule
 from torchtitan_ft.semi_sync.strategy import (
     CommStats,
@@ -96,6 +108,9 @@ class _PendingSync:
     fragment: int
     buffers: list[tuple[list[int], torch.Tensor]]
     futures: list[torch.futures.Future[torch.Tensor]] = field(default_factory=list)
+    sent: list[torch.Tensor] | None = None
+    """DiLoCo with ``OuterOverlap.DELAYED``: the fragment's local parameters when the sync
+    started (``S`` in ``overlap.py``); None otherwise."""
 
 
 class _SemiSync(SyncStrategy, _OptimizerHooks):
@@ -417,6 +432,11 @@ class DiLoCo(_SemiSync):
             applying it; ``0 <= tau < sync_every / F``.
         fragment_update_alpha: alpha in [0, 1]; weight of the local parameters when mixing
             them with the new global ones after a sync.
+        outer_overlap: ``OuterOverlap.NONE`` (default, as torchft) or ``DELAYED``: each
+            sync's allreduce overlaps the whole next cycle and is applied one outer step late
+            with the inner progress kept (``overlap.py``); call :meth:`flush` after the last
+            inner step. ``DELAYED`` needs ``fragment_sync_delay = 0`` and
+            ``fragment_update_alpha = 0``.
         quorum_mode: ``QuorumMode.SYNC``, when the Manager does not say (its
             ``use_async_quorum``, or torchft's ``_use_async_quorum``); checked against it
             when it does. A Manager-like object that does not say (e.g. a mock) is assumed
@@ -441,6 +461,7 @@ class DiLoCo(_SemiSync):
         should_quantize: bool = False,
         fragment_sync_delay: int = 0,
         fragment_update_alpha: float = 0.0,
+        outer_overlap: OuterOverlap | str = OuterOverlap.NONE,
         quorum_mode: QuorumMode | None = None,
         pin_memory: bool = True,
         use_bucketization: bool = False,
@@ -452,6 +473,9 @@ class DiLoCo(_SemiSync):
         )
         schedule = SyncSchedule(sync_every, len(fragments), fragment_sync_delay)
         check_fragment_update_alpha(fragment_update_alpha)
+        self._overlap = check_outer_overlap(
+            outer_overlap, fragment_sync_delay, fragment_update_alpha
+        )
         all_params = [p for f in fragments for p in f.parameters()]
         super().__init__(manager, inner_optimizer, all_params, quorum_mode, schedule)
         self._alpha = fragment_update_alpha
@@ -465,21 +489,66 @@ class DiLoCo(_SemiSync):
         # replica picks the same one).
         self._syncs_committed = 0
         self._register()
+        if self._overlap is OuterOverlap.DELAYED:
+            logger.info(
+                "DiLoCo outer_overlap='delayed' (not in torchft or TorchTitan): each outer round "
+                "is applied one round late, on top of the inner progress made meanwhile"
+            )
 
     @property
     def num_fragments(self) -> int:
         """F, the number of fragments."""
         return len(self._fragments)
 
+    @property
+    def outer_overlap(self) -> OuterOverlap:
+        """Whether an outer round overlaps the next inner steps."""
+        return self._overlap
+
     def outer_optimizers(self) -> list[optim.Optimizer]:
         """The outer optimizer of each fragment (the same object when shared)."""
         return [f.outer_optimizer for f in self._fragments]
+
+    def after_step(self) -> None:
+        """Counts the inner step and does what the sync schedule says at it (with
+        ``OuterOverlap.DELAYED``: ``overlap.delayed_actions``)."""
+        if self._overlap is OuterOverlap.NONE:
+            super().after_step()
+            return
+        self._local_step += 1
+        in_flight = None if self._pending is None else self._pending.fragment
+        actions = delayed_actions(self._local_step, self._schedule.cycle, in_flight)
+        if actions.finish_fragment is not None:
+            self._finish_sync()
+        if actions.form_quorum:
+            self._quorum()
+        self._sync()
+
+    def _sync(self) -> None:
+        if self._overlap is OuterOverlap.NONE:
+            super()._sync()
+            return
+        # After the quorum (also a healer's, at its peers' sync point): start the next sync.
+        if delayed_actions(self._local_step, self._schedule.cycle, None).start:
+            self._prepare(next_fragment(self._syncs_committed, self.num_fragments))
+            self._local_step = 0
+
+    def flush(self) -> None:
+        """Waits for the sync in flight, votes on it and applies it (or discards it), as the
+        next sync point would; nothing without ``OuterOverlap.DELAYED`` or with no sync in
+        flight. Call once after the last inner step, in every group, so that the last round's
+        progress is averaged (the parameters are then the global ones)."""
+        if self._pending is not None and self._overlap is OuterOverlap.DELAYED:
+            self._finish_sync()
 
     def _prepare(self, index: int) -> None:
         """Computes fragment ``index``'s pseudo-gradients and starts their allreduce."""
         if self._pending is not None:
             raise RuntimeError("a fragment sync is already in flight")
-        pending = _PendingSync(index, self._fragments[index].pseudo_gradients())
+        fragment = self._fragments[index]
+        pending = _PendingSync(index, fragment.pseudo_gradients())
+        if self._overlap is OuterOverlap.DELAYED:
+            pending.sent = [param_data(p).detach().clone() for p in fragment.params]
         for _, flat in pending.buffers:
             pending.futures.append(
                 self._manager.allreduce(flat, should_quantize=self._should_quantize)
@@ -502,24 +571,32 @@ class DiLoCo(_SemiSync):
             return
         fragment = self._fragments[pending.fragment]
         ok = all([wait_future(self._manager, fut) for fut in pending.futures])
-        local = [param_data(p).clone() for p in fragment.params] if self._alpha > 0 else None
+        delayed = pending.sent is not None
+        keep = delayed or self._alpha > 0
+        local = [param_data(p).clone() for p in fragment.params] if keep else None
         fragment.backup.restore()
         committed = self._manager.should_commit() and ok
-        if not committed:
+        if committed:
+            fragment.outer_step(pending.buffers)
+            fragment.backup.save()
+            self.stats.syncs_committed += 1
+            self._syncs_committed += 1
+        else:
             self.stats.syncs_failed += 1
             logger.warning(
-                "DiLoCo sync of fragment %d failed; fragment restored to its global parameters",
+                "DiLoCo sync of fragment %d failed; fragment restored to its global parameters%s",
                 pending.fragment,
+                " plus the inner progress made since the sync started" if delayed else "",
             )
+        if local is None or not (committed or delayed):
             return
-        fragment.outer_step(pending.buffers)
-        fragment.backup.save()
-        if local is not None:
-            with torch.no_grad():
-                for p, loc in zip(fragment.params, local, strict=True):
-                    param_data(p).lerp_(loc, self._alpha)
-        self.stats.syncs_committed += 1
-        self._syncs_committed += 1
+        with torch.no_grad():
+            for i, p in enumerate(fragment.params):
+                data = param_data(p)
+                if pending.sent is not None:
+                    data.copy_(delayed_parameters(data, local[i], pending.sent[i]))
+                else:
+                    data.lerp_(local[i], self._alpha)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"local_step", "syncs_committed", "global", "outer_optimizers"}``.

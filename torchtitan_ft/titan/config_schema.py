@@ -27,6 +27,7 @@ from torchtitan_ft.semi_sync.config import (
     SyncConfig,
     SyncMethod,
 )
+from torchtitan_ft.semi_sync.overlap import OuterOverlap
 from torchtitan_ft.titan import releases
 
 _release = releases.installed().module
@@ -46,6 +47,7 @@ CheckpointTransportName = Literal["http", "pg"]
 OuterOptimizerName = Literal["sgd", "adamw"]
 NumericsName = Literal["torchtitan", "torchtitan_ft_trainer"]
 ReplacementName = Literal["cold", "zygote"]
+OuterOverlapName = Literal[tuple(m.value for m in OuterOverlap)]  # OuterOverlap, as TOML text
 
 
 class ConfigError(ValueError):
@@ -294,6 +296,19 @@ class FaultTolerance(TitanFaultTolerance):
     (all groups identical after a sync). In [0, 1].
     """
 
+    outer_overlap: OuterOverlapName = "none"
+    """
+    Whether a "diloco" outer round overlaps the next inner steps (not in TorchTitan or
+    torchft). Default "none": each round's all-reduce is waited for at its sync point (after
+    ``fragment_sync_delay`` steps) and every group continues from the averaged parameters.
+    "delayed": the one-step-delayed ("eager") outer update: the all-reduce runs during the next
+    ``sync_steps / num_fragments`` inner steps and is applied at the next sync point, one outer
+    step late, with the inner progress made meanwhile kept (the math:
+    torchtitan_ft/semi_sync/overlap.py). Hides the link behind compute; costs some loss from
+    staleness (docs/performance.md has the measured difference). Needs
+    ``fragment_sync_delay = 0`` and ``fragment_update_alpha = 0``.
+    """
+
     should_quantize: bool = False
     """
     Quantize pseudo-gradients before the cross-group all-reduce, "diloco" only. Default False.
@@ -418,6 +433,7 @@ def sync_config(ft: Any) -> SyncConfig:
         fragment_fqns=fragment_fqns(ft),
         fragment_sync_delay=ft.fragment_sync_delay,
         fragment_update_alpha=ft.fragment_update_alpha,
+        outer_overlap=OuterOverlap(ft.outer_overlap),
         should_quantize=ft.should_quantize,
         outer_optimizer=OuterOptimizerConfig(
             type=ft.outer_optimizer,

@@ -1,0 +1,144 @@
+"""The one-step-delayed ("eager") outer update of DiLoCo and Streaming DiLoCo: an outer round's
+allreduce runs while the next inner steps do, and is applied when it arrives, one outer step
+late, keeping the inner progress made meanwhile. Pure decisions and math; ``local_sgd.DiLoCo``
+carries them out.
+
+**The math** (one fragment; plain DiLoCo is F = 1). ``G`` is the fragment's global parameters
+(the backup every replica group agrees on), ``theta`` the group's local parameters. At each
+sync point of the fragment (every ``sync_every / F`` inner steps one fragment has one):
+
+1. *finish* the sync in flight (the one started at the previous sync point), if any: wait for
+   the averaged pseudo-gradient ``D``, vote (``should_commit``), and set
+
+       G'    = outer_step(G, D)      if the sync committed, else G   (the round is discarded)
+       theta = G' + (theta - S)                                     (:func:`delayed_parameters`)
+
+   where ``S`` is the fragment's local parameters when that sync was started. ``theta - S``
+   is exactly the inner progress made while the allreduce was on the wire: it is kept, on top
+   of the new global parameters, instead of being thrown away (which is what Streaming DiLoCo's
+   ``fragment_sync_delay`` does with ``fragment_update_alpha = 0``);
+2. form the quorum (a replica behind heals here, to ``G'``);
+3. *start* the next sync: the pseudo-gradient ``G' - theta`` (the local progress since the
+   last send, about ``-(theta - S)``) goes into an allreduce, ``S = theta`` is kept, and
+   training goes on at once.
+
+So the outer update of round k lands at the end of round k + 1 (one outer step late), and every
+inner step of round k + 1 runs while round k's pseudo-gradient is on the wire: with H inner
+steps of compute longer than the allreduce, the link costs no wait. The price is staleness:
+round k + 1's inner steps start from ``theta`` (round k's local result) rather than from the
+averaged ``G'``, so groups drift apart for up to two rounds instead of one, and each outer
+step applies a pseudo-gradient measured from parameters that have moved on. How much that
+costs in loss depends on H and the outer learning rate; ``benchmarks.semi_sync`` and
+``benchmarks.wan`` measure it beside the same strategy without overlap (docs/performance.md).
+
+When the sync in flight does not commit (a group failed during the overlapped round, or the
+vote fails), ``G`` stays and the failed round's progress is dropped while the progress made
+since its start is kept (``theta = G + (theta - S)``); the same fragment is retried at the
+next sync point, as without overlap. Every group computes ``G'`` from the same ``G``, ``D``
+and vote, so the global parameters stay bitwise identical across groups; the local parameters
+differ by each group's in-flight progress, and become ``G'`` exactly (``theta - S = 0``) when
+:meth:`DiLoCo.flush <torchtitan_ft.semi_sync.DiLoCo.flush>` finishes the last sync with no
+inner step after it.
+
+**Healing.** The sync in flight is finished before the quorum (step 1 before step 2), so at
+the moment a donor offers its state nothing is in flight: a healer receives ``G'``, the outer
+optimizer state and the position, sets ``theta = G'`` and joins step 3 with a zero
+pseudo-gradient (it brings no progress). A state loaded at any other time (a checkpoint taken
+while a sync was in flight) drops that sync in every group resumed from it alike; the local
+progress in the checkpointed model is then folded into the next pseudo-gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+
+
+class OuterOverlap(StrEnum):
+    """Whether DiLoCo's outer round overlaps the next inner steps."""
+
+    NONE = "none"
+    """The outer round blocks: its allreduce (or, with ``fragment_sync_delay = tau``, the rest
+    of it after tau inner steps) is waited for at the sync point and applied at once; all
+    groups continue from the same global parameters."""
+    DELAYED = "delayed"
+    """One-step-delayed ("eager") outer update: the allreduce runs during the whole next
+    round (``sync_every / num_fragments`` inner steps) and is applied at the next sync point
+    with the inner progress made meanwhile kept (module docstring). Hides the link behind
+    compute; costs some loss (staleness). Needs ``fragment_sync_delay = 0`` and
+    ``fragment_update_alpha = 0``."""
+
+
+@dataclass(frozen=True)
+class DelayedActions:
+    """What DiLoCo with ``OuterOverlap.DELAYED`` does after an inner step, in this order.
+
+    ``DelayedActions()`` is a plain inner step.
+    """
+
+    finish_fragment: int | None = None
+    """Fragment whose sync (in flight since the last sync point) is waited for, voted on and
+    applied (or discarded). None: nothing is in flight."""
+    form_quorum: bool = False
+    """Form the quorum (a replica behind heals here)."""
+    start: bool = False
+    """Start the sync of the next fragment (``syncs_committed % F``, counted after the
+    finish) and restart the inner-step counter."""
+
+
+def delayed_actions(local_step: int, cycle: int, in_flight: int | None) -> DelayedActions:
+    """What to do after inner step ``local_step`` (1-based, since the last sync point) of a
+    ``cycle``-step cycle, with fragment ``in_flight``'s sync on the wire (None: none, at the
+    first sync point or after a state was loaded). Only the cycle's last step acts."""
+    if local_step != cycle:
+        return DelayedActions()
+    return DelayedActions(finish_fragment=in_flight, form_quorum=True, start=True)
+
+
+def next_fragment(syncs_committed: int, num_fragments: int) -> int:
+    """The fragment whose sync starts next: the count of committed syncs modulo F, so a
+    fragment whose sync failed is retried, and every group (healed with the same count)
+    picks the same one."""
+    return syncs_committed % num_fragments
+
+
+@torch.no_grad()
+def delayed_parameters(
+    new_global: torch.Tensor, local: torch.Tensor, sent: torch.Tensor
+) -> torch.Tensor:
+    """The parameters after a delayed outer update: ``new_global + (local - sent)``, the
+    global parameters after the round (updated or, when it was discarded, unchanged) plus the
+    inner progress made since the round's pseudo-gradient was sent (``sent`` = the local
+    parameters then). Exactly ``new_global`` when no inner step ran since (``local == sent``)."""
+    return new_global + (local - sent)
+
+
+def check_outer_overlap(
+    overlap: OuterOverlap | str, fragment_sync_delay: int, fragment_update_alpha: float
+) -> OuterOverlap:
+    """Returns ``overlap`` as an ``OuterOverlap``.
+
+    Raises:
+        ValueError: an unknown name, or ``DELAYED`` with a ``fragment_sync_delay`` or a
+            ``fragment_update_alpha`` (it replaces both: the sync is in flight for the whole
+            cycle, and the local progress is kept exactly rather than mixed).
+    """
+    try:
+        mode = OuterOverlap(overlap)
+    except ValueError:
+        names = ", ".join(repr(m.value) for m in OuterOverlap)
+        raise ValueError(f"outer_overlap must be one of {names}, got {overlap!r}") from None
+    if mode is OuterOverlap.DELAYED:
+        if fragment_sync_delay != 0:
+            raise ValueError(
+                "outer_overlap='delayed' keeps every sync in flight for a whole cycle; "
+                f"fragment_sync_delay must be 0 with it, got {fragment_sync_delay}"
+            )
+        if fragment_update_alpha != 0.0:
+            raise ValueError(
+                "outer_overlap='delayed' keeps the in-flight local progress exactly; "
+                f"fragment_update_alpha must be 0 with it, got {fragment_update_alpha}"
+            )
+    return mode
