@@ -15,7 +15,12 @@ The rules, in order:
 3. Otherwise the round is not ready while there are fewer than ``min_replicas`` candidates,
    while the candidates are not a strict majority of the healthy replicas (split-brain guard),
    or while some healthy replica has not asked and the earliest candidate joined less than
-   ``join_timeout`` ago.
+   ``join_timeout`` ago. After the join timeout it still waits while every candidate is behind
+   the previous quorum's highest step and a healthy member of that quorum has not asked
+   (state guard, not in torchft): issued, the candidates would train on from an older state,
+   a second line of steps that the member's return throws away (seen in the soak test: two
+   fresh replacements trained from step 0 while the one group with the state sat out a
+   collective timeout). A member that stops heartbeating is no longer waited for.
 4. Issuing a quorum gets a new quorum_id when the ordered member ids differ from the previous
    quorum's or any member reports ``commit_failures > 0``.
 """
@@ -139,11 +144,33 @@ def decide(
             f"them in {opts.join_timeout - waited:.1f}s (join timeout)",
             log_key=f"waiting for {len(stragglers)} straggler(s) of {len(candidates)} asker(s)",
         )
+    holders = state_holders(candidates, stragglers, previous)
+    if holders:
+        return Decision(
+            None,
+            f"waiting: the askers are behind the previous quorum's step and {len(holders)} "
+            f"healthy member(s) of it have not asked ({', '.join(holders)}); issuing without "
+            "them would train on from an older state (state guard, not in torchft)",
+        )
     return Decision(
         _members(candidates),
         f"quorum: join timeout passed, issuing without {len(stragglers)} healthy replica(s) "
         "that did not ask",
     )
+
+
+def state_holders(
+    candidates: list[Pending], stragglers: set[str], previous: tuple[QuorumMember, ...] | None
+) -> list[str]:
+    """Healthy members of the previous quorum that have not asked, when every candidate is
+    behind that quorum's highest step (sorted; empty: nothing to wait for). Such a member may
+    hold the only copy of the job's latest state (it is in a collective timeout, say)."""
+    if previous is None or not candidates:
+        return []
+    previous_max = max(m.step for m in previous)
+    if max(p.member.step for p in candidates) >= previous_max:
+        return []
+    return sorted(stragglers & {m.replica_id for m in previous})
 
 
 def newcomer_ahead(
