@@ -61,6 +61,13 @@ class CpuLimit:
             self._dir, self.mechanism = None, "duty cycle"
             self._duty = _DutyCycle(self._pids, cpus)
 
+    def add(self, pid: int) -> None:
+        """Puts process ``pid`` under the limit too (the children it starts afterwards follow)."""
+        if self._duty is not None:
+            self._duty.pids.append(pid)
+        elif self._dir is not None:
+            (self._dir / "cgroup.procs").write_text(f"{pid}\n")
+
     def set(self, cpus: float) -> None:
         """Changes the limit to ``cpus`` CPUs (> 0)."""
         if not cpus > 0:
@@ -106,14 +113,14 @@ class _DutyCycle:
     PERIOD_S = 0.04
 
     def __init__(self, pids: list[int], cpus: float) -> None:
-        self._pids = pids
+        self.pids = pids
         self.cpus = cpus
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu_duty_cycle", daemon=True)
         self._thread.start()
 
     def _signal(self, sig: int) -> None:
-        for pid in self._pids:
+        for pid in list(self.pids):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
