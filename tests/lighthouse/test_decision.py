@@ -186,8 +186,11 @@ STEPS = {"a": 0, "b": 0, "c": 40}
         # fresh replacements a, b (step 0); c, with the state (step 40), heartbeats but sits in
         # a collective timeout: wait for it past the join timeout
         (STEPS, {"a": 99.0, "b": 99.0, "c": 99.0}, None, "state guard"),
-        # c stopped heartbeating (dead or hung): issue without it
-        (STEPS, {"a": 99.0, "b": 99.0, "c": 90.0}, ["a", "b"], "eligible healthy replicas asked"),
+        # c's heartbeat lags (10 s, under 3 heartbeat timeouts of 5 s): still wait
+        (STEPS, {"a": 99.0, "b": 99.0, "c": 90.0}, None, "state guard"),
+        # c silent for 20 s, or its stream ended (gone): go on without it
+        (STEPS, {"a": 99.0, "b": 99.0, "c": 80.0}, ["a", "b"], "eligible healthy replicas asked"),
+        (STEPS, {"a": 99.0, "b": 99.0}, ["a", "b"], "eligible healthy replicas asked"),
         # an asker is at the previous quorum's step: it holds the state, no need to wait
         ({"a": 40, "b": 0, "c": 40}, {"a": 99.0, "b": 99.0, "c": 99.0}, ["a", "b"], "join"),
     ],

@@ -15,12 +15,14 @@ The rules, in order:
 3. Otherwise the round is not ready while there are fewer than ``min_replicas`` candidates,
    while the candidates are not a strict majority of the healthy replicas (split-brain guard),
    or while some healthy replica has not asked and the earliest candidate joined less than
-   ``join_timeout`` ago. After the join timeout it still waits while every candidate is behind
-   the previous quorum's highest step and a healthy member of that quorum has not asked
-   (state guard, not in torchft): issued, the candidates would train on from an older state,
-   a second line of steps that the member's return throws away (seen in the soak test: two
+   ``join_timeout`` ago. It also waits while every candidate is behind the previous quorum's
+   highest step and a member of that quorum that has not asked may still hold the state: its
+   heartbeat stream is open and it was heard from within ``HOLDER_WAIT_HEARTBEATS`` heartbeat
+   timeouts (state guard, not in torchft). Issued, the candidates would train on from an older
+   state, a second line of steps that the member's return throws away (seen in the soak test:
    fresh replacements trained from step 0 while the one group with the state sat out a
-   collective timeout). A member that stops heartbeating is no longer waited for.
+   collective timeout, or its heartbeat lagged on a loaded machine). A member whose stream
+   ended (its process is gone) or that stayed silent longer is not waited for.
 4. Issuing a quorum gets a new quorum_id when the ordered member ids differ from the previous
    quorum's or any member reports ``commit_failures > 0``.
 """
@@ -31,6 +33,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from torchtitan_ft.lighthouse.types import QuorumMember
+
+HOLDER_WAIT_HEARTBEATS = 3
+"""The state guard waits for a silent member of the previous quorum this many heartbeat
+timeouts after it was last heard from (a lagging heartbeat, a short hang); then the askers go
+on without it."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,15 @@ def decide(
             f"waiting: {len(candidates)} of {len(healthy)} healthy replicas asked, "
             "need a strict majority (split-brain guard)",
         )
+    holders = state_holders(candidates, pending.keys(), heartbeats, previous, now, opts)
+    if holders:
+        return Decision(
+            None,
+            f"waiting: the askers are behind the previous quorum's step and {len(holders)} "
+            f"member(s) of it that may hold the state have not asked ({', '.join(holders)}); "
+            "issuing without them would train on from an older state (state guard, not in "
+            "torchft)",
+        )
     # Stragglers: healthy replicas that have not asked. A shrink-only round can only wait for
     # members of the previous quorum; anyone else could not join it anyway.
     stragglers = healthy - pending.keys()
@@ -144,14 +160,6 @@ def decide(
             f"them in {opts.join_timeout - waited:.1f}s (join timeout)",
             log_key=f"waiting for {len(stragglers)} straggler(s) of {len(candidates)} asker(s)",
         )
-    holders = state_holders(candidates, stragglers, previous)
-    if holders:
-        return Decision(
-            None,
-            f"waiting: the askers are behind the previous quorum's step and {len(holders)} "
-            f"healthy member(s) of it have not asked ({', '.join(holders)}); issuing without "
-            "them would train on from an older state (state guard, not in torchft)",
-        )
     return Decision(
         _members(candidates),
         f"quorum: join timeout passed, issuing without {len(stragglers)} healthy replica(s) "
@@ -160,17 +168,31 @@ def decide(
 
 
 def state_holders(
-    candidates: list[Pending], stragglers: set[str], previous: tuple[QuorumMember, ...] | None
+    candidates: list[Pending],
+    asked: Iterable[str],
+    heartbeats: Mapping[str, float],
+    previous: tuple[QuorumMember, ...] | None,
+    now: float,
+    opts: DecisionOptions,
 ) -> list[str]:
-    """Healthy members of the previous quorum that have not asked, when every candidate is
-    behind that quorum's highest step (sorted; empty: nothing to wait for). Such a member may
-    hold the only copy of the job's latest state (it is in a collective timeout, say)."""
+    """Members of the previous quorum that have not asked and may hold the job's latest state,
+    when every candidate is behind that quorum's highest step (sorted; empty: nothing to wait
+    for). May hold: its heartbeat stream is open (its process lives) and it was heard from
+    within ``HOLDER_WAIT_HEARTBEATS`` heartbeat timeouts (it is in a collective timeout, or its
+    heartbeat lags on a loaded machine)."""
     if previous is None or not candidates:
         return []
-    previous_max = max(m.step for m in previous)
-    if max(p.member.step for p in candidates) >= previous_max:
+    if max(p.member.step for p in candidates) >= max(m.step for m in previous):
         return []
-    return sorted(stragglers & {m.replica_id for m in previous})
+    window = HOLDER_WAIT_HEARTBEATS * opts.heartbeat_timeout
+    waiting = set(asked)
+    return sorted(
+        m.replica_id
+        for m in previous
+        if m.replica_id not in waiting
+        and m.replica_id in heartbeats
+        and now - heartbeats[m.replica_id] < window
+    )
 
 
 def newcomer_ahead(
