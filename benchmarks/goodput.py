@@ -86,6 +86,14 @@ CONFIG = ROOT / "configs" / "debug_ft_cpu.toml"
 LOCAL_BATCH = 2
 """``training.local_batch_size`` of ``CONFIG``: samples per rank per step."""
 LIGHTHOUSE_PORT = 29510
+NOT_WIRED = (
+    "not measured: TorchTitan's FT trainer runs on this CPU on the torchft 0.2.0 reference (a "
+    "3-step run of torchtitan.experiments.ft.train against torchft's own lighthouse trained), "
+    "but this benchmark has no recording trainer for it yet: it keeps no data ledger (its "
+    "samples would be counted from per-step participants, with no exactly-once check), and its "
+    "Manager advertises this machine's host name, not a network-namespace host's address"
+)
+"""Why the ``torchft`` method is skipped where the reference is installed."""
 STOP_MARGIN_STEPS = 2
 """After the target: every group trains this many more steps together, then stops and dumps."""
 
@@ -831,7 +839,7 @@ def plot(result: dict[str, Any], path: Path) -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (pip install 'torchtitan_ft[bench]')"
+        return "matplotlib is not installed (pip install 'torchtitan_ft[demo]')"
     fig, (ax_loss, ax_groups) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
     for name, entry in result["methods"].items():
         if "skipped" in entry or not entry.get("curve"):
@@ -988,10 +996,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if name.value not in args.methods:
             continue
         if name is Method.TORCHFT:
-            problem = (
-                torchft_problem() or "not measured yet: its trainer writes no per-step records here"
-            )
-            result["methods"][name.value] = {"skipped": problem}
+            result["methods"][name.value] = {"skipped": torchft_problem() or NOT_WIRED}
             continue
         try:
             entry = MethodRun(name, opts, schedule, target=ideal["target_samples"]).run()

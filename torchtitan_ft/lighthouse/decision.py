@@ -22,7 +22,8 @@ The rules, in order:
    state, a second line of steps that the member's return throws away (seen in the soak test:
    fresh replacements trained from step 0 while the one group with the state sat out a
    collective timeout, or its heartbeat lagged on a loaded machine). A member whose stream
-   ended (its process is gone) or that stayed silent longer is not waited for.
+   ended (its process is gone) or that stayed silent longer is not waited for. A restarted
+   lighthouse knows no previous quorum, so the guard cannot act until it has issued one.
 4. Issuing a quorum gets a new quorum_id when the ordered member ids differ from the previous
    quorum's or any member reports ``commit_failures > 0``.
 """
@@ -134,31 +135,31 @@ def decide(
             f"waiting: {len(candidates)} of {len(healthy)} healthy replicas asked, "
             "need a strict majority (split-brain guard)",
         )
-    holders = state_holders(candidates, pending.keys(), heartbeats, previous, now, opts)
-    if holders:
-        return Decision(
-            None,
-            f"waiting: the askers are behind the previous quorum's step and {len(holders)} "
-            f"member(s) of it that may hold the state have not asked ({', '.join(holders)}); "
-            "issuing without them would train on from an older state (state guard, not in "
-            "torchft)",
-        )
     # Stragglers: healthy replicas that have not asked. A shrink-only round can only wait for
     # members of the previous quorum; anyone else could not join it anyway.
     stragglers = healthy - pending.keys()
     if shrink_only and previous is not None:
         stragglers &= {m.replica_id for m in previous}
-    if not stragglers:
-        return Decision(
-            _members(candidates), f"quorum: all {len(candidates)} eligible healthy replicas asked"
-        )
     waited = now - min(p.joined for p in candidates)
-    if waited < opts.join_timeout:
+    if stragglers and waited < opts.join_timeout:
         return Decision(
             None,
             f"waiting: {len(stragglers)} healthy replica(s) have not asked; issuing without "
             f"them in {opts.join_timeout - waited:.1f}s (join timeout)",
             log_key=f"waiting for {len(stragglers)} straggler(s) of {len(candidates)} asker(s)",
+        )
+    holders = state_holders(candidates, pending.keys(), heartbeats, previous, now, opts)
+    if holders:
+        return Decision(
+            None,
+            f"waiting: the askers are behind the job's state and {len(holders)} replica(s) "
+            f"that may hold it have not asked ({', '.join(holders)}); issuing without them "
+            "would train on from an older state (state guard, not in torchft)",
+            log_key=f"state guard: waiting for {', '.join(holders)}",
+        )
+    if not stragglers:
+        return Decision(
+            _members(candidates), f"quorum: all {len(candidates)} eligible healthy replicas asked"
         )
     return Decision(
         _members(candidates),
@@ -179,7 +180,8 @@ def state_holders(
     when every candidate is behind that quorum's highest step (sorted; empty: nothing to wait
     for). May hold: its heartbeat stream is open (its process lives) and it was heard from
     within ``HOLDER_WAIT_HEARTBEATS`` heartbeat timeouts (it is in a collective timeout, or its
-    heartbeat lags on a loaded machine)."""
+    heartbeat lags on a loaded machine). A restarted lighthouse knows no previous quorum, so it
+    cannot tell (docs/operations.md, "State guard")."""
     if previous is None or not candidates:
         return []
     if max(p.member.step for p in candidates) >= max(m.step for m in previous):
