@@ -283,23 +283,24 @@ def test_soak_mlp_eight_mixed_faults(tmp_path: Path) -> None:
         until = faults[i + 1]["time"] if i + 1 < len(faults) else t_end
         assert longest_gap(progress, fault["time"], until) < STALL_BOUND_S, fault
         assert any(t > fault["time"] for t, _ in progress), f"no commit after {fault}"
-    # every replacement healed (its first commit is at a later step, without its gradient)
-    # and then took part: no group was left out, nothing was restarted from scratch
+    # every replacement healed (its first commit is at a later step, without its gradient):
+    # nothing restarted from scratch; the current processes all take part at the end
     for replica, last in job.incarnations.items():
         for inc in range(1, last + 1):
             mine = [r for r in records if (r.replica, r.incarnation) == (replica, inc)]
             commits = [r for r in mine if r.committed]
-            if inc < last and not any(c.participating for c in commits):
-                continue  # killed (as a donor, or again) before it took part
-            assert commits and commits[0].step > 1, mine[:3]
-            assert commits[-1].participating, mine[-3:]
-    # the three groups reach the final step with the same bytes (they train on afterwards,
-    # until they are stopped)
-    finals = [
-        next(r for r in job.latest(g) if r.committed and r.step == final_step)
-        for g in range(GROUPS)
-    ]
-    assert len({r.hash for r in finals}) == 1, finals
+            if inc == last:
+                assert commits and commits[-1].participating, mine[-3:]
+            if commits:
+                assert commits[0].step > 1, mine[:3]
+    # the three groups hold the same bytes at the last step all of them committed (they train
+    # on while the test reads them)
+    current = [[r for r in job.latest(g) if r.committed] for g in range(GROUPS)]
+    common = set.intersection(*({r.step for r in rs} for rs in current))
+    common = {s for s in common if s >= final_step}
+    assert common, f"no step >= {final_step} committed by all groups: {[rs[-3:] for rs in current]}"
+    at = max(common)
+    assert len({r.hash for rs in current for r in rs if r.step == at}) == 1, at
     # no leak in the processes that lived through the run
     grown = {
         pid: (end[0] - job.first_usage[pid][0], end[1] - job.first_usage[pid][1])
