@@ -289,8 +289,8 @@ def test_soak_mlp_eight_mixed_faults(tmp_path: Path) -> None:
         for inc in range(1, last + 1):
             mine = [r for r in records if (r.replica, r.incarnation) == (replica, inc)]
             commits = [r for r in mine if r.committed]
-            if inc == last:
-                assert commits and commits[-1].participating, mine[-3:]
+            if inc == last:  # took part at the end (it trains on while the test stops)
+                assert any(c.participating and c.step >= final_step for c in commits), mine[-3:]
             if commits:
                 assert commits[0].step > 1, mine[:3]
     # the three groups hold the same bytes at the last step all of them committed (they train
