@@ -855,7 +855,7 @@ def plot(result: dict[str, Any], path: Path) -> str | None:
     ax_loss.set_ylabel("loss")
     ax_loss.legend()
     ax_groups.set_ylabel("participating groups")
-    ax_groups.set_xlabel("wall time since launch (s); dotted: a fault")
+    ax_groups.set_xlabel("wall time since the job trained (s); dotted: a fault")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
