@@ -43,7 +43,9 @@ def state_hash(model_parts: list[Any], optimizers: Any) -> str:
             value = value.to_local()
         if isinstance(value, torch.Tensor):
             digest.update(name.encode())
-            digest.update(value.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+            digest.update(
+                value.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+            )
 
     for part in model_parts:
         for name, tensor in sorted(part.state_dict().items()):
