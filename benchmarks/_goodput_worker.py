@@ -89,13 +89,12 @@ def main() -> None:
 
         def train_step(self, data_iterator: Any) -> None:
             before = self._ledger()
-            step_before = self.step
             self._loss = None
             super().train_step(data_iterator)
             if self._records is None:
                 return
             after = self._ledger()
-            committed = self.step == step_before  # FaultTolerantTrainer undid a discard's +1
+            committed = self.replica_axis.step_committed()
             participants = (
                 [g for g, (a, b) in enumerate(zip(before, after, strict=True)) if b > a]
                 if before is not None and after is not None
