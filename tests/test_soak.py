@@ -132,12 +132,18 @@ class SoakJob:
         inc = self.incarnations[replica]
         return read_commit_log(commit_log_path(self.dir, replica, inc), replica, inc)
 
-    def participating(self) -> list[int]:
-        """Groups whose current process's last iteration was a commit it took part in."""
+    def participating(self, since: float = 0.0) -> list[int]:
+        """Groups whose current process's last iteration (after ``since``, a time) was a commit
+        it took part in."""
         out = []
         for r in range(GROUPS):
             latest = self.latest(r)
-            if latest and latest[-1].committed and latest[-1].participating:
+            if (
+                latest
+                and latest[-1].committed
+                and latest[-1].participating
+                and (latest[-1].time > since)
+            ):
                 out.append(r)
                 pid = self.procs[r].pid
                 if pid not in self.first_usage and (usage := _usage(pid)) is not None:
@@ -249,14 +255,18 @@ def _run(job: SoakJob) -> tuple[list[dict[str, Any]], float, int]:
                 job.kill(donor)
                 job.spawn(donor)
                 entry["donor"] = donor
-    wait_for(lambda: len(job.participating()) == GROUPS, "all groups back after the last fault")
+    after_last = time.time()
+    wait_for(
+        lambda: len(job.participating(since=after_last)) == GROUPS,
+        "all groups back after the last fault",
+    )
     final = max(r.step for r in job.records_now() if r.committed) + 5
     wait_for(
         lambda: all(
-            (lst := job.latest(r)) and lst[-1].committed and lst[-1].step >= final
+            (lst := job.latest(r)) and lst[-1].participating and lst[-1].step >= final
             for r in range(GROUPS)
         ),
-        "the final steps",
+        "every group taking part in the final steps",
     )
     return done, time.time(), final
 
