@@ -1,6 +1,7 @@
 """Soak: routine failures, back to back, with the chaos invariants asserted over every iteration.
 
-Reduced version (default tier): three replica groups of the tiny-MLP harness
+Reduced version (``--full``: 70 to 230 s under load, too long for the default tier, where
+``tests/test_chaos.py`` covers a kill, a hang and a lighthouse restart): three replica groups of the tiny-MLP harness
 (``torchtitan_ft.testing.mlp``, ``shared_batches``: a step's batch depends on the step only)
 train under :data:`FAULTS` faults drawn by ``testing.chaos.fault_schedule`` (seeded) from
 SIGKILL of a group, SIGSTOP past the collective and heartbeat timeouts, the lighthouse
@@ -271,6 +272,7 @@ def _run(job: SoakJob) -> tuple[list[dict[str, Any]], float, int]:
     return done, time.time(), final
 
 
+@pytest.mark.slow  # 70 to 230 s on the loaded 2-core machine (start-up and 8 recoveries)
 @pytest.mark.multiprocess
 def test_soak_mlp_eight_mixed_faults(tmp_path: Path) -> None:
     job = SoakJob(tmp_path)
