@@ -1,14 +1,15 @@
 """Soak: routine failures, back to back, with the chaos invariants asserted over every iteration.
 
 Reduced version (``--full``: 70 to 230 s under load, too long for the default tier, where
-``tests/test_chaos.py`` covers a kill, a hang and a lighthouse restart): three replica groups of the tiny-MLP harness
-(``torchtitan_ft.testing.mlp``, ``shared_batches``: a step's batch depends on the step only)
-train under :data:`FAULTS` faults drawn by ``testing.chaos.fault_schedule`` (seeded) from
-SIGKILL of a group, SIGSTOP past the collective and heartbeat timeouts, the lighthouse
-SIGKILLed and restarted, two groups killed together, and a group killed and then its donor
-killed as soon as it starts healing. The test plays the launcher: a killed group's process is
-started again at once (its replacement heals). A fault waits until enough groups are up that one
-survives it. Network faults need the namespace hosts and TorchTitan: the ``--full`` version.
+``tests/test_chaos.py`` covers a kill, a hang and a lighthouse restart): three replica groups
+of the tiny-MLP harness (``torchtitan_ft.testing.mlp``, ``shared_batches``: a step's batch
+depends on the step only) train under :data:`FAULTS` faults drawn by
+``testing.chaos.fault_schedule`` (seeded) from SIGKILL of a group, SIGSTOP past the collective
+and heartbeat timeouts, the lighthouse SIGKILLed and restarted, two groups killed together, and
+a group killed and then its donor killed as soon as it starts healing. The test plays the
+launcher: a killed group's process is started again at once (its replacement heals). A fault
+waits until enough groups are up that one survives it. Network faults need the namespace hosts
+and TorchTitan: the ``--full`` version.
 
 Asserted, from the commit logs and the event streams (never log wording):
 
