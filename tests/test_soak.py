@@ -9,7 +9,7 @@ and heartbeat timeouts, the lighthouse SIGKILLed and restarted, two groups kille
 a group killed and then its donor killed as soon as it starts healing. The test plays the
 launcher: a killed group's process is started again at once (its replacement heals). A fault
 waits until enough groups are up that one survives it. Network faults need the namespace hosts
-and TorchTitan: the ``--full`` version.
+and TorchTitan: ``test_goodput_soak_titan``.
 
 Asserted, from the commit logs and the event streams (never log wording):
 
