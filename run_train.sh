@@ -91,11 +91,14 @@ if [ -n "${LOCAL_ADDR:-}" ]; then
         is_host=0
         if [ "${RDZV_ENDPOINT%:*}" = "$LOCAL_ADDR" ]; then is_host=1; fi
         node+=(--rdzv-conf "is_host=$is_host")
-        # By default the workers' store is the rendezvous store, the same server in every
-        # round and without a per-round prefix: after a restart, a node reads the gloo
-        # addresses of the other node's previous workers and fails. A store per round instead.
-        export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
     fi
+fi
+if [ "$NNODES" != 1 ] || [ "$MAX_RESTARTS" != 0 ]; then
+    # By default the workers' store is the rendezvous store, the same server in every round
+    # and without a per-round prefix: after a restart, a worker can read the gloo address of
+    # a peer's previous incarnation (another node's worker, or on one node a local rank that
+    # starts slower) and fail to connect. A store per round instead.
+    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
 fi
 
 PYTORCH_ALLOC_CONF="expandable_segments:True" \

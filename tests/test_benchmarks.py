@@ -195,3 +195,29 @@ def test_wan_prints_the_per_step_rows_and_their_goals() -> None:
     assert rows["per_step"]["payload_bytes_per_inner_step"] > 0
     goals = out["goals"]["per_step_exposed_sync"]
     assert set(goals) == set(rows) and "met" in goals["per_step"]["unlimited"]
+
+
+@pytest.mark.slow  # three TorchTitan jobs one after the other: 4 to 15 min under load
+@pytest.mark.timeout(1500)
+def test_goodput_prints_every_method(tmp_path: Path) -> None:
+    out = _benchmark(
+        "benchmarks.goodput",
+        *("--quick", "--duration", "30", "--out", str(tmp_path)),
+        timeout=1450,
+    )
+    assert set(out["methods"]) == {"ideal", "checkpoint_restart", "torchft", "torchtitan_ft"}
+    for name in ("ideal", "checkpoint_restart", "torchtitan_ft"):
+        entry = out["methods"][name]
+        assert {
+            "goodput",
+            "faults_injected",
+            "faults_survived",
+            "job_restarts",
+            "samples_lost",
+            "samples_duplicated",
+            "groups_identical",
+        } <= entry.keys(), name
+    assert "skipped" in out["methods"]["torchft"] or "goodput" in out["methods"]["torchft"]
+    assert out["methods"]["ideal"]["goodput"] == 1.0
+    assert "replacement_s" in out and "timeouts" in out and "cpu_quota" in out
+    assert (tmp_path / "goodput.json").exists()

@@ -211,6 +211,35 @@ def test_decide(case: Case) -> None:
     assert case.reason in decision.reason
 
 
+STEPS = {"a": 0, "b": 0, "c": 40}
+
+
+@pytest.mark.parametrize(
+    ("steps", "heartbeats", "expected", "reason"),
+    [
+        # fresh replacements a, b (step 0); c, with the state (step 40), heartbeats but sits in
+        # a collective timeout: wait for it past the join timeout
+        (STEPS, {"a": 99.0, "b": 99.0, "c": 99.0}, None, "state guard"),
+        # c's heartbeat lags (10 s, under 3 heartbeat timeouts of 5 s): still wait
+        (STEPS, {"a": 99.0, "b": 99.0, "c": 90.0}, None, "state guard"),
+        # c silent for 20 s, or its stream ended (gone): go on without it
+        (STEPS, {"a": 99.0, "b": 99.0, "c": 80.0}, ["a", "b"], "eligible healthy replicas asked"),
+        (STEPS, {"a": 99.0, "b": 99.0}, ["a", "b"], "eligible healthy replicas asked"),
+        # an asker is at the previous quorum's step: it holds the state, no need to wait
+        ({"a": 40, "b": 0, "c": 40}, {"a": 99.0, "b": 99.0, "c": 99.0}, ["a", "b"], "join"),
+    ],
+)
+def test_state_guard_waits_for_the_member_with_the_latest_state(
+    steps: dict, heartbeats: dict, expected: list | None, reason: str
+) -> None:
+    previous = tuple(QuorumMember(replica_id=r, step=40 if r == "c" else 38) for r in "abc")
+    pending = {r: Pending(QuorumMember(replica_id=r, step=steps[r]), 80.0) for r in "ab"}
+    decision = decide(pending, heartbeats, previous, NOW, OPTS)
+    got = [m.replica_id for m in decision.members] if decision.members is not None else None
+    assert got == expected
+    assert reason in decision.reason
+
+
 def test_members_sorted_by_replica_id() -> None:
     pending = {rid: Pending(member(rid), 99.0) for rid in ["c", "a", "b"]}
     decision = decide(pending, dict.fromkeys("abc", 99.0), None, NOW, OPTS)

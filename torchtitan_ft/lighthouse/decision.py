@@ -15,7 +15,15 @@ The rules, in order:
 3. Otherwise the round is not ready while there are fewer than ``min_replicas`` candidates,
    while the candidates are not a strict majority of the healthy replicas (split-brain guard),
    or while some healthy replica has not asked and the earliest candidate joined less than
-   ``join_timeout`` ago.
+   ``join_timeout`` ago. It also waits while every candidate is behind the previous quorum's
+   highest step and a member of that quorum that has not asked may still hold the state: its
+   heartbeat stream is open and it was heard from within ``HOLDER_WAIT_HEARTBEATS`` heartbeat
+   timeouts (state guard, not in torchft). Issued, the candidates would train on from an older
+   state, a second line of steps that the member's return throws away (seen in the soak test:
+   fresh replacements trained from step 0 while the one group with the state sat out a
+   collective timeout, or its heartbeat lagged on a loaded machine). A member whose stream
+   ended (its process is gone) or that stayed silent longer is not waited for. A restarted
+   lighthouse knows no previous quorum, so the guard cannot act until it has issued one.
 4. Issuing a quorum gets a new quorum_id when the ordered member ids differ from the previous
    quorum's or any member reports ``commit_failures > 0``.
 """
@@ -27,6 +35,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from torchtitan_ft.lighthouse.types import QuorumMember
+
+HOLDER_WAIT_HEARTBEATS = 3
+"""The state guard waits for a silent member of the previous quorum this many heartbeat
+timeouts after it was last heard from (a lagging heartbeat, a short hang); then the askers go
+on without it."""
 
 
 @dataclass(frozen=True)
@@ -143,25 +156,63 @@ def decide(
     stragglers = healthy - pending.keys()
     if shrink_only and previous is not None:
         stragglers &= {m.replica_id for m in previous}
-    if not stragglers:
-        return Decision(
-            _members(candidates),
-            f"quorum: all {len(candidates)} eligible healthy replicas asked",
-            round_kind=RoundKind.FULL,
-        )
     waited = now - min(p.joined for p in candidates)
-    if waited < opts.join_timeout:
+    if stragglers and waited < opts.join_timeout:
         return Decision(
             None,
             f"waiting: {len(stragglers)} healthy replica(s) have not asked; issuing without "
             f"them in {opts.join_timeout - waited:.1f}s (join timeout)",
             log_key=f"waiting for {len(stragglers)} straggler(s) of {len(candidates)} asker(s)",
         )
+    holders = state_holders(candidates, pending.keys(), heartbeats, previous, now, opts)
+    if holders:
+        return Decision(
+            None,
+            f"waiting: the askers are behind the job's state and {len(holders)} replica(s) "
+            f"that may hold it have not asked ({', '.join(holders)}); issuing without them "
+            "would train on from an older state (state guard, not in torchft)",
+            log_key=f"state guard: waiting for {', '.join(holders)}",
+        )
+    if not stragglers:
+        return Decision(
+            _members(candidates),
+            f"quorum: all {len(candidates)} eligible healthy replicas asked",
+            round_kind=RoundKind.FULL,
+        )
     return Decision(
         _members(candidates),
         f"quorum: join timeout passed, issuing without {len(stragglers)} healthy replica(s) "
         "that did not ask",
         round_kind=RoundKind.JOIN_TIMEOUT,
+    )
+
+
+def state_holders(
+    candidates: list[Pending],
+    asked: Iterable[str],
+    heartbeats: Mapping[str, float],
+    previous: tuple[QuorumMember, ...] | None,
+    now: float,
+    opts: DecisionOptions,
+) -> list[str]:
+    """Members of the previous quorum that have not asked and may hold the job's latest state,
+    when every candidate is behind that quorum's highest step (sorted; empty: nothing to wait
+    for). May hold: its heartbeat stream is open (its process lives) and it was heard from
+    within ``HOLDER_WAIT_HEARTBEATS`` heartbeat timeouts (it is in a collective timeout, or its
+    heartbeat lags on a loaded machine). A restarted lighthouse knows no previous quorum, so it
+    cannot tell (docs/operations.md, "State guard")."""
+    if previous is None or not candidates:
+        return []
+    if max(p.member.step for p in candidates) >= max(m.step for m in previous):
+        return []
+    window = HOLDER_WAIT_HEARTBEATS * opts.heartbeat_timeout
+    waiting = set(asked)
+    return sorted(
+        m.replica_id
+        for m in previous
+        if m.replica_id not in waiting
+        and m.replica_id in heartbeats
+        and now - heartbeats[m.replica_id] < window
     )
 
 

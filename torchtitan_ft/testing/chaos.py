@@ -10,15 +10,21 @@ iteration; the functions below read those lines back and check, as pure function
 * ``progress_gaps``: how long the job went without committing a new step.
 
 Used by ``tests/test_chaos.py`` and by ``scripts/failure_demo.py --model mlp``.
+
+And the fault schedule of ``benchmarks.goodput`` and the soak tests (:func:`fault_schedule`:
+seeded, the same for every recovery method compared) with the pure accounting over its
+per-step records (:func:`time_to_samples`, :func:`ledger_check`).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import random
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 
@@ -126,3 +132,121 @@ def longest_gap(progress: list[tuple[float, int]], start: float, end: float) -> 
     """Longest time without a new committed step within [start, end]."""
     times = [start, *(t for t, _ in progress if start < t < end), end]
     return max(b - a for a, b in itertools.pairwise(times))
+
+
+# ------------------------------------------------------------------------ the fault schedule
+
+
+class FaultKind(StrEnum):
+    """What a scheduled fault does to the job."""
+
+    SIGKILL = "sigkill"
+    """SIGKILL one rank of a replica group; the group's launcher (torchrun) replaces it."""
+    SIGSTOP = "sigstop"
+    """SIGSTOP one rank for longer than the job's timeouts allow, then SIGCONT."""
+    LINK_DOWN = "link_down"
+    """A replica group's network link down for a while (its host's cable pulled)."""
+    LIGHTHOUSE = "lighthouse"
+    """SIGKILL the lighthouse and start it again on the same address."""
+    DONOR_KILL = "donor_kill"
+    """SIGKILL a rank of one group, then a rank of the group it heals from, while it heals."""
+    TWO_GROUPS = "two_groups"
+    """SIGKILL a rank of two groups within one step."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault of a schedule: what, when (seconds after the job's launch), to whom."""
+
+    at_s: float
+    kind: FaultKind
+    groups: tuple[int, ...]
+    """The victim groups (two for ``TWO_GROUPS``; the first for the other kinds)."""
+    rank: int
+    """The victim rank inside each victim group."""
+
+
+def fault_schedule(
+    seed: int,
+    *,
+    start_s: float,
+    end_s: float,
+    mean_interval_s: float,
+    min_interval_s: float,
+    groups: int,
+    ranks: int,
+    kinds: Sequence[FaultKind],
+) -> list[Fault]:
+    """Faults from ``start_s`` to ``end_s``: exponential intervals of mean ``mean_interval_s``
+    (at least ``min_interval_s``), kinds in shuffled rounds (every kind once per round, so a
+    short run still mixes them), victims drawn uniformly. The same arguments give the same
+    schedule."""
+    if not kinds:
+        raise ValueError("kinds must name at least one FaultKind, got none")
+    if groups < 2 and (FaultKind.TWO_GROUPS in kinds or FaultKind.DONOR_KILL in kinds):
+        raise ValueError(f"two_groups and donor_kill need >= 2 groups, got groups={groups}")
+    if not 0 < min_interval_s <= mean_interval_s:
+        raise ValueError(
+            f"need 0 < min_interval_s <= mean_interval_s, got {min_interval_s}, {mean_interval_s}"
+        )
+    rng = random.Random(seed)
+    faults: list[Fault] = []
+    order: list[FaultKind] = []
+    at = start_s
+    while True:
+        at += max(rng.expovariate(1.0 / mean_interval_s), min_interval_s)
+        if at > end_s:
+            return faults
+        if not order:
+            order = list(kinds)
+            rng.shuffle(order)
+        kind = order.pop()
+        victims = tuple(rng.sample(range(groups), 2 if kind is FaultKind.TWO_GROUPS else 1))
+        faults.append(Fault(round(at, 3), kind, victims, rng.randrange(ranks)))
+
+
+# ------------------------------------------------------------------------ accounting
+
+
+def time_to_samples(
+    points: Iterable[tuple[float, int]], target: int, *, rollback: bool
+) -> float | None:
+    """When the job's committed samples reached ``target`` for good, from (time, samples
+    committed) observations; None if never.
+
+    ``rollback``: observations may go back (a job restarted from a checkpoint redoes the steps
+    after it): the time is that of the last crossing from below ``target``. Without it (per-step
+    FT: a commit is never undone; a restarted group reports 0 until it heals) the job's
+    samples are the highest observed so far.
+    """
+    reached: float | None = None
+    best = 0
+    for time, samples in sorted(points):
+        current = samples if rollback else max(best, samples)
+        if current >= target and best < target:
+            reached = time
+        best = current
+    return reached
+
+
+def ledger_check(finals: dict[int, dict], groups: int) -> dict:
+    """The data ledger at the end of a per-step FT run, from each group's final record
+    (``finals[group]``: its ``consumed`` ledger and its reader ``position``).
+
+    Every batch is trained exactly once when all groups hold the same ledger and each group's
+    reader stands at its own entry. Returns ``exactly_once`` and the batches ``lost`` (the
+    ledger counts them, the reader has not read them) and ``duplicated`` (read, then not in
+    the ledger: they would be trained again)."""
+    ledgers = {g: f["consumed"] for g, f in finals.items()}
+    agree = len({tuple(c) for c in ledgers.values()}) == 1 and len(ledgers) == groups
+    lost = duplicated = 0
+    for g, final in finals.items():
+        diff = final["position"] - final["consumed"][g]
+        lost += max(0, -diff)
+        duplicated += max(0, diff)
+    return {
+        "exactly_once": agree and lost == 0 and duplicated == 0,
+        "ledgers_agree": agree,
+        "lost": lost,
+        "duplicated": duplicated,
+    }

@@ -83,6 +83,13 @@ class CpuLimit:
             self._dir, self.mechanism = None, "duty cycle"
             self._duty = _DutyCycle(self._pids, cpus, duty_period_s)
 
+    def add(self, pid: int) -> None:
+        """Puts process ``pid`` under the limit too (the children it starts afterwards follow)."""
+        if self._duty is not None:
+            self._duty.pids.append(pid)
+        elif self._dir is not None:
+            (self._dir / "cgroup.procs").write_text(f"{pid}\n")
+
     def set(self, cpus: float) -> None:
         """Changes the limit to ``cpus`` CPUs (> 0)."""
         if not cpus > 0:
@@ -128,7 +135,7 @@ class _DutyCycle:
     def __init__(self, pids: list[int], cpus: float, period_s: float) -> None:
         if not period_s > 0:
             raise ValueError(f"duty_period_s must be > 0, got {period_s!r}")
-        self._pids = pids
+        self.pids = pids
         self.cpus = cpus
         self.period_s = period_s
         self._stop = threading.Event()
@@ -136,7 +143,7 @@ class _DutyCycle:
         self._thread.start()
 
     def _signal(self, sig: int) -> None:
-        for pid in self._pids:
+        for pid in list(self.pids):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 

@@ -37,6 +37,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, from ``/proc`` (torchrun starts its workers in their
+    own sessions, so a process-group signal would miss them)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 class LighthouseProcess:
     """``python -m torchtitan_ft.lighthouse.cli`` on a fixed 127.0.0.1 port, restartable.
 
