@@ -76,7 +76,8 @@ def zygote(tmp_path: Path):
         [sys.executable, "-c", "from torchtitan_ft.titan import zygote; "
          f"zygote.run(zygote.serve({socket_path!r}))"]
     )  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]])}
+    path = [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
     def client(arg: str) -> subprocess.Popen:
         command = ["-m", "torchtitan_ft.titan.zygote", "client", socket_path]
