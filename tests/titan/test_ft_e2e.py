@@ -38,11 +38,13 @@ KILL_AT_STEP = 8
 STEPS_BEFORE_KILL = 5
 """Step times of group 1 before the kill that the recovery-speed check compares against."""
 MAX_ALONE = 6
-RECOVERY_SLOWDOWN_LIMIT = 2.0
+RECOVERY_SLOWDOWN_LIMIT = 2.5
 """The healed job's median step time may be at most this times its median before the kill. What
-it catches is a group that never gets its speed back (a heal or a thread every step costs about
-2x or more); beside a busy process on 2 cores the survivor's median moved by up to 1.64x between
-the two windows with nothing wrong (a fresh-clone run, stop 28)."""
+it catches is a group that never gets its speed back (a heal or a thread every step); beside a
+busy process on 2 cores, with the suite's other worker running, the median moved by up to 1.64x
+(stop 28) and 2.005x in both groups alike (stop 30) between the two windows with nothing wrong,
+and 3 runs of the test alone beside a busy process then passed at 2.0. A slowdown of under 2.5x
+that stays after a heal goes unseen here; benchmarks.recovery measures it."""
 E2E_TIMEOUT_S = 420
 
 
