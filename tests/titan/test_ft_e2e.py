@@ -44,7 +44,7 @@ it catches is a group that never gets its speed back (a heal or a thread every s
 busy process on 2 cores, with the suite's other worker running, the median moved by up to 1.64x
 (stop 28) and 2.005x in both groups alike (stop 30) between the two windows with nothing wrong,
 and 3 runs of the test alone beside a busy process then passed at 2.0. A slowdown of under 2.5x
-that stays after a heal goes unseen here; benchmarks.recovery measures it."""
+that stays after a heal goes unseen here."""
 E2E_TIMEOUT_S = 420
 
 
