@@ -350,7 +350,9 @@ def assert_groups_identical(tmp_path: Path, ranks: int) -> None:
         assert [s["position"] for s in states] == consumed
         trained = sum(consumed) - sum(skipped)
         assert trained == states[0]["manager"]["batches_committed"]
-        assert 0 < consumed[1] < consumed[0] <= STEPS  # group 1 missed the steps it was down
+        # Group 1 missed the steps it was down. Group 0 may have missed as many at the start:
+        # with min_replicas 1 the group that starts first trains alone until the other joins.
+        assert 0 < consumed[1] < STEPS and 0 < consumed[0] <= STEPS, consumed
 
 
 @pytest.mark.multiprocess
