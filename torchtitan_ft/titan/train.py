@@ -8,8 +8,9 @@ Without ``--job.config_file`` the checkout's ``configs/debug_cpu.toml`` is used 
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from torchtitan_ft.titan import cpu_compat
 from torchtitan_ft.titan.launch import USER_ERROR_EXIT
@@ -61,14 +62,8 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         release.module.main(argv, trainer_class)
         return
 
-    import torch
     from torchtitan.tools.logging import init_logger, logger
 
-    from torchtitan_ft.manager import (
-        AddressInUseError,
-        QuorumTimeoutError,
-        ReplicaGroupMismatchError,
-    )
     from torchtitan_ft.titan.config import (
         ConfigError,
         check_local_address,
@@ -107,9 +102,8 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         )
 
     logger.info(releases.describe(releases.Release.V0_2))
-    trainer: FaultTolerantTrainer | None = None
-    try:
-        trainer = (trainer_class or FaultTolerantTrainer)(trainer_config)
+
+    def run(trainer: Any) -> None:
         if config.checkpoint.create_seed_checkpoint:
             if world_size != 1:
                 _config_error("--checkpoint.create_seed_checkpoint needs one process (NGPU=1)")
@@ -119,6 +113,27 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
             logger.info("Created seed checkpoint")
         else:
             trainer.train()
+
+    run_trainer(lambda: (trainer_class or FaultTolerantTrainer)(trainer_config), run)
+
+
+def run_trainer(build: Callable[[], Any], run: Callable[[Any], None]) -> None:
+    """Builds the trainer, runs it, closes it whatever happened, then destroys the default
+    process group; the Manager's user errors (a taken port, no quorum, a group of another
+    size) end the process with one line (every release's ``main``)."""
+    import torch
+    from torchtitan.tools.logging import logger
+
+    from torchtitan_ft.manager import (
+        AddressInUseError,
+        QuorumTimeoutError,
+        ReplicaGroupMismatchError,
+    )
+
+    trainer = None
+    try:
+        trainer = build()
+        run(trainer)
     except (AddressInUseError, QuorumTimeoutError, ReplicaGroupMismatchError) as e:
         _user_error(str(e))
     finally:

@@ -159,11 +159,6 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     ``trainer_class`` defaults to :class:`FaultTolerantTrainer` (tests pass a subclass)."""
     from torchtitan.tools.logging import init_logger
 
-    from torchtitan_ft.manager import (
-        AddressInUseError,
-        QuorumTimeoutError,
-        ReplicaGroupMismatchError,
-    )
     from torchtitan_ft.titan import releases
     from torchtitan_ft.titan.compute_dtype import choose_param_dtype, probe_cpu
     from torchtitan_ft.titan.config_schema import ConfigError
@@ -175,7 +170,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         validate_job_config,
     )
     from torchtitan_ft.titan.releases.v0_3.parse import parse, runnable_here
-    from torchtitan_ft.titan.train import _config_error, _user_error
+    from torchtitan_ft.titan.train import _config_error, _user_error, run_trainer
 
     init_logger()
     quiet_known_warnings()
@@ -204,15 +199,4 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
             "--fault_tolerance.group_size=2)"
         )
     logger.info(releases.describe(releases.Release.V0_3))
-    trainer: FaultTolerantTrainer | None = None
-    try:
-        trainer = cls(config)
-        trainer.train()
-    except (AddressInUseError, QuorumTimeoutError, ReplicaGroupMismatchError) as e:
-        _user_error(str(e))
-    finally:
-        if trainer is not None:
-            trainer.close()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-        logger.info("Process group destroyed")
+    run_trainer(lambda: cls(config), lambda trainer: trainer.train())
