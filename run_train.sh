@@ -93,14 +93,6 @@ if [ -n "${LOCAL_ADDR:-}" ]; then
         node+=(--rdzv-conf "is_host=$is_host")
     fi
 fi
-if [ "$NNODES" != 1 ] || [ "$MAX_RESTARTS" != 0 ]; then
-    # By default the workers' store is the rendezvous store, the same server in every round
-    # and without a per-round prefix: after a restart, a worker can read the gloo address of
-    # a peer's previous incarnation (another node's worker, or on one node a local rank that
-    # starts slower) and fail to connect. A store per round instead.
-    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
-fi
-
 PYTORCH_ALLOC_CONF="expandable_segments:True" \
 exec "$PYTHON" -m torchtitan_ft.titan.launch \
     --nnodes="$NNODES" --nproc_per_node="$NGPU" --max-restarts="$MAX_RESTARTS" \

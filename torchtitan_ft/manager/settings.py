@@ -400,8 +400,8 @@ def check_lighthouse_url(addr: Resolved[str]) -> None:
 
 
 PER_ROUND_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-"""torchrun: "1" gives every incarnation of the workers a new store (run_train.sh sets it for
-a replica group that spans machines)."""
+"""torchrun: "1" gives every incarnation of the workers a new store (the launcher,
+``titan.launch``, sets it for every replica group it starts)."""
 
 
 def store_key_prefix(env: Mapping[str, str]) -> str:

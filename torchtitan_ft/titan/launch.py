@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> None:
     # A store per rendezvous round for the workers. By default it is the rendezvous store,
     # without a per-round prefix: the workers torchrun restarts (MAX_RESTARTS, a zygote) read
     # the gloo addresses of the previous round's workers and fail ("connectFullMesh failed
-    # ... Connection refused"), on one machine as on several.
+    # ... Connection refused"), on one machine as on several. The Manager reads the same
+    # variable (manager.settings.PER_ROUND_STORE_ENV, not imported here: that package
+    # imports the whole Manager into the torchrun agent).
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     with contextlib.ExitStack() as stack:
         if replacement(worker_args(argv)) == "zygote":
