@@ -192,6 +192,8 @@ def test_wan_prints_the_per_step_rows_and_their_goals() -> None:
     overlap = rows["per_step_ddp_overlap"]
     assert overlap["phase_s_per_inner_step"]["backward_sync"] > 0
     assert overlap["syncs_committed"] == 3 and overlap["syncs_failed"] == [0, 0]
+    assert overlap["overlap_s_per_inner_step"]["transfers"] > 0
+    assert "overlap_s_per_inner_step" not in rows["per_step"]
     assert rows["per_step"]["payload_bytes_per_inner_step"] > 0
     goals = out["goals"]["per_step_exposed_sync"]
     assert set(goals) == set(rows) and "met" in goals["per_step"]["unlimited"]
