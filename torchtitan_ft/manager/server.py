@@ -918,9 +918,14 @@ class LocalManagerClient:
         context: _LocalContext,
         timeout: timedelta,
     ) -> Any:
-        future = asyncio.run_coroutine_threadsafe(
-            _within(timeout.total_seconds(), handler(request, context)), self._server._loop
-        )
+        handling = handler(request, context)
+        call = _within(timeout.total_seconds(), handling)
+        try:
+            future = asyncio.run_coroutine_threadsafe(call, self._server._loop)
+        except RuntimeError:  # the server's loop is closed: neither coroutine will run
+            call.close()
+            handling.close()
+            raise
         try:
             return future.result()
         except TimeoutError:
