@@ -138,11 +138,10 @@ class _QuorumOutcome:
 
 
 class _DaemonThreads:
-    """Daemon threads for blocking calls, each kept for the next call once it is done:
-    starting a thread waits until it runs, a scheduling delay on busy cores, and it was paid
-    twice per quorum on the path every rank waits on. A call that blocks long (a lighthouse
-    quorum of a round the ranks gave up on) does not hold up the next: it gets another
-    thread."""
+    """Daemon threads for blocking calls (a quorum's address check, which may look names
+    up), each kept for the next call once it is done: starting a thread waits until it runs,
+    a scheduling delay on busy cores, paid on the path every rank waits on. A call that blocks
+    long (a slow name lookup) does not hold up the next: it gets another thread."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -272,7 +271,7 @@ class ManagerServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._gate = QuorumGate()
         self._address_check = QuorumAddressCheck()
-        self._blocking = _DaemonThreads("manager-lighthouse-call")
+        self._blocking = _DaemonThreads("manager-blocking-call")
 
         self._closed = False
         self._lighthouse = LighthouseClient(lighthouse_addr, connect_timeout, auth_token)
