@@ -269,33 +269,61 @@ def _params_sha1(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
+OVERLAP_MARKS = ("first_launch", "backward_end", "reduced")
+"""An overlapped step's timeline (``time.perf_counter``): its first bucket launched, its
+backward's end (the DDP wrapper's end-of-backward callback starts) and every bucket reduced
+(that callback's wait ends)."""
+
+
 def _timed_ddp(
-    manager: Any, model: nn.Module, bucket_cap_mb: float, spent: list[float]
+    manager: Any, model: nn.Module, bucket_cap_mb: float, spent: list[float], marks: dict
 ) -> nn.Module:
     """``model`` in ``DistributedDataParallel``; the time its bucket launches (quorum wait
     included) and its end-of-backward wait take is added to ``spent[0]`` (once: the wait
-    launches the buckets that got no gradient)."""
+    launches the buckets that got no gradient), and the step's ``OVERLAP_MARKS`` are set in
+    ``marks`` (the caller clears it before each step)."""
     from torchtitan_ft.ddp import DistributedDataParallel
 
     ddp = DistributedDataParallel(manager, model, bucket_cap_mb=bucket_cap_mb)
     depth = [0]
 
-    def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def timed(fn: Callable[..., Any], start_mark: str, end_mark: str | None) -> Callable[..., Any]:
         def wrapper(*args: Any) -> Any:
             t = time.perf_counter()
+            marks.setdefault(start_mark, t)
             depth[0] += 1
             try:
                 return fn(*args)
             finally:
                 depth[0] -= 1
+                end = time.perf_counter()
                 if depth[0] == 0:
-                    spent[0] += time.perf_counter() - t
+                    spent[0] += end - t
+                if end_mark is not None:
+                    marks[end_mark] = end
 
         return wrapper
 
-    ddp._launch = timed(ddp._launch)  # type: ignore[method-assign]
-    ddp._finish_backward = timed(ddp._finish_backward)  # type: ignore[method-assign]
+    ddp._launch = timed(ddp._launch, "first_launch", None)  # type: ignore[method-assign]
+    ddp._finish_backward = timed(  # type: ignore[method-assign]
+        ddp._finish_backward, "backward_end", "reduced"
+    )
     return ddp
+
+
+OVERLAP_SPANS = ("to_first_bucket", "transfers", "after_backward")
+"""An overlapped step's spans (seconds): the backward's start to its first bucket's launch
+(no gradient is ready before it, so nothing can be on the wire), the first launch to every
+bucket reduced (the link's busy span when the transfers follow each other), and the
+backward's end to every bucket reduced (what the end-of-backward wait exposes)."""
+
+
+def _overlap_spans(backward_start: float, marks: dict[str, float]) -> dict[str, float]:
+    return {
+        "to_first_bucket": marks["first_launch"] - backward_start,
+        "transfers": marks["reduced"] - marks["first_launch"],
+        "after_backward": marks["reduced"] - marks["backward_end"],
+    }
 
 
 def replica_group(job: ReplicaJob) -> None:
@@ -340,9 +368,13 @@ def replica_group(job: ReplicaJob) -> None:
     )
     strategy = _build_strategy(job.strategy, manager, model, opt)
     backward_sync = [0.0]  # seconds inside the DDP wrapper's launches and wait, this step
+    marks: dict[str, float] = {}  # this step's OVERLAP_MARKS (overlapped runs)
+    overlap = dict.fromkeys(OVERLAP_SPANS, 0.0)
     forward: nn.Module = model
     if job.strategy.overlap_bucket_cap_mb is not None:
-        forward = _timed_ddp(manager, model, job.strategy.overlap_bucket_cap_mb, backward_sync)
+        forward = _timed_ddp(
+            manager, model, job.strategy.overlap_bucket_cap_mb, backward_sync, marks
+        )
 
     losses = []
     tx_bytes = [_read_counter(job.tx_bytes_path)]
@@ -355,6 +387,7 @@ def replica_group(job: ReplicaJob) -> None:
         t0 = clock()
         strategy.start_step()
         backward_sync[0] = 0.0
+        marks.clear()
         t1 = clock()
         loss = lm_loss(forward, train[step])
         tb = clock()
@@ -380,6 +413,9 @@ def replica_group(job: ReplicaJob) -> None:
         phases["forward_backward"] -= backward_sync[0]
         phases[BACKWARD_SYNC] += backward_sync[0]
         backward_s += t2 - tb - backward_sync[0]
+        if marks:
+            for span, value in _overlap_spans(tb, marks).items():
+                overlap[span] += value
 
     flush = getattr(strategy, "flush", None)
     if flush is not None:  # the delayed update's last round: waited for, counted as sync time
@@ -408,6 +444,7 @@ def replica_group(job: ReplicaJob) -> None:
         "steady_seconds": end - steady_start,
         "phase_seconds": phases,
         "backward_seconds": backward_s,
+        "overlap_seconds": overlap if marks else None,
         "host_tx_bytes": tx_bytes,
     }
     with open(job.out_path, "w") as f:

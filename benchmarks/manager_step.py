@@ -225,32 +225,45 @@ def worker_quorum(impl: str, replica: int, lighthouse: str) -> None:
 QUORUM_IMPLS = ("ours", "torchft")
 QUORUM_LEAD_S = 0.05
 """How far ahead of now each quorum round's agreed start time is set."""
+QUORUM_MIXED = {
+    "ours_groups_torchft_lighthouse": ("ours", "torchft"),
+    "torchft_groups_our_lighthouse": ("torchft", "ours"),
+}
+"""Diagnostic pairs (``--quorum-mixed``): one implementation's groups with the other's
+lighthouse (ours falls back to unary calls there), to tell which half a difference is in."""
 
 
-def bench_quorum(rounds: int) -> dict[str, Any]:
+def bench_quorum(rounds: int, mixed: bool = False) -> dict[str, Any]:
     """The synchronous quorum round trip of ``torchtitan_ft`` and torchft 0.2.0 side by side:
     per implementation a lighthouse (``min_replicas`` 2, in this process) and two replica
     groups of one rank (a ManagerServer and its client each, in a process of their own: ours
     is the in-process client a Manager's group rank 0 uses, torchft's its gRPC one); each
     round both groups ask at the same wall-clock moment, and the time from asking to holding
     the quorum is the slower group's (it waited for nothing but the round trip, as both asked
-    at once). The implementations take turns round by round."""
+    at once). The implementations take turns round by round; ``mixed`` adds the
+    ``QUORUM_MIXED`` pairs to the turns."""
     from benchmarks._reference import load_reference
     from torchtitan_ft.lighthouse import LighthouseServer
 
     ft = load_reference()
-    impls = [i for i in QUORUM_IMPLS if i != "torchft" or ft is not None]
+    pairs = {impl: (impl, impl) for impl in QUORUM_IMPLS}
+    if mixed:
+        pairs.update(QUORUM_MIXED)
+    if ft is None:
+        pairs = {name: pair for name, pair in pairs.items() if "torchft" not in pair}
+    impls = list(pairs)
     lighthouses: list[Any] = []
     workers: dict[str, list[processes.Worker]] = {}
     try:
-        for impl in impls:
-            if impl == "torchft":
+        for name, (group_impl, lighthouse_impl) in pairs.items():
+            if lighthouse_impl == "torchft":
                 lighthouse = ft.LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=2)
             else:
                 lighthouse = LighthouseServer(bind=f"{_mlp.HOST}:0", min_replicas=2)
             lighthouses.append(lighthouse)
-            args = ["--worker", "quorum", "--impl", impl, "--lighthouse", lighthouse.address()]
-            workers[impl] = [processes.Worker(MODULE, [*args, "--rank", str(r)]) for r in range(2)]
+            args = ["--worker", "quorum", "--impl", group_impl]
+            args += ["--lighthouse", lighthouse.address()]
+            workers[name] = [processes.Worker(MODULE, [*args, "--rank", str(r)]) for r in range(2)]
         for pair in workers.values():
             for w in pair:
                 w.recv()  # ready
@@ -439,6 +452,12 @@ def main() -> None:
         help="synchronous quorum round trips per implementation, ours and torchft 0.2.0 side "
         "by side (0: not measured)",
     )
+    parser.add_argument(
+        "--quorum-mixed",
+        action="store_true",
+        help="diagnostic: also time our groups with torchft's lighthouse and torchft's groups "
+        "with ours (which half of the round trip a difference is in)",
+    )
     parser.add_argument("--worker", choices=["ddp", "ft", "quorum"], help=argparse.SUPPRESS)
     parser.add_argument("--impl", choices=QUORUM_IMPLS, default="ours", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -469,7 +488,7 @@ def main() -> None:
         result["reference_torchft_0_2_0"] = REFERENCE.get(size_mb)
         sizes.append(result)
         print(f"size {size_mb} MB done: {ratio}", file=sys.stderr)
-    quorum = bench_quorum(args.quorum_rounds) if args.quorum_rounds > 0 else None
+    quorum = bench_quorum(args.quorum_rounds, args.quorum_mixed) if args.quorum_rounds > 0 else None
     command = "python -m " + MODULE + " " + " ".join(sys.argv[1:])
     print(
         json.dumps(

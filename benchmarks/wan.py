@@ -87,7 +87,9 @@ STRATEGIES = {
 ``--strategies``). ``per_step_ddp_overlap``: per-step sync through the DDP wrapper, each
 bucket's allreduce started during the backward, the quorum asynchronous (overlapped with the
 forward); its ``backward_sync`` phase (launches and the end-of-backward wait) counts as sync,
-not compute. Streaming DiLoCo: 2 fragments, each synced every 10 steps (one every 5),
+not compute, and ``overlap_s_per_inner_step`` times its steps (``OVERLAP_SPANS``): from the
+backward's start to the first bucket's launch, from there until every bucket is reduced, and
+the end-of-backward wait. Streaming DiLoCo: 2 fragments, each synced every 10 steps (one every 5),
 its allreduce in flight for tau inner steps (4 is the most a 5-step cycle allows). ``overlap``:
 the one-step-delayed outer update (``outer_overlap="delayed"``), each round's allreduce in
 flight for the whole next cycle (10 steps for DiLoCo, 5 for each Streaming fragment)."""
@@ -215,6 +217,7 @@ def _summarize(
             mean([per_step(g, g["backward_seconds"]) for g in groups]), 5
         ),
         "phase_s_per_inner_step": {k: round(v, 5) for k, v in phases.items()},
+        **_overlap_summary(groups),
         "bytes_sent_per_inner_step_per_group": [
             round(per_step(g, t[2] - t[1]), 1) for g, t in zip(groups, tx, strict=True)
         ],
@@ -226,6 +229,24 @@ def _summarize(
         "syncs_failed": [g["syncs_failed"] for g in groups],
         "params_sha1": [g["params_sha1"] for g in groups],
         "wall_seconds": round(wall, 1),
+    }
+
+
+def _overlap_summary(groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """An overlapped run's step timeline (``_semi_sync_worker.OVERLAP_SPANS``), seconds per
+    inner step, mean of the groups; nothing for other runs."""
+    if groups[0].get("overlap_seconds") is None:
+        return {}
+    spans = groups[0]["overlap_seconds"]
+    return {
+        "overlap_s_per_inner_step": {
+            span: round(
+                sum(g["overlap_seconds"][span] for g in groups)
+                / sum(g["steady_steps"] for g in groups),
+                5,
+            )
+            for span in spans
+        }
     }
 
 
@@ -301,6 +322,7 @@ def _per_step_goals(results: list[dict[str, Any]], links: list[dict[str, Any]]) 
             "exposed_sync_s": exposed,
             "bound_s": round(bound, 5),
             "met": met,
+            **({} if r["link_mbit"] is None else {"ideal_allreduce_s": round(ideal, 5)}),
         }
     return goals
 

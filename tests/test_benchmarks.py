@@ -88,11 +88,17 @@ def test_manager_step_prints_the_ratio() -> None:
     out = _benchmark(
         "benchmarks.manager_step",
         *("--sizes-mb", "1", "--rounds", "1", "--steps", "2", "--warmup", "1"),
+        *("--quorum-rounds", "3", "--quorum-mixed"),
         timeout=210,
     )
     assert {"command", "machine", "setup", "sizes", "wall_s"} <= out.keys()
     (size,) = out["sizes"]
     assert size["ratio_ft_over_faster_baseline"] > 0
+    quorum = out["quorum_round_trip"]
+    assert quorum["ours"]["round_trip_ms"]["n"] == 3
+    if "ratio_ours_over_torchft" in quorum:  # torchft 0.2.0 installed: the mixed pairs ran too
+        assert quorum["torchft_groups_our_lighthouse"]["round_trip_ms"]["n"] == 3
+        assert quorum["ours_groups_torchft_lighthouse"]["round_trip_ms"]["n"] == 3
 
 
 @pytest.mark.slow  # three jobs of processes: 45 to 90 s under load
@@ -192,6 +198,8 @@ def test_wan_prints_the_per_step_rows_and_their_goals() -> None:
     overlap = rows["per_step_ddp_overlap"]
     assert overlap["phase_s_per_inner_step"]["backward_sync"] > 0
     assert overlap["syncs_committed"] == 3 and overlap["syncs_failed"] == [0, 0]
+    assert overlap["overlap_s_per_inner_step"]["transfers"] > 0
+    assert "overlap_s_per_inner_step" not in rows["per_step"]
     assert rows["per_step"]["payload_bytes_per_inner_step"] > 0
     goals = out["goals"]["per_step_exposed_sync"]
     assert set(goals) == set(rows) and "met" in goals["per_step"]["unlimited"]

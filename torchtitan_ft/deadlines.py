@@ -33,11 +33,19 @@ class Deadlines:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="ft-deadlines", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if self._heap[0][1] == key:
+                # The thread sleeps until the earliest deadline: it needs waking only when
+                # that is this one. (Waking it for every collective, most of which are
+                # scheduled behind an earlier one, cost a thread switch each.)
+                self._cond.notify()
 
         def cancel() -> None:
             with self._cond:
                 self._cancelled.add(key)
+                # Drop it now if it is next (deadlines are mostly cancelled in the order they
+                # were set), so that its callback and what that holds (a collective's
+                # result) are not kept until its deadline; the thread is not woken for it.
+                self._drop_cancelled()
 
         return cancel
 

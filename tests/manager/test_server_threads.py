@@ -1,5 +1,5 @@
-"""The ManagerServer's quorum fast paths: daemon threads kept for blocking calls (lighthouse
-quorum, address checks), and the in-process client of group rank 0."""
+"""The ManagerServer's quorum fast paths: daemon threads kept for blocking calls (address
+checks), and the in-process client of group rank 0."""
 
 from __future__ import annotations
 

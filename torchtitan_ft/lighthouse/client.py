@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import logging
 import queue
 import threading
 import time
 import weakref
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
+from grpc import aio
 
 from torchtitan_ft.auth import grpc_metadata, resolve_token
 from torchtitan_ft.deadlines import DEADLINES
@@ -119,8 +122,8 @@ class LighthouseClient:
         """``quorum``, sending the group's recent step timings (``progress``) and returning
         the groups' speeds as the lighthouse judges them too (none from torchft's lighthouse).
         """
-        member = QuorumMember(
-            replica_id=replica_id,
+        request = _quorum_request(
+            replica_id,
             address=address,
             store_address=store_address,
             step=step,
@@ -128,24 +131,18 @@ class LighthouseClient:
             shrink_only=shrink_only,
             data=data,
             commit_failures=commit_failures,
+            progress=progress,
         )
-        request = pb.LighthouseQuorumRequest(requester=member.to_proto(), progress=progress)
         deadline = time.monotonic() + timeout.total_seconds()
         while (remaining := deadline - time.monotonic()) > 0:
             try:
                 response = self._ask(request, remaining)
                 if response is not None:
-                    speeds = {s.replica_id: GroupSpeed.from_proto(s) for s in response.speeds}
-                    return Quorum.from_proto(response.quorum), speeds
+                    return _quorum_answer(response)
             except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.UNAVAILABLE:  # lighthouse restarting: retry
+                if _after_failure(e, self.addr, timeout) is _Retry.AFTER_PAUSE:
                     time.sleep(min(_RETRY_SLEEP_S, max(0.0, deadline - time.monotonic())))
-                elif e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    _raise_for(e, self.addr, timeout)
-        raise TimeoutError(
-            f"no quorum from the lighthouse at {self.addr} within {timeout}; is it running, "
-            "and are at least min_replicas replica groups asking?"
-        )
+        raise _no_quorum(self.addr, timeout)
 
     def _ask(
         self, request: pb.LighthouseQuorumRequest, timeout: float
@@ -217,6 +214,190 @@ class LighthouseClient:
         if stream is not None:
             stream.close()
         self._channel.close()
+
+
+class AsyncLighthouseClient:
+    """``LighthouseClient.quorum_with_speeds`` for a caller on an asyncio event loop (the
+    ManagerServer's): grpc.aio on that loop, so a request and its answer cross no other
+    thread. (The sync client hands each request to gRPC's thread that feeds the stream, and
+    its caller needs a thread of its own: three thread hand-offs per quorum, about a third of
+    a quorum round trip on loopback, docs/performance.md.) Same requests, retries, errors and
+    fallback to unary calls (torchft's lighthouse) as ``LighthouseClient``.
+
+    Create, use and ``close`` it on one running event loop.
+
+    Args:
+        addr: the lighthouse URL, ``http://host:port``.
+        auth_token: as ``LighthouseClient``'s.
+
+    Raises:
+        ValueError: ``auth_token`` is not a token a server could check (``auth.check_token``).
+    """
+
+    def __init__(self, addr: str, auth_token: str | None = None) -> None:
+        self.addr = addr
+        self._metadata = grpc_metadata(resolve_token(auth_token))
+        self._channel = aio.insecure_channel(grpc_target(addr), options=CHANNEL_OPTIONS)
+        self._stub = pb_grpc.LighthouseServiceStub(self._channel)
+        self._stream: aio.StreamStreamCall | None = None
+        self._stream_busy = False
+        self._stream_supported = True
+
+    async def quorum_with_speeds(
+        self,
+        replica_id: str,
+        timeout: timedelta,
+        address: str = "",
+        store_address: str = "",
+        step: int = 0,
+        world_size: int = 0,
+        shrink_only: bool = False,
+        data: dict[str, Any] | None = None,
+        commit_failures: int = 0,
+        progress: pb.GroupProgress | None = None,
+    ) -> tuple[Quorum, dict[str, GroupSpeed]]:
+        """As ``LighthouseClient.quorum_with_speeds``."""
+        request = _quorum_request(
+            replica_id,
+            address=address,
+            store_address=store_address,
+            step=step,
+            world_size=world_size,
+            shrink_only=shrink_only,
+            data=data,
+            commit_failures=commit_failures,
+            progress=progress,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout.total_seconds()
+        while deadline - loop.time() > 0:
+            try:
+                response = await self._ask(request, deadline)
+                if response is not None:
+                    return _quorum_answer(response)
+            except grpc.RpcError as e:
+                if _after_failure(e, self.addr, timeout) is _Retry.AFTER_PAUSE:
+                    await asyncio.sleep(min(_RETRY_SLEEP_S, max(0.0, deadline - loop.time())))
+        raise _no_quorum(self.addr, timeout)
+
+    async def _ask(
+        self, request: pb.LighthouseQuorumRequest, deadline: float
+    ) -> pb.LighthouseQuorumResponse | None:
+        """As ``LighthouseClient._ask`` (``deadline`` on the loop's clock): on the held-open
+        stream unless another request of this client is on it."""
+        loop = asyncio.get_running_loop()
+        if self._stream_supported and not self._stream_busy:
+            self._stream_busy = True
+            try:
+                return await self._ask_on_stream(request, deadline - loop.time())
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    self._stream_supported = False  # torchft's lighthouse: unary from now on
+                elif e.code() != grpc.StatusCode.INTERNAL:
+                    raise
+                # INTERNAL: grpc.aio reports a stream that the lighthouse ended (a refused
+                # token) while the request was being written as INTERNAL, hiding the real
+                # status; the unary call below gets it.
+            finally:
+                self._stream_busy = False
+        return await self._stub.Quorum(
+            request,
+            timeout=max(deadline - loop.time(), 0.0),
+            metadata=self._metadata,
+            wait_for_ready=True,
+        )
+
+    async def _ask_on_stream(
+        self, request: pb.LighthouseQuorumRequest, timeout: float
+    ) -> pb.LighthouseQuorumResponse | None:
+        """The next response on the held-open ``QuorumStream`` (opened if there is none), or
+        None after ``timeout`` seconds. A request that fails or times out ends the call (gRPC
+        has no deadline per message); the next request opens a new one."""
+        if self._stream is None or self._stream.done():
+            self._stream = self._stub.QuorumStream(metadata=self._metadata, wait_for_ready=True)
+        call = self._stream
+        try:
+            async with asyncio.timeout(timeout):
+                await call.write(request)
+                response = await call.read()
+        except TimeoutError:
+            self._drop_stream(call)
+            return None
+        except BaseException:
+            self._drop_stream(call)
+            raise
+        if response is aio.EOF:  # the lighthouse ended the call without an error
+            self._drop_stream(call)
+            raise _Ended()
+        return response
+
+    def _drop_stream(self, call: aio.StreamStreamCall) -> None:
+        call.cancel()
+        if self._stream is call:
+            self._stream = None
+
+    async def close(self) -> None:
+        """Ends the stream and the channel (a request waiting on them fails)."""
+        if self._stream is not None:
+            self._drop_stream(self._stream)
+        await self._channel.close()
+
+
+class _Retry(enum.Enum):
+    """What a quorum request does after a failed attempt (``_after_failure``)."""
+
+    AFTER_PAUSE = "after_pause"
+    """The lighthouse is unreachable (restarting, say): ask again after a short pause."""
+    AT_ONCE = "at_once"
+    """The attempt's own deadline passed: ask again at once while time is left."""
+
+
+def _after_failure(e: grpc.RpcError, addr: str, timeout: timedelta) -> _Retry:
+    """How a quorum request within ``timeout`` goes on after ``e``; raises the error its
+    caller gets (``_raise_for``) when it does not."""
+    code = e.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return _Retry.AFTER_PAUSE
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return _Retry.AT_ONCE
+    _raise_for(e, addr, timeout)
+
+
+def _quorum_request(
+    replica_id: str,
+    *,
+    address: str,
+    store_address: str,
+    step: int,
+    world_size: int,
+    shrink_only: bool,
+    data: dict[str, Any] | None,
+    commit_failures: int,
+    progress: pb.GroupProgress | None,
+) -> pb.LighthouseQuorumRequest:
+    member = QuorumMember(
+        replica_id=replica_id,
+        address=address,
+        store_address=store_address,
+        step=step,
+        world_size=world_size,
+        shrink_only=shrink_only,
+        data=data,
+        commit_failures=commit_failures,
+    )
+    return pb.LighthouseQuorumRequest(requester=member.to_proto(), progress=progress)
+
+
+def _quorum_answer(response: pb.LighthouseQuorumResponse) -> tuple[Quorum, dict[str, GroupSpeed]]:
+    speeds = {s.replica_id: GroupSpeed.from_proto(s) for s in response.speeds}
+    return Quorum.from_proto(response.quorum), speeds
+
+
+def _no_quorum(addr: str, timeout: timedelta) -> TimeoutError:
+    return TimeoutError(
+        f"no quorum from the lighthouse at {addr} within {timeout}; is it running, "
+        "and are at least min_replicas replica groups asking?"
+    )
 
 
 class _QuorumStream:
@@ -376,7 +557,7 @@ class HeartbeatStream:
         self._thread.join(timeout=max(1.0, 2 * self._interval))
 
 
-def _raise_for(e: grpc.RpcError, addr: str, timeout: timedelta) -> None:
+def _raise_for(e: grpc.RpcError, addr: str, timeout: timedelta) -> NoReturn:
     code = e.code()
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         raise TimeoutError(f"the lighthouse at {addr} did not answer within {timeout}") from e

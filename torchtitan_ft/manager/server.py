@@ -3,8 +3,10 @@ speaking to the lighthouse once for the whole group.
 
 What each RPC does is in docs/architecture.md ("The pieces", "One step" and "Group
 consistency"). Wire-compatible with torchft 0.2.0 in both directions. It runs grpc.aio on its
-own event-loop thread, so it keeps answering while the training thread is busy; blocking
-lighthouse calls run on short-lived daemon threads so that shutdown never waits for a long poll.
+own event-loop thread, so it keeps answering while the training thread is busy. Its lighthouse
+quorum requests run on that loop too (``AsyncLighthouseClient``: no thread hand-off; shutdown
+cancels them), and its blocking calls (address checks, which may look names up) on kept daemon
+threads, so that shutdown never waits for them.
 
 The rounds themselves (who has joined, who voted, what is recorded, who is refused) are
 ``rounds.GroupRounds``: each handler feeds its call in, then only does what the decision says
@@ -40,7 +42,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
@@ -50,7 +52,7 @@ from grpc import aio
 from torchtitan_ft.addresses import AddressProblem, Advertised, QuorumAddressCheck
 from torchtitan_ft.auth import RefusalLog, check_token, peer_host
 from torchtitan_ft.connection_guard import AuthenticatedPeers, ConnectionGuard, GuardPolicy
-from torchtitan_ft.lighthouse.client import LighthouseClient
+from torchtitan_ft.lighthouse.client import AsyncLighthouseClient, LighthouseClient
 from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum
 from torchtitan_ft.manager.client import QuorumTimeoutError, ReplicaGroupMismatchError
 from torchtitan_ft.manager.decisions import QuorumGate, QuorumResult, compute_quorum_results
@@ -136,11 +138,10 @@ class _QuorumOutcome:
 
 
 class _DaemonThreads:
-    """Daemon threads for blocking calls, each kept for the next call once it is done:
-    starting a thread waits until it runs, a scheduling delay on busy cores, and it was paid
-    twice per quorum on the path every rank waits on. A call that blocks long (a lighthouse
-    quorum of a round the ranks gave up on) does not hold up the next: it gets another
-    thread."""
+    """Daemon threads for blocking calls (a quorum's address check, which may look names
+    up), each kept for the next call once it is done: starting a thread waits until it runs,
+    a scheduling delay on busy cores, paid on the path every rank waits on. A call that blocks
+    long (a slow name lookup) does not hold up the next: it gets another thread."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -270,10 +271,13 @@ class ManagerServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._gate = QuorumGate()
         self._address_check = QuorumAddressCheck()
-        self._blocking = _DaemonThreads("manager-lighthouse-call")
+        self._blocking = _DaemonThreads("manager-blocking-call")
 
         self._closed = False
         self._lighthouse = LighthouseClient(lighthouse_addr, connect_timeout, auth_token)
+        """The heartbeat stream's client (its own thread)."""
+        self._lighthouse_quorums: AsyncLighthouseClient | None = None
+        """Quorum requests, on this server's event loop (created there by ``_start``)."""
         self._server: aio.Server | None = None
         self._guard: ConnectionGuard | None = None
         try:
@@ -341,6 +345,7 @@ class ManagerServer:
             raise RuntimeError(f"manager server cannot listen on {bind!r}: {e.problem}") from None
         await server.start()
         self._server = server
+        self._lighthouse_quorums = AsyncLighthouseClient(self._lighthouse_addr, self._auth_token)
         self._guard = ConnectionGuard(port, GuardPolicy.for_cap(cap), authenticated, name)
         self._guard.start()
         return port
@@ -353,6 +358,8 @@ class ManagerServer:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._lighthouse_quorums is not None:
+            await self._lighthouse_quorums.close()
 
     def _new_future(self) -> asyncio.Future[Any]:
         fut = self._loop.create_future()
@@ -646,19 +653,17 @@ class ManagerServer:
             attempts += 1
             remaining = max(deadline - time.monotonic(), 0.0)
             try:
-                quorum, speeds = await self._in_thread(
-                    lambda remaining=remaining: self._lighthouse.quorum_with_speeds(
-                        replica_id=self._replica_id,
-                        timeout=timedelta(seconds=remaining),
-                        address=self.address(),
-                        store_address=self._store_addr,
-                        step=step,
-                        world_size=self._world_size,
-                        shrink_only=shrink_only,
-                        data=data,
-                        commit_failures=commit_failures,
-                        progress=progress,
-                    )
+                quorum, speeds = await self._lighthouse_quorums.quorum_with_speeds(
+                    replica_id=self._replica_id,
+                    timeout=timedelta(seconds=remaining),
+                    address=self.address(),
+                    store_address=self._store_addr,
+                    step=step,
+                    world_size=self._world_size,
+                    shrink_only=shrink_only,
+                    data=data,
+                    commit_failures=commit_failures,
+                    progress=progress,
                 )
             except TimeoutError as e:
                 code, error = grpc.StatusCode.DEADLINE_EXCEEDED, e
@@ -912,10 +917,14 @@ class LocalManagerClient:
         context: _LocalContext,
         timeout: timedelta,
     ) -> Any:
-        future = asyncio.run_coroutine_threadsafe(
-            asyncio.wait_for(handler(request, context), timeout.total_seconds()),
-            self._server._loop,
-        )
+        handling = handler(request, context)
+        call = _within(timeout.total_seconds(), handling)
+        try:
+            future = asyncio.run_coroutine_threadsafe(call, self._server._loop)
+        except RuntimeError:  # the server's loop is closed: neither coroutine will run
+            call.close()
+            handling.close()
+            raise
         try:
             return future.result()
         except TimeoutError:
@@ -931,3 +940,10 @@ class LocalManagerClient:
         except concurrent.futures.CancelledError:
             text = f"ManagerService/{name} at {self._addr} failed: CANCELLED: server stopped"
             raise TimeoutError(text) from None
+
+
+async def _within(timeout_s: float, coro: Coroutine[Any, Any, T]) -> T:
+    """``coro``'s result, or ``TimeoutError`` after ``timeout_s``: ``asyncio.wait_for`` without
+    its extra task (one event-loop turn less on a quorum's path)."""
+    async with asyncio.timeout(timeout_s):
+        return await coro
