@@ -167,7 +167,10 @@ class Job:
 
     def stop(self) -> list[dict]:
         """Stops every group a few steps on, together; their final states."""
-        self.stop_file.write_text(str(max(self.step(i) for i in range(GROUPS)) + 3))
+        # Whole or not at all: the groups read it every step.
+        written = self.stop_file.with_suffix(".tmp")
+        written.write_text(str(max(self.step(i) for i in range(GROUPS)) + 3))
+        written.replace(self.stop_file)
         for i, proc in enumerate(self.procs):
             try:
                 proc.wait(120)
