@@ -52,6 +52,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -583,7 +584,7 @@ def main() -> None:
     out = {
         "benchmark": "stragglers",
         "machine": machine(),
-        "command": " ".join(["python -m benchmarks.stragglers", *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", "benchmarks.stragglers", *sys.argv[1:]]),
         "setup": (
             f"{args.groups} replica groups, each under a CPU limit of {args.cpus} CPUs "
             f"({first['cpu_limit']}); MLP: {args.work} matrix products per step; TorchTitan: "
@@ -593,6 +594,7 @@ def main() -> None:
                 if args.slow_by == "quota"
                 else "last group slowed by a SIGSTOP/SIGCONT duty cycle of 1/slowdown on top"
             )
+            + "; link rows: the groups on test hosts, the last one's link held to --link-mbit"
             + "; lighthouse straggler "
             "report at its defaults; policy off: min_replicas = the groups; policy on (and the "
             "clean run): --straggler_policy exclude, min_replicas one less, throughput "
