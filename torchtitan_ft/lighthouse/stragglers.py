@@ -31,8 +31,8 @@ for ``link_probes`` probes in a row. Every probe crosses the lighthouse's link t
 groups share, so a slow lighthouse link slows everyone alike and names nobody. A group is a
 straggler when its compute or its link is judged slow (``Cause``); the exclusion policy treats
 both alike. Detection of a slow link takes ``link_probes + link_window // 2`` probes (5 with
-the defaults), one per quorum at most, and at most one per the lighthouse's
-``--link_probe_interval_ms``.
+the defaults), one per quorum at most, and at most one per
+``link_probe_interval_s`` (``--straggler_link_probe_interval_ms``).
 """
 
 from __future__ import annotations
