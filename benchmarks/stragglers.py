@@ -29,16 +29,30 @@ group, batch 2 x 256 tokens, ``--group_size`` = the groups), its Manager's event
 (default 30) steps for the exclusion (then it is measured without one: ``exclusions_policy_on``
 0); the JSON's ``titan_reduced`` says so.
 
+``--link-mbit`` adds the link row (``"slowed_by": "link"``; the CPU rows say
+``"cpu_quota"`` or ``"duty_cycle"``): the MLP groups on test hosts (``testing.netns``, the
+lighthouse on a host of its own, a hidden layer of ``LINK_HIDDEN``: 344 kB of gradients a step,
+each group under the same CPU limit), the last group's link held to ``--link-mbit`` each way
+(``tc tbf``) after the warm-up. Its ``slowdown`` is what the link did to the job: the clean
+run's healthy throughput over the policy-off run's. The groups' link probes are sent every
+``--link-probe-interval-ms`` (``LINK_PROBE_BYTES`` each way). The row's clean run is run twice,
+with the probes and without (``--straggler_link_probe_bytes 0``): ``probe_cost`` is the
+healthy throughput ratio of the two, the probes' cost to a healthy job. Needs root (network
+namespaces); elsewhere the JSON's ``link_skipped`` says why.
+
     python -m benchmarks.stragglers [--slowdowns 2,4] [--steps 40] [--clean-steps 40]
-                                    [--models mlp,titan]
+                                    [--models mlp,titan] [--link-mbit 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -53,6 +67,7 @@ from torchtitan_ft.events import Event, EventKind, read_events
 from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.lighthouse.exclusion import ExclusionOptions, StragglerPolicy
 from torchtitan_ft.lighthouse.stragglers import StragglerOptions
+from torchtitan_ft.testing import netns
 from torchtitan_ft.testing.cpulimit import CpuLimit
 from torchtitan_ft.testing.mlp import BATCH_SIZE, WorkerConfig, spawn_rank
 
@@ -64,6 +79,12 @@ TITAN_BATCH = 2
 """Samples in a TorchTitan group's step (``configs/debug_ft_cpu.toml``'s local batch size)."""
 NAMES = {"mlp": "replica_{}", "titan": "torchtitan_ft_{}"}
 """Each model's replica group names (``Event.replica_name``) by group number."""
+LINK_HIDDEN = 4096
+"""The link row's MLP hidden layer (``WorkerConfig.hidden``): 86k parameters, 344 kB of
+gradients a step, so that the all-reduce waits on a limited link."""
+LINK_PROBE_BYTES = 128 * 1024
+"""The link row's probe payload, each way (``--straggler_link_probe_bytes``)."""
+LINK_PORT = 29510
 
 
 def _commits(events: list[Event], name: str) -> list[Event]:
@@ -244,10 +265,28 @@ def run(
         for proc in procs:
             proc.join(5)
         lighthouse.shutdown()
-    all_events = read_events(events)
+    batch = TITAN_BATCH if model == "titan" else BATCH_SIZE
+    slow_name = names[slow] if slow is not None else None
+    return {
+        **_measure(read_events(events), names, start_step, steps, batch, slow_name, limited_at),
+        "lighthouse_reports": reports,
+        "exclusions": exclusions,
+        "cpu_limit": limits[0].mechanism if limits else None,
+    }
+
+
+def _measure(
+    all_events: list[Event],
+    names: list[str],
+    start_step: int,
+    steps: int,
+    batch: int,
+    slow: str | None,
+    limited_at: int,
+) -> dict:
+    """A run's healthy throughput over ``steps`` steps from ``start_step``, and its reports."""
     # The same groups in every run, the clean one too: all but the last, the one slowed.
     healthy = names[:-1]
-    batch = TITAN_BATCH if model == "titan" else BATCH_SIZE
     samples, seconds = 0, []
     for name in healthy:
         commits = _commits(all_events, name)
@@ -256,25 +295,168 @@ def run(
         samples += len(window) * batch
         seconds.append(window[-1].time - first.time)
     started = [e for e in all_events if e.kind is EventKind.STRAGGLER and e["straggler"] is True]
-    detection = None
+    detection, cause = None, None
     if slow is not None:
-        mine = [e for e in started if e.replica_name == names[slow]]
-        detection = mine[0].step - limited_at if mine else None
+        mine = [e for e in started if e.replica_name == slow]
+        if mine:
+            detection, cause = mine[0].step - limited_at, mine[0].get("cause")
     return {
         "seconds": max(seconds),
         "healthy_samples_per_s": samples / max(seconds),
         "detection_steps": detection,
+        "detected_cause": cause,
         "reported_groups": sorted({e.replica_name for e in started}),
-        "lighthouse_reports": reports,
-        "exclusions": exclusions,
+    }
+
+
+def run_link(
+    args: argparse.Namespace,
+    link_mbit: float | None,
+    steps: int,
+    folder: Path,
+    policy: bool,
+    probes: bool = True,
+) -> dict:
+    """One MLP job on test hosts; ``link_mbit``: the last group's link limit after the
+    warm-up (None: the clean run); ``probes``: the groups probe their links."""
+    events, stop_file = folder / "events", folder / "stop_step"
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [NAMES["mlp"].format(i) for i in range(args.groups)]
+    hosts = ["L", *(f"G{i}" for i in range(args.groups))]
+    slow = args.groups - 1 if link_mbit is not None else None
+    limits: list[CpuLimit] = []
+    with netns.HostNetwork(hosts) as net:
+        lighthouse = net["L"]
+        with (folder / "lighthouse.log").open("w") as log:
+            lighthouse.popen(
+                [
+                    *(sys.executable, "-m", "torchtitan_ft.lighthouse.cli"),
+                    *("--bind", f"{lighthouse.address}:{LINK_PORT}"),
+                    *("--status_bind", f"{lighthouse.address}:{LINK_PORT + 1}"),
+                    "--min_replicas",
+                    str(args.groups - 1 if policy else args.groups),
+                    *("--straggler_policy", "exclude" if policy else "off"),
+                    "--straggler_link_probe_bytes",
+                    str(LINK_PROBE_BYTES if probes else 0),
+                    *("--straggler_link_probe_interval_ms", str(args.link_probe_interval_ms)),
+                ],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        procs = []
+        for i in range(args.groups):
+            host = net[f"G{i}"]
+            cfg = WorkerConfig(
+                lighthouse_addr=f"http://{lighthouse.address}:{LINK_PORT}",
+                replica=i,
+                out_path=str(folder / f"out_{i}.pt"),
+                stop_participants=args.groups,
+                stop_step_file=str(stop_file),
+                max_iterations=100_000,
+                events_dir=str(events),
+                work=args.work,
+                shared_batches=True,
+                timeout_s=60.0,
+                host=host.address,
+                hidden=LINK_HIDDEN,
+            )
+            with (folder / f"{i}.log").open("w") as log:
+                command = [sys.executable, "-m", "torchtitan_ft.testing.mlp"]
+                procs.append(
+                    _Job(
+                        host.popen(
+                            [*command, json.dumps(dataclasses.asdict(cfg))],
+                            cwd=ROOT,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                        )
+                    )
+                )
+        try:
+            for name in names:  # every group in (one that started late heals past steps)
+                _wait_step(events, name, WARMUP_STEPS, procs, timeout=args.timeout)
+            # and a full window of every group's link probes
+            time.sleep(StragglerOptions().link_window * args.link_probe_interval_ms / 1000)
+            limits = [CpuLimit(f"bench_{i}", [p.pid], args.cpus) for i, p in enumerate(procs)]
+            limited_at = 0
+            if slow is not None:
+                limited_at = _step(events, names[slow])
+                net[f"G{slow}"].limit(link_mbit)
+                if policy:
+                    _wait_excluded(events, names[slow], args.timeout, names[0], None)
+            start_step = _step(events, names[0]) + 1
+            _wait_step(events, names[0], start_step + steps, procs, timeout=args.timeout)
+            metrics = _metrics(lighthouse, f"http://{lighthouse.address}:{LINK_PORT + 1}")
+        finally:
+            for limit in limits:
+                limit.close()
+            for proc in procs:
+                proc.kill()
+            for proc in procs:
+                proc.join(5)
+    slow_name = names[slow] if slow is not None else None
+    return {
+        **_measure(
+            read_events(events), names, start_step, steps, BATCH_SIZE, slow_name, limited_at
+        ),
+        "lighthouse_reports": int(metrics["torchft_lighthouse_straggler_reports_total"]),
+        "exclusions": int(metrics["torchft_lighthouse_straggler_exclusions_total"]),
         "cpu_limit": limits[0].mechanism if limits else None,
     }
 
 
-def _row(model: str, slowdown: float, off: dict, on: dict, clean: dict, groups: int) -> dict:
+def _metrics(host: netns.Host, base: str) -> dict[str, str]:
+    """The lighthouse's /metrics, read from inside its host: series -> value."""
+    url = base + "/metrics"
+    code = f"import urllib.request; print(urllib.request.urlopen({url!r}).read().decode())"
+    out = host.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError(f"the lighthouse's /metrics did not answer: {out.stderr[-500:]}")
+    return dict(
+        re.split(r" (?=\S+$)", line) for line in out.stdout.splitlines() if line and line[0] != "#"
+    )
+
+
+def _link_rows(
+    args: argparse.Namespace, folder: Path, results: list[dict], cleans: dict
+) -> dict[str, Any]:
+    """The link rows (appended to ``results``, their clean run to ``cleans``); returns what
+    the JSON says of them: the probes' cost, or why they were skipped."""
+    rates = [float(x) for x in args.link_mbit.split(",") if x]
+    if not rates:
+        return {"skipped": "not asked (--link-mbit '')"}
+    if (reason := netns.limit_unavailable_reason()) is not None:
+        return {"skipped": f"no test hosts here: {reason}"}
+    clean = run_link(args, None, args.steps, folder / "clean", policy=True)
+    print(json.dumps({"link_clean": clean}), file=sys.stderr)
+    bare = run_link(args, None, args.steps, folder / "clean_no_probes", policy=True, probes=False)
+    print(json.dumps({"link_clean_no_probes": bare}), file=sys.stderr)
+    cleans["mlp_link"] = (clean, args.steps)
+    for mbit in rates:
+        off = run_link(args, mbit, args.steps, folder / f"link_{mbit:g}", policy=False)
+        print(json.dumps({f"link_{mbit:g}": off}), file=sys.stderr)
+        on = run_link(args, mbit, args.steps, folder / f"link_{mbit:g}_on", policy=True)
+        print(json.dumps({f"link_{mbit:g}_on": on}), file=sys.stderr)
+        slowdown = round(clean["healthy_samples_per_s"] / off["healthy_samples_per_s"], 2)
+        row = _row("mlp", slowdown, off, on, clean, args.groups, "link")
+        results.append({**row, "link_mbit": mbit})
+    return {
+        "probe_bytes_each_way": LINK_PROBE_BYTES,
+        "probe_interval_ms": args.link_probe_interval_ms,
+        "healthy_throughput_ratio_probes_on_over_off": round(
+            clean["healthy_samples_per_s"] / bare["healthy_samples_per_s"], 3
+        ),
+    }
+
+
+def _row(
+    model: str, slowdown: float, off: dict, on: dict, clean: dict, groups: int, slowed_by: str
+) -> dict:
     slow_name = NAMES[model].format(groups - 1)
     return {
         "model": model,
+        "slowed_by": slowed_by,
         "slowdown": slowdown,
         "healthy_throughput_ratio_policy_on": round(
             on["healthy_samples_per_s"] / clean["healthy_samples_per_s"], 3
@@ -285,6 +467,7 @@ def _row(model: str, slowdown: float, off: dict, on: dict, clean: dict, groups: 
         "detection_steps": off["detection_steps"],
         "detection_steps_policy_on": on["detection_steps"],
         "exclusions_policy_on": on["exclusions"],
+        "detected_cause": on["detected_cause"],  # the policy-on run waits for the report
         "reported_groups": off["reported_groups"],
         "false_reports": sum(g != slow_name for g in off["reported_groups"]),
     }
@@ -347,6 +530,18 @@ def main() -> None:
         "one (default 30)",
     )
     parser.add_argument(
+        "--link-mbit",
+        default="5",
+        help="comma-separated link limits (Mbit/s) of the slowed group for the link rows, on "
+        "test hosts (needs root); '' skips them (default 5)",
+    )
+    parser.add_argument(
+        "--link-probe-interval-ms",
+        type=int,
+        default=1000,
+        help="link rows: the lighthouse's --straggler_link_probe_interval_ms (default 1000)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=900, help="seconds a run may take (default 900)"
     )
     args = parser.parse_args()
@@ -355,7 +550,8 @@ def main() -> None:
         if model not in NAMES:
             parser.error(f"--models: {model!r} is not one of {sorted(NAMES)}")
     folder = Path(tempfile.mkdtemp(prefix="bench_stragglers_"))
-    results, cleans = [], {}
+    results: list[dict] = []
+    cleans: dict[str, tuple[dict, int]] = {}
     try:
         for model in models:
             titan = model == "titan"
@@ -375,14 +571,20 @@ def main() -> None:
                 print(json.dumps({f"{model}_slowdown_{slowdown:g}": off}), file=sys.stderr)
                 on = run(args, slowdown, steps, work / f"slow_{slowdown:g}_on", True, model)
                 print(json.dumps({f"{model}_slowdown_{slowdown:g}_on": on}), file=sys.stderr)
-                results.append(_row(model, slowdown, off, on, clean, args.groups))
+                slowed_by = "cpu_quota" if args.slow_by == "quota" else "duty_cycle"
+                results.append(_row(model, slowdown, off, on, clean, args.groups, slowed_by))
+        link_info = (
+            _link_rows(args, folder / "link", results, cleans)
+            if "mlp" in models
+            else {"skipped": "the link rows run with --models mlp"}
+        )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     first, first_steps = cleans[models[0]]
     out = {
         "benchmark": "stragglers",
         "machine": machine(),
-        "command": " ".join(["python -m benchmarks.stragglers", *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", "benchmarks.stragglers", *sys.argv[1:]]),
         "setup": (
             f"{args.groups} replica groups, each under a CPU limit of {args.cpus} CPUs "
             f"({first['cpu_limit']}); MLP: {args.work} matrix products per step; TorchTitan: "
@@ -392,6 +594,7 @@ def main() -> None:
                 if args.slow_by == "quota"
                 else "last group slowed by a SIGSTOP/SIGCONT duty cycle of 1/slowdown on top"
             )
+            + "; link rows: the groups on test hosts, the last one's link held to --link-mbit"
             + "; lighthouse straggler "
             "report at its defaults; policy off: min_replicas = the groups; policy on (and the "
             "clean run): --straggler_policy exclude, min_replicas one less, throughput "
@@ -405,6 +608,7 @@ def main() -> None:
         "results": results,
         "clean_run": _clean_summary(first, first_steps),
         "clean_runs": {m: _clean_summary(c, n) for m, (c, n) in cleans.items()},
+        "link": link_info,
     }
     if "titan" in models:
         out["titan_reduced"] = (

@@ -106,7 +106,7 @@ def test_manager_step_prints_the_ratio() -> None:
 def test_stragglers_prints_results_and_clean_run() -> None:
     out = _benchmark(
         "benchmarks.stragglers",
-        *("--groups", "2", "--steps", "3", "--slowdowns", "4", "--work", "5"),
+        *("--groups", "2", "--steps", "3", "--slowdowns", "4", "--work", "5", "--link-mbit", ""),
         timeout=270,
     )
     assert {"command", "machine", "setup", "results", "clean_run"} <= out.keys()
@@ -117,6 +117,25 @@ def test_stragglers_prints_results_and_clean_run() -> None:
     assert out["clean_run"]["exclusions"] >= 0
     assert "detection_steps" in result and result["false_reports"] >= 0
     assert {"false_reports", "exclusions"} <= out["clean_run"].keys()
+
+
+@pytest.mark.slow  # four jobs of processes on test hosts: about a minute
+@pytest.mark.multihost
+@pytest.mark.timeout(420)
+@pytest.mark.skipif(limit_unavailable_reason() is not None, reason=str(limit_unavailable_reason()))
+def test_stragglers_link_row_reports_the_slow_link() -> None:
+    out = _benchmark(
+        "benchmarks.stragglers",
+        *("--groups", "3", "--steps", "3", "--slowdowns", "", "--work", "5"),
+        *("--link-mbit", "5", "--link-probe-interval-ms", "0"),
+        timeout=390,
+    )
+    (row,) = out["results"]
+    assert (row["model"], row["slowed_by"], row["link_mbit"]) == ("mlp", "link", 5.0)
+    assert row["slowdown"] > 0 and row["healthy_throughput_ratio_policy_on"] > 0
+    assert row["exclusions_policy_on"] == 1 and row["detected_cause"] == "link"
+    assert out["link"]["healthy_throughput_ratio_probes_on_over_off"] > 0
+    assert {"false_reports", "exclusions"} <= out["clean_runs"]["mlp_link"].keys()
 
 
 @pytest.mark.slow  # two TorchTitan jobs: about 2 min under load

@@ -62,10 +62,13 @@ class EventKind(StrEnum):
     the transfer failed), ``error`` (``""`` unless failed or not applied)."""
     STRAGGLER = "straggler"
     """The lighthouse started or stopped reporting this replica group as a straggler (its
-    compute slower than the others' by ``--straggler_factor``; nothing changes for the job).
-    Fields: ``straggler`` (whether it is one now), ``relative_speed`` (the others' typical
-    compute time / this group's: 0.25 is four times slower), ``since_step`` (the group's step
-    at which the report started; None when it ended)."""
+    compute slower than the others' by ``--straggler_factor``, or its link, by its link probes,
+    by ``--straggler_link_factor``; nothing changes for the job). Fields: ``straggler``
+    (whether it is one now), ``cause`` (``"compute"``, ``"link"``, ``"compute,link"``; ``""``
+    when it ended), ``relative_speed`` (the others' typical compute time / this group's: 0.25
+    is four times slower), ``link_relative_speed`` (the same for its link probes; 0.0 not
+    judged), ``since_step`` (the group's step at which the report started; None when it
+    ended)."""
     EXCLUDED = "excluded"
     """The lighthouse's straggler policy left this replica group out of the quorum: it runs
     its steps alone, without cross-group collectives, and commits none of them (each is a

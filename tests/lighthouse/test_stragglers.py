@@ -56,6 +56,8 @@ CASES = [
          Speed(1.0, fast_streak=2, since_step=3, since=1.0), 1.0, 0, Change.ENDED, None),
     Case("a slow sample resets the fast streak", [4.0] * 3, OTHERS,
          Speed(1.0, fast_streak=2, since_step=3, since=1.0), 0.25, 1, None, 3),
+    Case("streak's first step kept from the prior (link probes: not one a step)", [4.0] * 3,
+         OTHERS, Speed(0.25, slow_streak=2, slow_from=4), 0.25, 3, Change.STARTED, 4),
     Case("reference is the others' median, not their mean", [3.0] * 3,
          {"b": FAST, "c": FAST, "d": [30.0] * 3}, Speed(), 1 / 3, 1, None, None),
 ]  # fmt: skip
@@ -78,6 +80,12 @@ def test_judge(case: Case) -> None:
         ({"factor": 1.0}, "straggler factor must be > 1.0, got 1.0"),
         ({"steps": 0}, "straggler steps must be >= 1, got 0"),
         ({"window": 0}, "straggler window must be >= 1, got 0"),
+        ({"link_factor": 0.5}, "straggler link_factor must be > 1.0, got 0.5"),
+        ({"link_probes": 0}, "straggler link_probes must be >= 1, got 0"),
+        ({"link_window": 0}, "straggler link_window must be >= 1, got 0"),
+        ({"link_probe_bytes": -1}, r"straggler link_probe_bytes must be in \[0, 524288\]"),
+        ({"link_probe_bytes": 524289}, "got 524289"),
+        ({"link_probe_interval_s": -1.0}, "link_probe_interval_s must be >= 0, got -1.0"),
     ],
 )
 def test_bad_options_are_refused(kw: dict, message: str) -> None:
@@ -101,9 +109,10 @@ def test_book_reports_start_and_end_once_and_detection_delay() -> None:
         for rid in ("a", "b", "c"):
             book.report(rid, timings(step, [0.01]), now=step)
         slow = 10 <= step < 25
-        for line in book.report("d", timings(step, [0.04 if slow else 0.01]), now=step):
-            lines.append((step, line))
+        for change, line in book.report("d", timings(step, [0.04 if slow else 0.01]), now=step):
+            lines.append((step, line, change))
     started, ended = lines
+    assert (started[2], ended[2]) == (Change.STARTED, Change.ENDED)
     assert started[0] == 10 + 5 + 5 // 2 - 1  # the 7th slow step
     assert "'d' computes at 0.25x the others' speed since its step 12" in started[1]
     assert ended[0] == 25 + 5 + 5 // 2 - 1
@@ -182,9 +191,15 @@ def test_lighthouse_reports_a_straggler_on_responses_status_and_metrics(servers)
         "straggler": True,
         "straggler_since_step": 0,
         "excluded": False,
+        "link_relative_speed": 0.0,
+        "cause": "compute",
     }
     _, page = get(base + "/")
-    assert '<tr class="straggler"><td>slow</td><td>0.25x</td><td>0</td><td>yes</td></tr>' in page
+    row = (
+        '<tr class="straggler"><td>slow</td><td>0.25x</td><td>not judged yet</td><td>0</td>'
+        "<td>compute</td><td>yes</td></tr>"
+    )
+    assert row in page
     _, metrics = get(base + "/metrics")
     values = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if not line.startswith("#"))
     assert float(values['torchft_lighthouse_relative_speed{replica_id="slow"}']) == 0.25
@@ -193,3 +208,71 @@ def test_lighthouse_reports_a_straggler_on_responses_status_and_metrics(servers)
     assert values["torchft_lighthouse_straggler_reports_total"] == "1"
     assert values['torchft_lighthouse_excluded{replica_id="slow"}'] == "0"  # policy off
     assert values["torchft_lighthouse_straggler_exclusions_total"] == "0"
+
+
+def probes(first_seq: int, seconds: list[float], size: int = 1000) -> list[pb.LinkProbeResult]:
+    return [
+        pb.LinkProbeResult(seq=first_seq + i, bytes=size, seconds=t) for i, t in enumerate(seconds)
+    ]
+
+
+LINK = StragglerOptions(link_factor=4.0, link_probes=3, link_window=3)
+
+
+def test_a_slow_link_is_reported_after_probes_and_ends_when_fast_again() -> None:
+    """Probes are judged like compute times, with the link thresholds: a group whose probes
+    take 10x the others' is reported after ``link_probes + link_window // 2`` probes, with the
+    step of its first slow probe; the report ends as many probes after its link is fast again.
+    Its compute stays judged apart (not slow here)."""
+    book = SpeedBook(LINK)
+    changes: list[tuple[int, Change, str]] = []
+    for i in range(30):
+        step = 2 * i  # a probe every other step
+        for rid in ("a", "b", "c", "d"):
+            book.report(rid, timings(step, [0.01]), now=i)
+        for rid in ("a", "b", "c"):
+            book.report_link(rid, probes(i + 1, [0.01]), step, now=i)
+        slow = 5 <= i < 15
+        for change, line in book.report_link("d", probes(i + 1, [0.1 if slow else 0.01]), step, i):
+            changes.append((i, change, line))
+    (at, change, line), (end_at, end, _) = changes
+    assert (at, change) == (5 + 3 + 3 // 2 - 1, Change.STARTED)
+    assert line == (
+        "straggler (link): replica group 'd' has a link at 0.10x the others' rate (link probes) "
+        "since its step 12"
+    )
+    assert (end_at, end) == (15 + 3 + 3 // 2 - 1, Change.ENDED)
+    assert book.reports_started == 1
+    d = {v.replica_id: v for v in book.views()}["d"]
+    assert (d.straggler, d.cause, d.relative_speed) == (False, "", 1.0)
+
+
+def test_views_name_the_cause_and_the_earliest_since_step() -> None:
+    book = SpeedBook(StragglerOptions(window=1, steps=1, link_window=1, link_probes=1))
+    for rid in ("a", "b"):
+        book.report(rid, timings(0, [0.01]), now=0)
+        book.report_link(rid, probes(1, [0.01]), 0, now=0)
+    book.report_link("c", probes(1, [0.1]), 3, now=0)
+    assert book.straggler("c") and not book.straggler("a")
+    c = book.views()[-1]
+    assert (c.replica_id, c.straggler, c.cause, c.straggler_since_step) == ("c", True, "link", 3)
+    assert c.link_relative_speed == pytest.approx(0.1)
+    assert c.relative_speed == 0.0  # its compute is not judged yet
+    book.report("c", timings(2, [0.1]), now=0)
+    c = book.views()[-1]
+    assert (c.cause, c.straggler_since_step) == ("compute,link", 2)
+
+
+def test_link_probes_taken_once_by_seq_and_empty_ones_skipped() -> None:
+    """A retried quorum request carries its probes again: taken once (by ``seq``); a probe
+    that moved nothing or took no time is no sample; a new process (forgotten id) starts its
+    numbering again."""
+    book = SpeedBook(LINK)
+    book.report_link("a", probes(1, [0.5, 0.25]), 0, now=0)
+    book.report_link("a", probes(2, [0.25]), 0, now=1)  # the retry
+    book.report_link("a", [pb.LinkProbeResult(seq=3, bytes=0, seconds=1.0)], 0, now=1)
+    book.report_link("a", [pb.LinkProbeResult(seq=4, bytes=10, seconds=0.0)], 0, now=1)
+    assert list(book.link_samples["a"]) == [0.5 / 1000, 0.25 / 1000]
+    book.forget("a")
+    book.report_link("a", probes(1, [0.5]), 0, now=2)
+    assert list(book.link_samples["a"]) == [0.5 / 1000]

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from torchtitan_ft.manager.steptimes import StepTimer, group_progress, slowest_per_step
+from torchtitan_ft.manager.steptimes import (
+    StepTimer,
+    group_progress,
+    slowest_per_step,
+    with_link_probes,
+)
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 
@@ -49,3 +54,12 @@ def test_group_progress_merges_counts_and_heals_of_the_ranks() -> None:
     assert (merged.batches_committed, merged.discarded_steps) == (12, 2)
     assert list(merged.heals) == [heal(7, 150, 0.8, "not_applied")]
     assert group_progress([None]) is None
+
+
+def test_link_probes_join_the_ranks_progress_or_make_one_of_their_own() -> None:
+    probe = pb.LinkProbeResult(seq=1, bytes=2048, seconds=0.01)
+    timed = pb.GroupProgress(steps=[pb.StepTiming(step=3, step_seconds=1.0)])
+    assert with_link_probes(timed, []) is timed
+    assert list(with_link_probes(timed, [probe]).link_probes) == [probe]
+    assert with_link_probes(None, []) is None
+    assert with_link_probes(None, [probe]) == pb.GroupProgress(link_probes=[probe])

@@ -22,7 +22,7 @@ def _stats(**overrides: Any) -> ManagerStats:
         step=2, quorum_id=5, replica_world_size=3, num_participants=2, participating=True,
         commit_failures=0, steps_discarded=1, heal_count=1, last_heal_seconds=0.25,
         heal_seconds=0.75, heal_bytes_received=40, heal_bytes_sent=80, allreduce_bytes=300,
-        relative_speed=0.25, straggler=True,
+        relative_speed=0.25, link_relative_speed=0.5, straggler=True,
     )  # fmt: skip
     values.update(overrides)
     return ManagerStats(**values)
@@ -56,6 +56,7 @@ def test_per_step_scalars_come_from_manager_stats() -> None:
         "ft/bytes_served": 80.0,
         "ft/bytes_synced": 300.0,
         "ft/relative_speed": 0.25,
+        "ft/link_relative_speed": 0.5,
         "ft/straggler": 1.0,
         "ft/excluded": 0.0,
     }

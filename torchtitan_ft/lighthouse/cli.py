@@ -120,6 +120,38 @@ def build_parser() -> argparse.ArgumentParser:
         "default: %(default)s)",
     )
     p.add_argument(
+        "--straggler_link_factor",
+        type=float,
+        default=StragglerOptions.link_factor,
+        help="a replica group whose median link probe (a timed round trip of a payload to "
+        "the lighthouse) is this many times slower than the others' has a slow link; the "
+        "cross-group all-reduce holds every group to the slowest link, so step times cannot "
+        "name it (> 1; default: %(default)s)",
+    )
+    p.add_argument(
+        "--straggler_link_probes",
+        type=int,
+        default=StragglerOptions.link_probes,
+        help="slow link probes in a row before a group is reported as a straggler for its "
+        "link, and fast probes before that report ends (>= 1; default: %(default)s)",
+    )
+    p.add_argument(
+        "--straggler_link_probe_bytes",
+        type=int,
+        default=StragglerOptions.link_probe_bytes,
+        help="payload of a group's link probe, bytes, sent each way; 0: the groups send no "
+        "probes and links are not judged. Larger measures fast links better, smaller costs "
+        "less (0 to 524288; default: %(default)s)",
+    )
+    p.add_argument(
+        "--straggler_link_probe_interval_ms",
+        type=int,
+        default=round(StragglerOptions.link_probe_interval_s * 1000),
+        help="least ms between two link probes of a group (it probes at most once per quorum, "
+        "right after it); shorter detects a slow link in fewer steps, longer costs less "
+        "(>= 0; default: %(default)s)",
+    )
+    p.add_argument(
         "--straggler_policy",
         type=StragglerPolicy,
         choices=list(StragglerPolicy),
@@ -273,8 +305,20 @@ def main(argv: list[str] | None = None) -> None:
         )
     except ValueError as e:
         parser.error(str(e))
+    if args.straggler_link_probe_interval_ms < 0:
+        parser.error(
+            f"--straggler_link_probe_interval_ms must be >= 0, "
+            f"got {args.straggler_link_probe_interval_ms}"
+        )
     try:
-        stragglers = StragglerOptions(factor=args.straggler_factor, steps=args.straggler_steps)
+        stragglers = StragglerOptions(
+            factor=args.straggler_factor,
+            steps=args.straggler_steps,
+            link_factor=args.straggler_link_factor,
+            link_probes=args.straggler_link_probes,
+            link_probe_bytes=args.straggler_link_probe_bytes,
+            link_probe_interval_s=args.straggler_link_probe_interval_ms / 1000,
+        )
     except ValueError as e:
         parser.error(f"--{e}".replace("straggler ", "straggler_", 1))
     for flag, value, least in (

@@ -53,7 +53,14 @@ from torchtitan_ft.rpc_server import (
 logger = logging.getLogger(__name__)
 
 SERVICE = "torchft.LighthouseService"
-METHODS = ("Quorum", "QuorumStream", "Heartbeat", "HeartbeatStream", "GoneMembers")
+METHODS = (
+    "Quorum",
+    "QuorumStream",
+    "Heartbeat",
+    "HeartbeatStream",
+    "GoneMembers",
+    "LinkProbe",
+)
 
 _IDLE_CONNECTION_MS = 30_000
 """A connection with no call for this long is closed; clients reconnect when they next call.
@@ -181,6 +188,27 @@ class _Service:
             heartbeat_timeout_ms=round(self.state.opts.heartbeat_timeout * 1000),
         )
 
+    async def link_probe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Answers a link probe with as many bytes as it sent, and the probe settings."""
+        if isinstance(request, Malformed):
+            await self._reject(context, request.message)
+        if not request.replica_id:
+            await self._reject(context, "LinkProbeRequest.replica_id is empty")
+        opts = self.state.speeds.opts
+        size = len(request.payload)
+        if size > opts.link_probe_bytes:
+            await self._reject(
+                context,
+                f"LinkProbeRequest.payload has {size} bytes; this lighthouse takes at most "
+                f"{opts.link_probe_bytes} (--straggler_link_probe_bytes)",
+            )
+        self.state.metrics.link_probe_bytes += 2 * size
+        return pb.LinkProbeResponse(
+            payload=bytes(size),
+            probe_bytes=opts.link_probe_bytes,
+            interval_ms=round(opts.link_probe_interval_s * 1000),
+        )
+
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
             SERVICE,
@@ -209,6 +237,11 @@ class _Service:
                     self.gone_members,
                     request_deserializer=parser(pb.LighthouseGoneRequest),
                     response_serializer=pb.LighthouseGoneResponse.SerializeToString,
+                ),
+                "LinkProbe": grpc.unary_unary_rpc_method_handler(
+                    self.link_probe,
+                    request_deserializer=parser(pb.LinkProbeRequest),
+                    response_serializer=pb.LinkProbeResponse.SerializeToString,
                 ),
             },
         )
@@ -239,8 +272,10 @@ class LighthouseServer:
             behaviour and the only mode its clients support), and there is no kill action.
             The CLI resolves it from ``--auth_token`` or ``TORCHFT_AUTH_TOKEN``.
         stragglers: when a replica group is reported as a straggler (``StragglerOptions``:
-            factor, steps, window); default ``StragglerOptions()``. The report changes nothing
-            for the job.
+            factor, steps, window for its compute; link_factor, link_probes, link_window for
+            its link; the link probes' size and interval, which the groups' ``LinkProbe``
+            calls learn); default ``StragglerOptions()``. The report changes nothing for the
+            job.
         exclusion: the straggler policy (``ExclusionOptions``: policy, min_excluded_s,
             max_exclusions, window_s); default off. Under ``exclude`` a reported straggler is
             left out of the quorum while the others are at least ``min_replicas``, trains

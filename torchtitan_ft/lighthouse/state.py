@@ -46,7 +46,7 @@ from torchtitan_ft.lighthouse.history import (
     membership_events,
     why_left,
 )
-from torchtitan_ft.lighthouse.stragglers import SpeedBook, StragglerOptions
+from torchtitan_ft.lighthouse.stragglers import Change, SpeedBook, StragglerOptions
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
 
@@ -75,6 +75,8 @@ class Metrics:
     """Times the straggler policy left a group out of the quorum."""
     readmissions: int = 0
     """Times it took a left-out group back."""
+    link_probe_bytes: int = 0
+    """Payload bytes of the groups' link probes, both ways (their cost to the lighthouse)."""
 
     def observe_decision(self, seconds: float) -> None:
         self.decision_count += 1
@@ -197,14 +199,14 @@ class LighthouseState:
         self.asked.add(rid)
         self._stream_ended.discard(rid)
         if progress is not None:
-            was = self.speeds.speeds.get(rid)
-            straggler = was is not None and was.straggler
-            # Each line is a report that started or ended, so they alternate.
-            for line in self.speeds.report(rid, progress.steps, now):
+            changes = self.speeds.report(rid, progress.steps, now)
+            changes += self.speeds.report_link(rid, progress.link_probes, member.step, now)
+            for change, line in changes:
                 logger.info("lighthouse: %s", line)
-                kind = EventKind.STRAGGLER_ENDED if straggler else EventKind.STRAGGLER
+                kind = (
+                    EventKind.STRAGGLER if change is Change.STARTED else EventKind.STRAGGLER_ENDED
+                )
                 self.history.record(kind, rid, line)
-                straggler = not straggler
             self.history.record_all(self.groups.report(rid, progress, self._wall()))
         if self._excluded_now(rid, now):
             return self._answer_excluded(rid, wire)
@@ -233,8 +235,7 @@ class LighthouseState:
         prior = self.exclusions.get(rid) or Exclusion(
             history=self._exclusion_history.get(group_of(rid), ())
         )
-        speed = self.speeds.speeds.get(rid)
-        straggler = speed is not None and speed.straggler
+        straggler = self.speeds.straggler(rid)
         if not prior.excluded and (
             not straggler or self.exclusion_opts.policy is StragglerPolicy.OFF
         ):
@@ -518,6 +519,8 @@ class LighthouseState:
                     "straggler": speed.straggler,
                     "straggler_since_step": speed.straggler_since_step,
                     "excluded": speed.excluded,
+                    "link_relative_speed": round(speed.link_relative_speed, 3),
+                    "cause": speed.cause,
                 }
                 for speed in self.speeds.views(excluded)
             ],

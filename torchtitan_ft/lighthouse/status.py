@@ -361,11 +361,37 @@ def render_metrics(state: LighthouseState) -> str:
         for s in speeds
     ]
     lines += [
-        "# HELP torchft_lighthouse_straggler Whether a replica group is reported as a straggler.",
+        "# HELP torchft_lighthouse_link_relative_speed A replica group's link rate (its link "
+        "probes) relative to the others' median (1 typical, 0.25 four times slower; 0 not "
+        "judged yet).",
+        "# TYPE torchft_lighthouse_link_relative_speed gauge",
+    ]
+    lines += [
+        f"torchft_lighthouse_link_relative_speed{{replica_id={_label(s.replica_id)}}} "
+        f"{s.link_relative_speed:.4f}"
+        for s in speeds
+    ]
+    lines += [
+        "# HELP torchft_lighthouse_link_probe_bytes_total Payload bytes of the groups' link "
+        "probes, both ways.",
+        "# TYPE torchft_lighthouse_link_probe_bytes_total counter",
+        f"torchft_lighthouse_link_probe_bytes_total {m.link_probe_bytes}",
+        "# HELP torchft_lighthouse_straggler Whether a replica group is reported as a "
+        "straggler (for its compute, its link, or both).",
         "# TYPE torchft_lighthouse_straggler gauge",
     ]
     lines += [
         f"torchft_lighthouse_straggler{{replica_id={_label(s.replica_id)}}} {int(s.straggler)}"
+        for s in speeds
+    ]
+    lines += [
+        "# HELP torchft_lighthouse_link_straggler Whether a replica group is reported as a "
+        "straggler for its link.",
+        "# TYPE torchft_lighthouse_link_straggler gauge",
+    ]
+    lines += [
+        f"torchft_lighthouse_link_straggler{{replica_id={_label(s.replica_id)}}} "
+        f"{int('link' in s.cause.split(','))}"
         for s in speeds
     ]
     lines += [
@@ -486,8 +512,8 @@ Green bars: time in the quorum. Marks: events (hover or click for the reason).</
 </table>
 <p id="other-callers">{other_callers}</p>
 <h2>Speed</h2>
-<table id="speeds"><tr><th>replica</th><th>relative speed</th><th>straggler since step</th>
-<th>in quorum</th></tr>
+<table id="speeds"><tr><th>replica</th><th>relative speed</th><th>link (relative rate)</th>
+<th>straggler since step</th><th>slow at</th><th>in quorum</th></tr>
 {speed_rows}
 </table>
 <p>min_replicas = {min_replicas}; straggler policy: {straggler_policy}; pending: {pending}.
@@ -579,7 +605,9 @@ def render_html(
     speeds = [
         f'<tr class="{"straggler" if s["straggler"] else "speed"}"><td>{e(s["replica_id"])}</td>'
         f"<td>{_speed_text(s['relative_speed'])}</td>"
+        f"<td>{_speed_text(s['link_relative_speed'])}</td>"
         f"<td>{s['straggler_since_step'] if s['straggler'] else '-'}</td>"
+        f"<td>{e(s['cause']) or '-'}</td>"
         f"<td>{'no: left out (straggler policy)' if s['excluded'] else 'yes'}</td></tr>"
         for s in status["speeds"]
     ]

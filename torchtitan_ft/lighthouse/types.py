@@ -126,6 +126,10 @@ class GroupSpeed:
         straggler_since_step: the group's step at which it became one; None when it is not.
         excluded: whether the straggler policy leaves the group out of the quorum now (its
             quorum is itself alone and it must not commit; ``lighthouse.exclusion``).
+        link_relative_speed: this group's typical link rate (its ``LinkProbe`` round trips)
+            divided by the other groups': 1.0 typical, 0.25 four times slower; 0.0 not judged.
+        cause: what makes it a straggler: ``"compute"``, ``"link"`` or ``"compute,link"``
+            (``stragglers.Cause``); ``""`` when it is not one.
     """
 
     replica_id: str
@@ -133,6 +137,8 @@ class GroupSpeed:
     straggler: bool = False
     straggler_since_step: int | None = None
     excluded: bool = False
+    link_relative_speed: float = 0.0
+    cause: str = ""
 
     def to_proto(self) -> pb.GroupSpeed:
         since = self.straggler_since_step
@@ -142,9 +148,19 @@ class GroupSpeed:
             straggler=self.straggler,
             straggler_since_step=since if since is not None else -1,
             excluded=self.excluded,
+            link_relative_speed=self.link_relative_speed,
+            straggler_cause=self.cause,
         )
 
     @classmethod
     def from_proto(cls, msg: pb.GroupSpeed) -> GroupSpeed:
         since = msg.straggler_since_step if msg.straggler else None
-        return cls(msg.replica_id, msg.relative_speed, msg.straggler, since, msg.excluded)
+        return cls(
+            msg.replica_id,
+            msg.relative_speed,
+            msg.straggler,
+            since,
+            msg.excluded,
+            msg.link_relative_speed,
+            msg.straggler_cause,
+        )

@@ -731,6 +731,7 @@ class Manager:
             participating=self.is_participating(),
             commit_failures=self._commit_failures,
             relative_speed=speed.relative_speed if speed is not None else 0.0,
+            link_relative_speed=speed.link_relative_speed if speed is not None else 0.0,
             straggler=speed is not None and speed.straggler,
             excluded=speed is not None and speed.excluded,
             **self._counters.snapshot(),

@@ -16,6 +16,7 @@ from typing import Any
 from torch.profiler import record_function
 
 from torchtitan_ft.events import EventKind, EventWriter, quorum_role
+from torchtitan_ft.lighthouse.types import GroupSpeed
 from torchtitan_ft.manager.collectives import StepCollectives
 from torchtitan_ft.manager.decisions import (
     Participation,
@@ -231,17 +232,18 @@ class QuorumThread:
         self._straggler = speed.straggler
         self._log(
             logging.WARNING if speed.straggler else logging.INFO,
-            f"the lighthouse reports this replica group as a straggler since its step "
-            f"{speed.straggler_since_step}: it computes at {speed.relative_speed:.2f}x the "
-            "others' speed"
+            f"the lighthouse reports this replica group as a straggler ({speed.cause}) since "
+            f"its step {speed.straggler_since_step}: {_speeds(speed)}"
             if speed.straggler
-            else f"the lighthouse no longer reports this replica group as a straggler: it "
-            f"computes at {speed.relative_speed:.2f}x the others' speed",
+            else "the lighthouse no longer reports this replica group as a straggler: "
+            f"{_speeds(speed)}",
         )
         self._events.emit(
             EventKind.STRAGGLER,
             straggler=speed.straggler,
             relative_speed=round(speed.relative_speed, 4),
+            link_relative_speed=round(speed.link_relative_speed, 4),
+            cause=speed.cause,
             since_step=speed.straggler_since_step,
         )
 
@@ -255,9 +257,9 @@ class QuorumThread:
         relative = round(speed.relative_speed, 4) if speed is not None else 0.0
         self._log(
             logging.WARNING if excluded else logging.INFO,
-            f"the lighthouse's straggler policy left this replica group out of the quorum (it "
-            f"computes at {relative:.2f}x the others' speed): its steps run alone and are not "
-            "committed until it is taken back"
+            f"the lighthouse's straggler policy left this replica group out of the quorum "
+            f"({_speeds(speed) if speed is not None else 'not judged'}): its steps run alone "
+            "and are not committed until it is taken back"
             if excluded
             else "the lighthouse took this replica group back into the quorum; it heals from "
             "the others if it is behind",
@@ -292,3 +294,13 @@ class QuorumThread:
             return False
         self._quorum_id = result.quorum_id
         return True
+
+
+def _speeds(speed: GroupSpeed) -> str:
+    """How fast the lighthouse judges the group, for a log line."""
+    link = (
+        f", its link at {speed.link_relative_speed:.2f}x the others' rate"
+        if speed.link_relative_speed > 0
+        else ""
+    )
+    return f"it computes at {speed.relative_speed:.2f}x the others' speed{link}"

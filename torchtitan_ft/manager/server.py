@@ -57,6 +57,7 @@ from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum
 from torchtitan_ft.manager.client import QuorumTimeoutError, ReplicaGroupMismatchError
 from torchtitan_ft.manager.decisions import QuorumGate, QuorumResult, compute_quorum_results
 from torchtitan_ft.manager.identity import GroupIdentity, identity_conflict
+from torchtitan_ft.manager.linkprobe import LinkProber
 from torchtitan_ft.manager.rounds import (
     REBIND_GRACE_S,
     SESSION_METADATA,
@@ -70,7 +71,7 @@ from torchtitan_ft.manager.rounds import (
     Unknown,
     Waiting,
 )
-from torchtitan_ft.manager.steptimes import group_progress
+from torchtitan_ft.manager.steptimes import group_progress, with_link_probes
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.rpc_server import (
     CannotListen,
@@ -278,11 +279,14 @@ class ManagerServer:
         """The heartbeat stream's client (its own thread)."""
         self._lighthouse_quorums: AsyncLighthouseClient | None = None
         """Quorum requests, on this server's event loop (created there by ``_start``)."""
+
+        self._prober = LinkProber(lighthouse_addr, replica_id, auth_token)
         self._server: aio.Server | None = None
         self._guard: ConnectionGuard | None = None
         try:
             self._port = self._thread.start(lambda: self._start(bind))
         except BaseException:
+            self._prober.close()
             self._lighthouse.close()
             raise
         try:
@@ -292,6 +296,7 @@ class ManagerServer:
         except BaseException:
             self._closed = True
             self._thread.stop(self._stop)
+            self._prober.close()
             self._lighthouse.close()
             raise
         logger.info(
@@ -319,6 +324,7 @@ class ManagerServer:
         self._heartbeat.close()
         self._thread.stop(self._stop)
         self._blocking.close()
+        self._prober.close()
         self._lighthouse.close()
         logger.info("manager server of replica %s stopped", self._replica_id)
 
@@ -580,9 +586,13 @@ class ManagerServer:
                 step=ask.step,
                 shrink_only=ask.shrink_only,
                 commit_failures=ask.commit_failures,
-                progress=group_progress(call.progress for call in ask.calls.values()),
+                progress=with_link_probes(
+                    group_progress(call.progress for call in ask.calls.values()),
+                    self._prober.take(),
+                ),
                 budget_s=budget_s,
             )
+            self._prober.kick()  # while the group computes, before its cross-group traffic
             members = [
                 Advertised(m.replica_id, m.address, m.store_address) for m in quorum.participants
             ]

@@ -54,8 +54,12 @@ class ManagerStats:
     """This group's compute speed relative to the other groups' median, as the lighthouse
     judged it at the last quorum (1.0 typical, 0.25 four times slower; 0.0 not judged yet, or
     a torchft 0.2.0 lighthouse)."""
+    link_relative_speed: float = 0.0
+    """This group's link rate (its link probes to the lighthouse) relative to the other
+    groups' median, as the lighthouse judged it at the last quorum (0.0 not judged yet)."""
     straggler: bool = False
-    """Whether the lighthouse reported this group as a straggler at the last quorum."""
+    """Whether the lighthouse reported this group as a straggler at the last quorum (for its
+    compute or its link; the trainer's log line says which)."""
     excluded: bool = False
     """Whether the lighthouse's straggler policy left this group out of the last quorum
     (it trains alone and commits nothing until taken back)."""

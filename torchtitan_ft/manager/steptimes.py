@@ -80,6 +80,19 @@ def group_progress(progresses: Iterable[pb.GroupProgress | None]) -> pb.GroupPro
     return merged
 
 
+def with_link_probes(
+    progress: pb.GroupProgress | None, probes: list[pb.LinkProbeResult]
+) -> pb.GroupProgress | None:
+    """The group's progress with its ManagerServer's link probes (``manager.linkprobe``)
+    added; a progress of the probes alone when the ranks sent none."""
+    if not probes:
+        return progress
+    if progress is None:
+        progress = pb.GroupProgress()
+    progress.link_probes.extend(probes)
+    return progress
+
+
 _OUTCOME_RANK = {"applied": 0, "not_applied": 1, "failed": 2}
 """Which outcome a group's heal takes when its ranks differ: the worst."""
 

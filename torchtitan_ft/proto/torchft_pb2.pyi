@@ -50,16 +50,46 @@ class StepTiming(_message.Message):
     def __init__(self, step: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ...) -> None: ...
 
 class GroupProgress(_message.Message):
-    __slots__ = ("steps", "batches_committed", "discarded_steps", "heals")
+    __slots__ = ("steps", "batches_committed", "discarded_steps", "heals", "link_probes")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     DISCARDED_STEPS_FIELD_NUMBER: _ClassVar[int]
     HEALS_FIELD_NUMBER: _ClassVar[int]
+    LINK_PROBES_FIELD_NUMBER: _ClassVar[int]
     steps: _containers.RepeatedCompositeFieldContainer[StepTiming]
     batches_committed: int
     discarded_steps: int
     heals: _containers.RepeatedCompositeFieldContainer[HealReport]
-    def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., batches_committed: _Optional[int] = ..., discarded_steps: _Optional[int] = ..., heals: _Optional[_Iterable[_Union[HealReport, _Mapping]]] = ...) -> None: ...
+    link_probes: _containers.RepeatedCompositeFieldContainer[LinkProbeResult]
+    def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., batches_committed: _Optional[int] = ..., discarded_steps: _Optional[int] = ..., heals: _Optional[_Iterable[_Union[HealReport, _Mapping]]] = ..., link_probes: _Optional[_Iterable[_Union[LinkProbeResult, _Mapping]]] = ...) -> None: ...
+
+class LinkProbeResult(_message.Message):
+    __slots__ = ("seq", "bytes", "seconds")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    bytes: int
+    seconds: float
+    def __init__(self, seq: _Optional[int] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class LinkProbeRequest(_message.Message):
+    __slots__ = ("replica_id", "payload")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    payload: bytes
+    def __init__(self, replica_id: _Optional[str] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class LinkProbeResponse(_message.Message):
+    __slots__ = ("payload", "probe_bytes", "interval_ms")
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    PROBE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    probe_bytes: int
+    interval_ms: int
+    def __init__(self, payload: _Optional[bytes] = ..., probe_bytes: _Optional[int] = ..., interval_ms: _Optional[int] = ...) -> None: ...
 
 class HealReport(_message.Message):
     __slots__ = ("to_step", "source_address", "bytes", "seconds", "outcome")
@@ -76,18 +106,22 @@ class HealReport(_message.Message):
     def __init__(self, to_step: _Optional[int] = ..., source_address: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ...) -> None: ...
 
 class GroupSpeed(_message.Message):
-    __slots__ = ("replica_id", "relative_speed", "straggler", "straggler_since_step", "excluded")
+    __slots__ = ("replica_id", "relative_speed", "straggler", "straggler_since_step", "excluded", "link_relative_speed", "straggler_cause")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     RELATIVE_SPEED_FIELD_NUMBER: _ClassVar[int]
     STRAGGLER_FIELD_NUMBER: _ClassVar[int]
     STRAGGLER_SINCE_STEP_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
+    LINK_RELATIVE_SPEED_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_CAUSE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     relative_speed: float
     straggler: bool
     straggler_since_step: int
     excluded: bool
-    def __init__(self, replica_id: _Optional[str] = ..., relative_speed: _Optional[float] = ..., straggler: _Optional[bool] = ..., straggler_since_step: _Optional[int] = ..., excluded: _Optional[bool] = ...) -> None: ...
+    link_relative_speed: float
+    straggler_cause: str
+    def __init__(self, replica_id: _Optional[str] = ..., relative_speed: _Optional[float] = ..., straggler: _Optional[bool] = ..., straggler_since_step: _Optional[int] = ..., excluded: _Optional[bool] = ..., link_relative_speed: _Optional[float] = ..., straggler_cause: _Optional[str] = ...) -> None: ...
 
 class LighthouseQuorumRequest(_message.Message):
     __slots__ = ("requester", "progress")

@@ -59,6 +59,11 @@ class LighthouseServiceStub:
                 request_serializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseGoneRequest.SerializeToString,
                 response_deserializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseGoneResponse.FromString,
                 _registered_method=True)
+        self.LinkProbe = channel.unary_unary(
+                '/torchft.LighthouseService/LinkProbe',
+                request_serializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LinkProbeRequest.SerializeToString,
+                response_deserializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LinkProbeResponse.FromString,
+                _registered_method=True)
 
 
 class LighthouseServiceServicer:
@@ -110,6 +115,14 @@ class LighthouseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LinkProbe(self, request, context):
+        """torchtitan_ft extension: a timed round trip of a payload, to measure the caller's link
+        (the straggler report's link rate).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LighthouseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +150,11 @@ def add_LighthouseServiceServicer_to_server(servicer, server):
                     servicer.GoneMembers,
                     request_deserializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseGoneRequest.FromString,
                     response_serializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseGoneResponse.SerializeToString,
+            ),
+            'LinkProbe': grpc.unary_unary_rpc_method_handler(
+                    servicer.LinkProbe,
+                    request_deserializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LinkProbeRequest.FromString,
+                    response_serializer=torchtitan__ft_dot_proto_dot_torchft__pb2.LinkProbeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -274,6 +292,33 @@ class LighthouseService:
             '/torchft.LighthouseService/GoneMembers',
             torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseGoneRequest.SerializeToString,
             torchtitan__ft_dot_proto_dot_torchft__pb2.LighthouseGoneResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LinkProbe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/torchft.LighthouseService/LinkProbe',
+            torchtitan__ft_dot_proto_dot_torchft__pb2.LinkProbeRequest.SerializeToString,
+            torchtitan__ft_dot_proto_dot_torchft__pb2.LinkProbeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -75,10 +75,17 @@ class WorkerConfig:
     """The job token, given to the Manager and the checkpoint transport."""
     events_dir: str | None = None
     """The Manager's event stream folder (its ``events_dir``); None: no stream."""
+    host: str = "127.0.0.1"
+    """The address every server of this rank binds and advertises (a test host's, from
+    ``testing.netns``, when the rank runs on one)."""
+    hidden: int = 32
+    """Width of the model's hidden layer: ``21 * hidden + 4`` parameters, so that a wider one
+    makes the cross-group all-reduce move more bytes (a link limit then slows the step)."""
 
 
 HOST = "127.0.0.1"
-"""Every server of the harness binds and advertises this address."""
+"""Every server of the harness binds and advertises this address (``WorkerConfig.host``
+by default)."""
 BATCH_SIZE = 8
 """Samples in each rank's batch of a step."""
 
@@ -197,6 +204,7 @@ def ft_stack(
     retry_inflight_allreduce: bool = False,
     events_dir: str | None = None,
     marks: dict[str, float] | None = None,
+    host: str = HOST,
 ) -> tuple[Any, Any, Any, Any]:
     """(manager, pg, ddp, optim): the FT stack of one replica-group rank around ``model`` and
     its optimizer ``inner``, everything on 127.0.0.1: a ``Manager`` (async quorum, replica id
@@ -216,6 +224,7 @@ def ft_stack(
         bucket_cap_mb: the bucketed wrapper's bucket size; None: its default.
         auth_token, retry_inflight_allreduce, events_dir, min_replica_size: the Manager's.
         marks: if given, gets the time the Manager was constructed (``"manager"``).
+        host: the address its servers bind and advertise.
     """
     from torchtitan_ft.checkpoint import HTTPTransport
     from torchtitan_ft.ddp import DistributedDataParallel, PureDistributedDataParallel
@@ -249,13 +258,13 @@ def ft_stack(
         rank=group_rank,
         world_size=group_world_size,
         world_size_mode=WorldSizeMode[world_size_mode],
-        store_addr=HOST,
+        store_addr=host,
         store_port=store_port,
         lighthouse_addr=lighthouse_addr,
         replica_id=f"replica_{replica}",
-        hostname=HOST,
+        hostname=host,
         checkpoint_transport=HTTPTransport(
-            timeout=timeout, num_chunks=0, hostname=HOST, auth_token=auth_token
+            timeout=timeout, num_chunks=0, hostname=host, auth_token=auth_token
         ),
         auth_token=auth_token,
         retry_inflight_allreduce=retry_inflight_allreduce,
@@ -293,7 +302,7 @@ def train_worker(cfg: WorkerConfig) -> None:
     )
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed if cfg.seed is not None else 17 + cfg.replica)
-    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+    model = nn.Sequential(nn.Linear(16, cfg.hidden), nn.Tanh(), nn.Linear(cfg.hidden, 4))
     inner = torch.optim.Adam(model.parameters(), lr=0.01)
     manager, pg, ddp, optim = ft_stack(
         model,
@@ -312,6 +321,7 @@ def train_worker(cfg: WorkerConfig) -> None:
         auth_token=cfg.auth_token,
         events_dir=cfg.events_dir,
         marks=marks,
+        host=cfg.host,
     )
     if cfg.fail_first_heal:
         transport = manager._checkpoint_transport
@@ -399,3 +409,12 @@ def train_worker(cfg: WorkerConfig) -> None:
     manager.shutdown(wait=False)
     # Not pg.shutdown(): it frees the gloo group on a daemon thread, which aborts the
     # interpreter at exit ("terminate called without an active exception"); reported.
+
+
+if __name__ == "__main__":
+    # One rank from a JSON WorkerConfig, for a process that multiprocessing cannot start (one
+    # inside a test host's network namespace): python -m torchtitan_ft.testing.mlp '{...}'.
+    import json
+    import sys
+
+    train_worker(WorkerConfig(**json.loads(sys.argv[1])))

@@ -30,6 +30,7 @@ scalar                     source
 ``ft/bytes_served``        ``heal_bytes_sent``: tensor bytes served to healing peers
 ``ft/bytes_synced``        ``allreduce_bytes``: tensor bytes handed to the cross-group allreduce
 ``ft/relative_speed``      ``relative_speed``: compute speed vs the other groups' (lighthouse)
+``ft/link_relative_speed`` ``link_relative_speed``: link rate vs the other groups' (link probes)
 ``ft/straggler``           ``straggler``: 1 while the lighthouse reports this group as one
 ``ft/excluded``            ``excluded``: 1 while the straggler policy leaves it out of the quorum
 ``ft/syncs_committed``     semi-sync only: ``strategy.stats.syncs_committed``
@@ -103,6 +104,7 @@ class FTMetrics:
             "ft/bytes_served": float(stats.heal_bytes_sent),
             "ft/bytes_synced": float(stats.allreduce_bytes),
             "ft/relative_speed": stats.relative_speed,
+            "ft/link_relative_speed": stats.link_relative_speed,
             "ft/straggler": float(stats.straggler),
             "ft/excluded": float(stats.excluded),
         }
