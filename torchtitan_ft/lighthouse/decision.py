@@ -94,6 +94,25 @@ def healthy_replicas(heartbeats: Mapping[str, float], now: float, timeout: float
     return {rid for rid, seen in heartbeats.items() if now - seen < timeout}
 
 
+def group_last_seen(
+    heartbeats: Mapping[str, float], rank_heartbeats: Mapping[str, Mapping[int, float]]
+) -> Mapping[str, float]:
+    """When each replica group was last heard from, as a whole: its own heartbeat (group rank
+    0's ManagerServer), or the oldest last heartbeat of its other ranks' streams when that is
+    older. A group rank hung inside the group (SIGSTOPped, its connections open) holds every
+    peer in the collectives it is part of, as a hung group does; this makes the group gone
+    after the heartbeat timeout (not in torchft, whose lighthouse hears from group rank 0
+    only). Ranks of a group without a heartbeat record of its own are ignored: the group is
+    gone or not yet known."""
+    if not rank_heartbeats:
+        return heartbeats
+    seen = dict(heartbeats)
+    for rid, ranks in rank_heartbeats.items():
+        if rid in seen and ranks:
+            seen[rid] = min(seen[rid], min(ranks.values()))
+    return seen
+
+
 def gone_members(
     watched: Iterable[str], heartbeats: Mapping[str, float], now: float, timeout: float
 ) -> tuple[str, ...]:

@@ -130,31 +130,58 @@ class _Service:
             await self._reject(context, request.message)
         if not request.replica_id:
             await self._reject(context, "LighthouseHeartbeatRequest.replica_id is empty")
+        if request.group_rank != 0:
+            await self._reject(
+                context,
+                f"LighthouseHeartbeatRequest.group_rank must be 0 on a unary Heartbeat, got "
+                f"{request.group_rank}; a group rank's own heartbeats go on a HeartbeatStream",
+            )
         self.state.heartbeat(request.replica_id)
         return b""
 
     async def heartbeat_stream(self, requests: Any, context: grpc.aio.ServicerContext) -> bytes:
-        replica_id: str | None = None
+        """Group rank 0's stream is the group's heartbeat; another rank's (``group_rank`` > 0,
+        our clients only) is that rank's (``decision.group_last_seen``)."""
+        sender: tuple[str, int] | None = None
         try:
             async for request in requests:
-                if isinstance(request, Malformed) or not request.replica_id:
+                if (
+                    isinstance(request, Malformed)
+                    or not request.replica_id
+                    or request.group_rank < 0
+                ):
                     self.state.metrics.bad_requests += 1
                     continue
-                if replica_id is None:
-                    replica_id = request.replica_id
-                    self.state.stream_opened(replica_id)
-                elif request.replica_id != replica_id:
+                if sender is None:
+                    sender = (request.replica_id, request.group_rank)
+                    self._opened(*sender)
+                elif (request.replica_id, request.group_rank) != sender:
                     await self._reject(
                         context,
-                        f"heartbeat stream of {replica_id!r} got a heartbeat for "
-                        f"{request.replica_id!r}; open one stream per replica",
+                        f"heartbeat stream of {sender[0]!r} group rank {sender[1]} got a "
+                        f"heartbeat for {request.replica_id!r} group rank {request.group_rank}; "
+                        "open one stream per replica and group rank",
                     )
+                elif sender[1] == 0:
+                    self.state.heartbeat(sender[0])
                 else:
-                    self.state.heartbeat(replica_id)
+                    self.state.rank_heartbeat(*sender)
         finally:
-            if replica_id is not None:
-                self.state.stream_closed(replica_id)
+            if sender is not None:
+                self._closed(*sender)
         return b""
+
+    def _opened(self, replica_id: str, group_rank: int) -> None:
+        if group_rank == 0:
+            self.state.stream_opened(replica_id)
+        else:
+            self.state.rank_stream_opened(replica_id, group_rank)
+
+    def _closed(self, replica_id: str, group_rank: int) -> None:
+        if group_rank == 0:
+            self.state.stream_closed(replica_id)
+        else:
+            self.state.rank_stream_closed(replica_id, group_rank)
 
     async def gone_members(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Long-polls (at most ``_GONE_WAIT_MAX_S``, checking every ``_GONE_POLL_S``) until a

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -25,6 +25,7 @@ from torchtitan_ft.lighthouse.decision import (
     RoundKind,
     decide,
     gone_members,
+    group_last_seen,
     healthy_replicas,
     newcomer_ahead,
     next_quorum_id,
@@ -116,6 +117,10 @@ class LighthouseState:
         self._waiters: dict[str, list[asyncio.Future[bytes]]] = {}
         self.heartbeats: dict[str, float] = {}
         self._streams: dict[str, int] = {}
+        self.rank_heartbeats: dict[str, dict[int, float]] = {}
+        """replica_id -> group rank (> 0) -> last heartbeat on that rank's own stream (our
+        clients' group ranks other than 0; see ``decision.group_last_seen``)."""
+        self._rank_streams: dict[tuple[str, int], int] = {}
         self.previous: tuple[QuorumMember, ...] | None = None
         self._previous_ids: frozenset[str] = frozenset()
         self._previous_max_step: int | None = None
@@ -159,6 +164,35 @@ class LighthouseState:
     def stream_opened(self, replica_id: str) -> None:
         self._streams[replica_id] = self._streams.get(replica_id, 0) + 1
         self.heartbeat(replica_id)
+
+    def rank_heartbeat(self, replica_id: str, group_rank: int) -> None:
+        """A heartbeat of group rank ``group_rank`` (> 0) of a group, on its own stream."""
+        self.rank_heartbeats.setdefault(replica_id, {})[group_rank] = self._clock()
+        self.metrics.heartbeats += 1
+
+    def rank_stream_opened(self, replica_id: str, group_rank: int) -> None:
+        key = (replica_id, group_rank)
+        self._rank_streams[key] = self._rank_streams.get(key, 0) + 1
+        self.rank_heartbeat(replica_id, group_rank)
+
+    def rank_stream_closed(self, replica_id: str, group_rank: int) -> None:
+        """A group rank's heartbeat stream ended: the rank exited or died (its peers'
+        collectives fail on their own); the group is judged by its other heartbeats."""
+        key = (replica_id, group_rank)
+        left = self._rank_streams.get(key, 0) - 1
+        if left > 0:
+            self._rank_streams[key] = left
+            return
+        self._rank_streams.pop(key, None)
+        ranks = self.rank_heartbeats.get(replica_id, {})
+        ranks.pop(group_rank, None)
+        if not ranks:
+            self.rank_heartbeats.pop(replica_id, None)
+
+    def last_seen(self) -> Mapping[str, float]:
+        """When each group was last heard from, its silent ranks counted
+        (``decision.group_last_seen``)."""
+        return group_last_seen(self.heartbeats, self.rank_heartbeats)
 
     def stream_closed(self, replica_id: str) -> None:
         """The replica's heartbeat stream ended: its process is gone (or it shut down)."""
@@ -344,7 +378,7 @@ class LighthouseState:
         then counts as heard from now unless named gone, so that no later answer names it gone
         for a silence that has already ended."""
         now = self._clock()
-        gone = gone_members(watched, self.heartbeats, now, self.opts.heartbeat_timeout)
+        gone = gone_members(watched, self.last_seen(), now, self.opts.heartbeat_timeout)
         for rid in gone:
             self.declared_gone.setdefault(rid, now)
         asker_gone = asker in self.declared_gone
@@ -364,7 +398,7 @@ class LighthouseState:
 
     def evaluate(self) -> Decision:
         start = time.perf_counter()
-        heartbeats, previous = self.heartbeats, self.previous
+        heartbeats, previous = self.last_seen(), self.previous
         excluded = self.excluded()
         if excluded:
             # Left-out groups are neither waited for nor counted by the split-brain guard: they
@@ -465,7 +499,7 @@ class LighthouseState:
         return self._wall_us() / 1e6
 
     def healthy(self) -> set[str]:
-        return healthy_replicas(self.heartbeats, self._clock(), self.opts.heartbeat_timeout)
+        return healthy_replicas(self.last_seen(), self._clock(), self.opts.heartbeat_timeout)
 
     def status(self) -> dict:
         """A JSON-able snapshot for the status page."""
@@ -503,7 +537,7 @@ class LighthouseState:
                     "healthy": rid in healthy,
                     "stream": rid in self._streams,
                 }
-                for rid, seen in sorted(self.heartbeats.items())
+                for rid, seen in sorted(self.last_seen().items())
                 if rid in self.asked
             ],
             "other_callers": sorted(rid for rid in self.heartbeats if rid not in self.asked),

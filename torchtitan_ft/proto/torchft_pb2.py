@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!torchtitan_ft/proto/torchft.proto\x12\x07torchft\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa8\x01\n\x0cQuorumMember\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x15\n\rstore_address\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x12\n\nworld_size\x18\x05 \x01(\x04\x12\x13\n\x0bshrink_only\x18\x06 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\t\x12\x17\n\x0f\x63ommit_failures\x18\x08 \x01(\x03\"u\n\x06Quorum\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12+\n\x0cparticipants\x18\x02 \x03(\x0b\x32\x15.torchft.QuorumMember\x12+\n\x07\x63reated\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"I\n\nStepTiming\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x14\n\x0cstep_seconds\x18\x02 \x01(\x01\x12\x17\n\x0f\x63ompute_seconds\x18\x03 \x01(\x01\"\x8b\x01\n\rGroupProgress\x12\"\n\x05steps\x18\x01 \x03(\x0b\x32\x13.torchft.StepTiming\x12\x19\n\x11\x62\x61tches_committed\x18\x02 \x01(\x03\x12\x17\n\x0f\x64iscarded_steps\x18\x03 \x01(\x03\x12\"\n\x05heals\x18\x04 \x03(\x0b\x32\x13.torchft.HealReport\"f\n\nHealReport\x12\x0f\n\x07to_step\x18\x01 \x01(\x03\x12\x16\n\x0esource_address\x18\x02 \x01(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x0f\n\x07outcome\x18\x05 \x01(\t\"{\n\nGroupSpeed\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0erelative_speed\x18\x02 \x01(\x01\x12\x11\n\tstraggler\x18\x03 \x01(\x08\x12\x1c\n\x14straggler_since_step\x18\x04 \x01(\x03\x12\x10\n\x08\x65xcluded\x18\x05 \x01(\x08\"m\n\x17LighthouseQuorumRequest\x12(\n\trequester\x18\x01 \x01(\x0b\x32\x15.torchft.QuorumMember\x12(\n\x08progress\x18\x02 \x01(\x0b\x32\x16.torchft.GroupProgress\"`\n\x18LighthouseQuorumResponse\x12\x1f\n\x06quorum\x18\x01 \x01(\x0b\x32\x0f.torchft.Quorum\x12#\n\x06speeds\x18\x02 \x03(\x0b\x32\x13.torchft.GroupSpeed\"0\n\x1aLighthouseHeartbeatRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"\x1d\n\x1bLighthouseHeartbeatResponse\"M\n\x15LighthouseGoneRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07members\x18\x02 \x03(\t\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x03\"\\\n\x16LighthouseGoneResponse\x12\x0c\n\x04gone\x18\x01 \x03(\t\x12\x16\n\x0erequester_gone\x18\x02 \x01(\x08\x12\x1c\n\x14heartbeat_timeout_ms\x18\x03 \x01(\x03\"\xc0\x01\n\x14ManagerQuorumRequest\x12\x12\n\ngroup_rank\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x1b\n\x13\x63heckpoint_metadata\x18\x03 \x01(\t\x12\x13\n\x0bshrink_only\x18\x04 \x01(\x08\x12\x11\n\tinit_sync\x18\x05 \x01(\x08\x12\x17\n\x0f\x63ommit_failures\x18\x06 \x01(\x03\x12(\n\x08progress\x18\x07 \x01(\x0b\x32\x16.torchft.GroupProgress\"\xbd\x03\n\x15ManagerQuorumResponse\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12#\n\x1brecover_src_manager_address\x18\x02 \x01(\t\x12%\n\x18recover_src_replica_rank\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12!\n\x19recover_dst_replica_ranks\x18\x04 \x03(\x03\x12\x15\n\rstore_address\x18\x05 \x01(\t\x12\x10\n\x08max_step\x18\x06 \x01(\x03\x12\x1d\n\x10max_replica_rank\x18\x07 \x01(\x03H\x01\x88\x01\x01\x12\x16\n\x0emax_world_size\x18\x08 \x01(\x03\x12\x14\n\x0creplica_rank\x18\t \x01(\x03\x12\x1a\n\x12replica_world_size\x18\n \x01(\x03\x12\x0c\n\x04heal\x18\x0b \x01(\x08\x12\x17\n\x0f\x63ommit_failures\x18\x0c \x01(\x03\x12\x13\n\x0breplica_ids\x18\r \x03(\t\x12\"\n\x05speed\x18\x0e \x01(\x0b\x32\x13.torchft.GroupSpeedB\x1b\n\x19_recover_src_replica_rankB\x13\n\x11_max_replica_rank\")\n\x19\x43heckpointMetadataRequest\x12\x0c\n\x04rank\x18\x01 \x01(\x03\"9\n\x1a\x43heckpointMetadataResponse\x12\x1b\n\x13\x63heckpoint_metadata\x18\x01 \x01(\t\"N\n\x13ShouldCommitRequest\x12\x15\n\rshould_commit\x18\x01 \x01(\x08\x12\x12\n\ngroup_rank\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\"-\n\x14ShouldCommitResponse\x12\x15\n\rshould_commit\x18\x01 \x01(\x08\"\x1a\n\x0bKillRequest\x12\x0b\n\x03msg\x18\x01 \x01(\t\"\x0e\n\x0cKillResponse2\xc3\x03\n\x11LighthouseService\x12M\n\x06Quorum\x12 .torchft.LighthouseQuorumRequest\x1a!.torchft.LighthouseQuorumResponse\x12V\n\tHeartbeat\x12#.torchft.LighthouseHeartbeatRequest\x1a$.torchft.LighthouseHeartbeatResponse\x12^\n\x0fHeartbeatStream\x12#.torchft.LighthouseHeartbeatRequest\x1a$.torchft.LighthouseHeartbeatResponse(\x01\x12W\n\x0cQuorumStream\x12 .torchft.LighthouseQuorumRequest\x1a!.torchft.LighthouseQuorumResponse(\x01\x30\x01\x12N\n\x0bGoneMembers\x12\x1e.torchft.LighthouseGoneRequest\x1a\x1f.torchft.LighthouseGoneResponse2\xba\x02\n\x0eManagerService\x12G\n\x06Quorum\x12\x1d.torchft.ManagerQuorumRequest\x1a\x1e.torchft.ManagerQuorumResponse\x12]\n\x12\x43heckpointMetadata\x12\".torchft.CheckpointMetadataRequest\x1a#.torchft.CheckpointMetadataResponse\x12K\n\x0cShouldCommit\x12\x1c.torchft.ShouldCommitRequest\x1a\x1d.torchft.ShouldCommitResponse\x12\x33\n\x04Kill\x12\x14.torchft.KillRequest\x1a\x15.torchft.KillResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!torchtitan_ft/proto/torchft.proto\x12\x07torchft\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa8\x01\n\x0cQuorumMember\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x15\n\rstore_address\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x12\n\nworld_size\x18\x05 \x01(\x04\x12\x13\n\x0bshrink_only\x18\x06 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\t\x12\x17\n\x0f\x63ommit_failures\x18\x08 \x01(\x03\"u\n\x06Quorum\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12+\n\x0cparticipants\x18\x02 \x03(\x0b\x32\x15.torchft.QuorumMember\x12+\n\x07\x63reated\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"I\n\nStepTiming\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x14\n\x0cstep_seconds\x18\x02 \x01(\x01\x12\x17\n\x0f\x63ompute_seconds\x18\x03 \x01(\x01\"\x8b\x01\n\rGroupProgress\x12\"\n\x05steps\x18\x01 \x03(\x0b\x32\x13.torchft.StepTiming\x12\x19\n\x11\x62\x61tches_committed\x18\x02 \x01(\x03\x12\x17\n\x0f\x64iscarded_steps\x18\x03 \x01(\x03\x12\"\n\x05heals\x18\x04 \x03(\x0b\x32\x13.torchft.HealReport\"f\n\nHealReport\x12\x0f\n\x07to_step\x18\x01 \x01(\x03\x12\x16\n\x0esource_address\x18\x02 \x01(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x0f\n\x07outcome\x18\x05 \x01(\t\"{\n\nGroupSpeed\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0erelative_speed\x18\x02 \x01(\x01\x12\x11\n\tstraggler\x18\x03 \x01(\x08\x12\x1c\n\x14straggler_since_step\x18\x04 \x01(\x03\x12\x10\n\x08\x65xcluded\x18\x05 \x01(\x08\"m\n\x17LighthouseQuorumRequest\x12(\n\trequester\x18\x01 \x01(\x0b\x32\x15.torchft.QuorumMember\x12(\n\x08progress\x18\x02 \x01(\x0b\x32\x16.torchft.GroupProgress\"`\n\x18LighthouseQuorumResponse\x12\x1f\n\x06quorum\x18\x01 \x01(\x0b\x32\x0f.torchft.Quorum\x12#\n\x06speeds\x18\x02 \x03(\x0b\x32\x13.torchft.GroupSpeed\"D\n\x1aLighthouseHeartbeatRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x12\n\ngroup_rank\x18\x02 \x01(\x03\"\x1d\n\x1bLighthouseHeartbeatResponse\"M\n\x15LighthouseGoneRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07members\x18\x02 \x03(\t\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x03\"\\\n\x16LighthouseGoneResponse\x12\x0c\n\x04gone\x18\x01 \x03(\t\x12\x16\n\x0erequester_gone\x18\x02 \x01(\x08\x12\x1c\n\x14heartbeat_timeout_ms\x18\x03 \x01(\x03\"\xc0\x01\n\x14ManagerQuorumRequest\x12\x12\n\ngroup_rank\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x1b\n\x13\x63heckpoint_metadata\x18\x03 \x01(\t\x12\x13\n\x0bshrink_only\x18\x04 \x01(\x08\x12\x11\n\tinit_sync\x18\x05 \x01(\x08\x12\x17\n\x0f\x63ommit_failures\x18\x06 \x01(\x03\x12(\n\x08progress\x18\x07 \x01(\x0b\x32\x16.torchft.GroupProgress\"\xbd\x03\n\x15ManagerQuorumResponse\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12#\n\x1brecover_src_manager_address\x18\x02 \x01(\t\x12%\n\x18recover_src_replica_rank\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12!\n\x19recover_dst_replica_ranks\x18\x04 \x03(\x03\x12\x15\n\rstore_address\x18\x05 \x01(\t\x12\x10\n\x08max_step\x18\x06 \x01(\x03\x12\x1d\n\x10max_replica_rank\x18\x07 \x01(\x03H\x01\x88\x01\x01\x12\x16\n\x0emax_world_size\x18\x08 \x01(\x03\x12\x14\n\x0creplica_rank\x18\t \x01(\x03\x12\x1a\n\x12replica_world_size\x18\n \x01(\x03\x12\x0c\n\x04heal\x18\x0b \x01(\x08\x12\x17\n\x0f\x63ommit_failures\x18\x0c \x01(\x03\x12\x13\n\x0breplica_ids\x18\r \x03(\t\x12\"\n\x05speed\x18\x0e \x01(\x0b\x32\x13.torchft.GroupSpeedB\x1b\n\x19_recover_src_replica_rankB\x13\n\x11_max_replica_rank\")\n\x19\x43heckpointMetadataRequest\x12\x0c\n\x04rank\x18\x01 \x01(\x03\"9\n\x1a\x43heckpointMetadataResponse\x12\x1b\n\x13\x63heckpoint_metadata\x18\x01 \x01(\t\"N\n\x13ShouldCommitRequest\x12\x15\n\rshould_commit\x18\x01 \x01(\x08\x12\x12\n\ngroup_rank\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\"-\n\x14ShouldCommitResponse\x12\x15\n\rshould_commit\x18\x01 \x01(\x08\"\x1a\n\x0bKillRequest\x12\x0b\n\x03msg\x18\x01 \x01(\t\"\x0e\n\x0cKillResponse2\xc3\x03\n\x11LighthouseService\x12M\n\x06Quorum\x12 .torchft.LighthouseQuorumRequest\x1a!.torchft.LighthouseQuorumResponse\x12V\n\tHeartbeat\x12#.torchft.LighthouseHeartbeatRequest\x1a$.torchft.LighthouseHeartbeatResponse\x12^\n\x0fHeartbeatStream\x12#.torchft.LighthouseHeartbeatRequest\x1a$.torchft.LighthouseHeartbeatResponse(\x01\x12W\n\x0cQuorumStream\x12 .torchft.LighthouseQuorumRequest\x1a!.torchft.LighthouseQuorumResponse(\x01\x30\x01\x12N\n\x0bGoneMembers\x12\x1e.torchft.LighthouseGoneRequest\x1a\x1f.torchft.LighthouseGoneResponse2\xba\x02\n\x0eManagerService\x12G\n\x06Quorum\x12\x1d.torchft.ManagerQuorumRequest\x1a\x1e.torchft.ManagerQuorumResponse\x12]\n\x12\x43heckpointMetadata\x12\".torchft.CheckpointMetadataRequest\x1a#.torchft.CheckpointMetadataResponse\x12K\n\x0cShouldCommit\x12\x1c.torchft.ShouldCommitRequest\x1a\x1d.torchft.ShouldCommitResponse\x12\x33\n\x04Kill\x12\x14.torchft.KillRequest\x1a\x15.torchft.KillResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,31 +49,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LIGHTHOUSEQUORUMRESPONSE']._serialized_start=926
   _globals['_LIGHTHOUSEQUORUMRESPONSE']._serialized_end=1022
   _globals['_LIGHTHOUSEHEARTBEATREQUEST']._serialized_start=1024
-  _globals['_LIGHTHOUSEHEARTBEATREQUEST']._serialized_end=1072
-  _globals['_LIGHTHOUSEHEARTBEATRESPONSE']._serialized_start=1074
-  _globals['_LIGHTHOUSEHEARTBEATRESPONSE']._serialized_end=1103
-  _globals['_LIGHTHOUSEGONEREQUEST']._serialized_start=1105
-  _globals['_LIGHTHOUSEGONEREQUEST']._serialized_end=1182
-  _globals['_LIGHTHOUSEGONERESPONSE']._serialized_start=1184
-  _globals['_LIGHTHOUSEGONERESPONSE']._serialized_end=1276
-  _globals['_MANAGERQUORUMREQUEST']._serialized_start=1279
-  _globals['_MANAGERQUORUMREQUEST']._serialized_end=1471
-  _globals['_MANAGERQUORUMRESPONSE']._serialized_start=1474
-  _globals['_MANAGERQUORUMRESPONSE']._serialized_end=1919
-  _globals['_CHECKPOINTMETADATAREQUEST']._serialized_start=1921
-  _globals['_CHECKPOINTMETADATAREQUEST']._serialized_end=1962
-  _globals['_CHECKPOINTMETADATARESPONSE']._serialized_start=1964
-  _globals['_CHECKPOINTMETADATARESPONSE']._serialized_end=2021
-  _globals['_SHOULDCOMMITREQUEST']._serialized_start=2023
-  _globals['_SHOULDCOMMITREQUEST']._serialized_end=2101
-  _globals['_SHOULDCOMMITRESPONSE']._serialized_start=2103
-  _globals['_SHOULDCOMMITRESPONSE']._serialized_end=2148
-  _globals['_KILLREQUEST']._serialized_start=2150
-  _globals['_KILLREQUEST']._serialized_end=2176
-  _globals['_KILLRESPONSE']._serialized_start=2178
-  _globals['_KILLRESPONSE']._serialized_end=2192
-  _globals['_LIGHTHOUSESERVICE']._serialized_start=2195
-  _globals['_LIGHTHOUSESERVICE']._serialized_end=2646
-  _globals['_MANAGERSERVICE']._serialized_start=2649
-  _globals['_MANAGERSERVICE']._serialized_end=2963
+  _globals['_LIGHTHOUSEHEARTBEATREQUEST']._serialized_end=1092
+  _globals['_LIGHTHOUSEHEARTBEATRESPONSE']._serialized_start=1094
+  _globals['_LIGHTHOUSEHEARTBEATRESPONSE']._serialized_end=1123
+  _globals['_LIGHTHOUSEGONEREQUEST']._serialized_start=1125
+  _globals['_LIGHTHOUSEGONEREQUEST']._serialized_end=1202
+  _globals['_LIGHTHOUSEGONERESPONSE']._serialized_start=1204
+  _globals['_LIGHTHOUSEGONERESPONSE']._serialized_end=1296
+  _globals['_MANAGERQUORUMREQUEST']._serialized_start=1299
+  _globals['_MANAGERQUORUMREQUEST']._serialized_end=1491
+  _globals['_MANAGERQUORUMRESPONSE']._serialized_start=1494
+  _globals['_MANAGERQUORUMRESPONSE']._serialized_end=1939
+  _globals['_CHECKPOINTMETADATAREQUEST']._serialized_start=1941
+  _globals['_CHECKPOINTMETADATAREQUEST']._serialized_end=1982
+  _globals['_CHECKPOINTMETADATARESPONSE']._serialized_start=1984
+  _globals['_CHECKPOINTMETADATARESPONSE']._serialized_end=2041
+  _globals['_SHOULDCOMMITREQUEST']._serialized_start=2043
+  _globals['_SHOULDCOMMITREQUEST']._serialized_end=2121
+  _globals['_SHOULDCOMMITRESPONSE']._serialized_start=2123
+  _globals['_SHOULDCOMMITRESPONSE']._serialized_end=2168
+  _globals['_KILLREQUEST']._serialized_start=2170
+  _globals['_KILLREQUEST']._serialized_end=2196
+  _globals['_KILLRESPONSE']._serialized_start=2198
+  _globals['_KILLRESPONSE']._serialized_end=2212
+  _globals['_LIGHTHOUSESERVICE']._serialized_start=2215
+  _globals['_LIGHTHOUSESERVICE']._serialized_end=2666
+  _globals['_MANAGERSERVICE']._serialized_start=2669
+  _globals['_MANAGERSERVICE']._serialized_end=2983
 # @@protoc_insertion_point(module_scope)
