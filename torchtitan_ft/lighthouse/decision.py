@@ -23,7 +23,9 @@ The rules, in order:
    fresh replacements trained from step 0 while the one group with the state sat out a
    collective timeout, or its heartbeat lagged on a loaded machine). A member whose stream
    ended (its process is gone) or that stayed silent longer is not waited for. A restarted
-   lighthouse knows no previous quorum, so the guard cannot act until it has issued one.
+   lighthouse knows the previous quorum from ``--state_dir`` (``last_quorum``: members it has
+   not heard from since count as heard from at the restart); without one the guard cannot
+   act until it has issued a quorum.
 4. Issuing a quorum gets a new quorum_id when the ordered member ids differ from the previous
    quorum's or any member reports ``commit_failures > 0``.
 """
@@ -132,11 +134,15 @@ def decide(
     previous: tuple[QuorumMember, ...] | None,
     now: float,
     opts: DecisionOptions,
+    heard: Mapping[str, float] | None = None,
 ) -> Decision:
     """Decides whether a quorum can be issued now, and with whom.
 
     ``pending`` maps replica_id to its waiting request, ``heartbeats`` maps replica_id to its
     last-seen time, ``previous`` is the last issued quorum's members (None before the first).
+    ``heard``: when the state guard counts each member of ``previous`` as last heard from;
+    default ``heartbeats`` (a restarted lighthouse also counts its restart for members it
+    restored and has not heard from yet: ``last_quorum.heard_since_restart``).
     """
     healthy = healthy_replicas(heartbeats, now, opts.heartbeat_timeout)
     candidates = sorted(
@@ -183,7 +189,9 @@ def decide(
             f"them in {opts.join_timeout - waited:.1f}s (join timeout)",
             log_key=f"waiting for {len(stragglers)} straggler(s) of {len(candidates)} asker(s)",
         )
-    holders = state_holders(candidates, pending.keys(), heartbeats, previous, now, opts)
+    holders = state_holders(
+        candidates, pending.keys(), heartbeats if heard is None else heard, previous, now, opts
+    )
     if holders:
         return Decision(
             None,
@@ -218,8 +226,9 @@ def state_holders(
     when every candidate is behind that quorum's highest step (sorted; empty: nothing to wait
     for). May hold: its heartbeat stream is open (its process lives) and it was heard from
     within ``HOLDER_WAIT_HEARTBEATS`` heartbeat timeouts (it is in a collective timeout, or its
-    heartbeat lags on a loaded machine). A restarted lighthouse knows no previous quorum, so it
-    cannot tell (docs/operations.md, "State guard")."""
+    heartbeat lags on a loaded machine). ``heartbeats``: when each was last heard from. A
+    restarted lighthouse knows the previous quorum only from ``--state_dir``
+    (``last_quorum``); without it, it cannot tell (docs/operations.md, "State guard")."""
     if previous is None or not candidates:
         return []
     if max(p.member.step for p in candidates) >= max(m.step for m in previous):

@@ -33,6 +33,7 @@ from torchtitan_ft.lighthouse import status
 from torchtitan_ft.lighthouse.decision import DecisionOptions
 from torchtitan_ft.lighthouse.exclusion import ExclusionOptions
 from torchtitan_ft.lighthouse.history import DEFAULT_CAPACITY, History
+from torchtitan_ft.lighthouse.last_quorum import LastQuorumFile
 from torchtitan_ft.lighthouse.state import LighthouseState
 from torchtitan_ft.lighthouse.stragglers import StragglerOptions
 from torchtitan_ft.lighthouse.types import QuorumMember
@@ -274,7 +275,9 @@ class LighthouseServer:
             alone without committing, and is taken back (and heals) when fast again.
         state_dir: a directory where the lighthouse keeps the job's event history
             (``events.jsonl``, at most about twice ``history_events`` lines), so that a
-            restarted lighthouse shows what happened before it; None (default) keeps it in
+            restarted lighthouse shows what happened before it, and the last issued quorum
+            (``last_quorum.json``), so that a restarted lighthouse's state guard acts as
+            before the restart (``lighthouse.last_quorum``); None (default) keeps both in
             memory only. Quorum ids are restart-safe without it.
         history_events: events kept in memory (and shown by the status page and ``/events``);
             default 10,000, about 0.3 MB (``benchmarks/history_memory.py``).
@@ -312,6 +315,7 @@ class LighthouseServer:
             stragglers=stragglers,
             exclusion=exclusion,
             history=History(history_events, state_dir, time.time),
+            last_quorum=None if state_dir is None else LastQuorumFile(state_dir),
         )
         self._port = 0
         self._status_port: int | None = None

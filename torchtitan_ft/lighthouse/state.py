@@ -47,6 +47,13 @@ from torchtitan_ft.lighthouse.history import (
     membership_events,
     why_left,
 )
+from torchtitan_ft.lighthouse.last_quorum import (
+    LastQuorum,
+    LastQuorumFile,
+    heard_since_restart,
+    restored_line,
+    write_due,
+)
 from torchtitan_ft.lighthouse.stragglers import SpeedBook, StragglerOptions
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
@@ -97,6 +104,9 @@ class LighthouseState:
         exclusion: the straggler policy (``lighthouse.exclusion``); default: off.
         history: the job's event log (``lighthouse.history``); default: in memory only,
             ``DEFAULT_CAPACITY`` events, on the wall clock.
+        last_quorum: where the last issued quorum is kept across restarts
+            (``lighthouse.last_quorum``, under ``--state_dir``); one there is restored.
+            Default None: a restarted lighthouse knows no previous quorum.
     """
 
     def __init__(
@@ -107,6 +117,7 @@ class LighthouseState:
         stragglers: StragglerOptions | None = None,
         exclusion: ExclusionOptions | None = None,
         history: History | None = None,
+        last_quorum: LastQuorumFile | None = None,
     ) -> None:
         self.opts = opts
         self.exclusion_opts = exclusion or ExclusionOptions()
@@ -154,6 +165,15 @@ class LighthouseState:
         self._lost: set[str] = set()
         self.groups = GroupBook()
         """What the groups report (steps/s, committed batches, heals) and the job's figures."""
+        self._last_quorum = last_quorum
+        self._written: LastQuorum | None = None
+        self._written_at = 0.0
+        self._ended: set[str] = set()
+        """Members of the previous quorum whose heartbeat stream ended since it was issued."""
+        self._restored_at: float | None = None
+        """When a quorum of an earlier run was restored, until this run issues its own."""
+        if last_quorum is not None and (record := last_quorum.load()) is not None:
+            self._restore(record)
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -207,6 +227,8 @@ class LighthouseState:
         self.metrics.stream_deaths += 1
         self._was_healthy.discard(replica_id)
         self._lost.discard(replica_id)
+        if replica_id in self._previous_ids:
+            self._ended.add(replica_id)
         if replica_id in self.asked:
             self._stream_ended.add(replica_id)
             self.history.record(
@@ -349,6 +371,7 @@ class LighthouseState:
         ]:
             del self._exclusion_history[group]
         self._heartbeat_changes()
+        self._persist()
         if self.pending:
             self.evaluate()
 
@@ -406,7 +429,12 @@ class LighthouseState:
             heartbeats = {rid: t for rid, t in heartbeats.items() if rid not in excluded}
             if previous is not None:
                 previous = tuple(m for m in previous if m.replica_id not in excluded) or None
-        decision = decide(self.pending, heartbeats, previous, self._clock(), self.opts)
+        heard = None
+        if self._restored_at is not None and self.previous is not None:
+            heard = heard_since_restart(
+                (m.replica_id for m in self.previous), self._ended, heartbeats, self._restored_at
+            )
+        decision = decide(self.pending, heartbeats, previous, self._clock(), self.opts, heard)
         self.metrics.observe_decision(time.perf_counter() - start)
         if decision.members is not None:
             self._issue(decision.members, decision.round_kind or RoundKind.FULL)
@@ -414,7 +442,9 @@ class LighthouseState:
         return decision
 
     def _issue(self, members: tuple[QuorumMember, ...], round_kind: RoundKind) -> None:
-        new_id = next_quorum_id(self.quorum_id, self.previous, members, self._wall_us())
+        # The first quorum after a restart gets a new id, as without ``last_quorum``.
+        previous = None if self._restored_at is not None else self.previous
+        new_id = next_quorum_id(self.quorum_id, previous, members, self._wall_us())
         if new_id != self.quorum_id:
             self.metrics.quorum_id_changes += 1
             self._record_quorum(members, new_id, round_kind)
@@ -442,6 +472,35 @@ class LighthouseState:
         self._previous_pending = sum(1 for rid in self.pending if rid in self._previous_ids)
         self.quorum_issued_at = self._clock()
         self.metrics.quorums_issued += 1
+        self._ended.clear()
+        self._restored_at = None
+        self._persist()
+
+    def _restore(self, record: LastQuorum) -> None:
+        """Takes an earlier run's last quorum as the previous one (``last_quorum``)."""
+        self.previous = tuple(
+            QuorumMember(replica_id=rid, step=step) for rid, step in sorted(record.steps.items())
+        )
+        self._previous_ids = frozenset(record.steps)
+        self._previous_max_step = max(record.steps.values())
+        self._ended = set(record.ended)
+        self._restored_at = self._clock()
+        self._written, self._written_at = record, self._clock()
+        if self._last_quorum is not None:
+            logger.info("lighthouse: %s", restored_line(record, self._last_quorum.path))
+
+    def _persist(self) -> None:
+        """Writes the last quorum when due (``last_quorum.write_due``)."""
+        if self._last_quorum is None or self.previous is None:
+            return
+        current = LastQuorum(
+            {m.replica_id: m.step for m in self.previous},
+            frozenset(self._ended),
+        )
+        now = self._clock()
+        if write_due(self._written, current, now - self._written_at):
+            self._last_quorum.save(current)
+            self._written, self._written_at = current, now
 
     def _record_quorum(
         self, members: tuple[QuorumMember, ...], quorum_id: int, round_kind: RoundKind
