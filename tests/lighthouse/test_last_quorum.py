@@ -42,6 +42,8 @@ AB = {"a": 40, "b": 38}
         (LastQuorum(AB), LastQuorum({"a": 41}), 0.0, True),  # new members: at once
         (LastQuorum(AB), LastQuorum(AB, frozenset("b")), 0.0, True),  # b ended: at once
         (LastQuorum(AB), LastQuorum({"a": 41, "b": 39}), 0.1, False),  # steps alone: wait
+        # the first step past 0: at once (a record at 0 would not guard against step 0)
+        (LastQuorum({"a": 0, "b": 0}), LastQuorum({"a": 1, "b": 0}), 0.1, True),
         (LastQuorum(AB), LastQuorum({"a": 41, "b": 39}), WRITE_INTERVAL_S, True),
     ],
 )

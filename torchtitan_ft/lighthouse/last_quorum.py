@@ -15,9 +15,10 @@ group as before; members not heard from since the restart count as heard from at
 
 ``last_quorum.json`` is rewritten whole (a temporary file swapped in with ``os.replace``, no
 fsync: a lighthouse process that dies loses nothing, a machine that crashes may keep the
-previous version): at once when the quorum's membership changes or a member ends, otherwise
-at most once per ``WRITE_INTERVAL_S`` while its steps move on. The steps restored may be that
-much behind, which only makes the guard wait for a replica at a slightly lower step.
+previous version): at once when the quorum's membership changes, a member ends, or its steps
+first pass 0, otherwise at most once per ``WRITE_INTERVAL_S`` while its steps move on. The
+steps restored may be that much behind, which only makes the guard wait for a replica at a
+slightly lower step.
 """
 
 from __future__ import annotations
@@ -82,11 +83,14 @@ def heard_since_restart(
 
 
 def write_due(written: LastQuorum | None, current: LastQuorum, since_write_s: float) -> bool:
-    """Whether ``current`` must be written now: new members or an ended member at once, new
-    steps alone after ``WRITE_INTERVAL_S``."""
+    """Whether ``current`` must be written now: new members or an ended member at once, and
+    the first step past 0 (a record at step 0 guards nothing: a fresh replacement is at step 0
+    too); other new steps after ``WRITE_INTERVAL_S``."""
     if written is None or written.steps.keys() != current.steps.keys():
         return True
     if written.ended != current.ended:
+        return True
+    if max(written.steps.values()) == 0 < max(current.steps.values()):
         return True
     return written.steps != current.steps and since_write_s >= WRITE_INTERVAL_S
 
