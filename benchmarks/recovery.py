@@ -74,6 +74,25 @@ set-up) and -> its heal done (``healed_s``), and the survivor's median step mean
 
     python -m benchmarks.recovery --sizes-mb --titan cold zygote [--titan-ranks 2]
         [--titan-steps 16] [--repeats 2]
+
+The group-rank row (``--rank-faults N``): 3 replica groups of 2 ranks each (the tiny-MLP
+harness, ``torchtitan_ft.testing.mlp``; an in-process lighthouse with
+``--heartbeat-timeout-ms``, collective timeout 30 s). Group rank 1 of group 2 is the victim,
+the rank whose group rank 0 goes on heartbeating for the group. N times: once the groups
+committed ``--steady`` steps together, it is SIGSTOPped at a random moment of a step and
+SIGCONTed ``--hang-hold-s`` later (**hang**: often between collectives, where its group does
+not ask for the next quorum and the join timeout leaves it out); then it stops itself right
+before an allreduce (the harness's ``hang_file``), its peers' ranks 1 waiting in the
+collective with it, and is SIGCONTed as long after (**hang_in_collective**: what the
+heartbeat timeout must catch); then it is SIGKILLed with its group rank 0, as torchrun would
+tear the group down (**kill**; the group is restarted for the next round). **stall** = the
+stop or kill (for ``hang_in_collective``: when the parent sees the rank stopped, polling every
+10 ms) -> the first step groups 0 and 1 commit without group 2 (both their ranks, from the
+event stream), against the goal ``heartbeat timeout + one steady step``; ``hang_over_kill`` =
+the ratio of the ``hang_in_collective`` and ``kill`` medians.
+
+    python -m benchmarks.recovery --sizes-mb --rank-faults 2 [--steady 8]
+        [--hang-hold-s 35] [--heartbeat-timeout-ms 5000]
 """
 
 from __future__ import annotations
@@ -751,6 +770,197 @@ def titan_row(replacements: list[str], repeats: int, ranks: int, steps: int) -> 
     return row
 
 
+RANK_GROUPS = 3
+RANK_VICTIM = (2, 1)
+"""(group, group rank) of the group-rank row's victim."""
+RANK_FAULTS = ("hang", "hang_in_collective", "kill")
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
+class _RankJob:
+    """The group-rank row's job: ``RANK_GROUPS`` groups of 2 ranks training the tiny MLP."""
+
+    def __init__(self, work: Path, lighthouse: str) -> None:
+        from torchtitan_ft.testing.mlp import WorkerConfig
+
+        self.work = work
+        self.events = work / "events"
+        self.hang_file = work / "hang"
+        self.common = dict(
+            lighthouse_addr=lighthouse,
+            group_world_size=2,
+            stop_step_file=str(work / "stop_step"),
+            stop_participants=RANK_GROUPS,
+            step_sleep_s=0.02,
+            max_iterations=1_000_000,
+            timeout_s=30.0,
+            events_dir=str(self.events),
+        )
+        self.config = WorkerConfig
+        self.procs: dict[tuple[int, int], Any] = {}
+        for group in range(RANK_GROUPS):
+            self.start(group)
+
+    def start(self, group: int) -> None:
+        from torchtitan_ft.testing.mlp import spawn_rank
+
+        port = processes.free_port()
+        for rank in range(2):
+            out = str(self.work / f"g{group}r{rank}_{time.monotonic_ns()}.pt")
+            hang = str(self.hang_file) if (group, rank) == RANK_VICTIM else None
+            cfg = self.config(
+                replica=group,
+                group_rank=rank,
+                store_port=port,
+                out_path=out,
+                hang_file=hang,
+                **self.common,
+            )
+            self.procs[(group, rank)] = spawn_rank(cfg)
+
+    def commits(self, since: float) -> list[Any]:
+        from torchtitan_ft.events import EventKind, read_events
+
+        return [
+            e for e in read_events(self.events) if e.kind is EventKind.COMMIT and e.time > since
+        ]
+
+    def wait(self, what: str, found: Any, timeout_s: float = 300.0) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while not (got := found()):
+            dead = [k for k, p in self.procs.items() if p.exitcode not in (None, -9)]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(f"group-rank row: {what}: not seen ({dead=})")
+            time.sleep(0.05)
+        return got
+
+    def steady(self, steps: int) -> float:
+        """Waits for ``steps`` steps committed by all groups; the median step of group 0's
+        rank 0 over them."""
+        since = time.time()
+
+        def together() -> list[float] | None:
+            times = [
+                e.time
+                for e in self.commits(since)
+                if e.replica_name == "replica_0"
+                and e.group_rank == 0
+                and e["participants"] == RANK_GROUPS
+            ]
+            return times if len(times) > steps else None
+
+        times = self.wait(f"{steps} steps of all groups together", together)
+        return statistics.median(b - a for a, b in itertools.pairwise(times))
+
+    def alone(self, since: float) -> float:
+        """When groups 0 and 1 (both ranks of each) committed a step without group 2."""
+
+        def first() -> float | None:
+            seen: dict[tuple[str, int], float] = {}
+            for e in self.commits(since):
+                if e.replica_name != "replica_2" and e["participants"] == RANK_GROUPS - 1:
+                    seen.setdefault((e.replica_name, e.group_rank), e.time)
+            return max(seen.values()) if len(seen) == 2 * (RANK_GROUPS - 1) else None
+
+        return self.wait("groups 0 and 1 committing without group 2", first)
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.exitcode is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.join(5)
+
+
+def rank_row(count: int, steady: int, rng: random.Random, hangs: HangOptions) -> dict[str, Any]:
+    """The group-rank row (see the module docstring)."""
+    from torchtitan_ft.lighthouse import LighthouseServer
+
+    lighthouse = LighthouseServer(
+        bind="127.0.0.1:0",
+        min_replicas=2,
+        join_timeout_ms=500,
+        heartbeat_timeout_ms=round(hangs.heartbeat_timeout_s * 1000),
+    )
+    work = Path(tempfile.mkdtemp(prefix="recovery_rank_"))
+    job = _RankJob(work, lighthouse.address())
+    runs: list[dict[str, Any]] = []
+    try:
+        for _ in range(count):
+            for fault in RANK_FAULTS:
+                steady_s = job.steady(steady)
+                victim = job.procs[RANK_VICTIM]
+                if fault == "hang_in_collective":
+                    job.hang_file.touch()
+                    while not _stopped(victim.pid):
+                        time.sleep(0.01)
+                    signalled = time.time()
+                else:
+                    time.sleep(rng.uniform(0.0, steady_s))
+                    if fault == "hang":
+                        os.kill(victim.pid, signal.SIGSTOP)
+                    else:
+                        os.kill(victim.pid, signal.SIGKILL)
+                        os.kill(job.procs[(RANK_VICTIM[0], 0)].pid, signal.SIGKILL)
+                    signalled = time.time()
+                alone = job.alone(signalled)
+                goal = hangs.heartbeat_timeout_s + steady_s
+                entry: dict[str, Any] = {
+                    "fault": fault,
+                    "stall_s": round(alone - signalled, 3),
+                    "steady_step_s": round(steady_s, 3),
+                    "goal_s": round(goal, 3),
+                    "stall_over_goal": round((alone - signalled) / goal, 2),
+                }
+                if fault != "kill":
+                    time.sleep(max(0.0, signalled + hangs.hold_s - time.time()))
+                    os.kill(victim.pid, signal.SIGCONT)
+                    resumed = time.time()
+                    back = job.wait(
+                        "group 2 committing with the others after SIGCONT",
+                        lambda t=resumed: [
+                            e
+                            for e in job.commits(t)
+                            if e.replica_name == "replica_2" and e["participants"] == RANK_GROUPS
+                        ],
+                    )
+                    entry["rejoin_s"] = round(back[0].time - resumed, 3)
+                else:
+                    for rank in range(2):
+                        job.procs[(RANK_VICTIM[0], rank)].join(10)
+                    job.start(RANK_VICTIM[0])
+                print(f"[group rank] {entry}", file=sys.stderr)
+                runs.append(entry)
+    finally:
+        job.close()
+        lighthouse.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+    medians = {
+        fault: _median([r["stall_s"] for r in runs if r["fault"] == fault]) for fault in RANK_FAULTS
+    }
+    row: dict[str, Any] = {
+        "setup": f"{RANK_GROUPS} groups of 2 ranks (tiny MLP, testing/mlp.py), lighthouse "
+        f"min_replicas=2, heartbeat timeout {hangs.heartbeat_timeout_s} s, collective timeout "
+        f"30 s; group rank 1 of group 2 SIGSTOPped ({hangs.hold_s} s) at a random moment of "
+        "a step or right before an allreduce, or SIGKILLed with its group rank 0 at a random "
+        "moment of a step",
+        "runs": runs,
+        "stall_s_median": medians,
+        "hang_in_collective_stall_over_goal_median": _median(
+            [r["stall_over_goal"] for r in runs if r["fault"] == "hang_in_collective"]
+        ),
+    }
+    if medians["hang_in_collective"] and medians["kill"]:
+        row["hang_over_kill"] = round(medians["hang_in_collective"] / medians["kill"], 2)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -781,6 +991,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hangs", type=int, default=1, help="hangs after the kills")
     parser.add_argument(
+        "--rank-faults",
+        type=int,
+        default=0,
+        help="rounds of the group-rank row (two hangs and a kill of group rank 1 each; default "
+        "0: no such row)",
+    )
+    parser.add_argument(
         "--hang-hold-s",
         type=float,
         default=35.0,
@@ -804,10 +1021,11 @@ def main() -> None:
         worker(args.replica, args.size_mb, args.lighthouse, args.kind, args.impl)
         return
 
-    if args.hangs < 0 or args.hang_hold_s < 0 or args.heartbeat_timeout_ms <= 0:
+    if min(args.hangs, args.hang_hold_s, args.rank_faults) < 0 or args.heartbeat_timeout_ms <= 0:
         parser.error(
-            "--hangs and --hang-hold-s must be >= 0 and --heartbeat-timeout-ms > 0, got "
-            f"{args.hangs}, {args.hang_hold_s}, {args.heartbeat_timeout_ms}"
+            "--hangs, --hang-hold-s and --rank-faults must be >= 0 and --heartbeat-timeout-ms "
+            f"> 0, got {args.hangs}, {args.hang_hold_s}, {args.rank_faults}, "
+            f"{args.heartbeat_timeout_ms}"
         )
     hangs = HangOptions(args.hangs, args.hang_hold_s, args.heartbeat_timeout_ms / 1000)
     started = time.time()
@@ -843,6 +1061,7 @@ def main() -> None:
         if args.titan
         else None
     )
+    ranks = rank_row(args.rank_faults, args.steady, rng, hangs) if args.rank_faults else None
     command = "python -m " + MODULE + " " + " ".join(sys.argv[1:])
     print(
         json.dumps(
@@ -862,6 +1081,7 @@ def main() -> None:
                 "targets": TARGETS,
                 "sizes": sizes,
                 "titan": titan,
+                "group_rank": ranks,
                 "failed_runs": errors,
                 "wall_s": round(time.time() - started, 1),
             },

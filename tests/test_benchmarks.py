@@ -72,6 +72,25 @@ def test_recovery_prints_stall_and_replacement() -> None:
     assert "hang_stall_over_goal_median" in size["summary"]["ours"]
 
 
+@pytest.mark.slow  # 3 groups of 2 ranks, a hang past the heartbeat timeout and a kill
+@pytest.mark.timeout(240)
+def test_recovery_group_rank_row_prints_hang_and_kill_stalls() -> None:
+    out = _benchmark(
+        "benchmarks.recovery",
+        *("--sizes-mb", "--rank-faults", "1", "--steady", "2"),
+        *("--hang-hold-s", "2", "--heartbeat-timeout-ms", "1000"),
+        timeout=210,
+    )
+    row = out["group_rank"]
+    assert [r["fault"] for r in row["runs"]] == ["hang", "hang_in_collective", "kill"]
+    hang, stuck, kill = row["runs"]
+    for entry in (hang, stuck):
+        assert entry["stall_s"] > 0 and entry["rejoin_s"] > 0 and entry["goal_s"] > 1.0, entry
+    assert kill["stall_s"] >= 0, kill
+    assert row["stall_s_median"]["hang_in_collective"] == stuck["stall_s"]
+    assert row["hang_in_collective_stall_over_goal_median"] == stuck["stall_over_goal"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_inflight_prints_both_settings() -> None:

@@ -11,6 +11,7 @@ from torchtitan_ft.lighthouse.decision import (
     Pending,
     decide,
     gone_members,
+    group_last_seen,
     newcomer_ahead,
     next_quorum_id,
 )
@@ -344,3 +345,29 @@ def test_the_state_logs_a_wait_for_stragglers_once(caplog) -> None:
 )
 def test_gone_members(watched, heartbeats, expected) -> None:
     assert gone_members(watched, heartbeats, NOW, OPTS.heartbeat_timeout) == expected
+
+
+@pytest.mark.parametrize(
+    "heartbeats, rank_heartbeats, expected",
+    [
+        ({"a": 99.0}, {}, {"a": 99.0}),  # no rank streams: the groups' own heartbeats
+        ({"a": 99.0}, {"a": {1: 98.0, 2: 99.5}}, {"a": 98.0}),  # its most silent rank
+        ({"a": 97.0}, {"a": {1: 99.0}}, {"a": 97.0}),  # rank 0 older: rank 0
+        ({"a": 99.0, "b": 99.0}, {"a": {1: 90.0}}, {"a": 90.0, "b": 99.0}),  # per group
+        ({"a": 99.0}, {"x": {1: 90.0}}, {"a": 99.0}),  # a rank of an unknown group: ignored
+        ({"a": 99.0}, {"a": {}}, {"a": 99.0}),  # every rank stream ended
+    ],
+)
+def test_group_last_seen(heartbeats, rank_heartbeats, expected) -> None:
+    assert dict(group_last_seen(heartbeats, rank_heartbeats)) == expected
+
+
+def test_a_hung_rank_makes_its_group_gone_and_unhealthy() -> None:
+    """Group "b"'s rank 0 heartbeats, its rank 1 went silent 6 s ago (over the 5 s timeout):
+    its peers abort (gone), and the next round does not wait for it (not healthy)."""
+    seen = group_last_seen({"a": 99.9, "b": 99.9}, {"b": {1: 94.0}})
+    assert gone_members(["a", "b"], seen, NOW, OPTS.heartbeat_timeout) == ("b",)
+    pending = {"a": Pending(member("a"), 99.0)}
+    one = DecisionOptions(min_replicas=1, join_timeout=10.0, heartbeat_timeout=5.0)
+    decision = decide(pending, seen, (member("a"), member("b")), NOW, one)
+    assert decision.members == (member("a"),), decision.reason

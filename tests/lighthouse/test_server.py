@@ -19,6 +19,7 @@ import pytest
 from tests.lighthouse._helpers import T, ask_all, free_port, get, wait_serving, wait_until
 from torchtitan_ft.lighthouse import LighthouseClient, LighthouseServer, Quorum
 from torchtitan_ft.proto import torchft_pb2 as pb
+from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
 
 
 def ids(quorum: Quorum) -> list[str]:
@@ -513,3 +514,54 @@ def test_gone_members_names_a_silent_member_and_tells_it_when_it_is_back(servers
     finally:
         stream.close()
         client.close()
+
+
+def test_a_silent_rank_stream_makes_its_group_gone_and_its_end_does_not(servers) -> None:
+    """Group rank 1 of "g" stops heartbeating on its own stream (hung, the stream open) while
+    the group's own stream goes on: a peer's long poll names "g" gone after the heartbeat
+    timeout. Heard from again, "g" is no longer gone; its rank stream ending (the rank exited)
+    leaves the group to its own heartbeats."""
+    server = servers(min_replicas=1, heartbeat_timeout_ms=300)
+    client = LighthouseClient(server.address())
+    group = client.heartbeat_stream("g", timedelta(milliseconds=50))
+    peer = client.heartbeat_stream("peer", timedelta(milliseconds=50))
+    beats: queue.SimpleQueue[pb.LighthouseHeartbeatRequest | None] = queue.SimpleQueue()
+    channel = grpc.insecure_channel(server.address().removeprefix("http://"))
+    rank = pb_grpc.LighthouseServiceStub(channel).HeartbeatStream.future(iter(beats.get, None))
+    try:
+        beats.put(pb.LighthouseHeartbeatRequest(replica_id="g", group_rank=1))
+        wait_until(lambda: server.run_in_loop(lambda: "g" in server.state.rank_heartbeats))
+        started = time.monotonic()
+        answer = client.gone_members("peer", ["peer", "g"], timedelta(seconds=10)).result()
+        assert list(answer.gone) == ["g"]
+        assert time.monotonic() - started < 5.0
+        beats.put(pb.LighthouseHeartbeatRequest(replica_id="g", group_rank=1))
+        wait_until(lambda: not client.gone_members("peer", ["g"], timedelta(0)).result().gone)
+        beats.put(None)  # the rank exits: its record goes, the group's own heartbeats count
+        rank.result(timeout=10)
+        assert server.run_in_loop(lambda: dict(server.state.rank_heartbeats)) == {}
+        time.sleep(0.5)
+        assert not client.gone_members("peer", ["g"], timedelta(0)).result().gone
+    finally:
+        beats.put(None)
+        channel.close()
+        group.close()
+        peer.close()
+        client.close()
+
+
+def test_a_unary_heartbeat_for_a_group_rank_is_refused(servers) -> None:
+    server = servers(min_replicas=1)
+    channel = grpc.insecure_channel(server.address().removeprefix("http://"))
+    try:
+        stub = pb_grpc.LighthouseServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Heartbeat(
+                pb.LighthouseHeartbeatRequest(replica_id="g", group_rank=2),
+                timeout=T.total_seconds(),
+            )
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "group_rank must be 0" in refused.value.details()
+        stub.Heartbeat(pb.LighthouseHeartbeatRequest(replica_id="g"), timeout=T.total_seconds())
+    finally:
+        channel.close()

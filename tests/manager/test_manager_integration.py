@@ -527,3 +527,88 @@ def test_sigstopped_group_survivors_abort_and_the_group_rejoins(
     kinds = [e.kind for e in back]
     assert EventKind.COMMIT not in kinds[: kinds.index(EventKind.HEAL_END)], kinds
     assert EventKind.DISCARD in kinds[: kinds.index(EventKind.HEAL_END)], kinds
+
+
+@pytest.mark.slow
+def test_a_sigstopped_rank_inside_a_group_costs_its_peers_no_more_than_a_hung_group(
+    tmp_path: Path, procs: list[Any]
+) -> None:
+    """3 groups of 2 ranks; group rank 1 of group 2 is SIGSTOPped before its allreduce. Group
+    2's rank 0 goes on heartbeating for the group, so only rank 1's own heartbeat stream tells
+    the lighthouse (heartbeat timeout 1 s): rank 1 of groups 0 and 1, stuck in the collective
+    with it, abort long before the process group's timeout (60 s), and groups 0 and 1 commit
+    without group 2. SIGCONTed, group 2 discards its step, heals and all six ranks end bitwise
+    identical, rank by rank."""
+    from torchtitan_ft.events import EventKind, read_events
+
+    lighthouse = LighthouseServer(
+        bind="127.0.0.1:0",
+        min_replicas=2,
+        join_timeout_ms=500,
+        quorum_tick_ms=50,
+        heartbeat_timeout_ms=1000,
+    )
+    events = tmp_path / "events"
+    outs: dict[tuple[int, int], Path] = {}
+    try:
+        common = dict(
+            lighthouse_addr=lighthouse.address(),
+            group_world_size=2,
+            stop_step=14,
+            stop_participants=3,
+            step_sleep_s=0.02,
+            max_iterations=1500,
+            timeout_s=60.0,
+            events_dir=str(events),
+        )
+        for replica in range(3):
+            port = free_port()
+            for rank in range(2):
+                outs[(replica, rank)] = tmp_path / f"r{replica}_g{rank}.pt"
+                hang = (
+                    dict(hang_at_step=4, kill_participants=3) if (replica, rank) == (2, 1) else {}
+                )
+                cfg = WorkerConfig(
+                    replica=replica,
+                    group_rank=rank,
+                    store_port=port,
+                    out_path=str(outs[(replica, rank)]),
+                    **common,
+                    **hang,
+                )
+                procs.append(spawn_rank(cfg))
+        hung = procs[5]
+        deadline = time.monotonic() + 120
+        while not _stopped(hung.pid):
+            assert time.monotonic() < deadline and hung.is_alive(), "the rank never stopped"
+            time.sleep(0.02)
+        stopped_at = time.time()
+        time.sleep(5.0)  # longer than the heartbeat timeout
+        os.kill(hung.pid, signal.SIGCONT)
+        for proc in procs:
+            assert _wait_exit(proc, 150) == 0
+    finally:
+        lighthouse.shutdown()
+
+    for rank in range(2):
+        _assert_identical([_load(outs[(replica, rank)]) for replica in range(3)])
+    got = read_events(events)
+    for survivor in ("replica_0", "replica_1"):
+        mine = [e for e in got if e.replica_name == survivor and e.time > stopped_at]
+        faults = [e for e in mine if e.kind is EventKind.FAULT and e.group_rank == 1]
+        assert faults and faults[0]["error"] == "HungPeerError", faults
+        for rank in range(2):
+            resumed = next(e for e in mine if e.kind is EventKind.COMMIT and e.group_rank == rank)
+            # Not the process group's 60 s: the heartbeat timeout, a quorum and a step (load).
+            assert resumed.time - stopped_at < 15.0, resumed
+            assert resumed["participants"] == 2
+    for rank in range(2):
+        back = [
+            e
+            for e in got
+            if e.replica_name == "replica_2" and e.group_rank == rank and e.time > stopped_at
+        ]
+        kinds = [e.kind for e in back]
+        healed = kinds.index(EventKind.HEAL_END)
+        assert EventKind.COMMIT not in kinds[:healed], kinds
+        assert EventKind.DISCARD in kinds[:healed], kinds

@@ -201,11 +201,21 @@ class LighthouseClient:
         )
 
     def heartbeat_stream(
-        self, replica_id: str, interval: timedelta = timedelta(milliseconds=100)
+        self,
+        replica_id: str,
+        interval: timedelta = timedelta(milliseconds=100),
+        group_rank: int = 0,
     ) -> HeartbeatStream:
         """Opens a held-open heartbeat stream: the lighthouse drops ``replica_id`` as soon as
-        it ends (process death). Reconnects in the background; ``close()`` ends it."""
-        return HeartbeatStream(self._stub, replica_id, interval.total_seconds(), self._metadata)
+        it ends (process death). Reconnects in the background; ``close()`` ends it.
+
+        ``group_rank`` > 0: the stream of that group rank of ``replica_id`` (not its group's
+        heartbeat): while it is silent for the heartbeat timeout, our lighthouse counts the
+        group as gone (a rank hung inside it). torchft's lighthouse has no such stream: then
+        it ends without a fallback (a unary heartbeat would count for the whole group)."""
+        return HeartbeatStream(
+            self._stub, replica_id, interval.total_seconds(), self._metadata, group_rank
+        )
 
     def close(self) -> None:
         # Without the stream lock: a quorum waiting on the stream in another thread holds it.
@@ -478,9 +488,13 @@ class HeartbeatStream:
         replica_id: str,
         interval: float,
         metadata: tuple[tuple[str, str], ...] = (),
+        group_rank: int = 0,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"heartbeat interval must be > 0 seconds, got {interval}")
+        if group_rank < 0:
+            raise ValueError(f"group_rank must be >= 0, got {group_rank}")
+        self._group_rank = group_rank
         self._stub = stub
         self._metadata = metadata
         self._refused = False
@@ -495,7 +509,9 @@ class HeartbeatStream:
         self._thread.start()
 
     def _requests(self):
-        request = pb.LighthouseHeartbeatRequest(replica_id=self._replica_id)
+        request = pb.LighthouseHeartbeatRequest(
+            replica_id=self._replica_id, group_rank=self._group_rank
+        )
         while not self._closed.is_set():
             yield request
             self._closed.wait(self._interval)
@@ -512,7 +528,8 @@ class HeartbeatStream:
                 self._call.result()
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    self._run_unary()
+                    if self._group_rank == 0:
+                        self._run_unary()
                     return
                 self._log_break(e)
             except grpc.FutureCancelledError:

@@ -23,7 +23,9 @@ The rules, in order:
    fresh replacements trained from step 0 while the one group with the state sat out a
    collective timeout, or its heartbeat lagged on a loaded machine). A member whose stream
    ended (its process is gone) or that stayed silent longer is not waited for. A restarted
-   lighthouse knows no previous quorum, so the guard cannot act until it has issued one.
+   lighthouse knows the previous quorum from ``--state_dir`` (``last_quorum``: members it has
+   not heard from since count as heard from at the restart); without one the guard cannot
+   act until it has issued a quorum.
 4. Issuing a quorum gets a new quorum_id when the ordered member ids differ from the previous
    quorum's or any member reports ``commit_failures > 0``.
 """
@@ -94,6 +96,25 @@ def healthy_replicas(heartbeats: Mapping[str, float], now: float, timeout: float
     return {rid for rid, seen in heartbeats.items() if now - seen < timeout}
 
 
+def group_last_seen(
+    heartbeats: Mapping[str, float], rank_heartbeats: Mapping[str, Mapping[int, float]]
+) -> Mapping[str, float]:
+    """When each replica group was last heard from, as a whole: its own heartbeat (group rank
+    0's ManagerServer), or the oldest last heartbeat of its other ranks' streams when that is
+    older. A group rank hung inside the group (SIGSTOPped, its connections open) holds every
+    peer in the collectives it is part of, as a hung group does; this makes the group gone
+    after the heartbeat timeout (not in torchft, whose lighthouse hears from group rank 0
+    only). Ranks of a group without a heartbeat record of its own are ignored: the group is
+    gone or not yet known."""
+    if not rank_heartbeats:
+        return heartbeats
+    seen = dict(heartbeats)
+    for rid, ranks in rank_heartbeats.items():
+        if rid in seen and ranks:
+            seen[rid] = min(seen[rid], min(ranks.values()))
+    return seen
+
+
 def gone_members(
     watched: Iterable[str], heartbeats: Mapping[str, float], now: float, timeout: float
 ) -> tuple[str, ...]:
@@ -113,11 +134,15 @@ def decide(
     previous: tuple[QuorumMember, ...] | None,
     now: float,
     opts: DecisionOptions,
+    heard: Mapping[str, float] | None = None,
 ) -> Decision:
     """Decides whether a quorum can be issued now, and with whom.
 
     ``pending`` maps replica_id to its waiting request, ``heartbeats`` maps replica_id to its
     last-seen time, ``previous`` is the last issued quorum's members (None before the first).
+    ``heard``: when the state guard counts each member of ``previous`` as last heard from;
+    default ``heartbeats`` (a restarted lighthouse also counts its restart for members it
+    restored and has not heard from yet: ``last_quorum.heard_since_restart``).
     """
     healthy = healthy_replicas(heartbeats, now, opts.heartbeat_timeout)
     candidates = sorted(
@@ -164,7 +189,9 @@ def decide(
             f"them in {opts.join_timeout - waited:.1f}s (join timeout)",
             log_key=f"waiting for {len(stragglers)} straggler(s) of {len(candidates)} asker(s)",
         )
-    holders = state_holders(candidates, pending.keys(), heartbeats, previous, now, opts)
+    holders = state_holders(
+        candidates, pending.keys(), heartbeats if heard is None else heard, previous, now, opts
+    )
     if holders:
         return Decision(
             None,
@@ -199,8 +226,9 @@ def state_holders(
     when every candidate is behind that quorum's highest step (sorted; empty: nothing to wait
     for). May hold: its heartbeat stream is open (its process lives) and it was heard from
     within ``HOLDER_WAIT_HEARTBEATS`` heartbeat timeouts (it is in a collective timeout, or its
-    heartbeat lags on a loaded machine). A restarted lighthouse knows no previous quorum, so it
-    cannot tell (docs/operations.md, "State guard")."""
+    heartbeat lags on a loaded machine). ``heartbeats``: when each was last heard from. A
+    restarted lighthouse knows the previous quorum only from ``--state_dir``
+    (``last_quorum``); without it, it cannot tell (docs/operations.md, "State guard")."""
     if previous is None or not candidates:
         return []
     if max(p.member.step for p in candidates) >= max(m.step for m in previous):

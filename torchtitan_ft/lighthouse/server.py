@@ -33,6 +33,7 @@ from torchtitan_ft.lighthouse import status
 from torchtitan_ft.lighthouse.decision import DecisionOptions
 from torchtitan_ft.lighthouse.exclusion import ExclusionOptions
 from torchtitan_ft.lighthouse.history import DEFAULT_CAPACITY, History
+from torchtitan_ft.lighthouse.last_quorum import LastQuorumFile
 from torchtitan_ft.lighthouse.state import LighthouseState
 from torchtitan_ft.lighthouse.stragglers import StragglerOptions
 from torchtitan_ft.lighthouse.types import QuorumMember
@@ -137,31 +138,58 @@ class _Service:
             await self._reject(context, request.message)
         if not request.replica_id:
             await self._reject(context, "LighthouseHeartbeatRequest.replica_id is empty")
+        if request.group_rank != 0:
+            await self._reject(
+                context,
+                f"LighthouseHeartbeatRequest.group_rank must be 0 on a unary Heartbeat, got "
+                f"{request.group_rank}; a group rank's own heartbeats go on a HeartbeatStream",
+            )
         self.state.heartbeat(request.replica_id)
         return b""
 
     async def heartbeat_stream(self, requests: Any, context: grpc.aio.ServicerContext) -> bytes:
-        replica_id: str | None = None
+        """Group rank 0's stream is the group's heartbeat; another rank's (``group_rank`` > 0,
+        our clients only) is that rank's (``decision.group_last_seen``)."""
+        sender: tuple[str, int] | None = None
         try:
             async for request in requests:
-                if isinstance(request, Malformed) or not request.replica_id:
+                if (
+                    isinstance(request, Malformed)
+                    or not request.replica_id
+                    or request.group_rank < 0
+                ):
                     self.state.metrics.bad_requests += 1
                     continue
-                if replica_id is None:
-                    replica_id = request.replica_id
-                    self.state.stream_opened(replica_id)
-                elif request.replica_id != replica_id:
+                if sender is None:
+                    sender = (request.replica_id, request.group_rank)
+                    self._opened(*sender)
+                elif (request.replica_id, request.group_rank) != sender:
                     await self._reject(
                         context,
-                        f"heartbeat stream of {replica_id!r} got a heartbeat for "
-                        f"{request.replica_id!r}; open one stream per replica",
+                        f"heartbeat stream of {sender[0]!r} group rank {sender[1]} got a "
+                        f"heartbeat for {request.replica_id!r} group rank {request.group_rank}; "
+                        "open one stream per replica and group rank",
                     )
+                elif sender[1] == 0:
+                    self.state.heartbeat(sender[0])
                 else:
-                    self.state.heartbeat(replica_id)
+                    self.state.rank_heartbeat(*sender)
         finally:
-            if replica_id is not None:
-                self.state.stream_closed(replica_id)
+            if sender is not None:
+                self._closed(*sender)
         return b""
+
+    def _opened(self, replica_id: str, group_rank: int) -> None:
+        if group_rank == 0:
+            self.state.stream_opened(replica_id)
+        else:
+            self.state.rank_stream_opened(replica_id, group_rank)
+
+    def _closed(self, replica_id: str, group_rank: int) -> None:
+        if group_rank == 0:
+            self.state.stream_closed(replica_id)
+        else:
+            self.state.rank_stream_closed(replica_id, group_rank)
 
     async def gone_members(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Long-polls (at most ``_GONE_WAIT_MAX_S``, checking every ``_GONE_POLL_S``) until a
@@ -282,7 +310,9 @@ class LighthouseServer:
             alone without committing, and is taken back (and heals) when fast again.
         state_dir: a directory where the lighthouse keeps the job's event history
             (``events.jsonl``, at most about twice ``history_events`` lines), so that a
-            restarted lighthouse shows what happened before it; None (default) keeps it in
+            restarted lighthouse shows what happened before it, and the last issued quorum
+            (``last_quorum.json``), so that a restarted lighthouse's state guard acts as
+            before the restart (``lighthouse.last_quorum``); None (default) keeps both in
             memory only. Quorum ids are restart-safe without it.
         history_events: events kept in memory (and shown by the status page and ``/events``);
             default 10,000, about 0.3 MB (``benchmarks/history_memory.py``).
@@ -320,6 +350,7 @@ class LighthouseServer:
             stragglers=stragglers,
             exclusion=exclusion,
             history=History(history_events, state_dir, time.time),
+            last_quorum=None if state_dir is None else LastQuorumFile(state_dir),
         )
         self._port = 0
         self._status_port: int | None = None

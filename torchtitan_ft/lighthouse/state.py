@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -25,6 +25,7 @@ from torchtitan_ft.lighthouse.decision import (
     RoundKind,
     decide,
     gone_members,
+    group_last_seen,
     healthy_replicas,
     newcomer_ahead,
     next_quorum_id,
@@ -45,6 +46,13 @@ from torchtitan_ft.lighthouse.history import (
     heartbeat_events,
     membership_events,
     why_left,
+)
+from torchtitan_ft.lighthouse.last_quorum import (
+    LastQuorum,
+    LastQuorumFile,
+    heard_since_restart,
+    restored_line,
+    write_due,
 )
 from torchtitan_ft.lighthouse.stragglers import Change, SpeedBook, StragglerOptions
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
@@ -98,6 +106,9 @@ class LighthouseState:
         exclusion: the straggler policy (``lighthouse.exclusion``); default: off.
         history: the job's event log (``lighthouse.history``); default: in memory only,
             ``DEFAULT_CAPACITY`` events, on the wall clock.
+        last_quorum: where the last issued quorum is kept across restarts
+            (``lighthouse.last_quorum``, under ``--state_dir``); one there is restored.
+            Default None: a restarted lighthouse knows no previous quorum.
     """
 
     def __init__(
@@ -108,6 +119,7 @@ class LighthouseState:
         stragglers: StragglerOptions | None = None,
         exclusion: ExclusionOptions | None = None,
         history: History | None = None,
+        last_quorum: LastQuorumFile | None = None,
     ) -> None:
         self.opts = opts
         self.exclusion_opts = exclusion or ExclusionOptions()
@@ -118,6 +130,10 @@ class LighthouseState:
         self._waiters: dict[str, list[asyncio.Future[bytes]]] = {}
         self.heartbeats: dict[str, float] = {}
         self._streams: dict[str, int] = {}
+        self.rank_heartbeats: dict[str, dict[int, float]] = {}
+        """replica_id -> group rank (> 0) -> last heartbeat on that rank's own stream (our
+        clients' group ranks other than 0; see ``decision.group_last_seen``)."""
+        self._rank_streams: dict[tuple[str, int], int] = {}
         self.previous: tuple[QuorumMember, ...] | None = None
         self._previous_ids: frozenset[str] = frozenset()
         self._previous_max_step: int | None = None
@@ -151,6 +167,15 @@ class LighthouseState:
         self._lost: set[str] = set()
         self.groups = GroupBook()
         """What the groups report (steps/s, committed batches, heals) and the job's figures."""
+        self._last_quorum = last_quorum
+        self._written: LastQuorum | None = None
+        self._written_at = 0.0
+        self._ended: set[str] = set()
+        """Members of the previous quorum whose heartbeat stream ended since it was issued."""
+        self._restored_at: float | None = None
+        """When a quorum of an earlier run was restored, until this run issues its own."""
+        if last_quorum is not None and (record := last_quorum.load()) is not None:
+            self._restore(record)
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -161,6 +186,35 @@ class LighthouseState:
     def stream_opened(self, replica_id: str) -> None:
         self._streams[replica_id] = self._streams.get(replica_id, 0) + 1
         self.heartbeat(replica_id)
+
+    def rank_heartbeat(self, replica_id: str, group_rank: int) -> None:
+        """A heartbeat of group rank ``group_rank`` (> 0) of a group, on its own stream."""
+        self.rank_heartbeats.setdefault(replica_id, {})[group_rank] = self._clock()
+        self.metrics.heartbeats += 1
+
+    def rank_stream_opened(self, replica_id: str, group_rank: int) -> None:
+        key = (replica_id, group_rank)
+        self._rank_streams[key] = self._rank_streams.get(key, 0) + 1
+        self.rank_heartbeat(replica_id, group_rank)
+
+    def rank_stream_closed(self, replica_id: str, group_rank: int) -> None:
+        """A group rank's heartbeat stream ended: the rank exited or died (its peers'
+        collectives fail on their own); the group is judged by its other heartbeats."""
+        key = (replica_id, group_rank)
+        left = self._rank_streams.get(key, 0) - 1
+        if left > 0:
+            self._rank_streams[key] = left
+            return
+        self._rank_streams.pop(key, None)
+        ranks = self.rank_heartbeats.get(replica_id, {})
+        ranks.pop(group_rank, None)
+        if not ranks:
+            self.rank_heartbeats.pop(replica_id, None)
+
+    def last_seen(self) -> Mapping[str, float]:
+        """When each group was last heard from, its silent ranks counted
+        (``decision.group_last_seen``)."""
+        return group_last_seen(self.heartbeats, self.rank_heartbeats)
 
     def stream_closed(self, replica_id: str) -> None:
         """The replica's heartbeat stream ended: its process is gone (or it shut down)."""
@@ -175,6 +229,8 @@ class LighthouseState:
         self.metrics.stream_deaths += 1
         self._was_healthy.discard(replica_id)
         self._lost.discard(replica_id)
+        if replica_id in self._previous_ids:
+            self._ended.add(replica_id)
         if replica_id in self.asked:
             self._stream_ended.add(replica_id)
             self.history.record(
@@ -316,6 +372,7 @@ class LighthouseState:
         ]:
             del self._exclusion_history[group]
         self._heartbeat_changes()
+        self._persist()
         if self.pending:
             self.evaluate()
 
@@ -345,7 +402,7 @@ class LighthouseState:
         then counts as heard from now unless named gone, so that no later answer names it gone
         for a silence that has already ended."""
         now = self._clock()
-        gone = gone_members(watched, self.heartbeats, now, self.opts.heartbeat_timeout)
+        gone = gone_members(watched, self.last_seen(), now, self.opts.heartbeat_timeout)
         for rid in gone:
             self.declared_gone.setdefault(rid, now)
         asker_gone = asker in self.declared_gone
@@ -365,7 +422,7 @@ class LighthouseState:
 
     def evaluate(self) -> Decision:
         start = time.perf_counter()
-        heartbeats, previous = self.heartbeats, self.previous
+        heartbeats, previous = self.last_seen(), self.previous
         excluded = self.excluded()
         if excluded:
             # Left-out groups are neither waited for nor counted by the split-brain guard: they
@@ -373,7 +430,12 @@ class LighthouseState:
             heartbeats = {rid: t for rid, t in heartbeats.items() if rid not in excluded}
             if previous is not None:
                 previous = tuple(m for m in previous if m.replica_id not in excluded) or None
-        decision = decide(self.pending, heartbeats, previous, self._clock(), self.opts)
+        heard = None
+        if self._restored_at is not None and self.previous is not None:
+            heard = heard_since_restart(
+                (m.replica_id for m in self.previous), self._ended, heartbeats, self._restored_at
+            )
+        decision = decide(self.pending, heartbeats, previous, self._clock(), self.opts, heard)
         self.metrics.observe_decision(time.perf_counter() - start)
         if decision.members is not None:
             self._issue(decision.members, decision.round_kind or RoundKind.FULL)
@@ -381,7 +443,9 @@ class LighthouseState:
         return decision
 
     def _issue(self, members: tuple[QuorumMember, ...], round_kind: RoundKind) -> None:
-        new_id = next_quorum_id(self.quorum_id, self.previous, members, self._wall_us())
+        # The first quorum after a restart gets a new id, as without ``last_quorum``.
+        previous = None if self._restored_at is not None else self.previous
+        new_id = next_quorum_id(self.quorum_id, previous, members, self._wall_us())
         if new_id != self.quorum_id:
             self.metrics.quorum_id_changes += 1
             self._record_quorum(members, new_id, round_kind)
@@ -409,6 +473,35 @@ class LighthouseState:
         self._previous_pending = sum(1 for rid in self.pending if rid in self._previous_ids)
         self.quorum_issued_at = self._clock()
         self.metrics.quorums_issued += 1
+        self._ended.clear()
+        self._restored_at = None
+        self._persist()
+
+    def _restore(self, record: LastQuorum) -> None:
+        """Takes an earlier run's last quorum as the previous one (``last_quorum``)."""
+        self.previous = tuple(
+            QuorumMember(replica_id=rid, step=step) for rid, step in sorted(record.steps.items())
+        )
+        self._previous_ids = frozenset(record.steps)
+        self._previous_max_step = max(record.steps.values())
+        self._ended = set(record.ended)
+        self._restored_at = self._clock()
+        self._written, self._written_at = record, self._clock()
+        if self._last_quorum is not None:
+            logger.info("lighthouse: %s", restored_line(record, self._last_quorum.path))
+
+    def _persist(self) -> None:
+        """Writes the last quorum when due (``last_quorum.write_due``)."""
+        if self._last_quorum is None or self.previous is None:
+            return
+        current = LastQuorum(
+            {m.replica_id: m.step for m in self.previous},
+            frozenset(self._ended),
+        )
+        now = self._clock()
+        if write_due(self._written, current, now - self._written_at):
+            self._last_quorum.save(current)
+            self._written, self._written_at = current, now
 
     def _record_quorum(
         self, members: tuple[QuorumMember, ...], quorum_id: int, round_kind: RoundKind
@@ -466,7 +559,7 @@ class LighthouseState:
         return self._wall_us() / 1e6
 
     def healthy(self) -> set[str]:
-        return healthy_replicas(self.heartbeats, self._clock(), self.opts.heartbeat_timeout)
+        return healthy_replicas(self.last_seen(), self._clock(), self.opts.heartbeat_timeout)
 
     def status(self) -> dict:
         """A JSON-able snapshot for the status page."""
@@ -504,7 +597,7 @@ class LighthouseState:
                     "healthy": rid in healthy,
                     "stream": rid in self._streams,
                 }
-                for rid, seen in sorted(self.heartbeats.items())
+                for rid, seen in sorted(self.last_seen().items())
                 if rid in self.asked
             ],
             "other_callers": sorted(rid for rid in self.heartbeats if rid not in self.asked),

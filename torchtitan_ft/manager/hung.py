@@ -9,6 +9,15 @@ that comes back learns it was named gone (``requester_gone``) and discards its s
 commit fence (``fence``) keeps it from committing a step its peers aborted when its collective
 completed anyway. Decisions: ``decisions.hung_peer_abort`` and ``decisions.needs_commit_fence``.
 
+A rank hung inside a group (group rank N > 0; rank 0's ManagerServer goes on heartbeating for
+the group) holds its peers the same way: rank N of every other group waits in the collective
+with it. So each rank N > 0 keeps a heartbeat stream of its own to the lighthouse (``group_rank``
+in the stream's messages); the lighthouse counts a group as heard from only as recently as its
+most silent rank (``lighthouse.decision.group_last_seen``), so the group is named gone after
+the same heartbeat timeout, and the watch aborts as for a hung group. Not torchft 0.2.0's
+behaviour: its peers wait for the process group's timeout (said once at run time, at the
+first abort).
+
 Against torchft's lighthouse (no ``GoneMembers``) the watch stops after its first call: a hung
 peer then costs the process group's timeout, as in torchft 0.2.0.
 """
@@ -45,6 +54,11 @@ class HungPeerWatch:
         on_abort: called with the reason, on the watch thread, when the armed step must be
             aborted; ``disarm`` waits for a call in progress.
         log: the Manager's logger (level, message).
+        group_rank: this rank in its replica group; a rank > 0 also sends its own heartbeats
+            (see the module doc). Default 0: none (group rank 0's ManagerServer heartbeats
+            for the group).
+        heartbeat_interval: the interval of those heartbeats (the Manager's
+            ``heartbeat_interval``).
     """
 
     def __init__(
@@ -53,6 +67,8 @@ class HungPeerWatch:
         replica_id: str,
         on_abort: Callable[[str], None],
         log: Callable[[int, str], None],
+        group_rank: int = 0,
+        heartbeat_interval: timedelta = timedelta(milliseconds=100),
     ) -> None:
         self._client = client
         self._replica_id = replica_id
@@ -64,6 +80,7 @@ class HungPeerWatch:
         self._call: grpc.Future | None = None
         self._call_members: list[str] = []
         self._closed = False
+        self._said_not_torchft = False
         self.supported = True
         """False once the lighthouse answered UNIMPLEMENTED (torchft's)."""
         self.heartbeat_timeout: float | None = None
@@ -72,6 +89,11 @@ class HungPeerWatch:
             target=self._run, name=f"hung-peer-watch-{replica_id}", daemon=True
         )
         self._thread.start()
+        self._rank_heartbeats = (
+            client.heartbeat_stream(replica_id, heartbeat_interval, group_rank)
+            if group_rank > 0
+            else None
+        )
 
     def new_step(self) -> None:
         """Starts the step clock of ``fence`` (at ``start_quorum``: a group stopped before
@@ -115,6 +137,8 @@ class HungPeerWatch:
             self._cancel_call()
             self._cond.notify_all()
         self._thread.join(timeout=1.0)
+        if self._rank_heartbeats is not None:
+            self._rank_heartbeats.close()
         self._client.close()
 
     def _cancel_call(self) -> None:
@@ -170,4 +194,12 @@ class HungPeerWatch:
                 if reason is None or self._armed != members:
                     continue
                 self._armed = None
+                if not self._said_not_torchft:
+                    self._said_not_torchft = True
+                    self._log(
+                        logging.INFO,
+                        "aborting a step's collectives because the lighthouse named a member "
+                        "of its quorum gone: not torchft 0.2.0's behaviour, where peers wait "
+                        "in the collective for the process group's timeout",
+                    )
                 self._on_abort(reason)

@@ -117,6 +117,9 @@ class Manager:
             server; a loopback name keeps both on loopback. Default ``None``: this machine's
             name, ``socket.gethostname()`` when the Manager is constructed.
         heartbeat_interval: how often group rank 0 heartbeats the lighthouse (default 100 ms).
+            Group ranks > 0 that know the lighthouse's address send their own heartbeats at
+            this interval too, so that a rank hung inside the group is noticed
+            (``manager.hung``).
         checkpoint_transport: how state moves to healing peers; default ``HTTPTransport`` with
             ``timeout``, ``hostname`` and ``auth_token``.
         init_sync: at step 0 every replica group loads the primary's state so all start
@@ -312,6 +315,8 @@ class Manager:
                 group.replica_id,
                 on_abort=self._abort_hung_step,
                 log=self._log,
+                group_rank=self._group_rank,
+                heartbeat_interval=heartbeat_interval,
             )
         self._events.emit(
             EventKind.START,

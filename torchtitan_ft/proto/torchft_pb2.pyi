@@ -140,10 +140,12 @@ class LighthouseQuorumResponse(_message.Message):
     def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., speeds: _Optional[_Iterable[_Union[GroupSpeed, _Mapping]]] = ...) -> None: ...
 
 class LighthouseHeartbeatRequest(_message.Message):
-    __slots__ = ("replica_id",)
+    __slots__ = ("replica_id", "group_rank")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
-    def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
+    group_rank: int
+    def __init__(self, replica_id: _Optional[str] = ..., group_rank: _Optional[int] = ...) -> None: ...
 
 class LighthouseHeartbeatResponse(_message.Message):
     __slots__ = ()

@@ -48,6 +48,10 @@ class WorkerConfig:
     """SIGSTOP this process (once) right before launching the allreduce of this step, provided
     ``kill_participants`` replica groups take part: a hung peer, its connections open, its
     peers waiting in the collective for its contribution. The test sends SIGCONT."""
+    hang_file: str | None = None
+    """When this file appears, the rank removes it and SIGSTOPs itself right before its next
+    allreduce (a hang inside the collective, at a moment the parent picks, as often as it
+    writes the file). The parent sends SIGCONT."""
     fail_first_heal: bool = False
     """This rank's first checkpoint fetch fails (a donor lost mid-transfer)."""
     step_sleep_s: float = 0.0
@@ -357,6 +361,19 @@ def train_worker(cfg: WorkerConfig) -> None:
             return work
 
         pg.allreduce = allreduce_then_die  # type: ignore[method-assign]
+    if cfg.hang_file is not None:
+        hang_file, allreduce = Path(cfg.hang_file), pg.allreduce
+
+        def allreduce_or_hang(tensors: Any, opts: Any = None) -> Any:
+            try:
+                hang_file.unlink()
+            except FileNotFoundError:
+                pass
+            else:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return allreduce(tensors, opts)
+
+        pg.allreduce = allreduce_or_hang  # type: ignore[method-assign]
 
     commits: list[tuple[int, bool, int, bool, float]] = []
     for _ in range(cfg.max_iterations):
