@@ -49,3 +49,11 @@ def test_group_progress_merges_counts_and_heals_of_the_ranks() -> None:
     assert (merged.batches_committed, merged.discarded_steps) == (12, 2)
     assert list(merged.heals) == [heal(7, 150, 0.8, "not_applied")]
     assert group_progress([None]) is None
+
+
+def test_group_progress_sends_samples_only_when_a_rank_has_them() -> None:
+    with_samples = pb.GroupProgress(batches_committed=4, samples_committed=32)
+    merged = group_progress([pb.GroupProgress(batches_committed=4), with_samples])
+    assert merged.HasField("samples_committed") and merged.samples_committed == 32
+    merged = group_progress([pb.GroupProgress(batches_committed=4)])
+    assert not merged.HasField("samples_committed")  # the page then shows batches

@@ -154,9 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--state_dir",
         default=None,
         help="directory where the lighthouse keeps the job's event history (events.jsonl, "
-        "append-only, at most about 2 x --history_events lines), so that a restarted "
-        "lighthouse still shows what happened before; quorum ids are restart-safe without it "
-        "(default: none, the history is kept in memory only and lost on restart)",
+        "append-only, at most about 2 x --history_events lines) and the groups' figures "
+        "(groups.json: time in the quorum and away, heals, discarded steps, committed samples, "
+        "availability; rewritten every second), so that a restarted lighthouse still shows "
+        "what happened before; quorum ids are restart-safe without it (default: none, both "
+        "are kept in memory only and lost on restart)",
     )
     p.add_argument(
         "--history_events",

@@ -37,7 +37,7 @@ from torchtitan_ft.lighthouse.exclusion import (
     decide_exclusion,
     group_of,
 )
-from torchtitan_ft.lighthouse.groups import GroupBook
+from torchtitan_ft.lighthouse.groups import GroupBook, GroupsFile
 from torchtitan_ft.lighthouse.history import (
     DEFAULT_CAPACITY,
     EventKind,
@@ -96,6 +96,9 @@ class LighthouseState:
         exclusion: the straggler policy (``lighthouse.exclusion``); default: off.
         history: the job's event log (``lighthouse.history``); default: in memory only,
             ``DEFAULT_CAPACITY`` events, on the wall clock.
+        groups_file: where the groups' figures are saved and restored from
+            (``lighthouse.groups.GroupsFile``, under ``--state_dir``); default None: in memory
+            only.
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class LighthouseState:
         stragglers: StragglerOptions | None = None,
         exclusion: ExclusionOptions | None = None,
         history: History | None = None,
+        groups_file: GroupsFile | None = None,
     ) -> None:
         self.opts = opts
         self.exclusion_opts = exclusion or ExclusionOptions()
@@ -147,8 +151,10 @@ class LighthouseState:
         """Groups whose stream ended since their last quorum request (why they left)."""
         self._was_healthy: set[str] = set()
         self._lost: set[str] = set()
-        self.groups = GroupBook()
-        """What the groups report (steps/s, committed batches, heals) and the job's figures."""
+        self._groups_file = groups_file
+        self.groups = groups_file.load(self._wall()) if groups_file else GroupBook()
+        """What the groups report (steps/s, committed samples, heals) and the job's figures;
+        restored after a restart when ``groups_file`` is given."""
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -317,6 +323,14 @@ class LighthouseState:
         self._heartbeat_changes()
         if self.pending:
             self.evaluate()
+        if self._groups_file is not None:
+            self._groups_file.save_due(self.groups, self._wall())
+
+    def close(self) -> None:
+        """Saves the groups' figures (under ``--state_dir``) and closes the history."""
+        if self._groups_file is not None and self.groups.groups:
+            self._groups_file.save(self.groups, self._wall())
+        self.history.close()
 
     def _heartbeat_changes(self) -> None:
         """Records heartbeats lost and regained since the last tick (groups that asked for a

@@ -55,7 +55,8 @@ class StepTimer:
 
 def group_progress(progresses: Iterable[pb.GroupProgress | None]) -> pb.GroupProgress | None:
     """A group's progress from its ranks' (None when no rank sent any): the slowest timing per
-    step (``slowest_per_step``), the highest committed batches and discarded steps, and each
+    step (``slowest_per_step``), the highest committed batches, samples (when any rank sent
+    them) and discarded steps, and each
     heal (by the step it healed to) with the ranks' bytes summed, the slowest rank's seconds
     and the worst outcome."""
     sent = [p for p in progresses if p is not None]
@@ -64,6 +65,9 @@ def group_progress(progresses: Iterable[pb.GroupProgress | None]) -> pb.GroupPro
     merged = slowest_per_step(sent) or pb.GroupProgress()
     merged.batches_committed = max(p.batches_committed for p in sent)
     merged.discarded_steps = max(p.discarded_steps for p in sent)
+    samples = [p.samples_committed for p in sent if p.HasField("samples_committed")]
+    if samples:
+        merged.samples_committed = max(samples)
     heals: dict[int, pb.HealReport] = {}
     for p in sent:
         for heal in p.heals:

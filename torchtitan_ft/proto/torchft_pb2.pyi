@@ -50,16 +50,18 @@ class StepTiming(_message.Message):
     def __init__(self, step: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ...) -> None: ...
 
 class GroupProgress(_message.Message):
-    __slots__ = ("steps", "batches_committed", "discarded_steps", "heals")
+    __slots__ = ("steps", "batches_committed", "discarded_steps", "heals", "samples_committed")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     DISCARDED_STEPS_FIELD_NUMBER: _ClassVar[int]
     HEALS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     steps: _containers.RepeatedCompositeFieldContainer[StepTiming]
     batches_committed: int
     discarded_steps: int
     heals: _containers.RepeatedCompositeFieldContainer[HealReport]
-    def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., batches_committed: _Optional[int] = ..., discarded_steps: _Optional[int] = ..., heals: _Optional[_Iterable[_Union[HealReport, _Mapping]]] = ...) -> None: ...
+    samples_committed: int
+    def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., batches_committed: _Optional[int] = ..., discarded_steps: _Optional[int] = ..., heals: _Optional[_Iterable[_Union[HealReport, _Mapping]]] = ..., samples_committed: _Optional[int] = ...) -> None: ...
 
 class HealReport(_message.Message):
     __slots__ = ("to_step", "source_address", "bytes", "seconds", "outcome")
