@@ -16,6 +16,7 @@ from torchtitan_ft.lighthouse.groups import (
     Rate,
     availability,
     discarded_total,
+    save_due,
     window_rate,
 )
 from torchtitan_ft.lighthouse.history import EventKind
@@ -99,6 +100,32 @@ def test_rate_samples_at_most_once_a_second_and_keeps_its_best() -> None:
     assert (rate.rate, rate.best) == (2.0, 10.0)  # 360-300 over the last 30 s; best 300/30
 
 
+def test_the_rate_window_goes_on_across_a_restart_and_counts_the_downtime() -> None:
+    rate = Rate()
+    for t in range(21):  # 10 samples a second: 200 over the first 20 s
+        rate.sample(float(t), 10 * t)
+    restored = Rate.from_json(json.loads(json.dumps(rate.to_json())))
+    assert (restored.count, restored.rate, restored.best) == (200, None, None)
+    restored.sample(40.0, 300)  # down from 20 to 35 s; 100 more by 40 s
+    # over the last 30 s: 100 at 10 s to 300 at 40 s
+    assert restored.rate == restored.best == (300 - 100) / 30
+
+
+@pytest.mark.parametrize(
+    ("since", "changed", "last_save", "due"),
+    [
+        (0.5, False, 0.001, False),  # nothing changed: once a second
+        (SAVE_EVERY_S, False, 0.001, True),
+        (SAVE_CHANGED_S, True, 0.001, True),  # a heal, a discard, a membership change: sooner
+        (SAVE_CHANGED_S / 2, True, 0.001, False),
+        (2.0, True, 0.1, False),  # a save that took 0.1 s waits 5 s (2% of the loop)
+        (5.0, False, 0.1, True),
+    ],
+)
+def test_save_due(since, changed, last_save, due) -> None:
+    assert save_due(since, changed, last_save) is due
+
+
 @pytest.mark.parametrize(
     ("reports", "unit", "committed", "reason"),
     [
@@ -136,10 +163,14 @@ def _story() -> GroupBook:
     progress = _progress(8, 64, discarded=2)
     progress.heals.append(
         pb.HealReport(
-            to_step=3, source_address="http://b:1", bytes=64, seconds=0.25, outcome="applied"
+            to_step=3, source_address="http://b:1", bytes=64, seconds=0.25, outcome="applied",
+            started=100.5,
         )
+    )  # fmt: skip
+    events = book.report("a", progress, now=101.0)
+    assert events[0][2] == (
+        "healed to step 3 from http://b:1 (started 00:01:40): 64 bytes in 0.250 s, applied"
     )
-    book.report("a", progress, now=101.0)
     book.report("b", _progress(8, 64), now=101.0)
     book.quorum(["a"], now=110.0)
     return book
@@ -149,7 +180,7 @@ def _figures(views: list[dict]) -> dict:
     return {
         v["replica_id"]: (
             v["in_quorum"], v["in_quorum_s"], v["away_s"], v["heal_count"], v["discarded_steps"],
-            v["samples_committed"], [h["bytes"] for h in v["heals"]],
+            v["samples_committed"], [(h["bytes"], h["started"]) for h in v["heals"]],
         )
         for v in views
     }  # fmt: skip
@@ -162,7 +193,7 @@ def test_figures_survive_a_restart_and_the_downtime_counts_neither_in_nor_away()
     restored = GroupBook.from_json(saved, now=150.0)  # the lighthouse was down 120..150
     assert _figures(restored.views(now=150.0)) == _figures(book.views(now=120.0))
     assert _figures(restored.views(now=150.0)) == {
-        "a": (True, 20.0, 0.0, 1, 2, 64, [64]),
+        "a": (True, 20.0, 0.0, 1, 2, 64, [(64, 100.5)]),
         "b": (False, 10.0, 10.0, 0, 0, 64, []),
     }
     # Ten seconds after the restart: a in the quorum, b away, ten more seconds each.

@@ -57,3 +57,12 @@ def test_group_progress_sends_samples_only_when_a_rank_has_them() -> None:
     assert merged.HasField("samples_committed") and merged.samples_committed == 32
     merged = group_progress([pb.GroupProgress(batches_committed=4)])
     assert not merged.HasField("samples_committed")  # the page then shows batches
+
+
+def test_a_groups_heal_started_when_its_first_rank_started() -> None:
+    def rank(started: float) -> pb.GroupProgress:
+        return pb.GroupProgress(heals=[pb.HealReport(to_step=7, bytes=10, started=started)])
+
+    for ranks in ([0.0, 105.0, 100.0], [105.0, 0.0, 100.0]):  # 0: a rank that sent none
+        merged = group_progress([rank(started) for started in ranks])
+        assert (merged.heals[0].started, merged.heals[0].bytes) == (100.0, 30)

@@ -432,6 +432,8 @@ RANGES = {"hour": 3600.0, "job": None}
 history still holds)."""
 EVENTS_SHOWN = 100
 """Rows of the page's event table (the newest); ``/events`` has them all."""
+HEALS_SHOWN = 5
+"""Durations of a group's newest heals in its row (``/status.json`` has the last 20)."""
 
 _PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>torchft lighthouse</title>
@@ -471,7 +473,8 @@ Green bars: time in the quorum. Marks: events (hover or click for the reason).</
 <p id="mark-detail"></p>
 <h2>Groups</h2>
 <table id="groups"><tr><th>replica</th><th>in quorum</th><th>steps/s</th><th>recent steps/s</th>
-<th>time in quorum (s)</th><th>time away (s)</th><th>heals</th><th>last heal</th>
+<th>time in quorum (s)</th><th>time away (s)</th><th>heals (newest durations)</th>
+<th>last heal</th>
 <th>committed {unit}</th><th>discarded steps</th></tr>
 {group_rows}
 </table>
@@ -593,11 +596,12 @@ def render_html(
     for g in status["groups"]:
         last = g["heals"][-1] if g["heals"] else None
         last_heal = (
-            f"{clock(last['time'])}: {last['seconds']:.3f} s, {last['bytes']} bytes, "
-            f"{e(last['outcome'])}"
+            f"started {clock(last['started'] or last['time'])}: {last['seconds']:.3f} s, "
+            f"{last['bytes']} bytes, {e(last['outcome'])}"
             if last
             else "-"
         )
+        durations = ", ".join(f"{h['seconds']:.2f} s" for h in g["heals"][-HEALS_SHOWN:])
         not_reported = "" if g["reports"] else " (not reported: torchft client)"
         group_rows.append(
             f'<tr class="{"in-quorum" if g["in_quorum"] else "away"}" '
@@ -606,7 +610,8 @@ def render_html(
             f"<td>{_figure(g['steps_per_s'], '.2f')}{not_reported}</td>"
             f"<td>{sparkline(g['steps_per_s_series'])}</td>"
             f"<td>{g['in_quorum_s']:.1f}</td><td>{g['away_s']:.1f}</td>"
-            f"<td>{g['heal_count']}</td><td>{last_heal}</td>"
+            f"<td>{g['heal_count']}{f' ({durations})' if durations else ''}</td>"
+            f"<td>{last_heal}</td>"
             f"<td>{_committed(g, unit)}</td><td>{g['discarded_steps']}</td></tr>"
         )
     event_rows = [

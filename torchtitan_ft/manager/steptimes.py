@@ -56,9 +56,8 @@ class StepTimer:
 def group_progress(progresses: Iterable[pb.GroupProgress | None]) -> pb.GroupProgress | None:
     """A group's progress from its ranks' (None when no rank sent any): the slowest timing per
     step (``slowest_per_step``), the highest committed batches, samples (when any rank sent
-    them) and discarded steps, and each
-    heal (by the step it healed to) with the ranks' bytes summed, the slowest rank's seconds
-    and the worst outcome."""
+    them) and discarded steps, and each heal (by the step it healed to) with the ranks' bytes
+    summed, the earliest start, the slowest rank's seconds and the worst outcome."""
     sent = [p for p in progresses if p is not None]
     if not sent:
         return None
@@ -78,6 +77,8 @@ def group_progress(progresses: Iterable[pb.GroupProgress | None]) -> pb.GroupPro
                 continue
             mine.bytes += heal.bytes
             mine.seconds = max(mine.seconds, heal.seconds)
+            if heal.started and (not mine.started or heal.started < mine.started):
+                mine.started = heal.started
             if _OUTCOME_RANK.get(heal.outcome, 0) > _OUTCOME_RANK.get(mine.outcome, 0):
                 mine.outcome = heal.outcome
     merged.heals.extend(heals[step] for step in sorted(heals))

@@ -64,18 +64,20 @@ class GroupProgress(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., batches_committed: _Optional[int] = ..., discarded_steps: _Optional[int] = ..., heals: _Optional[_Iterable[_Union[HealReport, _Mapping]]] = ..., samples_committed: _Optional[int] = ...) -> None: ...
 
 class HealReport(_message.Message):
-    __slots__ = ("to_step", "source_address", "bytes", "seconds", "outcome")
+    __slots__ = ("to_step", "source_address", "bytes", "seconds", "outcome", "started")
     TO_STEP_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
     to_step: int
     source_address: str
     bytes: int
     seconds: float
     outcome: str
-    def __init__(self, to_step: _Optional[int] = ..., source_address: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ...) -> None: ...
+    started: float
+    def __init__(self, to_step: _Optional[int] = ..., source_address: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ..., started: _Optional[float] = ...) -> None: ...
 
 class GroupSpeed(_message.Message):
     __slots__ = ("replica_id", "relative_speed", "straggler", "straggler_since_step", "excluded")
