@@ -62,8 +62,8 @@ SAVE_CHANGED_S = 0.2
 """... and this soon after a heal, a discarded step or a membership change."""
 SAVE_SHARE = 0.02
 """... but saving takes at most this share of the lighthouse's event loop: a big job's file is
-saved less often (1,000 groups with 20 heals each: 1.8 MB, about 0.13 s to write at load 20,
-so every 6 s)."""
+saved less often (``benchmarks/history_memory.py``: 1,000 groups with 20 heals each write
+1.8 MB in about 0.35 s at load average 21, so every 17 s or so)."""
 Unit = Literal["samples", "batches"]
 """What the job's committed figures count: samples when a group reports them, else batches."""
 
