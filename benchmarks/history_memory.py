@@ -10,22 +10,30 @@ A ``History`` is filled to its capacity with a mix like a bad night's, measured 
   with its own figures, and heartbeats lost and regained;
 - ``steady``: the same kinds with repeated reasons (groups that keep their ids).
 
-Also ``record_us``: the time to record one event (median of the fill, in memory).
+Also ``record_us``: the time to record one event (median of the fill, in memory); and
+``groups_file``: what saving the groups' figures under ``--state_dir`` costs the lighthouse's
+event loop (``groups.json``, ``lighthouse.groups.GroupsFile``) for ``--file_groups`` groups
+with ``HEALS_KEPT`` heals each (the most it keeps): its size and the median time of a save,
+which sets how often it is saved (``SAVE_SHARE``).
 
-    python -m benchmarks.history_memory [--events 10000] [--groups 16]
+    python -m benchmarks.history_memory [--events 10000] [--groups 16] [--file_groups 1000]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import tempfile
 import time
 import tracemalloc
 import uuid
 from collections.abc import Iterator
 
 from benchmarks import machine
+from torchtitan_ft.lighthouse.groups import HEALS_KEPT, SAVE_SHARE, GroupBook, GroupsFile
 from torchtitan_ft.lighthouse.history import EventKind, History
+from torchtitan_ft.proto import torchft_pb2 as pb
 
 K = EventKind
 
@@ -96,22 +104,63 @@ def measure(events: int, source: Iterator[tuple[EventKind, str, str]]) -> dict:
     }
 
 
+def groups_file(groups: int, saves: int = 5) -> dict:
+    """Size and median save time of ``groups.json`` for ``groups`` groups, each with
+    ``HEALS_KEPT`` heals."""
+    book = GroupBook()
+    ids = [f"replica_group_{i}:{uuid.uuid4()}" for i in range(groups)]
+    book.quorum(ids, 0.0)
+    for i, rid in enumerate(ids):
+        progress = pb.GroupProgress(batches_committed=1000, samples_committed=8000)
+        progress.discarded_steps = 3
+        progress.heals.extend(
+            pb.HealReport(
+                to_step=h, source_address=f"http://host-{i}:29512", bytes=123_456_789,
+                seconds=1.25, outcome="applied", started=1.7e9 + h,
+            )
+            for h in range(HEALS_KEPT)
+        )  # fmt: skip
+        book.report(rid, progress, 1.0)
+    with tempfile.TemporaryDirectory() as folder:
+        store = GroupsFile(folder)
+        times = []
+        for k in range(saves):
+            start = time.perf_counter()
+            store.save(book, 2.0 + k)
+            times.append(time.perf_counter() - start)
+        size = store.path.stat().st_size
+    save_s = statistics.median(times)
+    return {
+        "groups": groups,
+        "heals_per_group": HEALS_KEPT,
+        "bytes": size,
+        "save_ms": round(save_s * 1000, 2),
+        "saved_every_s": round(max(1.0, save_s / SAVE_SHARE), 2),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=10_000, help="events recorded (the capacity)")
     p.add_argument("--groups", type=int, default=16, help="replica groups in the mix")
+    p.add_argument("--file_groups", type=int, default=1000, help="replica groups in groups.json")
     args = p.parse_args(argv)
-    if args.events < 1 or args.groups < 2:
-        p.error(f"--events must be >= 1 and --groups >= 2, got {args.events}, {args.groups}")
+    if args.events < 1 or args.groups < 2 or args.file_groups < 1:
+        p.error(
+            f"--events and --file_groups must be >= 1 and --groups >= 2, got {args.events}, "
+            f"{args.file_groups}, {args.groups}"
+        )
     results = {
         "churn": measure(args.events, churn(args.groups)),
         "steady": measure(args.events, steady(args.groups)),
     }
-    print(
-        json.dumps(
-            {"goal_mb_per_10k_events": 1.0, "results": results, "machine": machine()}, indent=1
-        )
-    )
+    out = {
+        "goal_mb_per_10k_events": 1.0,
+        "results": results,
+        "groups_file": groups_file(args.file_groups),
+        "machine": machine(),
+    }
+    print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

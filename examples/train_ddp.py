@@ -31,6 +31,8 @@ from torch import nn, optim
 from torchtitan_ft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
 
 STEPS = 50
+BATCH = 32
+"""Samples in each group's batch of a step."""
 
 
 def train(replica_group: int) -> dict[str, Any]:
@@ -53,13 +55,14 @@ def train(replica_group: int) -> dict[str, Any]:
         replica_id=f"train_ddp_{replica_group}",
         hostname=advertised_host(),
         timeout=timedelta(seconds=10),
+        samples_per_batch=BATCH,  # the lighthouse's status page shows committed samples/s
     )
     ddp_model = DistributedDataParallel(manager, model)
     optimizer = Optimizer(manager, inner)
 
     data = torch.Generator().manual_seed(1000 + replica_group)  # each group its own batches
     while manager.current_step() < STEPS:
-        x = torch.randn(32, 16, generator=data)
+        x = torch.randn(BATCH, 16, generator=data)
         y = x.sum(dim=1, keepdim=True)
         optimizer.zero_grad()  # starts this step's quorum
         loss = nn.functional.mse_loss(ddp_model(x), y)

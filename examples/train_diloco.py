@@ -36,6 +36,8 @@ from train_ddp import advertised_host, state_sha1
 
 OUTER_STEPS = 6
 SYNC_EVERY = 10
+BATCH = 32
+"""Samples in each group's batch of an inner step."""
 
 
 def train(replica_group: int) -> dict[str, Any]:
@@ -60,12 +62,15 @@ def train(replica_group: int) -> dict[str, Any]:
         replica_id=f"train_diloco_{replica_group}",
         hostname=advertised_host(),
         timeout=timedelta(seconds=10),
+        # The Manager commits once per sync, which covers SYNC_EVERY inner batches: the
+        # lighthouse's status page shows committed samples/s.
+        samples_per_batch=BATCH * SYNC_EVERY,
     )
     data = torch.Generator().manual_seed(1000 + replica_group)  # each group its own batches
     # The context manager hooks the inner optimizer: every SYNC_EVERY-th step() syncs.
     with DiLoCo(manager, [model], inner, outer, sync_every=SYNC_EVERY) as diloco:
         while manager.current_step() < OUTER_STEPS:  # the Manager counts committed syncs
-            x = torch.randn(32, 16, generator=data)
+            x = torch.randn(BATCH, 16, generator=data)
             y = x.sum(dim=1, keepdim=True)
             inner.zero_grad()
             loss = nn.functional.mse_loss(model(x), y)

@@ -41,11 +41,12 @@ At the end it writes to ``--out``:
 * with ``--page_snapshots``, ``page/<n>_<moment>.html`` (the lighthouse's status page as
   headless Chromium rendered it, or as served when Chromium is missing) and
   ``page/<n>_<moment>.json`` (its ``/status.json`` and ``/events``) after each fault's
-  recovery and at the end; with ``--screenshots`` also ``page/<n>_<moment>.png``.
+  recovery, right before the lighthouse is killed, and at the end; with ``--screenshots`` also
+  ``page/<n>_<moment>.png``.
 
 The lighthouse serves its status page on a free port (printed at the start: open it while the
-demo runs) and keeps its history under ``<out>/lighthouse_state``, so the page still tells the
-whole story after the lighthouse restart.
+demo runs) and keeps its history and the groups' figures under ``<out>/lighthouse_state``, so
+the page still tells the whole story after the lighthouse restart.
 
 Needs matplotlib. Everything is local: no network, 127.0.0.1 only.
 """
@@ -483,6 +484,7 @@ class Demo:
                 print(f"  skipping {kind}: the job is nearly done", flush=True)
                 continue
             if kind == "lighthouse":
+                self.snapshot("before_lighthouse")  # the figures a restart must keep
                 # Same port: the groups keep retrying the address they were given.
                 self.act(LIGHTHOUSE_KILL, None)
                 self.lighthouse.kill()

@@ -201,9 +201,14 @@ def test_titan_step_across_a_link_prints_both_jobs() -> None:
 
 @pytest.mark.slow  # 13 s under load (importing torch for the machine description)
 def test_history_memory_prints_both_mixes() -> None:
-    out = _benchmark("benchmarks.history_memory", "--events", "200", "--groups", "4", timeout=60)
+    out = _benchmark(
+        "benchmarks.history_memory",
+        *("--events", "200", "--groups", "4", "--file_groups", "3"),
+        timeout=60,
+    )
     assert out["results"].keys() == {"churn", "steady"}
     assert all(r["bytes"] > 0 and r["record_us"] > 0 for r in out["results"].values())
+    assert out["groups_file"]["groups"] == 3 and out["groups_file"]["bytes"] > 0
 
 
 @pytest.mark.slow  # two server processes: 20 s under load

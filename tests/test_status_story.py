@@ -1,11 +1,12 @@
 """The status page tells a real job's story, checked as a person would see it (issue 23).
 
 ``scripts/failure_demo.py`` (the MLP harness: 3 replica groups, ``min_replicas`` 2) goes through
-a lighthouse restart, a SIGKILL and restart (the group heals), and a SIGSTOP hang; after each
-fault's recovery and at the end it saves the page as headless Chromium rendered it, with the
-page's JSON. The test reads the rendered page (the events with their reasons, the timeline's
-marks, the per-group figures) and checks it against the trainers' own event streams and the
-faults the demo injected.
+a lighthouse restart, a SIGKILL and restart (the group heals), and a SIGSTOP hang; right before
+the lighthouse restart, after each fault's recovery and at the end it saves the page as
+headless Chromium rendered it, with the page's JSON. The test reads the rendered page (the
+events with their reasons, the timeline's marks, the per-group figures) and checks it against
+the trainers' own event streams and the faults the demo injected: the job's committed samples,
+each group's heals and discarded steps, and each group's figures across the lighthouse restart.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 
 from tests.test_failure_demo import _run
 from torchtitan_ft.events import EventKind, read_events
+from torchtitan_ft.testing.mlp import BATCH_SIZE
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -35,6 +37,12 @@ _EVENT_ROW = re.compile(
 )
 _MARK = re.compile(r'<circle class="mark" data-kind="([a-z_]+)" data-group="([^"]*)"')
 _GROUP_ROW = re.compile(r'<tr class="(in-quorum|away)" data-group="([^"]+)">')
+
+
+def _views(out: Path, page: Path) -> dict[str, dict]:
+    """Each group's figures in the ``/status.json`` saved with ``page``."""
+    data = json.loads((out / "page" / f"{page.stem}.json").read_text())
+    return {g["replica_id"]: g for g in data["status.json"]["groups"]}
 
 
 def _group_ids(out: Path, replica: int) -> list[str]:
@@ -64,12 +72,26 @@ def test_page_tells_the_story_of_a_kill_a_heal_a_hang_and_a_lighthouse_restart(
     assert len(killed) == 2, killed  # the killed process and its restart
 
     pages = {p.stem.split("_", 1)[1]: p for p in (tmp_path / "page").glob("*.html")}
-    assert {"after_lighthouse", "after_sigkill", "after_sigstop", "end"} <= pages.keys()
+    moments = {"before_lighthouse", "after_lighthouse", "after_sigkill", "after_sigstop", "end"}
+    assert moments <= pages.keys()
 
-    # After the lighthouse restart, the page still shows the history before it.
+    # After the lighthouse restart, the page still shows the history before it...
     dom = pages["after_lighthouse"].read_text()
     kinds = {k for k, _, _ in _EVENT_ROW.findall(dom)}
     assert {"lighthouse_start", "lighthouse_restart", "quorum", "joined"} <= kinds
+    # ... and each group's figures: what it showed before, plus what happened since.
+    before, after = (_views(tmp_path, pages[m]) for m in ("before_lighthouse", "after_lighthouse"))
+    assert before.keys() <= after.keys(), (before, after)
+    # The init_sync heals at step 0: a page whose figures started again would have none.
+    assert sum(v["heal_count"] for v in before.values()) >= 2, before
+    for rid, was in before.items():
+        now = after[rid]
+        assert now["heals"][: len(was["heals"])] == was["heals"], (rid, was, now)
+        assert now["heal_count"] >= was["heal_count"], (rid, was, now)
+        assert now["discarded_steps"] >= was["discarded_steps"], (rid, was, now)
+        # SIGKILLed: the last second of time figures may be lost, the rest is restored.
+        for key in ("in_quorum_s", "away_s"):
+            assert now[key] >= was[key] - 1.5, (rid, key, was, now)
 
     # After the kill: the dead process left (why), its restart joined and healed.
     dom = pages["after_sigkill"].read_text()
@@ -94,7 +116,7 @@ def test_page_tells_the_story_of_a_kill_a_heal_a_hang_and_a_lighthouse_restart(
 
     # Per-group figures against the trainers' own events.
     data = json.loads((tmp_path / "page" / f"{pages['end'].stem}.json").read_text())
-    views = {g["replica_id"]: g for g in data["status.json"]["groups"]}
+    views = _views(tmp_path, pages["end"])
     sigstop, sigcont = injected["SIGSTOP"]["time"], injected["SIGCONT"]["time"]
     assert 0 < views[hung]["away_s"] <= sigcont - sigstop + 30, views[hung]
     page_heals = Counter(
@@ -120,3 +142,27 @@ def test_page_tells_the_story_of_a_kill_a_heal_a_hang_and_a_lighthouse_restart(
         )
         # Reported with the next request: the last step's may be missing.
         assert discards - 1 <= view["discarded_steps"] <= discards, (rid, view, discards)
+
+    # The job's committed samples against the trainers' own commits: the participants of each
+    # committed step, times each group's batch (the MLP harness: BATCH_SIZE, one rank).
+    participants = {
+        e.step: e["participants"]
+        for e in read_events(tmp_path / "events")
+        if e.kind is EventKind.COMMIT
+    }
+    trained = BATCH_SIZE * sum(participants.values())
+    job = data["status.json"]["job"]
+    assert job["unit"] == "samples" and "unit_reason" not in job, job
+    assert job["samples_committed"] == BATCH_SIZE * job["batches_committed"], job
+    # Reported with each group's next quorum request: the last step's may be missing.
+    last = BATCH_SIZE * participants[max(participants)]
+    assert trained - last <= job["samples_committed"] <= trained, (job, trained)
+    # The best 30 s (over the lighthouse restart too), in samples as in batches.
+    events = data["events"]["events"]
+    if events[-1]["time"] - events[0]["time"] > 45:
+        best = job["best_samples_per_s"]
+        assert best == pytest.approx(BATCH_SIZE * job["best_batches_per_s"], rel=1e-2), job
+        assert best > 0, job
+    dom = pages["end"].read_text()
+    assert '<table id="job" data-unit="samples">' in dom
+    assert f'<td class="figure">{job["samples_committed"]}</td>' in dom

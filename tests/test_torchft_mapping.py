@@ -231,4 +231,5 @@ def test_manager_takes_torchfts_arguments_in_its_order_and_ours_by_keyword_only(
         "num_replica_groups",
         "retry_inflight_allreduce",
         "events_dir",
+        "samples_per_batch",
     ]

@@ -7,8 +7,15 @@ import dataclasses
 import re
 from datetime import timedelta
 
+import pytest
+
 from tests.lighthouse._helpers import ask_all, get, wait_until
 from torchtitan_ft.lighthouse import LighthouseClient
+from torchtitan_ft.lighthouse.decision import DecisionOptions
+from torchtitan_ft.lighthouse.state import LighthouseState
+from torchtitan_ft.lighthouse.status import render_html
+from torchtitan_ft.lighthouse.summary import render
+from torchtitan_ft.proto import torchft_pb2 as pb
 
 
 def test_page_shows_who_left_why_and_the_probe_apart(servers) -> None:
@@ -53,3 +60,34 @@ def test_page_shows_who_left_why_and_the_probe_apart(servers) -> None:
     assert get(base + "/?range=job")[0] == 200
     code, body = get(base + "/?range=week")
     assert code == 400 and "range" in body
+
+
+@pytest.mark.parametrize(
+    ("samples", "unit", "committed", "note"),
+    [
+        (96, "samples", "96", False),  # our Manager with samples_per_batch
+        (None, "batches", "12", True),  # no batch size said (torchft's clients cannot)
+    ],
+)
+def test_the_job_shows_committed_samples_or_says_why_batches(samples, unit, committed, note):
+    state = LighthouseState(
+        DecisionOptions(min_replicas=1, join_timeout=1.0, heartbeat_timeout=5.0)
+    )
+    state.groups.quorum(["r-0"], now=0.0)
+    progress = pb.GroupProgress(batches_committed=12)
+    if samples is not None:
+        progress.samples_committed = samples
+    state.groups.report("r-0", progress, now=1.0)
+    status = state.status()
+
+    page = render_html(status, False, list(state.history)).decode()
+    job = page[page.index('<table id="job"') : page.index("</table>", page.index('id="job"'))]
+    assert f'data-unit="{unit}"' in job and f"<th>committed {unit}</th>" in job
+    assert f'<td class="figure">{committed}</td>' in job
+    assert ('id="unit-note"' in page) is note
+    row = re.search(r'data-group="r-0">(.*?)</tr>', page)[1]
+    assert f"<td>{committed}</td>" in row
+
+    text = render(status, {"events": []})
+    assert f"job: {committed} {unit} committed" in text
+    assert ("no replica group reports its samples per batch" in text) is note

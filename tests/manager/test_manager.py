@@ -211,6 +211,34 @@ def test_commit_advances_step_and_batches(lighthouse: LighthouseServer, tmp_path
         manager.shutdown()
 
 
+def test_the_lighthouse_counts_committed_samples_when_the_trainer_says_its_batch(
+    lighthouse: LighthouseServer,
+) -> None:
+    manager = _manager(lighthouse, "samples", samples_per_batch=8)
+    try:
+
+        def job() -> dict:
+            return lighthouse.run_in_loop(lambda: lighthouse.state.status()["job"])
+
+        for _ in range(3):  # a step reports what committed before it: 0, 1, 2 batches
+            manager.start_quorum()
+            assert manager.should_commit()
+        assert (job()["unit"], job()["samples_committed"], job()["batches_committed"]) == (
+            "samples",
+            16,
+            2,
+        )
+        manager.set_samples_per_batch(4)  # e.g. TorchTitan's trainer, once it knows its batch
+        manager.start_quorum()
+        assert manager.should_commit()
+        assert job()["samples_committed"] == 12
+        for bad in (0, True, 2.5):
+            with pytest.raises(ValueError, match="samples_per_batch must be"):
+                manager.set_samples_per_batch(bad)
+    finally:
+        manager.shutdown()
+
+
 def test_errors_are_data(
     lighthouse: LighthouseServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

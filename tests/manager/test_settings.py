@@ -84,6 +84,9 @@ def test_store_key_prefix_follows_torchrun_restarts() -> None:
         ({"lighthouse_addr": "htp://x:1"}, {}, r"'htp://x:1' \(argument\) is not http://host:port"),
         ({}, {"TORCHFT_LIGHTHOUSE": "127.0.0.1:29510"}, r"\(env TORCHFT_LIGHTHOUSE\) is not"),
         ({"lighthouse_addr": "http://127.0.0.1"}, {}, "is not http://host:port"),
+        ({"samples_per_batch": 0}, {}, "samples_per_batch must be a positive number"),
+        ({}, {"TORCHFT_SAMPLES_PER_BATCH": "-8"}, "TORCHFT_SAMPLES_PER_BATCH must be a positive"),
+        ({}, {"TORCHFT_SAMPLES_PER_BATCH": "8.5"}, "TORCHFT_SAMPLES_PER_BATCH must be an integer"),
     ],
 )
 def test_config_errors(kwargs: dict[str, Any], env: dict[str, str], match: str) -> None:
@@ -185,6 +188,7 @@ def test_auth_token_env_no_client_can_present_names_the_variable() -> None:
         ("TORCHFT_QUORUM_RETRIES", "-1", "TORCHFT_QUORUM_RETRIES must be >= 0"),
         ("TORCHFT_QUORUM_RETRIES", "two", "TORCHFT_QUORUM_RETRIES must be an integer"),
         ("TORCHFT_LIGHTHOUSE", "lighthouse:29510", "is not http://host:port"),
+        ("TORCHFT_SAMPLES_PER_BATCH", "0", "TORCHFT_SAMPLES_PER_BATCH must be a positive"),
     ],
 )
 def test_bad_env_var_is_an_error_even_when_an_argument_overrides_it(var, bad, match) -> None:
@@ -196,6 +200,7 @@ def test_bad_env_var_is_an_error_even_when_an_argument_overrides_it(var, bad, ma
         "connect_timeout": timedelta(seconds=5),
         "quorum_retries": 0,
         "lighthouse_addr": "http://127.0.0.1:1",
+        "samples_per_batch": 8,
     }
     with pytest.raises(ValueError, match=match):
         resolve_manager_settings(env={var: bad}, **arguments)
@@ -227,3 +232,22 @@ def test_the_record_names_every_value_and_source_and_hides_the_token() -> None:
     assert record["quorum_retries"] == {"value": 0, "source": "default"}
     assert record["auth_token"]["value"] is True and "s3cret" not in str(record)
     assert record["events_dir"] == {"value": None, "source": "default"}
+
+
+@pytest.mark.parametrize(
+    ("arg", "env", "expected"),
+    [
+        (32, {"TORCHFT_SAMPLES_PER_BATCH": "16"}, Resolved(32, Source.ARGUMENT)),
+        (
+            None,
+            {"TORCHFT_SAMPLES_PER_BATCH": "16"},
+            Resolved(16, Source.ENV, "TORCHFT_SAMPLES_PER_BATCH"),
+        ),
+        (None, {"TORCHFT_SAMPLES_PER_BATCH": ""}, Resolved(None, Source.DEFAULT)),
+        (None, {}, Resolved(None, Source.DEFAULT)),
+    ],
+)
+def test_samples_per_batch_argument_then_env_then_none(arg, env, expected) -> None:
+    settings = resolve_manager_settings(env=env, samples_per_batch=arg)
+    assert settings.samples_per_batch == expected
+    assert f"samples_per_batch={expected.describe()}" in settings.describe()

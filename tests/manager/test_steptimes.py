@@ -63,3 +63,20 @@ def test_link_probes_join_the_ranks_progress_or_make_one_of_their_own() -> None:
     assert list(with_link_probes(timed, [probe]).link_probes) == [probe]
     assert with_link_probes(None, []) is None
     assert with_link_probes(None, [probe]) == pb.GroupProgress(link_probes=[probe])
+
+
+def test_group_progress_sends_samples_only_when_a_rank_has_them() -> None:
+    with_samples = pb.GroupProgress(batches_committed=4, samples_committed=32)
+    merged = group_progress([pb.GroupProgress(batches_committed=4), with_samples])
+    assert merged.HasField("samples_committed") and merged.samples_committed == 32
+    merged = group_progress([pb.GroupProgress(batches_committed=4)])
+    assert not merged.HasField("samples_committed")  # the page then shows batches
+
+
+def test_a_groups_heal_started_when_its_first_rank_started() -> None:
+    def rank(started: float) -> pb.GroupProgress:
+        return pb.GroupProgress(heals=[pb.HealReport(to_step=7, bytes=10, started=started)])
+
+    for ranks in ([0.0, 105.0, 100.0], [105.0, 0.0, 100.0]):  # 0: a rank that sent none
+        merged = group_progress([rank(started) for started in ranks])
+        assert (merged.heals[0].started, merged.heals[0].bytes) == (100.0, 30)

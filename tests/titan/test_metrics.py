@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,10 +10,12 @@ from typing import Any
 
 import pytest
 
+from torchtitan_ft.lighthouse.groups import GROUPS_FILE
 from torchtitan_ft.manager import ManagerStats
 from torchtitan_ft.titan.metrics import (
     FTMetricLogger,
     FTMetrics,
+    group_batch_samples,
     install_log_prefix,
 )
 
@@ -75,6 +78,27 @@ def test_semi_sync_commit_scalars_come_from_strategy_stats() -> None:
     assert scalars["ft/bytes_synced"] == 300  # what the Manager's allreduce was handed
 
 
+@pytest.mark.parametrize(
+    ("accumulation", "local", "dp_degree", "expected"),
+    [
+        (1, 8, None, 8),  # one rank: no data parallelism in the group
+        (2, 4, 2, 16),  # 2 accumulation steps x local batch 4 x 2 data-parallel ranks
+    ],
+)
+def test_a_groups_samples_per_step_are_torchtitans_global_batch_of_the_group(
+    accumulation, local, dp_degree, expected
+) -> None:
+    mesh = SimpleNamespace(size=lambda: dp_degree)
+    trainer = SimpleNamespace(
+        gradient_accumulation_steps=accumulation,
+        job_config=SimpleNamespace(training=SimpleNamespace(local_batch_size=local)),
+        parallel_dims=SimpleNamespace(
+            dp_enabled=dp_degree is not None, get_mesh=lambda name: {"batch": mesh}[name]
+        ),
+    )
+    assert group_batch_samples(trainer) == expected
+
+
 def test_logger_adds_ft_scalars_at_the_same_step() -> None:
     logged: list[tuple[dict, int]] = []
     inner = SimpleNamespace(log=lambda m, s: logged.append((m, s)), close=lambda: None)
@@ -112,7 +136,8 @@ def test_ft_job_writes_ft_scalars_per_replica_group(tmp_path: Path) -> None:
     file has TorchTitan's loss and the ft/* scalars; the loss and tokens logged are the job's;
     a TORCHFT_* variable applies unless the config sets its field;
     the group that healed at step 0 (init_sync) reports one heal and received exactly the
-    bytes its donor served."""
+    bytes its donor served; the lighthouse counted the job's committed samples with the groups'
+    batch (``training.local_batch_size`` 2, one rank)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from torchtitan_ft.events import EventKind
@@ -122,8 +147,13 @@ def test_ft_job_writes_ft_scalars_per_replica_group(tmp_path: Path) -> None:
     # The config sets step_timeout_ms (30 s), not quorum_retries: one variable loses, one applies.
     env = {"TORCHFT_TIMEOUT_SEC": "45", "TORCHFT_QUORUM_RETRIES": "2"}
     outputs = run_ft_groups(
-        tmp_path, 1, steps, "debug_ft_cpu.toml", "--metrics.enable_tensorboard", env=env
-    )
+        tmp_path, 1, steps, "debug_ft_cpu.toml", "--metrics.enable_tensorboard", env=env,
+        lighthouse_state_dir=tmp_path / "lighthouse",
+    )  # fmt: skip
+    # What the lighthouse kept (groups.json): each group's last report, before its last step.
+    saved = json.loads((tmp_path / "lighthouse" / GROUPS_FILE).read_text())
+    counts = [(g["batches_committed"], g["samples_committed"]) for g in saved["groups"].values()]
+    assert counts == [(3, 6)] * 2, saved  # 1 + 2 batches before step 3, 2 samples each
     for r in range(2):
         (start,) = group_events(tmp_path, r, EventKind.START)
         assert start["settings"]["timeout"] == {"value": 30.0, "source": "argument"}

@@ -187,10 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="directory where the lighthouse keeps the job's event history (events.jsonl, "
         "append-only, at most about 2 x --history_events lines), so that a restarted "
-        "lighthouse still shows what happened before, and the last quorum it issued "
-        "(last_quorum.json), so that a restarted lighthouse's state guard acts as before the "
-        "restart; quorum ids are restart-safe without it (default: none, both are kept in "
-        "memory only and lost on restart)",
+        "lighthouse still shows what happened before, the groups' figures (groups.json: time "
+        "in the quorum and away, heals, discarded steps, committed samples, availability; "
+        "rewritten every second), and the last quorum it issued (last_quorum.json), so that a "
+        "restarted lighthouse's state guard acts as before the restart; quorum ids are "
+        "restart-safe without it (default: none, all are kept in memory only and lost on "
+        "restart)",
     )
     p.add_argument(
         "--history_events",

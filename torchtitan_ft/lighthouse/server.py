@@ -32,6 +32,7 @@ from torchtitan_ft.connection_guard import AuthenticatedPeers, ConnectionGuard, 
 from torchtitan_ft.lighthouse import status
 from torchtitan_ft.lighthouse.decision import DecisionOptions
 from torchtitan_ft.lighthouse.exclusion import ExclusionOptions
+from torchtitan_ft.lighthouse.groups import GroupsFile
 from torchtitan_ft.lighthouse.history import DEFAULT_CAPACITY, History
 from torchtitan_ft.lighthouse.last_quorum import LastQuorumFile
 from torchtitan_ft.lighthouse.state import LighthouseState
@@ -309,10 +310,12 @@ class LighthouseServer:
             left out of the quorum while the others are at least ``min_replicas``, trains
             alone without committing, and is taken back (and heals) when fast again.
         state_dir: a directory where the lighthouse keeps the job's event history
-            (``events.jsonl``, at most about twice ``history_events`` lines), so that a
-            restarted lighthouse shows what happened before it, and the last issued quorum
+            (``events.jsonl``, at most about twice ``history_events`` lines) and the groups'
+            figures (``groups.json``: time in the quorum and away, heals, discarded steps,
+            committed samples, availability; rewritten every second), so that a restarted
+            lighthouse shows what happened before it, and the last issued quorum
             (``last_quorum.json``), so that a restarted lighthouse's state guard acts as
-            before the restart (``lighthouse.last_quorum``); None (default) keeps both in
+            before the restart (``lighthouse.last_quorum``); None (default) keeps them in
             memory only. Quorum ids are restart-safe without it.
         history_events: events kept in memory (and shown by the status page and ``/events``);
             default 10,000, about 0.3 MB (``benchmarks/history_memory.py``).
@@ -351,6 +354,7 @@ class LighthouseServer:
             exclusion=exclusion,
             history=History(history_events, state_dir, time.time),
             last_quorum=None if state_dir is None else LastQuorumFile(state_dir),
+            groups_file=GroupsFile(state_dir) if state_dir is not None else None,
         )
         self._port = 0
         self._status_port: int | None = None
@@ -444,7 +448,7 @@ class LighthouseServer:
             self._status_server.close()
         if self._server is not None:
             await self._server.stop(grace=0.5)
-        self.state.history.close()
+        self.state.close()
 
     async def _serve_status(self, max_connections: int) -> asyncio.Server:
         status_bind = str(self._status_bind)

@@ -38,7 +38,7 @@ from torchtitan_ft.lighthouse.exclusion import (
     decide_exclusion,
     group_of,
 )
-from torchtitan_ft.lighthouse.groups import GroupBook
+from torchtitan_ft.lighthouse.groups import GroupBook, GroupsFile
 from torchtitan_ft.lighthouse.history import (
     DEFAULT_CAPACITY,
     EventKind,
@@ -109,6 +109,9 @@ class LighthouseState:
         last_quorum: where the last issued quorum is kept across restarts
             (``lighthouse.last_quorum``, under ``--state_dir``); one there is restored.
             Default None: a restarted lighthouse knows no previous quorum.
+        groups_file: where the groups' figures are saved and restored from
+            (``lighthouse.groups.GroupsFile``, under ``--state_dir``); default None: in memory
+            only.
     """
 
     def __init__(
@@ -120,6 +123,7 @@ class LighthouseState:
         exclusion: ExclusionOptions | None = None,
         history: History | None = None,
         last_quorum: LastQuorumFile | None = None,
+        groups_file: GroupsFile | None = None,
     ) -> None:
         self.opts = opts
         self.exclusion_opts = exclusion or ExclusionOptions()
@@ -165,8 +169,10 @@ class LighthouseState:
         """Groups whose stream ended since their last quorum request (why they left)."""
         self._was_healthy: set[str] = set()
         self._lost: set[str] = set()
-        self.groups = GroupBook()
-        """What the groups report (steps/s, committed batches, heals) and the job's figures."""
+        self._groups_file = groups_file
+        self.groups = groups_file.load(self._wall()) if groups_file else GroupBook()
+        """What the groups report (steps/s, committed samples, heals) and the job's figures;
+        restored after a restart when ``groups_file`` is given."""
         self._last_quorum = last_quorum
         self._written: LastQuorum | None = None
         self._written_at = 0.0
@@ -375,6 +381,14 @@ class LighthouseState:
         self._persist()
         if self.pending:
             self.evaluate()
+        if self._groups_file is not None:
+            self._groups_file.save_due(self.groups, self._wall())
+
+    def close(self) -> None:
+        """Saves the groups' figures (under ``--state_dir``) and closes the history."""
+        if self._groups_file is not None and self.groups.groups:
+            self._groups_file.save(self.groups, self._wall())
+        self.history.close()
 
     def _heartbeat_changes(self) -> None:
         """Records heartbeats lost and regained since the last tick (groups that asked for a

@@ -1,7 +1,8 @@
 """The lighthouse's HTTP status endpoints, served on the lighthouse's own event loop.
 
 - ``GET /?range=hour|job``: an HTML page (no external assets): the job's figures (committed
-  batches per second against its best, availability, discarded steps), a timeline of the
+  samples per second against its best, or batches when no group reports its batch size;
+  availability, discarded steps), a timeline of the
   groups in the quorum with a mark per event (``lighthouse.timeline``), each group's figures,
   the newest events with their reasons, the current quorum and the heartbeats. Every table and
   the SVG charts are rendered here (readable with scripts off); a script swaps in a fresh copy
@@ -457,6 +458,8 @@ RANGES = {"hour": 3600.0, "job": None}
 history still holds)."""
 EVENTS_SHOWN = 100
 """Rows of the page's event table (the newest); ``/events`` has them all."""
+HEALS_SHOWN = 5
+"""Durations of a group's newest heals in its row (``/status.json`` has the last 20)."""
 
 _PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>torchft lighthouse</title>
@@ -481,11 +484,14 @@ svg circle.mark {{ cursor: pointer; stroke: #fff; stroke-width: 1; }}
 <div id="live">
 <p class="reason">{reason}</p>
 <h2>Job</h2>
-<table id="job"><tr><th>committed batches</th><th>batches/s (last {window:g} s)</th>
-<th>best sustained batches/s</th><th>availability (time at full membership: {full} groups)</th>
+<table id="job" data-unit="{unit}"><tr><th>committed {unit}</th>
+<th>{unit}/s (last {window:g} s)</th>
+<th>best sustained {unit}/s</th><th>availability (time at full membership: {full} groups)</th>
 <th>discarded steps</th></tr>
-<tr><td class="figure">{batches}</td><td class="figure">{rate}</td><td class="figure">{best}</td>
+<tr><td class="figure">{committed}</td><td class="figure">{rate}</td>
+<td class="figure">{best}</td>
 <td class="figure">{availability}</td><td class="figure">{discarded}</td></tr></table>
+{unit_note}
 <h2>Timeline ({range_title})</h2>
 <p>Range: <a href="/?range=hour">last hour</a> &middot; <a href="/?range=job">whole job</a>.
 Green bars: time in the quorum. Marks: events (hover or click for the reason).</p>
@@ -493,8 +499,9 @@ Green bars: time in the quorum. Marks: events (hover or click for the reason).</
 <p id="mark-detail"></p>
 <h2>Groups</h2>
 <table id="groups"><tr><th>replica</th><th>in quorum</th><th>steps/s</th><th>recent steps/s</th>
-<th>time in quorum (s)</th><th>time away (s)</th><th>heals</th><th>last heal</th>
-<th>committed batches</th><th>discarded steps</th></tr>
+<th>time in quorum (s)</th><th>time away (s)</th><th>heals (newest durations)</th>
+<th>last heal</th>
+<th>committed {unit}</th><th>discarded steps</th></tr>
 {group_rows}
 </table>
 <h2>Quorum {quorum_title}</h2>
@@ -611,15 +618,18 @@ def render_html(
         f"<td>{'no: left out (straggler policy)' if s['excluded'] else 'yes'}</td></tr>"
         for s in status["speeds"]
     ]
+    job = status["job"]
+    unit = job["unit"]
     group_rows = []
     for g in status["groups"]:
         last = g["heals"][-1] if g["heals"] else None
         last_heal = (
-            f"{clock(last['time'])}: {last['seconds']:.3f} s, {last['bytes']} bytes, "
-            f"{e(last['outcome'])}"
+            f"started {clock(last['started'] or last['time'])}: {last['seconds']:.3f} s, "
+            f"{last['bytes']} bytes, {e(last['outcome'])}"
             if last
             else "-"
         )
+        durations = ", ".join(f"{h['seconds']:.2f} s" for h in g["heals"][-HEALS_SHOWN:])
         not_reported = "" if g["reports"] else " (not reported: torchft client)"
         group_rows.append(
             f'<tr class="{"in-quorum" if g["in_quorum"] else "away"}" '
@@ -628,8 +638,9 @@ def render_html(
             f"<td>{_figure(g['steps_per_s'], '.2f')}{not_reported}</td>"
             f"<td>{sparkline(g['steps_per_s_series'])}</td>"
             f"<td>{g['in_quorum_s']:.1f}</td><td>{g['away_s']:.1f}</td>"
-            f"<td>{g['heal_count']}</td><td>{last_heal}</td>"
-            f"<td>{g['batches_committed']}</td><td>{g['discarded_steps']}</td></tr>"
+            f"<td>{g['heal_count']}{f' ({durations})' if durations else ''}</td>"
+            f"<td>{last_heal}</td>"
+            f"<td>{_committed(g, unit)}</td><td>{g['discarded_steps']}</td></tr>"
         )
     event_rows = [
         f'<tr class="event" data-kind="{ev.kind.value}" data-seq="{ev.seq}"><td>{ev.seq}</td>'
@@ -644,7 +655,6 @@ def render_html(
         if others
         else ""
     )
-    job = status["job"]
     title = (
         f"{quorum['quorum_id']} ({len(quorum['members'])} members, age {quorum['age_s']:.1f} s)"
         if quorum
@@ -654,9 +664,11 @@ def render_html(
         reason=e(status["reason"]),
         window=job["sustained_window_s"],
         full=job["full_membership"],
-        batches=job["batches_committed"],
-        rate=_figure(job["batches_per_s"], ".2f"),
-        best=_figure(job["best_batches_per_s"], ".2f"),
+        unit=unit,
+        unit_note=f'<p id="unit-note">{e(job["unit_reason"])}</p>' if "unit_reason" in job else "",
+        committed=job[f"{unit}_committed"],
+        rate=_figure(job[f"{unit}_per_s"], ".2f"),
+        best=_figure(job[f"best_{unit}_per_s"], ".2f"),
         availability=_figure(
             None if job["availability"] is None else 100 * job["availability"], ".1f"
         )
@@ -678,6 +690,12 @@ def render_html(
         kill_script=_KILL_SCRIPT if kill_enabled else "",
     )
     return page.encode()
+
+
+def _committed(group: dict, unit: str) -> str:
+    """A group's committed count in the job's unit; "-" for a group that reports none."""
+    count = group[f"{unit}_committed"]
+    return "-" if count is None or not group["reports"] else str(count)
 
 
 def _speed_text(relative_speed: float) -> str:

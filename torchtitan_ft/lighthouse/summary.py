@@ -73,17 +73,20 @@ def render(status: dict, events: dict) -> str:
     """The text summary of ``/status.json`` and ``/events`` answers."""
     job = status["job"]
     avail = job["availability"]
+    unit = job["unit"]
     lines = [
         f"lighthouse: {status['reason']}",
         (
-            f"job: {job['batches_committed']} batches committed, "
-            f"{_num(job['batches_per_s'], '.2f')} batches/s over the last "
-            f"{job['sustained_window_s']:g} s (best {_num(job['best_batches_per_s'], '.2f')}), "
+            f"job: {job[f'{unit}_committed']} {unit} committed, "
+            f"{_num(job[f'{unit}_per_s'], '.2f')} {unit}/s over the last "
+            f"{job['sustained_window_s']:g} s (best {_num(job[f'best_{unit}_per_s'], '.2f')}), "
             f"availability {_num(None if avail is None else 100 * avail, '.1f', '%')} at full "
             f"membership ({job['full_membership']} groups), "
             f"{job['discarded_steps']} discarded steps"
         ),
     ]
+    if "unit_reason" in job:
+        lines.append(f"  ({job['unit_reason']})")
     quorum = status["quorum"]
     if quorum is None:
         lines.append("quorum: none yet")

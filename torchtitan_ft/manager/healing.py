@@ -245,6 +245,7 @@ class Healing:
                 bytes=received,
                 seconds=seconds,
                 outcome=outcome.value,
+                started=time.time() - seconds,
             )
         )
         self._events.emit(

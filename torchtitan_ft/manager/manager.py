@@ -9,7 +9,7 @@ any field at any time):
 field                                                           written on
 ==============================================================  ===============================
 ``_step``, ``_batches_committed``, ``_commit_failures``,        the training thread
-``_discarded_steps``,
+``_discarded_steps``, ``_samples_per_batch``,
 ``_identity``, ``_quorum``'s futures, ``_collectives``'
 pending futures
 ``_quorum.result``, ``.participation``, ``.healing``,           the quorum thread (``healing``
@@ -162,6 +162,15 @@ class Manager:
         events_dir: the folder of the event stream (``torchtitan_ft.events``; one JSON-lines
             file per rank, docs/operations.md "The event stream"): argument >
             ``TORCHFT_EVENTS_DIR`` > none (no stream; the default).
+        samples_per_batch: how many samples (e.g. sequences) one replica group trains per step
+            (its batch, all its ranks together), for the lighthouse's committed samples per
+            second (status page, ``torchft_lighthouse status``): the Manager reports
+            ``batches_committed() * samples_per_batch``. Use the same value in every group
+            (groups with different batch sizes would count each other's batches at their own
+            size). Argument > ``TORCHFT_SAMPLES_PER_BATCH`` > none (the default: the page shows
+            committed batches and says why, as for torchft's clients, which cannot send it).
+            A trainer that learns its batch size after building the Manager calls
+            ``set_samples_per_batch``.
 
     Raises:
         ValueError: bad settings (see ``settings``), ``min_replica_size < 1``.
@@ -198,6 +207,7 @@ class Manager:
         num_replica_groups: int | None = None,
         retry_inflight_allreduce: bool = False,
         events_dir: str | os.PathLike[str] | None = None,
+        samples_per_batch: int | None = None,
     ) -> None:
         check_step_arguments(min_replica_size, world_size_mode, max_retries)
         if not isinstance(retry_inflight_allreduce, bool):
@@ -228,6 +238,7 @@ class Manager:
             quorum_retries=quorum_retries,
             auth_token=auth_token,
             events_dir=events_dir,
+            samples_per_batch=samples_per_batch,
             default_store_host=hostname,
         )
         auth_token = settings.auth_token.value
@@ -259,6 +270,7 @@ class Manager:
         """This group contributed its own tensors to the step's allreduces."""
         self._step_timer = StepTimer()
         """Times each step and its compute part for the lighthouse's straggler report."""
+        self._samples_per_batch: int | None = settings.samples_per_batch.value
 
         group = join_replica_group(
             settings,
@@ -349,6 +361,19 @@ class Manager:
         """Adds one named piece of user state to what healing sends and loads."""
         self._heal.register(key, load_state_dict, state_dict)
 
+    def set_samples_per_batch(self, samples_per_batch: int) -> None:
+        """Sets ``samples_per_batch`` (see the constructor) from the next quorum request on,
+        for a trainer that knows its batch size only after it built the Manager (TorchTitan's).
+
+        Raises:
+            ValueError: not a positive integer.
+        """
+        if isinstance(samples_per_batch, bool) or not isinstance(samples_per_batch, int):
+            raise ValueError(f"samples_per_batch must be a positive int, got {samples_per_batch!r}")
+        if samples_per_batch < 1:
+            raise ValueError(f"samples_per_batch must be >= 1, got {samples_per_batch}")
+        self._samples_per_batch = samples_per_batch
+
     def set_state_dict_fns(
         self, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]
     ) -> None:
@@ -397,10 +422,13 @@ class Manager:
 
     def _progress(self) -> pb.GroupProgress:
         """What this rank tells the lighthouse with its quorum request: the previous step's
-        timing (``steptimes``), the committed batches and discarded steps, the heals that
-        ended since (its ManagerServer merges the group's ranks')."""
+        timing (``steptimes``), the committed batches (and samples, when the trainer said its
+        ``samples_per_batch``) and discarded steps, the heals that ended since (its
+        ManagerServer merges the group's ranks')."""
         progress = self._step_timer.start(self._step, time.monotonic()) or pb.GroupProgress()
         progress.batches_committed = self._batches_committed
+        if self._samples_per_batch is not None:
+            progress.samples_committed = self._batches_committed * self._samples_per_batch
         progress.discarded_steps = self._discarded_steps
         progress.heals.extend(self._heal.take_reports())
         return progress

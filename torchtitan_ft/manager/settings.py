@@ -34,6 +34,7 @@ TIMEOUT_SEC_ENV = "TORCHFT_TIMEOUT_SEC"
 QUORUM_TIMEOUT_SEC_ENV = "TORCHFT_QUORUM_TIMEOUT_SEC"
 CONNECT_TIMEOUT_SEC_ENV = "TORCHFT_CONNECT_TIMEOUT_SEC"
 QUORUM_RETRIES_ENV = "TORCHFT_QUORUM_RETRIES"
+SAMPLES_PER_BATCH_ENV = "TORCHFT_SAMPLES_PER_BATCH"
 
 DEFAULT_TIMEOUT = timedelta(seconds=60)
 DEFAULT_QUORUM_TIMEOUT = timedelta(seconds=60)
@@ -100,6 +101,9 @@ class ManagerSettings:
     """The job token; ``None``: none. Never logged."""
     events_dir: Resolved[str | None] = Resolved(None, Source.DEFAULT)
     """Folder of the event stream (``torchtitan_ft.events``); ``None``: no stream."""
+    samples_per_batch: Resolved[int | None] = Resolved(None, Source.DEFAULT)
+    """Samples in one replica group's batch (one step), for the lighthouse's committed samples;
+    ``None``: not said (the status page shows batches)."""
     overridden: tuple[str, ...] = ()
     """The ``TORCHFT_*`` variables that are set but lose to an argument (``overridden_env``)."""
 
@@ -137,6 +141,7 @@ class ManagerSettings:
             "connect_timeout",
             "quorum_retries",
             "events_dir",
+            "samples_per_batch",
         )
         described = [f"{n}={getattr(self, n).describe()}" for n in names]
         return ", ".join([*described, f"auth_token={self.auth_token.describe(secret=True)}"])
@@ -172,6 +177,24 @@ def _events_dir(arg: str | os.PathLike[str] | None, env: Mapping[str, str]) -> R
     return Resolved(None, Source.DEFAULT)
 
 
+def _samples_per_batch(arg: int | None, env: Mapping[str, str]) -> Resolved[int | None]:
+    """Samples per group batch: argument > ``TORCHFT_SAMPLES_PER_BATCH`` > none (an empty value
+    is none); a positive integer."""
+    if arg is not None:
+        picked: Resolved[object] = Resolved(arg, Source.ARGUMENT)
+    elif env.get(SAMPLES_PER_BATCH_ENV):
+        picked = Resolved(env[SAMPLES_PER_BATCH_ENV], Source.ENV, SAMPLES_PER_BATCH_ENV)
+    else:
+        return Resolved(None, Source.DEFAULT)
+    value = _as_int(picked, "samples_per_batch")
+    if value.value < 1:
+        origin = f"env var {value.env_var}" if value.env_var else "samples_per_batch"
+        raise ValueError(
+            f"{origin} must be a positive number of samples per batch, got {picked.value!r}"
+        )
+    return value  # type: ignore[return-value]
+
+
 _ENV_SETTINGS = {
     LIGHTHOUSE_ENV: "lighthouse_addr",
     MANAGER_PORT_ENV: "manager_port",
@@ -181,6 +204,7 @@ _ENV_SETTINGS = {
     QUORUM_RETRIES_ENV: "quorum_retries",
     AUTH_TOKEN_ENV: "auth_token",
     EVENTS_DIR_ENV: "events_dir",
+    SAMPLES_PER_BATCH_ENV: "samples_per_batch",
 }
 """The ``TORCHFT_*`` variables the Manager reads -> the setting each one gives."""
 
@@ -209,6 +233,7 @@ def validate_env(env: Mapping[str, str]) -> None:
     if (lighthouse := given(LIGHTHOUSE_ENV)) is not None:
         check_lighthouse_url(lighthouse)  # type: ignore[arg-type]
     resolve_token(None, env)
+    _samples_per_batch(None, env)
 
 
 def overridden_env(settings: ManagerSettings, env: Mapping[str, str]) -> tuple[str, ...]:
@@ -307,6 +332,7 @@ def resolve_manager_settings(
     quorum_retries: int | None = None,
     auth_token: str | None = None,
     events_dir: str | os.PathLike[str] | None = None,
+    samples_per_batch: int | None = None,
     default_store_host: str = "127.0.0.1",
 ) -> ManagerSettings:
     """Resolves the Manager's settings: argument, else env var, else default.
@@ -326,16 +352,18 @@ def resolve_manager_settings(
     | quorum_retries | TORCHFT_QUORUM_RETRIES | 0 |
     | auth_token | TORCHFT_AUTH_TOKEN | none |
     | events_dir | TORCHFT_EVENTS_DIR | none (no event stream) |
+    | samples_per_batch | TORCHFT_SAMPLES_PER_BATCH | none (the status page shows batches) |
 
     torchft 0.2.0 reads the same four ``TORCHFT_*`` variables but lets them override the
     arguments; here an argument wins, as for every other setting.
 
     An empty env var counts as unset; a set ``TORCHFT_*`` variable is checked even when an
     argument overrides it (``validate_env``), and ``overridden`` names those that lose to an
-    argument. Raises ValueError for non-integer ports/ranks/retries,
-    timeouts that are not positive numbers of seconds (the message names the env var when the
-    value came from one), for a rank outside ``[0, world_size)`` and for a multi-rank group
-    without a store port (its ranks could not find each other).
+    argument. Raises ValueError for non-integer ports/ranks/retries, timeouts that are not
+    positive numbers of seconds (the message names the env var when the value came from one),
+    a ``samples_per_batch`` that is not a positive integer, a rank outside
+    ``[0, world_size)`` and a multi-rank group without a store port (its ranks could not find
+    each other).
     """
     if store_port is not None and store_port < 0:
         raise ValueError(f"store_port must be >= 0, got {store_port}")
@@ -360,6 +388,7 @@ def resolve_manager_settings(
         ),
         auth_token=_token(auth_token, env),
         events_dir=_events_dir(events_dir, env),
+        samples_per_batch=_samples_per_batch(samples_per_batch, env),
     )
     settings = dataclasses.replace(settings, overridden=overridden_env(settings, env))
     if settings.quorum_retries.value < 0:

@@ -55,15 +55,18 @@ class StepTimer:
 
 def group_progress(progresses: Iterable[pb.GroupProgress | None]) -> pb.GroupProgress | None:
     """A group's progress from its ranks' (None when no rank sent any): the slowest timing per
-    step (``slowest_per_step``), the highest committed batches and discarded steps, and each
-    heal (by the step it healed to) with the ranks' bytes summed, the slowest rank's seconds
-    and the worst outcome."""
+    step (``slowest_per_step``), the highest committed batches, samples (when any rank sent
+    them) and discarded steps, and each heal (by the step it healed to) with the ranks' bytes
+    summed, the earliest start, the slowest rank's seconds and the worst outcome."""
     sent = [p for p in progresses if p is not None]
     if not sent:
         return None
     merged = slowest_per_step(sent) or pb.GroupProgress()
     merged.batches_committed = max(p.batches_committed for p in sent)
     merged.discarded_steps = max(p.discarded_steps for p in sent)
+    samples = [p.samples_committed for p in sent if p.HasField("samples_committed")]
+    if samples:
+        merged.samples_committed = max(samples)
     heals: dict[int, pb.HealReport] = {}
     for p in sent:
         for heal in p.heals:
@@ -74,6 +77,8 @@ def group_progress(progresses: Iterable[pb.GroupProgress | None]) -> pb.GroupPro
                 continue
             mine.bytes += heal.bytes
             mine.seconds = max(mine.seconds, heal.seconds)
+            if heal.started and (not mine.started or heal.started < mine.started):
+                mine.started = heal.started
             if _OUTCOME_RANK.get(heal.outcome, 0) > _OUTCOME_RANK.get(mine.outcome, 0):
                 mine.outcome = heal.outcome
     merged.heals.extend(heals[step] for step in sorted(heals))

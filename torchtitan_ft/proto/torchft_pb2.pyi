@@ -50,18 +50,20 @@ class StepTiming(_message.Message):
     def __init__(self, step: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ...) -> None: ...
 
 class GroupProgress(_message.Message):
-    __slots__ = ("steps", "batches_committed", "discarded_steps", "heals", "link_probes")
+    __slots__ = ("steps", "batches_committed", "discarded_steps", "heals", "samples_committed", "link_probes")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     DISCARDED_STEPS_FIELD_NUMBER: _ClassVar[int]
     HEALS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     LINK_PROBES_FIELD_NUMBER: _ClassVar[int]
     steps: _containers.RepeatedCompositeFieldContainer[StepTiming]
     batches_committed: int
     discarded_steps: int
     heals: _containers.RepeatedCompositeFieldContainer[HealReport]
+    samples_committed: int
     link_probes: _containers.RepeatedCompositeFieldContainer[LinkProbeResult]
-    def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., batches_committed: _Optional[int] = ..., discarded_steps: _Optional[int] = ..., heals: _Optional[_Iterable[_Union[HealReport, _Mapping]]] = ..., link_probes: _Optional[_Iterable[_Union[LinkProbeResult, _Mapping]]] = ...) -> None: ...
+    def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., batches_committed: _Optional[int] = ..., discarded_steps: _Optional[int] = ..., heals: _Optional[_Iterable[_Union[HealReport, _Mapping]]] = ..., samples_committed: _Optional[int] = ..., link_probes: _Optional[_Iterable[_Union[LinkProbeResult, _Mapping]]] = ...) -> None: ...
 
 class LinkProbeResult(_message.Message):
     __slots__ = ("seq", "bytes", "seconds")
@@ -92,18 +94,20 @@ class LinkProbeResponse(_message.Message):
     def __init__(self, payload: _Optional[bytes] = ..., probe_bytes: _Optional[int] = ..., interval_ms: _Optional[int] = ...) -> None: ...
 
 class HealReport(_message.Message):
-    __slots__ = ("to_step", "source_address", "bytes", "seconds", "outcome")
+    __slots__ = ("to_step", "source_address", "bytes", "seconds", "outcome", "started")
     TO_STEP_FIELD_NUMBER: _ClassVar[int]
     SOURCE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
     to_step: int
     source_address: str
     bytes: int
     seconds: float
     outcome: str
-    def __init__(self, to_step: _Optional[int] = ..., source_address: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ...) -> None: ...
+    started: float
+    def __init__(self, to_step: _Optional[int] = ..., source_address: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., outcome: _Optional[str] = ..., started: _Optional[float] = ...) -> None: ...
 
 class GroupSpeed(_message.Message):
     __slots__ = ("replica_id", "relative_speed", "straggler", "straggler_since_step", "excluded", "link_relative_speed", "straggler_cause")

@@ -273,6 +273,7 @@ def ft_stack(
         auth_token=auth_token,
         retry_inflight_allreduce=retry_inflight_allreduce,
         events_dir=events_dir,
+        samples_per_batch=BATCH_SIZE * group_world_size,  # the status page's samples/s
     )
     if marks is not None:
         marks["manager"] = time.time()

@@ -271,11 +271,14 @@ def run_ft_groups(
     config: str | Path,
     *args: str,
     env: dict[str, str] | None = None,
+    lighthouse_state_dir: Path | None = None,
 ) -> list[str]:
     """2 replica groups of ``run_train.sh`` with FT against a fresh lighthouse (min_replicas
-    2), group ``r`` in ``tmp_path / f"replica{r}"`` with ``--fault_tolerance.replica_id=r``;
-    each must exit 0. Their outputs."""
-    with lighthouse(min_replicas=2) as address:
+    2; its ``state_dir`` ``lighthouse_state_dir``, default none), group ``r`` in
+    ``tmp_path / f"replica{r}"`` with ``--fault_tolerance.replica_id=r``; each must exit 0.
+    Their outputs."""
+    state_dir = None if lighthouse_state_dir is None else str(lighthouse_state_dir)
+    with lighthouse(min_replicas=2, state_dir=state_dir) as address:
         runs = [
             TrainRun(
                 f"replica group {r}",

@@ -4,6 +4,10 @@
 :func:`attach_log_prefix` (called before the replica axis and its Manager are built), both
 no-ops when FT is off:
 
+* tell the Manager how many samples one step of this replica group trains (per-step FT,
+  :func:`group_batch_samples`), so that the lighthouse's status page shows the job's committed
+  samples per second;
+
 * wrap TorchTitan's metric logger (TensorBoard under ``<dump>/tb/<time>/replica_<id>``, and
   wandb) so that each of TorchTitan's log calls also writes the ``ft/*`` scalars of
   :meth:`FTMetrics.scalars` at the same step;
@@ -269,6 +273,9 @@ def attach_ft_metrics(trainer: Any) -> FTMetrics | None:
     if not axis.enabled or manager is None:
         return None
     strategy = getattr(axis, "strategy", None)
+    if strategy is None:
+        # A semi-sync commit covers many steps (and fragments): the page shows its batches.
+        manager.set_samples_per_batch(group_batch_samples(trainer))
     metrics = FTMetrics(manager, strategy=strategy)
     processor = trainer.metrics_processor
     processor.logger = FTMetricLogger(processor.logger, metrics.scalars)
@@ -284,6 +291,18 @@ def attach_ft_metrics(trainer: Any) -> FTMetrics | None:
                 "ft/group_*)"
             )
     return metrics
+
+
+def group_batch_samples(trainer: Any) -> int:
+    """The samples (sequences) one replica group trains per step: TorchTitan's global batch of
+    the group, gradient accumulation steps x ``training.local_batch_size`` x the group's
+    data-parallel degree, as TorchTitan's Trainer (0.2.2 and 0.3.0) derives them. With FT,
+    ``training.global_batch_size`` covers all groups and each takes its share
+    (``preflight.per_group_batch``)."""
+    dims = trainer.parallel_dims
+    degree = dims.get_mesh("batch").size() if dims.dp_enabled else 1
+    local = trainer.job_config.training.local_batch_size
+    return trainer.gradient_accumulation_steps * local * degree
 
 
 def attach_log_prefix(trainer: Any) -> ReplicaLogPrefix | None:
