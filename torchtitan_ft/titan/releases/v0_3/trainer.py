@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         validate_job_config(config)
         check_local_address(config)
         check_manager_env(config)
+        for note in parsed.notes:
+            logger.info(note)
         runnable_here(parsed, cpu_compat.cuda_available(), logger.info)
         explicit_dtype = "training.mixed_precision_param" in parsed.explicit
         configured = config.training.mixed_precision_param if explicit_dtype else None
