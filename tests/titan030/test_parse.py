@@ -284,6 +284,12 @@ def test_last_config_file_wins_and_none_mode_turns_checkpointing_off(tmp_path: P
         ('[optimizer]\nlr = "x"', r"optimizer.lr='x' is invalid: expected a number"),
         ("[optimizer]\nbeta3 = 1", r"unknown config key 'optimizer.beta3'"),
         ('[model]\nname = "llama3"\nflavor = "nope"', r"llama3_nope"),
+        ('[model]\nname = "llama3"\nflavor = 8', r"model.flavor=8 is invalid: expected a string"),
+        (
+            '[activation_checkpoint]\nmode = "none"\ndebug = true',
+            r"\[activation_checkpoint\] sets fields of what the config leaves unset",
+        ),
+        ("[training.steps]\nx = 1", r"training.steps is a value, not a table"),
     ],
 )
 def test_bad_toml_is_one_line_naming_file_key_and_expected(

@@ -146,6 +146,9 @@ def translate(values: dict[str, Any]) -> Translated:
                 "[model] name and flavor go together on TorchTitan 0.3.0: they name the registry "
                 f"config --module <name> --config <name>_<flavor>; got only {sorted(model)}"
             )
+        for key, value in model.items():
+            if not isinstance(value, str):
+                raise ConfigError(f"model.{key}={value!r} is invalid: expected a string")
         registry = (model["name"], f"{model['name']}_{model['flavor'].lower()}")
     kept: dict[str, Any] = {}
     moved: list[tuple[str, str]] = []
@@ -169,7 +172,7 @@ def translate(values: dict[str, Any]) -> Translated:
             kept[new] = value
             continue
         instead = _refusal(path)
-        if instead is not None and path != "activation_checkpoint.mode":
+        if instead is not None:
             raise ConfigError(f"config key {path!r} is TorchTitan 0.2.2's; on 0.3.0 use {instead}")
         kept[path] = value
     return Translated(_nest(kept), registry, tuple(moved), tuple(ignored))
@@ -238,8 +241,6 @@ def check_values(values: dict[str, Any], instance: Any, prefix: str = "") -> Non
     in the words of 0.2.2's reader. Sections are checked against the class of the value the
     registry config holds (a subclass of the declared one, e.g. the HuggingFace dataloader's
     config with its ``dataset`` field); ``fault_tolerance`` by 0.2.2's reader itself."""
-    if instance is None:
-        raise ConfigError(f"[{prefix.rstrip('.')}] has no fields here (it is None: unset)")
     known = [f.name for f in dataclasses.fields(instance)]
     hints = typing.get_type_hints(type(instance))
     for key, value in values.items():
@@ -264,6 +265,11 @@ def check_values(values: dict[str, Any], instance: Any, prefix: str = "") -> Non
                 raise ConfigError(f"{path} must be a table ([{path}]), got {value!r}")
             check_values(value, current, f"{path}.")
             continue
+        if isinstance(value, dict) and current is None:
+            raise ConfigError(
+                f"[{path}] sets fields of what the config leaves unset (None here); set it "
+                f"first (e.g. {path}.mode where it picks a class)"
+            )
         if isinstance(value, dict):
             raise ConfigError(f"{path} is a value, not a table: write {path} = ...")
         ok, words = type_matches(value, hints[key])
