@@ -236,8 +236,9 @@ class ReplicaCheckpointer:
         self._resume = resume
         self._keep_latest_k = keep_latest_k
         self._last_saved: int | None = None
-        inner.states.pop(DATALOADER_KEY, None)
-        inner.states.update(resume.states())
+        if inner.enable:  # TorchTitan 0.3.0's manager has no states when disabled
+            inner.states.pop(DATALOADER_KEY, None)
+            inner.states.update(resume.states())
         self._reader_dir = (
             reader_dir(inner.folder, replica_axis.replica_id, rank) if inner.enable else None
         )
@@ -329,9 +330,11 @@ class ReplicaCheckpointer:
         return True
 
     def close(self) -> None:
-        """Wait for an async full save, then TorchTitan's close."""
-        if self._inner.enable and getattr(self._inner, "save_future", None) is not None:
-            self._inner._async_wait()
+        """Wait for an async full save (as the installed release spells it), then
+        TorchTitan's close."""
+        from torchtitan_ft.titan import releases
+
+        releases.installed().module.wait_for_checkpoint_save(self._inner)
         self._inner.close()
 
     def __getattr__(self, name: str) -> Any:

@@ -115,6 +115,12 @@ def last_config_file_only(args: list[str]) -> list[str]:
     return [arg for i, arg in enumerate(args) if i not in dropped]
 
 
+def without_config_file(args: list[str]) -> list[str]:
+    """``args`` without any ``--job.config_file`` (for a parser that does not know the flag)."""
+    dropped = {i for start, end, _ in _config_file_flags(args) for i in range(start, end)}
+    return [arg for i, arg in enumerate(args) if i not in dropped]
+
+
 def _config_file_flags(args: list[str]) -> list[tuple[int, int, str]]:
     """``(start, end, value)`` of each ``--job.config_file`` in ``args``: ``args[start:end]``."""
     found = []

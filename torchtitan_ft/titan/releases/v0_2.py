@@ -11,7 +11,13 @@ import torch
 from torchtitan.config import FaultTolerance as FaultToleranceBase
 from torchtitan.config import JobConfig as JobConfigBase
 
-__all__ = ["FaultToleranceBase", "JobConfigBase", "meta_model", "trainer_class"]
+__all__ = [
+    "FaultToleranceBase",
+    "JobConfigBase",
+    "meta_model",
+    "trainer_class",
+    "wait_for_checkpoint_save",
+]
 
 
 def meta_model(job_config: Any) -> torch.nn.Module:
@@ -37,3 +43,9 @@ def trainer_class() -> type:
     from torchtitan_ft.titan.trainer import FaultTolerantTrainer
 
     return FaultTolerantTrainer
+
+
+def wait_for_checkpoint_save(checkpointer: Any) -> None:
+    """Block until TorchTitan's ``CheckpointManager`` finished its async save, if one runs."""
+    if checkpointer.enable and getattr(checkpointer, "save_future", None) is not None:
+        checkpointer._async_wait()

@@ -17,7 +17,14 @@ from typing import Any
 import torch
 from torchtitan.trainer import Trainer
 
-__all__ = ["FaultToleranceBase", "JobConfigBase", "main", "meta_model", "trainer_class"]
+__all__ = [
+    "FaultToleranceBase",
+    "JobConfigBase",
+    "main",
+    "meta_model",
+    "trainer_class",
+    "wait_for_checkpoint_save",
+]
 
 
 @dataclass
@@ -57,3 +64,8 @@ def trainer_class() -> type:
     from torchtitan_ft.titan.releases.v0_3.trainer import FaultTolerantTrainer
 
     return FaultTolerantTrainer
+
+
+def wait_for_checkpoint_save(checkpointer: Any) -> None:
+    """Block until TorchTitan's checkpoint manager finished its async save, if one runs."""
+    checkpointer.maybe_wait_for_saving()

@@ -3,6 +3,9 @@ config registry, ``--section.key`` flags override it (tyro, with TorchTitan's ow
 the trainer's ``Config`` carries this package's ``fault_tolerance`` section, shown by
 ``--help`` with the same fields and meanings as on 0.2.2 (docs/configuration.md).
 
+A TOML file may override the registry config: ``--job.config_file F`` (as on 0.2.2), with
+the command line still winning (:mod:`.toml_config` says which keys it takes).
+
 A registry config names files of TorchTitan's source tree (the test tokenizer and the
 ``c4_test`` corpus), which a pip install does not have, and FlexAttention, which has no
 backward on a CPU: :func:`runnable_here` swaps in this package's tokenizer and corpus and SDPA,
@@ -19,7 +22,14 @@ from typing import Any
 
 from torchtitan.config.manager import ConfigManager, custom_registry
 
+from torchtitan_ft.titan.config_cli import (
+    config_file_from_args,
+    last_config_file_only,
+    load_toml,
+    without_config_file,
+)
 from torchtitan_ft.titan.config_schema import SECTION, ConfigError
+from torchtitan_ft.titan.releases.v0_3 import toml_config
 
 DEFAULT_MODULE, DEFAULT_CONFIG = "llama3", "llama3_debugmodel"
 """The registry config used when the command line names none (0.2.2's embedded default is
@@ -35,7 +45,10 @@ class ParsedJob:
 
     config: Any
     explicit: frozenset[str]
-    """``section.key`` of every flag given (``--a.b=x`` and ``--a.b x`` and ``--a.b`` alike)."""
+    """``section.key`` of every flag given (``--a.b=x`` and ``--a.b x`` and ``--a.b`` alike) and
+    of every value the TOML file set (at its 0.3.0 place)."""
+    notes: tuple[str, ...] = ()
+    """Lines to log: where the config came from, and what of the TOML was moved or ignored."""
 
 
 def explicit_flags(args: list[str]) -> frozenset[str]:
@@ -50,13 +63,26 @@ def explicit_flags(args: list[str]) -> frozenset[str]:
     return frozenset(names)
 
 
-def with_default_config(args: list[str]) -> list[str]:
-    """``args`` plus ``--module``/``--config`` of :data:`DEFAULT_MODULE`/:data:`DEFAULT_CONFIG`
-    for whichever of the two is missing."""
+def with_default_config(
+    args: list[str], default: tuple[str, str] = (DEFAULT_MODULE, DEFAULT_CONFIG)
+) -> list[str]:
+    """``args`` plus ``--module``/``--config`` of ``default`` (the TOML file's ``[model]``, else
+    :data:`DEFAULT_MODULE`/:data:`DEFAULT_CONFIG`) for whichever of the two is missing."""
     names = {a.split("=", 1)[0] for a in args}
-    added = [] if "--module" in names else ["--module", DEFAULT_MODULE]
-    added += [] if "--config" in names else ["--config", DEFAULT_CONFIG]
+    added = [] if "--module" in names else ["--module", default[0]]
+    added += [] if "--config" in names else ["--config", default[1]]
     return [*added, *args]
+
+
+def registry_names(args: list[str]) -> tuple[str, str]:
+    """The ``--module`` and ``--config`` values of ``args`` (both present, see
+    :func:`with_default_config`)."""
+    found = {}
+    for i, arg in enumerate(args):
+        name, sep, value = arg.partition("=")
+        if name in ("--module", "--config"):
+            found[name] = value if sep else (args[i + 1] if i + 1 < len(args) else "")
+    return found["--module"], found["--config"]
 
 
 def as_config_of(config_class: type, registry_config: Any) -> Any:
@@ -78,25 +104,65 @@ def as_config_of(config_class: type, registry_config: Any) -> Any:
 
 
 def parse(args: list[str], config_class: type) -> ParsedJob:
-    """Parse ``args`` as TorchTitan 0.3.0's ``ConfigManager`` does, into ``config_class``.
+    """Parse ``args`` as TorchTitan 0.3.0's ``ConfigManager`` does, into ``config_class``, with
+    a ``--job.config_file`` TOML file (the last one given) between the registry config and the
+    flags.
 
-    Raises :class:`ConfigError` for a bad ``--module``/``--config``; tyro itself exits 2 with
-    its usage message for a bad flag, as TorchTitan's trainer does."""
+    Raises :class:`ConfigError` for a bad ``--module``/``--config`` and for a TOML file that
+    cannot be read or has a bad key or value (named with the file, as on 0.2.2); tyro itself
+    exits 2 with its usage message for a bad flag, as TorchTitan's trainer does."""
     import tyro
 
-    args = with_default_config(args)
+    args = last_config_file_only(args)
+    config_file = config_file_from_args(args)
+    args = without_config_file(args)
+    translated = None
+    default = (DEFAULT_MODULE, DEFAULT_CONFIG)
+    if config_file is not None:
+        try:
+            translated = toml_config.translate(load_toml(config_file))
+        except ConfigError as e:
+            raise ConfigError(f"{config_file}: {e}") from None
+        default = translated.registry or default
+    args = with_default_config(args, default)
     manager = ConfigManager()
     try:
         loaded, rest = manager._load_config(args)
     except (ValueError, ImportError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
-    default = as_config_of(config_class, loaded)
-    config = tyro.cli(config_class, args=rest, default=default, registry=custom_registry)
-    explicit = explicit_flags(rest)
+    config = as_config_of(config_class, loaded)
+    from_toml: frozenset[str] = frozenset()
+    notes: list[str] = []
+    if translated is not None:
+        try:
+            from_toml = toml_config.apply(translated, config)
+        except ConfigError as e:
+            raise ConfigError(f"{config_file}: {e}") from None
+        notes = _toml_notes(config_file, registry_names(args), translated)
+    config = tyro.cli(config_class, args=rest, default=config, registry=custom_registry)
+    explicit = explicit_flags(rest) | from_toml
     config.fault_tolerance.explicit_fields = frozenset(
         name.partition(".")[2] for name in explicit if name.startswith(f"{SECTION}.")
     )
-    return ParsedJob(config, explicit)
+    return ParsedJob(config, explicit, tuple(notes))
+
+
+def _toml_notes(
+    config_file: str, registry: tuple[str, str], translated: toml_config.Translated
+) -> list[str]:
+    module, name = registry
+    notes = [
+        f"torchtitan_ft: config: registry config {module}/{name}, overridden by {config_file} "
+        "(TorchTitan 0.3.0 reads no TOML; torchtitan_ft adds it), then by the command line"
+    ]
+    if translated.moved:
+        moves = ", ".join(f"{old} as {new}" for old, new in translated.moved)
+        notes.append(
+            f"torchtitan_ft: {config_file}: TorchTitan 0.2.2 keys read at their 0.3.0 place: "
+            + moves
+        )
+    notes += [f"torchtitan_ft: {config_file}: {line}" for line in translated.ignored]
+    return notes
 
 
 def _swap_dataset(section: Any, where: str, log: Callable[[str], None]) -> None:

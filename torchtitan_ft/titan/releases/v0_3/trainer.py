@@ -18,6 +18,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from torchtitan_ft.titan import cpu_compat
+from torchtitan_ft.titan.checkpointing import ReplicaCheckpointer
 from torchtitan_ft.titan.config_schema import JobConfig, uses_semi_sync
 from torchtitan_ft.titan.healing import HealedState
 from torchtitan_ft.titan.metrics import attach_ft_metrics, attach_log_prefix
@@ -66,7 +67,8 @@ class FaultTolerantTrainer(Trainer):
     """TorchTitan 0.3.0's Trainer, one replica group of an FT job when FT is enabled.
 
     Overridden: ``__init__`` (before TorchTitan's: the data slice and the FSDP wrap; after
-    it: the gradient hooks, the batch ledger, the healed state and the commit gate),
+    it: the gradient hooks, the batch ledger, the healed state, the commit gate and the
+    single-writer checkpointer),
     ``init_distributed`` (builds the replica axis), ``batch_generator``, ``train_step`` (a
     discarded step is retried under its number) and ``close``.
     """
@@ -104,6 +106,14 @@ class FaultTolerantTrainer(Trainer):
         axis.register_state(self.healed_state)
         self.optimizers, self.lr_schedulers = axis.gate_step(self.optimizers, self.lr_schedulers)
         self.ft_metrics = attach_ft_metrics(self)
+        if ft.enable:
+            self.checkpointer = ReplicaCheckpointer.for_replica_axis(
+                self.checkpointer,
+                axis,
+                self.batches,
+                rank=torch.distributed.get_rank(),
+                keep_latest_k=config.checkpoint.keep_latest_k,
+            )
 
     @property
     def job_config(self) -> Any:
@@ -182,6 +192,8 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         validate_job_config(config)
         check_local_address(config)
         check_manager_env(config)
+        for note in parsed.notes:
+            logger.info(note)
         runnable_here(parsed, cpu_compat.cuda_available(), logger.info)
         explicit_dtype = "training.mixed_precision_param" in parsed.explicit
         configured = config.training.mixed_precision_param if explicit_dtype else None
