@@ -77,25 +77,33 @@ def as_config_of(config_class: type, registry_config: Any) -> Any:
     return config_class(**values)
 
 
-def parse(args: list[str], config_class: type) -> ParsedJob:
-    """Parse ``args`` as TorchTitan 0.3.0's ``ConfigManager`` does, into ``config_class``.
+def load_registry_config(args: list[str]) -> tuple[Any, list[str]]:
+    """The registry config ``--module``/``--config`` of ``args`` name (the defaults where
+    missing) and the other arguments. Raises :class:`ConfigError` for a bad name."""
+    manager = ConfigManager()
+    try:
+        return manager._load_config(with_default_config(args))
+    except (ValueError, ImportError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+
+
+def parse(args: list[str], config_class: type | None) -> ParsedJob:
+    """Parse ``args`` as TorchTitan 0.3.0's ``ConfigManager`` does, into ``config_class`` (with
+    the ``fault_tolerance`` section), or into the registry config's own class when None (a
+    config of TorchTitan's own trainers, :mod:`.titan_trainer`).
 
     Raises :class:`ConfigError` for a bad ``--module``/``--config``; tyro itself exits 2 with
     its usage message for a bad flag, as TorchTitan's trainer does."""
     import tyro
 
-    args = with_default_config(args)
-    manager = ConfigManager()
-    try:
-        loaded, rest = manager._load_config(args)
-    except (ValueError, ImportError) as e:
-        raise ConfigError(str(e).splitlines()[0]) from None
-    default = as_config_of(config_class, loaded)
-    config = tyro.cli(config_class, args=rest, default=default, registry=custom_registry)
+    loaded, rest = load_registry_config(args)
+    default = loaded if config_class is None else as_config_of(config_class, loaded)
+    config = tyro.cli(type(default), args=rest, default=default, registry=custom_registry)
     explicit = explicit_flags(rest)
-    config.fault_tolerance.explicit_fields = frozenset(
-        name.partition(".")[2] for name in explicit if name.startswith(f"{SECTION}.")
-    )
+    if config_class is not None:
+        config.fault_tolerance.explicit_fields = frozenset(
+            name.partition(".")[2] for name in explicit if name.startswith(f"{SECTION}.")
+        )
     return ParsedJob(config, explicit)
 
 
