@@ -7,6 +7,8 @@ registry's DiLoCo over 2 fragments (docs/titan.md, "TorchTitan's own FT trainer 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,6 +61,34 @@ def titan_group(tmp_path: Path, replica: int, steps: int, address: str) -> Train
             "TORCHFT_LIGHTHOUSE": address,
         },
     )
+
+
+def _run_train_sh(pythonpath: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(ROOT / "run_train.sh"), "--fault_tolerance.enable"],
+        env={**os.environ, **REGISTRY, "PYTHON": sys.executable, "PYTHONPATH": pythonpath},
+        capture_output=True,
+        text=True,
+        timeout=remaining(120),
+    )
+
+
+def test_without_a_torchft_it_stops_before_torchrun_with_one_line() -> None:
+    result = _run_train_sh(str(ROOT))
+    assert result.returncode == 2 and result.stdout == "", result.stderr[-2000:]
+    (line,) = result.stderr.splitlines()
+    assert "--module torchft.llama3 is a config of TorchTitan's own FT trainer" in line
+    assert "scripts/install_torchft_compat.sh" in line and "--module llama3" in line
+
+
+def test_beside_a_real_torchft_it_stops_with_one_line(tmp_path: Path) -> None:
+    fake = tmp_path / "site" / "torchft"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise AssertionError('the fake torchft was imported')\n")
+    result = _run_train_sh(os.pathsep.join([with_compat(), str(tmp_path / "site")]))
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = result.stderr.splitlines()
+    assert "another torchft is also visible" in line and str(fake) in line
 
 
 @pytest.mark.multiprocess
