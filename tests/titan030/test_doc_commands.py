@@ -32,10 +32,6 @@ from torchtitan_ft.testing.titan_jobs import ROOT, TrainRun, finish_all, remaini
 
 MARKER_0_3 = "<!-- doc-commands-0.3.0:"
 PER_STEP = ["--fault_tolerance.semi_sync_method", "None"]
-SPMD_BACKEND = "--parallelism.spmd_backend=partial_dtensor"
-"""TorchTitan 0.3.0's default ``spmd_types`` stops FSDP over 2 ranks on this torch ("all
-parameters must be DTensors on the full SPMD mesh"), without FT too; ``partial_dtensor`` trains
-(docs/titan.md, "TorchTitan's own FT trainer on 0.3.0")."""
 FORM = re.compile(r"the 0\.3\.0 form of this command is `(.*)`$")
 
 
@@ -105,8 +101,9 @@ def test_example_2_in_its_0_3_0_form_trains_diloco_in_both_groups(tmp_path: Path
     """The refusal's command for Example 2, run as TorchTitan 0.3.0's doc writes it but for
     the edits printed here: 2 ranks per group instead of 4 (NGPU and the shard flag), the
     compat package, a lighthouse of the test's own (the doc's flags, a free port),
-    :data:`SMALL_CPU` (batch 2 x 256, no profiler or validator), :data:`SPMD_BACKEND` and no
-    activation checkpointing. The registry's sync_steps 10 over 2 fragments: a fragment sync
+    :data:`SMALL_CPU` (batch 2 x 256, no profiler or validator) and no activation
+    checkpointing (on this CPU the trainer itself takes ``spmd_backend`` partial_dtensor, one
+    line). The registry's sync_steps 10 over 2 fragments: a fragment sync
     at steps 5 and 10, after the initial sync, each with both groups."""
     steps = 10
     proc, address = _start_lighthouse(doc_rows()["lighthouse"])
@@ -117,7 +114,7 @@ def test_example_2_in_its_0_3_0_form_trains_diloco_in_both_groups(tmp_path: Path
             line = run_doc_row(name).stderr.strip()
             env, words = split_command(FORM.search(line).group(1))
             env, words, edits = scaled_to_ranks(env, words, 2)
-            extra = [*SMALL_CPU, SPMD_BACKEND, NO_ACTIVATION_CHECKPOINTING]
+            extra = [*SMALL_CPU, NO_ACTIVATION_CHECKPOINTING]
             for edit in [*edits, "+ PYTHONPATH with compat/", f"+ {' '.join(extra)}"]:
                 print(f"0.3.0 form of {name!r}: {edit}")
             runs.append(

@@ -12,7 +12,9 @@ if releases.installed_version() != releases.Release.V0_3.value:
 from torchtitan_ft.titan.releases.v0_3.parse import parse
 from torchtitan_ft.titan.releases.v0_3.titan_trainer import (
     NCCL_ON_CPU,
+    SPMD_TYPES_ON_CPU,
     gloo_for_nccl,
+    partial_dtensor_for_spmd_types,
     trainer_line,
     wants_titan_trainer,
 )
@@ -53,3 +55,22 @@ def test_nccl_becomes_gloo_on_a_cpu_where_the_user_did_not_choose(
 def test_the_line_names_the_trainer() -> None:
     line = trainer_line(parse(TITAN_FT, None).config)
     assert "FaultTolerantTrainer (torchtitan.experiments.torchft.trainer)" in line
+
+
+@pytest.mark.parametrize(
+    ("flags", "cuda", "ranks", "backend", "lines"),
+    [
+        ([], False, 2, "partial_dtensor", [SPMD_TYPES_ON_CPU.format(ranks=2)]),
+        ([], False, 1, "spmd_types", []),  # one rank: no FSDP sharding to stop
+        ([], True, 4, "spmd_types", []),
+        (["--parallelism.spmd_backend=spmd_types"], False, 2, "spmd_types", []),  # chosen
+    ],
+)
+def test_spmd_types_becomes_partial_dtensor_on_a_cpu_with_several_ranks(
+    flags: list[str], cuda: bool, ranks: int, backend: str, lines: list[str]
+) -> None:
+    parsed = parse([*TITAN_FT, *flags], None)
+    logged: list[str] = []
+    partial_dtensor_for_spmd_types(parsed, cuda, ranks, logged.append)
+    assert parsed.config.parallelism.spmd_backend == backend
+    assert logged == lines
