@@ -95,12 +95,13 @@ def test_beside_a_real_torchft_it_stops_with_one_line(tmp_path: Path) -> None:
 @pytest.mark.slow  # 2 to 4 min under load; the refusals without compat are in the default tier
 @pytest.mark.timeout(480)
 def test_two_groups_train_diloco_and_a_killed_group_heals(tmp_path: Path) -> None:
-    """min_replicas 1: the survivor syncs alone while group 1 is down, long enough (60 steps
-    of about 0.5 s) for the restart to join it; each group then trains to its last step on
-    its own. (min_replicas 2 does not end: the restarted group heals TorchTitan's step from
-    the donor's snapshot, taken when the donor's quorum starts, one step before its sync, so
-    it needs one sync more than the survivor, which has ended by then.)"""
-    steps = 60
+    """min_replicas 1: the survivor syncs alone while group 1 is down, long enough (150
+    steps of 0.3 to 0.6 s; 60 were over before a restart under load 15 had started) for the
+    restart to join it; each group then trains to its last step on its own. (min_replicas 2
+    does not end: the restarted group heals TorchTitan's step from the donor's snapshot, taken
+    when the donor's quorum starts, one step before its sync, so it needs one sync more than
+    the survivor, which has ended by then.)"""
+    steps = 150
     with lighthouse(min_replicas=1, heartbeat_timeout_ms=2000) as address:
         survivor, victim = (titan_group(tmp_path, r, steps, address) for r in range(2))
         deadline = time.monotonic() + remaining(240)
