@@ -32,12 +32,6 @@ TRAIN_FILE=${TRAIN_FILE:-"torchtitan_ft.titan.train"}
 if [ "$release" != 0.2.2 ]; then
     # TorchTitan >= 0.3.0: a config registry entry, --module M --config C (also MODULE=M
     # CONFIG=C, or MODEL=M as 0.2.x's later commands spell it), overridden by --section.key flags.
-    case "$TRAIN_FILE" in
-        torchtitan.*)
-            echo "run_train.sh: TRAIN_FILE=$TRAIN_FILE (TorchTitan's own trainer) is not supported with TorchTitan $release yet; leave TRAIN_FILE unset (torchtitan_ft's trainer)" >&2
-            exit 2
-            ;;
-    esac
     if [ -n "${CONFIG_FILE:-}" ]; then
         echo "run_train.sh: CONFIG_FILE=$CONFIG_FILE is a TOML config, which TorchTitan $release does not read; name a registry config with --module M --config C (or MODULE=M CONFIG=C)" >&2
         exit 2
@@ -46,7 +40,11 @@ if [ "$release" != 0.2.2 ]; then
     module=${MODULE:-${MODEL:-}}
     if [ -n "$module" ]; then config_args+=(--module "$module"); fi
     if [ -n "${CONFIG:-}" ]; then config_args+=(--config "$CONFIG"); fi
-    train_module=("$TRAIN_FILE")
+    # The trainer module for TRAIN_FILE (torchtitan.train: TorchTitan's own trainers), or one
+    # line saying why it cannot run (0.2.x's torchtitan.experiments.ft.train: with the 0.3.0
+    # form of the command) or how (a config of TorchTitan's FT trainer without a torchft).
+    train_module=("$("$PYTHON" -m torchtitan_ft.titan.releases.commands "$TRAIN_FILE" "$@")") ||
+        exit $?
 else
     # A config by name, as TorchTitan's later launch commands spell it (MODEL or MODULE, and
     # CONFIG; see torchtitan_ft/titan/named_configs.py); CONFIG_FILE wins when both are given.

@@ -20,6 +20,14 @@ event files, ``log_freq`` 1); for FT the slower of the two groups at that step. 
 the CPU (model, torch capability, bf16 support) and the dtype this machine would choose.
 
     python -m benchmarks.titan_step [--steps 14] [--warmup 4] [--rounds 1] [--dtypes float32]
+        [--releases 0.2.2 0.3.0]
+
+``--releases`` runs the jobs of each TorchTitan release named, side by side in one rotation
+(default: the installed one): 0.3.0's with ``.cache/tt030/venv``'s Python, the registry's
+``llama3_debugmodel`` given the TOML configs' values as flags (:data:`CONFIGS_0_3`), and
+``--parallelism.spmd_backend=partial_dtensor`` (0.3.0's default stops FSDP over 2 ranks on
+this torch). Each row of ``results`` names its release and dtype; ``ratio_0_3_0_over_0_2_2``
+divides the FT / native ratios of the two releases.
 
 With ``--link-mbit`` (e.g. ``--link-mbit unlimited,1000,100``) the replicate dimension crosses
 a link of that rate instead (needs root, ``ip`` and ``tc``: hosts made of network namespaces,
@@ -63,17 +71,87 @@ STEP_TAG = "time_metrics/end_to_end(s)"
 TARGET = 1.05
 
 
+RELEASES = ("0.2.2", "0.3.0")
+"""TorchTitan releases ``--releases`` may name; 0.3.0 runs in ``.cache/tt030/venv``."""
+
+VENV_0_3 = ROOT / ".cache" / "tt030" / "venv" / "bin" / "python"
+"""The 0.3.0 environment's Python (scripts/install_torchtitan030.sh)."""
+
+CONFIGS_0_3 = {
+    "debug_cpu.toml": (
+        "--training.seq_len=256",
+        "--training.local_batch_size=2",
+        "--validator.no-enable",
+        "--profiler.no-enable-profiling",
+        # TorchTitan 0.3.0's default backend, spmd_types, stops FSDP over 2 ranks on this torch
+        # ("all parameters must be DTensors on the full SPMD mesh"); partial_dtensor trains.
+        "--parallelism.spmd_backend=partial_dtensor",
+    ),
+    "debug_ft_cpu.toml": (
+        "--fault_tolerance.enable",
+        "--fault_tolerance.group_size=2",
+        "--fault_tolerance.min_replica_size=1",
+        "--fault_tolerance.hostname=127.0.0.1",
+        "--fault_tolerance.process_group_timeout_ms=10000",
+        "--fault_tolerance.step_timeout_ms=30000",
+        "--fault_tolerance.quorum_timeout_ms=60000",
+        "--fault_tolerance.connect_timeout_ms=10000",
+    ),
+}
+"""The TOML configs as 0.3.0 flags on the registry's ``llama3_debugmodel`` (0.3.0 reads no
+TOML): debug_cpu.toml's shape, and debug_ft_cpu.toml's ``[fault_tolerance]`` on top of it."""
+
+
+def release_python(release: str | None) -> str:
+    """The Python that runs ``release``'s jobs (None: this one's)."""
+    from torchtitan_ft.titan import releases
+
+    if release is None or release == releases.installed_version():
+        return sys.executable
+    if release == "0.3.0":
+        if not VENV_0_3.exists():
+            raise SystemExit(f"--releases 0.3.0: no {VENV_0_3} (scripts/install_torchtitan030.sh)")
+        return str(VENV_0_3)
+    return getattr(sys, "_base_executable", sys.executable)  # the 0.3.0 venv's base: 0.2.2
+
+
+def _release_args(release: str, config: str) -> tuple[dict[str, str], list[str], list[str]]:
+    """(environment, dump-folder flag and config flags, trailing words) naming ``config`` on
+    ``release``."""
+    if release == "0.3.0":
+        flags = [*CONFIGS_0_3["debug_cpu.toml"]]
+        if config == "debug_ft_cpu.toml":
+            flags += CONFIGS_0_3[config]
+        env = {"MODULE": "llama3", "CONFIG": "llama3_debugmodel"}
+        return env, ["--dump_folder", *flags], ["activation-checkpoint:none"]  # a subcommand
+    return {"CONFIG_FILE": str(ROOT / "configs" / config)}, ["--job.dump_folder"], []
+
+
+def _installed() -> str:
+    from torchtitan_ft.titan import releases
+
+    return releases.installed().value
+
+
 def _launch(
-    dump: Path, ngpu: int, steps: int, config: str, *args: str, env: dict, host: Host | None = None
+    dump: Path,
+    ngpu: int,
+    steps: int,
+    config: str,
+    *args: str,
+    env: dict,
+    host: Host | None = None,
+    release: str | None = None,
 ) -> Any:
-    """``run_train.sh`` (inside ``host`` when given, else here)."""
+    """``run_train.sh`` (inside ``host`` when given, else here) with ``release``'s Python."""
+    release_env, leading, trailing = _release_args(release or _installed(), config)
     full_env = {
         **os.environ,
         "NGPU": str(ngpu),
         "LOG_RANK": "0",
-        "PYTHON": sys.executable,
+        "PYTHON": release_python(release),
         "OMP_NUM_THREADS": "1",
-        "CONFIG_FILE": str(ROOT / "configs" / config),
+        **release_env,
         **env,
     }
     command = [
@@ -81,11 +159,13 @@ def _launch(
         str(ROOT / "run_train.sh"),
         "--training.steps",
         str(steps),
-        "--job.dump_folder",
+        leading[0],
         str(dump),
+        *leading[1:],
         "--metrics.enable_tensorboard",
         "--metrics.log_freq=1",
         *args,
+        *trailing,
     ]
     return subprocess.Popen(
         command,
@@ -111,26 +191,31 @@ def _step_times(run_dir: Path) -> dict[int, float]:
     return {e.step: e.value for e in events.Scalars(STEP_TAG)}
 
 
-def _run_one(work: Path, ngpu: int, steps: int, timeout: float, *args: str) -> dict[int, float]:
-    proc = _launch(work, ngpu, steps, "debug_cpu.toml", *args, env={})
+def _run_one(
+    work: Path, ngpu: int, steps: int, timeout: float, release: str, *args: str
+) -> dict[int, float]:
+    proc = _launch(work, ngpu, steps, "debug_cpu.toml", *args, env={}, release=release)
     _finish(proc, timeout)
-    (run_dir,) = [d for d in (work / "tb").glob("*") if d.is_dir()]
-    return _step_times(run_dir)
+    return _step_times(_tb_dir(work))
 
 
-def run_single(work: Path, steps: int, timeout: float, *args: str) -> dict[int, float]:
+def run_single(
+    work: Path, steps: int, timeout: float, release: str, *args: str
+) -> dict[int, float]:
     """One process (no FSDP, no FT): {step: seconds}."""
-    return _run_one(work / "single", 1, steps, timeout, *args)
+    return _run_one(work / "single", 1, steps, timeout, release, *args)
 
 
-def run_native(work: Path, steps: int, timeout: float, *args: str) -> dict[int, float]:
+def run_native(
+    work: Path, steps: int, timeout: float, release: str, *args: str
+) -> dict[int, float]:
     """Native TorchTitan HSDP 2x2: {step: seconds}."""
     hsdp = ("--parallelism.data_parallel_replicate_degree=2",)
     hsdp += ("--parallelism.data_parallel_shard_degree=2",)
-    return _run_one(work / "native", 4, steps, timeout, *hsdp, *args)
+    return _run_one(work / "native", 4, steps, timeout, release, *hsdp, *args)
 
 
-def run_ft(work: Path, steps: int, timeout: float, *args: str) -> dict[int, float]:
+def run_ft(work: Path, steps: int, timeout: float, release: str, *args: str) -> dict[int, float]:
     """2 replica groups x 2 FSDP ranks with FT: {step: seconds of the slower group}."""
     from torchtitan_ft.lighthouse import LighthouseServer
 
@@ -147,6 +232,7 @@ def run_ft(work: Path, steps: int, timeout: float, *args: str) -> dict[int, floa
                     f"--fault_tolerance.replica_id={r}",
                     *args,
                     env={"TORCHFT_LIGHTHOUSE": lighthouse.address()},
+                    release=release,
                 )
             )
         for proc in procs:
@@ -156,11 +242,15 @@ def run_ft(work: Path, steps: int, timeout: float, *args: str) -> dict[int, floa
             if proc.poll() is None:
                 proc.kill()
         lighthouse.shutdown()
-    per_group = []
-    for r in range(2):
-        (run_dir,) = (work / f"ft{r}" / "tb").glob(f"*/replica_{r}")
-        per_group.append(_step_times(run_dir))
+    per_group = [_step_times(_group_tb_dir(work / f"ft{r}", r)) for r in range(2)]
     return {s: max(g[s] for g in per_group) for s in per_group[0] if all(s in g for g in per_group)}
+
+
+def _group_tb_dir(dump: Path, replica: int) -> Path:
+    """A replica group's TensorBoard folder: ``tb/<time>/replica_<r>`` on 0.2.2, ``tb/<time>``
+    on 0.3.0 (whose Trainer builds its metrics without the FT replica folder)."""
+    found = [d for d in (dump / "tb").glob(f"*/replica_{replica}") if d.is_dir()]
+    return found[0] if len(found) == 1 else _tb_dir(dump)
 
 
 RDZV_PORT = 29400
@@ -383,6 +473,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=["bfloat16", "float32"])
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument(
+        "--releases",
+        nargs="+",
+        choices=RELEASES,
+        default=None,
+        help="TorchTitan releases to measure side by side, in rotating order (default: the "
+        "installed one); 0.3.0 runs with .cache/tt030/venv's Python",
+    )
+    parser.add_argument(
         "--link-mbit",
         type=_parse_links,
         default=None,
@@ -396,48 +494,64 @@ def main(argv: list[str] | None = None) -> dict:
         return links_main(args, parser)
 
     work = Path(tempfile.mkdtemp(prefix="titan_step_"))
-    kinds = [(dtype, job) for dtype in args.dtypes for job in JOBS]
-    steps: dict[tuple[str, str], list[float]] = {kind: [] for kind in kinds}
-    cpu_s: dict[tuple[str, str], float] = dict.fromkeys(kinds, 0.0)
+    chosen = args.releases or [_installed()]
+    kinds = [(rel, dtype, job) for rel in chosen for dtype in args.dtypes for job in JOBS]
+    steps: dict[tuple[str, str, str], list[float]] = {kind: [] for kind in kinds}
+    cpu_s: dict[tuple[str, str, str], float] = dict.fromkeys(kinds, 0.0)
     started, load_at_start = time.perf_counter(), os.getloadavg()[0]
     try:
         for i in range(args.rounds):
             order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
-            for dtype, job in order:
+            for release, dtype, job in order:
                 cpu_before = _cpu_seconds()
                 times = JOBS[job](
-                    work / f"round{i}" / dtype,
+                    work / f"round{i}" / release / dtype,
                     args.steps,
                     args.timeout,
+                    release,
                     f"--training.mixed_precision_param={dtype}",
                 )
-                cpu_s[(dtype, job)] += _cpu_seconds() - cpu_before
-                steps[(dtype, job)] += _after_warmup(times, args.warmup)
+                cpu_s[(release, dtype, job)] += _cpu_seconds() - cpu_before
+                steps[(release, dtype, job)] += _after_warmup(times, args.warmup)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    results = {}
-    for dtype in args.dtypes:
-        medians = {job: _median(steps[(dtype, job)]) for job in JOBS}
-        results[dtype] = {
-            **{f"{job}_median_step_s": m for job, m in medians.items()},
-            **{f"{job}_step_s": [round(t, 4) for t in steps[(dtype, job)]] for job in JOBS},
-            # Whole jobs incl. ~8 s of imports/setup per process.
-            **{f"{job}_job_cpu_s": round(cpu_s[(dtype, job)], 1) for job in JOBS},
-            "ratio_ft_over_native": round(medians["ft"] / medians["native"], 4),
-        }
-    if "bfloat16" in results and "float32" in results:
-        results["bfloat16_over_float32"] = {
-            job: round(
-                results["bfloat16"][f"{job}_median_step_s"]
-                / results["float32"][f"{job}_median_step_s"],
-                2,
+    results = []
+    for release in chosen:
+        for dtype in args.dtypes:
+            kind = (release, dtype)
+            medians = {job: _median(steps[(*kind, job)]) for job in JOBS}
+            results.append(
+                {
+                    "release": release,
+                    "dtype": dtype,
+                    **{f"{job}_median_step_s": m for job, m in medians.items()},
+                    **{f"{job}_step_s": [round(t, 4) for t in steps[(*kind, job)]] for job in JOBS},
+                    # Whole jobs incl. ~8 s of imports/setup per process.
+                    **{f"{job}_job_cpu_s": round(cpu_s[(*kind, job)], 1) for job in JOBS},
+                    "ratio_ft_over_native": round(medians["ft"] / medians["native"], 4),
+                }
             )
-            for job in JOBS
-        }
+    ratios = {}
+    for dtype in args.dtypes:
+        row = {r["release"]: r["ratio_ft_over_native"] for r in results if r["dtype"] == dtype}
+        if set(RELEASES) <= row.keys():
+            ratios[dtype] = round(row["0.3.0"] / row["0.2.2"], 3)
+    bf16_over_fp32 = {}
+    for release in chosen:
+        rows = {r["dtype"]: r for r in results if r["release"] == release}
+        if {"bfloat16", "float32"} <= rows.keys():
+            bf16_over_fp32[release] = {
+                job: round(
+                    rows["bfloat16"][f"{job}_median_step_s"]
+                    / rows["float32"][f"{job}_median_step_s"],
+                    2,
+                )
+                for job in JOBS
+            }
     command = ["python", "-m", "benchmarks.titan_step"]
     command += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-    command += ["--rounds", str(args.rounds), "--dtypes", *args.dtypes]
+    command += ["--rounds", str(args.rounds), "--dtypes", *args.dtypes, "--releases", *chosen]
     report = {
         "command": " ".join(command),
         "machine": machine(),
@@ -446,11 +560,15 @@ def main(argv: list[str] | None = None) -> dict:
         "what": "llama3 debugmodel, batch 2 x seq 256 per rank, gloo, CPU",
         "single": "one process, no FSDP (TorchTitan autocast in the dtype)",
         "native": "TorchTitan HSDP dp_replicate=2 x dp_shard=2 (one torchrun job, NGPU=4)",
+        "release": "0.2.2: configs/debug_cpu.toml, debug_ft_cpu.toml; 0.3.0: registry "
+        "llama3_debugmodel with their values as flags, spmd_backend partial_dtensor",
         "ft": "2 replica groups x 2 FSDP ranks, per-step FT (async quorum), real lighthouse",
         "steps": args.steps,
         "warmup": args.warmup,
         "rounds": args.rounds,
         "results": results,
+        "ratio_0_3_0_over_0_2_2": ratios,
+        "bfloat16_over_float32": bf16_over_fp32,
         "ft_over_native_target": TARGET,
         "wall_s": round(time.perf_counter() - started, 1),
     }

@@ -272,3 +272,37 @@ def test_goodput_prints_every_method(tmp_path: Path) -> None:
     assert out["methods"]["ideal"]["goodput"] == 1.0
     assert "replacement_s" in out and "timeouts" in out and "cpu_quota" in out
     assert (tmp_path / "goodput.json").exists()
+
+
+@pytest.mark.slow  # six TorchTitan jobs of 3 steps, two releases: 5 to 10 min under load
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(
+    not (ROOT / ".cache/tt030/venv/bin/python").exists(),
+    reason="no TorchTitan 0.3.0 venv (scripts/install_torchtitan030.sh)",
+)
+def test_titan_step_prints_both_releases_side_by_side() -> None:
+    out = _benchmark(
+        "benchmarks.titan_step",
+        *("--releases", "0.2.2", "0.3.0", "--steps", "3", "--warmup", "1"),
+        timeout=860,
+    )
+    assert [(r["release"], r["dtype"]) for r in out["results"]] == [
+        ("0.2.2", "float32"),
+        ("0.3.0", "float32"),
+    ]
+    assert all(r["ratio_ft_over_native"] > 0 for r in out["results"])
+    assert out["ratio_0_3_0_over_0_2_2"]["float32"] > 0
+
+
+def test_titan_step_names_each_release_s_config() -> None:
+    from benchmarks.titan_step import _release_args
+
+    env, leading, trailing = _release_args("0.3.0", "debug_ft_cpu.toml")
+    assert env == {"MODULE": "llama3", "CONFIG": "llama3_debugmodel"}
+    assert leading[0] == "--dump_folder" and "--fault_tolerance.enable" in leading
+    assert trailing == ["activation-checkpoint:none"]  # tyro's subcommand goes last
+    assert "--fault_tolerance.enable" not in _release_args("0.3.0", "debug_cpu.toml")[1]
+    env, leading, trailing = _release_args("0.2.2", "debug_cpu.toml")
+    assert env["CONFIG_FILE"].endswith("configs/debug_cpu.toml")
+    assert (leading, trailing) == (["--job.dump_folder"], [])

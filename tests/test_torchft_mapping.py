@@ -233,3 +233,94 @@ def test_manager_takes_torchfts_arguments_in_its_order_and_ours_by_keyword_only(
         "events_dir",
         "samples_per_batch",
     ]
+
+
+# ------------------------------------------------ TorchTitan 0.3.0's FT trainer on compat/
+
+TITAN_030_TORCHFT = {
+    "torchft.Manager": True,
+    "torchft.Optimizer": True,
+    "torchft.ProcessGroupGloo": True,
+    "torchft.ProcessGroupNCCL": True,
+    "torchft.process_group.ManagedProcessGroup": True,
+    "torchft.local_sgd.DiLoCo": True,
+    "torchft.local_sgd.LocalSGD": True,
+    "torchft.torchcomms.ProcessGroupTorchComms": False,
+}
+"""The torchft names TorchTitan 0.3.0's ``torchtitan/experiments/torchft`` uses, and whether
+the compatibility package provides them (docs/titan.md, "TorchTitan's own FT trainer on
+0.3.0"): all but torchcomms, which only its ``process_group="mccl"`` (GPUs) reaches."""
+
+TITAN_030_MANAGER_CALLS = ("set_state_dict_fns", "participating_rank", "allreduce")
+"""Manager methods it calls (its FT checkpoint manager, its all-reduce hook through
+``ManagedProcessGroup``)."""
+
+TITAN_030_DILOCO_KEYWORDS = (
+    "manager",
+    "model_fragments",
+    "inner_optimizer",
+    "outer_optimizer",
+    "sync_every",
+    "should_quantize",
+    "fragment_sync_delay",
+    "fragment_update_alpha",
+)
+"""The keywords it builds ``local_sgd.DiLoCo`` with."""
+
+TITAN_030_TORCHFT_SOURCE = next(
+    (ROOT / ".cache/tt030/venv/lib").glob("python3*/site-packages/torchtitan/experiments/torchft"),
+    None,
+)
+"""TorchTitan 0.3.0's FT experiment in the 0.3.0 venv (scripts/install_torchtitan030.sh)."""
+
+
+def test_every_torchft_name_titan_0_3_0_uses_has_a_row_and_is_provided() -> None:
+    rows = _rows()
+    for name, provided in TITAN_030_TORCHFT.items():
+        assert name in rows, f"{name}: no row"
+        assert (_provided(rows[name][0]) is not None) == provided, (name, rows[name])
+    from torchtitan_ft import Manager
+    from torchtitan_ft.semi_sync import DiLoCo
+
+    missing = [m for m in TITAN_030_MANAGER_CALLS if not callable(getattr(Manager, m, None))]
+    assert not missing, f"Manager lacks what TorchTitan 0.3.0 calls: {missing}"
+    parameters = inspect.signature(DiLoCo.__init__).parameters
+    assert not [k for k in TITAN_030_DILOCO_KEYWORDS if k not in parameters]
+
+
+TOP = "torchft"
+
+
+def _torchft_names_used(folder: Path) -> set[str]:
+    """The torchft names the non-test sources under ``folder`` import or reach as attributes
+    (``torchft.x.Y`` through ``import torchft`` or ``from torchft import x``), longest only."""
+    found: set[str] = set()
+    for path in sorted(folder.rglob("*.py")):
+        if "tests" in path.relative_to(folder).parts:
+            continue
+        tree = ast.parse(path.read_text())
+        aliases: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "torchft":
+                        aliases[(alias.asname or alias.name).split(".")[0]] = "torchft"
+            elif isinstance(node, ast.ImportFrom) and (node.module or "x").split(".")[0] == TOP:
+                for alias in node.names:
+                    aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                    found.add(f"{node.module}.{alias.name}")
+        for node in ast.walk(tree):
+            parts: list[str] = []
+            while isinstance(node, ast.Attribute):
+                parts.insert(0, node.attr)
+                node = node.value
+            if parts and isinstance(node, ast.Name) and node.id in aliases:
+                found.add(".".join([aliases[node.id], *parts]))
+    return {n for n in found if not any(o.startswith(f"{n}.") for o in found)}
+
+
+@pytest.mark.skipif(
+    TITAN_030_TORCHFT_SOURCE is None, reason="no TorchTitan 0.3.0 venv (install_torchtitan030.sh)"
+)
+def test_the_list_is_what_titan_0_3_0_uses() -> None:
+    assert _torchft_names_used(TITAN_030_TORCHFT_SOURCE) == set(TITAN_030_TORCHFT)

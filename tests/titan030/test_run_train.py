@@ -25,7 +25,12 @@ def run_train(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     ("env", "named", "instead"),
     [
         ({"CONFIG_FILE": "configs/debug_cpu.toml"}, "CONFIG_FILE=", "--module M --config C"),
-        ({"TRAIN_FILE": "torchtitan.train"}, "TRAIN_FILE=torchtitan.train", "leave TRAIN_FILE"),
+        (
+            {"TRAIN_FILE": "torchtitan.experiments.ft.train"},
+            "TRAIN_FILE=torchtitan.experiments.ft.train",
+            "the 0.3.0 form of this command is `MODULE=torchft.llama3",
+        ),
+        ({"TRAIN_FILE": "torchtitan.experiments.forge.x"}, "forge.x", "leave TRAIN_FILE unset"),
     ],
 )
 def test_what_0_3_0_cannot_read_is_one_line(env: dict, named: str, instead: str) -> None:

@@ -138,24 +138,30 @@ def _refuse(message: str) -> None:
     raise SystemExit(USER_ERROR_EXIT)
 
 
+def torchft_import_error() -> str | None:
+    """The last line of ``import torchft``'s error, None when it imports. Probed in a child
+    process: this project never imports torchft itself. The compatibility package refuses
+    (ImportError, one line) when the real torchft is visible beside it."""
+    if not _torchft_found():
+        return "no torchft package is installed"
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torchft"], capture_output=True, text=True, check=False
+    )
+    if probe.returncode == 0:
+        return None
+    lines = probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"]
+    return lines[-1]
+
+
 def check(module: str) -> None:
     """Exit with one line (status USER_ERROR_EXIT) when ``module`` cannot run here."""
     problem = torchft_problem(module, _torchft_found())
     if problem:
         _refuse(problem)
     if module in NEEDS_TORCHFT:
-        # Probed in a child process: this project never imports torchft itself. The
-        # compatibility package refuses (ImportError, one line) when the real torchft is
-        # visible beside it.
-        probe = subprocess.run(
-            [sys.executable, "-c", "import torchft"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if probe.returncode != 0:
-            lines = probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"]
-            _refuse(f"torchtitan_ft: TRAIN_FILE={module}: cannot import torchft: {lines[-1]}")
+        error = torchft_import_error()
+        if error is not None:
+            _refuse(f"torchtitan_ft: TRAIN_FILE={module}: cannot import torchft: {error}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -103,10 +103,23 @@ def as_config_of(config_class: type, registry_config: Any) -> Any:
     return config_class(**values)
 
 
-def parse(args: list[str], config_class: type) -> ParsedJob:
-    """Parse ``args`` as TorchTitan 0.3.0's ``ConfigManager`` does, into ``config_class``, with
-    a ``--job.config_file`` TOML file (the last one given) between the registry config and the
-    flags.
+def load_registry_config(
+    args: list[str], default: tuple[str, str] = (DEFAULT_MODULE, DEFAULT_CONFIG)
+) -> tuple[Any, list[str]]:
+    """The registry config ``--module``/``--config`` of ``args`` name (``default`` for whichever
+    is missing) and the other arguments. Raises :class:`ConfigError` for a bad name."""
+    manager = ConfigManager()
+    try:
+        return manager._load_config(with_default_config(args, default))
+    except (ValueError, ImportError) as e:
+        raise ConfigError(str(e).splitlines()[0]) from None
+
+
+def parse(args: list[str], config_class: type | None) -> ParsedJob:
+    """Parse ``args`` as TorchTitan 0.3.0's ``ConfigManager`` does, into ``config_class`` (with
+    the ``fault_tolerance`` section), or into the registry config's own class when None (a
+    config of TorchTitan's own trainers, :mod:`.titan_trainer`), with a ``--job.config_file``
+    TOML file (the last one given) between the registry config and the flags.
 
     Raises :class:`ConfigError` for a bad ``--module``/``--config`` and for a TOML file that
     cannot be read or has a bad key or value (named with the file, as on 0.2.2); tyro itself
@@ -124,13 +137,8 @@ def parse(args: list[str], config_class: type) -> ParsedJob:
         except ConfigError as e:
             raise ConfigError(f"{config_file}: {e}") from None
         default = translated.registry or default
-    args = with_default_config(args, default)
-    manager = ConfigManager()
-    try:
-        loaded, rest = manager._load_config(args)
-    except (ValueError, ImportError) as e:
-        raise ConfigError(str(e).splitlines()[0]) from None
-    config = as_config_of(config_class, loaded)
+    loaded, rest = load_registry_config(args, default)
+    config = loaded if config_class is None else as_config_of(config_class, loaded)
     from_toml: frozenset[str] = frozenset()
     notes: list[str] = []
     if translated is not None:
@@ -138,12 +146,15 @@ def parse(args: list[str], config_class: type) -> ParsedJob:
             from_toml = toml_config.apply(translated, config)
         except ConfigError as e:
             raise ConfigError(f"{config_file}: {e}") from None
-        notes = _toml_notes(config_file, registry_names(args), translated)
-    config = tyro.cli(config_class, args=rest, default=config, registry=custom_registry)
+        notes = _toml_notes(
+            config_file, registry_names(with_default_config(args, default)), translated
+        )
+    config = tyro.cli(type(config), args=rest, default=config, registry=custom_registry)
     explicit = explicit_flags(rest) | from_toml
-    config.fault_tolerance.explicit_fields = frozenset(
-        name.partition(".")[2] for name in explicit if name.startswith(f"{SECTION}.")
-    )
+    if config_class is not None:
+        config.fault_tolerance.explicit_fields = frozenset(
+            name.partition(".")[2] for name in explicit if name.startswith(f"{SECTION}.")
+        )
     return ParsedJob(config, explicit, tuple(notes))
 
 

@@ -179,15 +179,24 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         check_manager_env,
         validate_job_config,
     )
+    from torchtitan_ft.titan.releases.v0_3 import titan_trainer
     from torchtitan_ft.titan.releases.v0_3.parse import parse, runnable_here
     from torchtitan_ft.titan.train import _config_error, _user_error, run_trainer
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        others = trainer_class is None and titan_trainer.wants_titan_trainer(args)
+    except ConfigError as e:
+        _config_error(str(e))
+    if others:  # a config of one of TorchTitan's own trainers
+        titan_trainer.main(args)
+        return
     init_logger()
     quiet_known_warnings()
     register_datasets()
     cls = trainer_class or FaultTolerantTrainer
     try:
-        parsed = parse(list(sys.argv[1:] if argv is None else argv), cls.Config)
+        parsed = parse(args, cls.Config)
         config = parsed.config
         validate_job_config(config)
         check_local_address(config)

@@ -1,0 +1,76 @@
+"""TorchTitan 0.3.0's own trainers on this machine (torchtitan_ft/titan/releases/v0_3/
+titan_trainer.py), without processes: which registry configs go to TorchTitan's trainer, and
+what is changed for a CPU (the runs: test_torchtitan_ft_trainer.py)."""
+
+import pytest
+
+from torchtitan_ft.titan import releases
+
+if releases.installed_version() != releases.Release.V0_3.value:
+    pytest.skip("TorchTitan 0.3.0 only (see conftest.py)", allow_module_level=True)
+
+from torchtitan_ft.titan.releases.v0_3.parse import parse
+from torchtitan_ft.titan.releases.v0_3.titan_trainer import (
+    NCCL_ON_CPU,
+    SPMD_TYPES_ON_CPU,
+    gloo_for_nccl,
+    partial_dtensor_for_spmd_types,
+    trainer_line,
+    wants_titan_trainer,
+)
+
+TITAN_FT = ["--module", "torchft.llama3", "--config", "llama3_torchft_debugmodel"]
+
+
+@pytest.mark.parametrize(
+    ("args", "titans"),
+    [
+        (TITAN_FT, True),
+        (["--module", "llama3", "--config", "llama3_debugmodel"], False),
+        ([], False),  # the default registry config
+    ],
+)
+def test_a_config_of_another_trainer_goes_to_that_trainer(args: list[str], titans: bool) -> None:
+    assert wants_titan_trainer(args) is titans
+
+
+@pytest.mark.parametrize(
+    ("flags", "cuda", "process_group", "lines"),
+    [
+        ([], False, "gloo", [NCCL_ON_CPU]),
+        (["--fault_tolerance.process_group=nccl"], False, "nccl", []),  # the user chose
+        ([], True, "nccl", []),
+    ],
+)
+def test_nccl_becomes_gloo_on_a_cpu_where_the_user_did_not_choose(
+    flags: list[str], cuda: bool, process_group: str, lines: list[str]
+) -> None:
+    parsed = parse([*TITAN_FT, *flags], None)
+    logged: list[str] = []
+    gloo_for_nccl(parsed, cuda, logged.append)
+    assert parsed.config.fault_tolerance.process_group == process_group
+    assert logged == lines
+
+
+def test_the_line_names_the_trainer() -> None:
+    line = trainer_line(parse(TITAN_FT, None).config)
+    assert "FaultTolerantTrainer (torchtitan.experiments.torchft.trainer)" in line
+
+
+@pytest.mark.parametrize(
+    ("flags", "cuda", "ranks", "backend", "lines"),
+    [
+        ([], False, 2, "partial_dtensor", [SPMD_TYPES_ON_CPU.format(ranks=2)]),
+        ([], False, 1, "spmd_types", []),  # one rank: no FSDP sharding to stop
+        ([], True, 4, "spmd_types", []),
+        (["--parallelism.spmd_backend=spmd_types"], False, 2, "spmd_types", []),  # chosen
+    ],
+)
+def test_spmd_types_becomes_partial_dtensor_on_a_cpu_with_several_ranks(
+    flags: list[str], cuda: bool, ranks: int, backend: str, lines: list[str]
+) -> None:
+    parsed = parse([*TITAN_FT, *flags], None)
+    logged: list[str] = []
+    partial_dtensor_for_spmd_types(parsed, cuda, ranks, logged.append)
+    assert parsed.config.parallelism.spmd_backend == backend
+    assert logged == lines

@@ -1,0 +1,150 @@
+"""TorchTitan 0.3.0's own trainers on this machine (docs/titan.md, "TorchTitan's own FT trainer
+on 0.3.0"). On 0.3.0 a registry config names its trainer (``config.build()``): ``--module
+torchft.llama3 --config llama3_torchft_debugmodel`` is a config of TorchTitan's
+``FaultTolerantTrainer`` (``torchtitan.experiments.torchft``), which imports ``torchft``. Such a
+config, or any config under ``TRAIN_FILE=torchtitan.train`` (0.3.0's one entry point), trains
+with TorchTitan's trainer, as ``torchtitan.train`` starts it, with what this machine needs first:
+
+* the registry values a pip install or a CPU cannot use, where the user did not set them
+  (:func:`.parse.runnable_here`: the tokenizer, the corpora, SDPA for FlexAttention), and, on a
+  CPU, ``fault_tolerance.process_group="gloo"`` for the registry's ``"nccl"``; one line each;
+* on a CPU with several ranks, ``parallelism.spmd_backend="partial_dtensor"`` for 0.3.0's
+  default ``"spmd_types"``, which stops FSDP over 2+ ranks on this torch (2.13.0 CPU: "all
+  parameters must be DTensors on the full SPMD mesh", without FT too); one line;
+* FSDP reducing with a plain SUM on gloo (:func:`.cpu_compat.force_sum_reduction`);
+* this project's corpora registered as TorchTitan datasets.
+
+TorchTitan's FT trainer builds torchft's ``Manager``, ``ProcessGroupGloo``, ``Optimizer`` and
+``local_sgd.DiLoCo``/``LocalSGD``: with the opt-in torchft compatibility package (compat/) they
+are torchtitan_ft's. The pre-flight (:func:`torchtitan_ft.titan.releases.commands.main`)
+refuses with one line before torchrun when no torchft is importable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchtitan_ft.titan import cpu_compat
+from torchtitan_ft.titan.releases.v0_3.parse import ParsedJob, load_registry_config
+
+NCCL_ON_CPU = (
+    "torchtitan_ft: CPU: fault_tolerance.process_group='nccl' (the registry's) needs a GPU; "
+    "using 'gloo' (set --fault_tolerance.process_group to choose)"
+)
+
+
+def is_other_trainers_config(config: Any) -> bool:
+    """Whether a registry config builds another trainer than ``torchtitan.trainer.Trainer``
+    (whose configs this project's trainer trains)."""
+    from torchtitan.trainer import Trainer
+
+    return type(config) is not Trainer.Config
+
+
+def trainer_line(config: Any) -> str:
+    """The one line that says which trainer a registry config of another trainer runs with."""
+    trainer = type(config).__qualname__.rsplit(".", 1)[0]
+    return (
+        f"torchtitan_ft: the registry config is one of TorchTitan's {trainer} "
+        f"({type(config).__module__}), so that trainer trains, not torchtitan_ft's; its "
+        "fault tolerance runs on torchtitan_ft through the torchft compatibility package"
+    )
+
+
+def gloo_for_nccl(parsed: ParsedJob, cuda: bool, log: Callable[[str], None]) -> None:
+    """On a CPU, ``fault_tolerance.process_group="gloo"`` where the registry says ``"nccl"``
+    and the user did not choose (in place; one line)."""
+    ft = getattr(parsed.config, "fault_tolerance", None)
+    if cuda or ft is None or ft.process_group != "nccl":
+        return
+    if "fault_tolerance.process_group" in parsed.explicit:
+        return
+    ft.process_group = "gloo"
+    log(NCCL_ON_CPU)
+
+
+SPMD_TYPES_ON_CPU = (
+    "torchtitan_ft: CPU: parallelism.spmd_backend='spmd_types' (TorchTitan 0.3.0's default) "
+    "stops FSDP over {ranks} ranks on this torch ('all parameters must be DTensors on the full "
+    "SPMD mesh'); using 'partial_dtensor' (set --parallelism.spmd_backend to choose)"
+)
+
+
+def partial_dtensor_for_spmd_types(
+    parsed: ParsedJob, cuda: bool, ranks: int, log: Callable[[str], None]
+) -> None:
+    """On a CPU with ``ranks`` > 1, ``parallelism.spmd_backend="partial_dtensor"`` where the
+    config says ``"spmd_types"`` and the user did not choose (in place; one line)."""
+    parallelism = parsed.config.parallelism
+    if cuda or ranks < 2 or parallelism.spmd_backend != "spmd_types":
+        return
+    if "parallelism.spmd_backend" in parsed.explicit:
+        return
+    parallelism.spmd_backend = "partial_dtensor"
+    log(SPMD_TYPES_ON_CPU.format(ranks=ranks))
+
+
+def _sum_reduction(parallelize: Any) -> Any:
+    """``parallelize`` followed by :func:`cpu_compat.force_sum_reduction` (gloo has no
+    PREMUL_SUM)."""
+
+    def parallelize_fn(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+        model = parallelize(model, **kwargs)
+        cpu_compat.force_sum_reduction([model])
+        return model
+
+    return parallelize_fn
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse as ``torchtitan.train`` does, make the config runnable here, train with the
+    trainer the config builds (closing it and the process group as ``torchtitan.train``)."""
+    from torchtitan.tools.logging import init_logger, logger
+
+    from torchtitan_ft.titan import releases
+    from torchtitan_ft.titan.config_schema import ConfigError
+    from torchtitan_ft.titan.data import register_datasets
+    from torchtitan_ft.titan.known_warnings import quiet_known_warnings
+    from torchtitan_ft.titan.releases.v0_3.parse import parse, runnable_here
+    from torchtitan_ft.titan.train import _config_error, run_trainer
+
+    init_logger()
+    quiet_known_warnings()
+    register_datasets()
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parsed = parse(args, None)
+    except ConfigError as e:
+        _config_error(str(e))
+    config = parsed.config
+    if is_other_trainers_config(config):
+        logger.info(trainer_line(config))
+    cuda = cpu_compat.cuda_available()
+    runnable_here(parsed, cuda, logger.info)
+    gloo_for_nccl(parsed, cuda, logger.info)
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    partial_dtensor_for_spmd_types(parsed, cuda, ranks, logger.info)
+    if not cuda:
+        spec = config.model_spec
+        config.model_spec = dataclasses.replace(
+            spec, parallelize_fn=_sum_reduction(spec.parallelize_fn)
+        )
+    logger.info(releases.describe(releases.Release.V0_3))
+    run_trainer(config.build, lambda trainer: trainer.train())
+
+
+def wants_titan_trainer(args: list[str]) -> bool:
+    """Whether the registry config ``args`` name is another trainer's (:func:`main` trains
+    it), not one this project's trainer trains."""
+    loaded, _ = load_registry_config(args)
+    return is_other_trainers_config(loaded)
+
+
+if __name__ == "__main__":
+    main()
