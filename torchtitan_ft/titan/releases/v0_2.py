@@ -5,13 +5,14 @@ command-line parse, ``FaultTolerantTrainer``, ``train.main``) is 0.2.2's own sha
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import torch
 from torchtitan.config import FaultTolerance as FaultToleranceBase
 from torchtitan.config import JobConfig as JobConfigBase
 
-__all__ = ["FaultToleranceBase", "JobConfigBase", "meta_model", "trainer_class"]
+__all__ = ["FaultToleranceBase", "JobConfigBase", "local_job", "meta_model", "trainer_class"]
 
 
 def meta_model(job_config: Any) -> torch.nn.Module:
@@ -37,3 +38,11 @@ def trainer_class() -> type:
     from torchtitan_ft.titan.trainer import FaultTolerantTrainer
 
     return FaultTolerantTrainer
+
+
+def local_job(root: Path, group_flags: list[str]) -> tuple[dict[str, str], list[str]]:
+    """``./run_local.sh``'s replica group (``scripts/local_job.py``) on 0.2.2: the environment
+    and the arguments of its ``run_train.sh``, the llama3 debug model with fault tolerance on
+    CPU (``configs/debug_ft_cpu.toml`` under ``root``) and ``group_flags`` (the group's and
+    the user's flags)."""
+    return {"CONFIG_FILE": str(root / "configs" / "debug_ft_cpu.toml")}, list(group_flags)
