@@ -32,14 +32,13 @@ TRAIN_FILE=${TRAIN_FILE:-"torchtitan_ft.titan.train"}
 if [ "$release" != 0.2.2 ]; then
     # TorchTitan >= 0.3.0: a config registry entry, --module M --config C (also MODULE=M
     # CONFIG=C, or MODEL=M as 0.2.x's later commands spell it), overridden by --section.key flags.
-    if [ -n "${CONFIG_FILE:-}" ]; then
-        echo "run_train.sh: CONFIG_FILE=$CONFIG_FILE is a TOML config, which TorchTitan $release does not read; name a registry config with --module M --config C (or MODULE=M CONFIG=C)" >&2
-        exit 2
-    fi
+    # CONFIG_FILE=F: a TOML file over that registry config, as --job.config_file F (which
+    # torchtitan_ft adds on 0.3.0; a --job.config_file among the flags comes later and wins).
     config_args=()
     module=${MODULE:-${MODEL:-}}
     if [ -n "$module" ]; then config_args+=(--module "$module"); fi
     if [ -n "${CONFIG:-}" ]; then config_args+=(--config "$CONFIG"); fi
+    if [ -n "${CONFIG_FILE:-}" ]; then config_args+=(--job.config_file "$CONFIG_FILE"); fi
     # The trainer module for TRAIN_FILE (torchtitan.train: TorchTitan's own trainers), or one
     # line saying why it cannot run (0.2.x's torchtitan.experiments.ft.train: with the 0.3.0
     # form of the command) or how (a config of TorchTitan's FT trainer without a torchft).

@@ -1,5 +1,8 @@
 """The main job on its embedded default: a local lighthouse and two replica groups training
-TorchTitan's llama3 debug model with fault tolerance on CPU (``configs/debug_ft_cpu.toml``).
+TorchTitan's llama3 debug model with fault tolerance on CPU, on the TorchTitan release this
+Python has (``torchtitan_ft.titan.releases``; ``./run_local.sh`` installs 0.3.0 unless
+``TORCHTITAN_VERSION=0.2.2``): on 0.3.0 the registry's ``llama3_debugmodel`` in the shape of
+0.2.2's ``configs/debug_ft_cpu.toml``, on 0.2.2 that file (each release's ``local_job``).
 
 Each replica group is its own ``run_train.sh`` (torchrun) job. Every line starts with one prefix
 naming its source: a trainer's log lines with the trainer's ``[replica=<id> rank=<r>
@@ -26,6 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from torchtitan_ft.lighthouse import LighthouseClient
+from torchtitan_ft.titan import releases
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUPS = 2
@@ -61,6 +65,8 @@ def main() -> None:
     parser.add_argument("--ngpu", type=int, default=1, help="processes per replica group")
     parser.add_argument("--port", type=int, default=29510, help="lighthouse gRPC port")
     args, extra = parser.parse_known_args()
+    release = releases.installed()
+    print(f"[run_local] training with TorchTitan {release.value}", flush=True)
 
     lighthouse = subprocess.Popen(
         [sys.executable, "-m", "torchtitan_ft.lighthouse.cli", "--min_replicas", "1",
@@ -78,18 +84,23 @@ def main() -> None:
             f"[run_local] lighthouse at {addr}; status page http://127.0.0.1:{args.port + 1}/",
             flush=True,
         )
-        env = {
-            **os.environ,
-            "NGPU": str(args.ngpu),
-            "CONFIG_FILE": str(ROOT / "configs/debug_ft_cpu.toml"),
-            "TORCHFT_LIGHTHOUSE": addr,
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        }
         for replica in range(GROUPS):
-            proc = subprocess.Popen(
-                [str(ROOT / "run_train.sh"), f"--fault_tolerance.replica_id={replica}",
+            config_env, train_args = release.module.local_job(
+                ROOT,
+                [f"--fault_tolerance.replica_id={replica}",
                  f"--fault_tolerance.group_size={GROUPS}", f"--training.steps={args.steps}",
                  *extra],
+            )  # fmt: skip
+            env = {
+                **os.environ,
+                **config_env,
+                "PYTHON": sys.executable,  # run_train.sh trains on this Python's release
+                "NGPU": str(args.ngpu),
+                "TORCHFT_LIGHTHOUSE": addr,
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            }
+            proc = subprocess.Popen(
+                [str(ROOT / "run_train.sh"), *train_args],
                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )  # fmt: skip
             groups.append(proc)

@@ -1,7 +1,7 @@
-"""TorchTitan 0.3.0 tests: they run in the 0.3.0 environment (``scripts/install_torchtitan030.sh``
-makes it; ``./run_tests.sh`` runs them there) and are skipped, with the command that runs them,
-in an environment with another TorchTitan. The fixtures of tests/titan (each test's wait
-budget, the runs' logs in a failure report) apply here too."""
+"""TorchTitan 0.3.0 tests: they run in the 0.3.0 environment (``./run_tests.sh`` runs them
+there, in the venv of ``scripts/install_torchtitan_env.sh 0.3.0``) and are skipped, with the
+command that runs them, in an environment with another TorchTitan. The fixtures of
+tests/titan (each test's wait budget, the runs' logs in a failure report) apply here too."""
 
 import pytest
 
@@ -10,8 +10,7 @@ from torchtitan_ft.titan import releases
 
 RUN_HERE = (
     "TorchTitan 0.3.0 tests; this Python has TorchTitan "
-    f"{releases.installed_version()}: run them with scripts/install_torchtitan030.sh && "
-    ".cache/tt030/venv/bin/python -m pytest tests/titan030"
+    f"{releases.installed_version()}: run them with ./run_tests.sh tests/titan030"
 )
 
 

@@ -24,7 +24,6 @@ def run_train(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     ("env", "named", "instead"),
     [
-        ({"CONFIG_FILE": "configs/debug_cpu.toml"}, "CONFIG_FILE=", "--module M --config C"),
         (
             {"TRAIN_FILE": "torchtitan.experiments.ft.train"},
             "TRAIN_FILE=torchtitan.experiments.ft.train",

@@ -32,7 +32,7 @@ from torchtitan_ft.titan import releases
 
 ON_0_3 = releases.installed() is releases.Release.V0_3
 """These tests run on TorchTitan 0.3.0 (tests/titan030, in the venv of
-scripts/install_torchtitan030.sh), not 0.2.2."""
+``scripts/install_torchtitan_env.sh 0.3.0``), not 0.2.2."""
 DUMP_FOLDER_FLAG = "--dump_folder" if ON_0_3 else "--job.dump_folder"
 
 ROOT = Path(__file__).resolve().parents[2]
