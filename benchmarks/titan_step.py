@@ -72,10 +72,14 @@ TARGET = 1.05
 
 
 RELEASES = ("0.2.2", "0.3.0")
-"""TorchTitan releases ``--releases`` may name; 0.3.0 runs in ``.cache/tt030/venv``."""
+"""TorchTitan releases ``--releases`` may name."""
 
-VENV_0_3 = ROOT / ".cache" / "tt030" / "venv" / "bin" / "python"
-"""The 0.3.0 environment's Python (scripts/install_torchtitan030.sh)."""
+RELEASE_PYTHONS = {
+    "0.2.2": ROOT / ".cache" / "tt022" / "venv" / "bin" / "python",
+    "0.3.0": ROOT / ".cache" / "tt030" / "venv" / "bin" / "python",
+}
+"""Each release's environment (``scripts/install_torchtitan_env.sh <release>``), used for a
+release other than this Python's."""
 
 CONFIGS_0_3 = {
     "debug_cpu.toml": (
@@ -108,11 +112,12 @@ def release_python(release: str | None) -> str:
 
     if release is None or release == releases.installed_version():
         return sys.executable
-    if release == "0.3.0":
-        if not VENV_0_3.exists():
-            raise SystemExit(f"--releases 0.3.0: no {VENV_0_3} (scripts/install_torchtitan030.sh)")
-        return str(VENV_0_3)
-    return getattr(sys, "_base_executable", sys.executable)  # the 0.3.0 venv's base: 0.2.2
+    python = RELEASE_PYTHONS[release]
+    if not python.exists():
+        raise SystemExit(
+            f"--releases {release}: no {python} (scripts/install_torchtitan_env.sh {release})"
+        )
+    return str(python)
 
 
 def _release_args(release: str, config: str) -> tuple[dict[str, str], list[str], list[str]]:

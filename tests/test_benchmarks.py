@@ -279,7 +279,7 @@ def test_goodput_prints_every_method(tmp_path: Path) -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(
     not (ROOT / ".cache/tt030/venv/bin/python").exists(),
-    reason="no TorchTitan 0.3.0 venv (scripts/install_torchtitan030.sh)",
+    reason="no TorchTitan 0.3.0 venv (scripts/install_torchtitan_env.sh 0.3.0)",
 )
 def test_titan_step_prints_both_releases_side_by_side() -> None:
     out = _benchmark(

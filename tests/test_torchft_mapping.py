@@ -271,7 +271,7 @@ TITAN_030_TORCHFT_SOURCE = next(
     (ROOT / ".cache/tt030/venv/lib").glob("python3*/site-packages/torchtitan/experiments/torchft"),
     None,
 )
-"""TorchTitan 0.3.0's FT experiment in the 0.3.0 venv (scripts/install_torchtitan030.sh)."""
+"""TorchTitan 0.3.0's FT experiment in the 0.3.0 venv (scripts/install_torchtitan_env.sh 0.3.0)."""
 
 
 def test_every_torchft_name_titan_0_3_0_uses_has_a_row_and_is_provided() -> None:
@@ -320,7 +320,8 @@ def _torchft_names_used(folder: Path) -> set[str]:
 
 
 @pytest.mark.skipif(
-    TITAN_030_TORCHFT_SOURCE is None, reason="no TorchTitan 0.3.0 venv (install_torchtitan030.sh)"
+    TITAN_030_TORCHFT_SOURCE is None,
+    reason="no TorchTitan 0.3.0 venv (scripts/install_torchtitan_env.sh 0.3.0)",
 )
 def test_the_list_is_what_titan_0_3_0_uses() -> None:
     assert _torchft_names_used(TITAN_030_TORCHFT_SOURCE) == set(TITAN_030_TORCHFT)
