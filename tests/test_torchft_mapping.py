@@ -14,6 +14,7 @@ import ast
 import importlib
 import inspect
 import re
+import subprocess
 from pathlib import Path
 from types import ModuleType
 
@@ -267,11 +268,30 @@ TITAN_030_DILOCO_KEYWORDS = (
 )
 """The keywords it builds ``local_sgd.DiLoCo`` with."""
 
-TITAN_030_TORCHFT_SOURCE = next(
-    (ROOT / ".cache/tt030/venv/lib").glob("python3*/site-packages/torchtitan/experiments/torchft"),
-    None,
-)
-"""TorchTitan 0.3.0's FT experiment in the 0.3.0 venv (scripts/install_torchtitan_env.sh 0.3.0)."""
+
+def _titan_030_torchft_source() -> Path | None:
+    """TorchTitan 0.3.0's FT experiment as the 0.3.0 venv finds it (in the venv, or in the base
+    Python it sits over when that has 0.3.0 already; scripts/install_torchtitan_env.sh 0.3.0),
+    located without importing it; None without that venv."""
+    python = ROOT / ".cache/tt030/venv/bin/python"
+    if not python.exists():
+        return None
+    where = subprocess.run(
+        [
+            python,
+            "-c",
+            "import importlib.util as u; "
+            "print(u.find_spec('torchtitan').submodule_search_locations[0])",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    folder = Path(where.stdout.strip()) / "experiments" / "torchft"
+    return folder if where.returncode == 0 and folder.is_dir() else None
+
+
+TITAN_030_TORCHFT_SOURCE = _titan_030_torchft_source()
 
 
 def test_every_torchft_name_titan_0_3_0_uses_has_a_row_and_is_provided() -> None:
