@@ -71,7 +71,7 @@ from typing import Any
 
 from torchtitan_ft.events import EVENTS_DIR_ENV, EventKind, HealOutcome, read_events
 from torchtitan_ft.testing.chaos import commit_log_path, longest_gap, read_commit_log
-from torchtitan_ft.testing.processes import LighthouseProcess, free_port
+from torchtitan_ft.testing.processes import LighthouseProcess, descendants, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LIGHTHOUSE_KILL = "lighthouse SIGKILL"
@@ -152,27 +152,6 @@ class Action:
 
 
 # ------------------------------------------------------------------------------ replica groups
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (torchrun's workers run in their own sessions, so a
-    process-group kill would miss them; walk the parent links instead)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def signal_pids(pids: list[int], sig: int) -> None:

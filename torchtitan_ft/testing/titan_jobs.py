@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from torchtitan_ft.events import EVENTS_DIR_ENV, Event, EventKind, read_events
+from torchtitan_ft.testing.processes import descendants
 from torchtitan_ft.titan import releases
 
 ON_0_3 = releases.installed() is releases.Release.V0_3
@@ -56,27 +57,6 @@ def remaining(timeout: float | None = None) -> float:
     """Seconds a wait may take: ``timeout`` capped by what is left of the test's budget."""
     left = _budget["deadline"] - time.monotonic()
     return left if timeout is None else min(timeout, left)
-
-
-def _process_tree(root: int) -> list[int]:
-    """``root`` and its descendants (from ``/proc``). torchrun starts its workers in their own
-    sessions, so a process-group kill would miss them."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rpartition(")")[2].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo.extend(children.get(pid, []))
-    return tree
 
 
 class LoggedProcess:
@@ -147,7 +127,7 @@ class LoggedProcess:
 
     def sigkill(self) -> None:
         """SIGKILL the torchrun agent and every process under it, and reap the agent."""
-        for pid in _process_tree(self.proc.pid):
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait(timeout=10)
