@@ -70,6 +70,7 @@ from torchtitan_ft.lighthouse.stragglers import StragglerOptions
 from torchtitan_ft.testing import netns
 from torchtitan_ft.testing.cpulimit import CpuLimit
 from torchtitan_ft.testing.mlp import BATCH_SIZE, WorkerConfig, spawn_rank
+from torchtitan_ft.testing.processes import descendants
 
 WARMUP_STEPS = StragglerOptions().window + 3
 """Steps before the limits: the lighthouse holds a full window of every group's steady-state
@@ -122,20 +123,7 @@ class _Job:
 
 def _tree(pid: int) -> list[int]:
     """``pid`` and its descendants (from /proc), parents before children."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        out.append(todo.pop(0))
-        todo.extend(children.get(out[-1], []))
-    return out
+    return [pid, *descendants(pid)]
 
 
 def _spawn_titan(
