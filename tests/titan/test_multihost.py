@@ -29,10 +29,10 @@ from pathlib import Path
 import pytest
 
 from torchtitan_ft.testing.netns import INTERFACE, Host, HostNetwork, unavailable_reason
+from torchtitan_ft.testing.processes import descendants
 from torchtitan_ft.testing.titan_jobs import (
     LoggedProcess,
     TrainRun,
-    _process_tree,
     assert_identical,
     finish_all,
     ft_env,
@@ -359,7 +359,7 @@ def test_group_across_two_hosts_is_restarted_by_torchrun_and_heals(tmp_path: Pat
 
         wait_until(lambda: group0_joint() >= 3, "group 0 (A + C) commits with group 1")
         first = [_ready_pid(tmp_path, rank) for rank in range(2)]
-        workers = _process_tree(nodes[1].proc.pid)[1:]
+        workers = descendants(nodes[1].proc.pid)
         assert workers, "no worker under the launcher on C"
         killed = time.time()
         for pid in workers:
@@ -370,7 +370,7 @@ def test_group_across_two_hosts_is_restarted_by_torchrun_and_heals(tmp_path: Pat
         )
         for rank, node in enumerate(nodes):  # the same launchers restarted their workers
             assert node.returncode is None
-            assert _ready_pid(tmp_path, rank) in _process_tree(node.proc.pid)
+            assert _ready_pid(tmp_path, rank) in [node.proc.pid, *descendants(node.proc.pid)]
         wait_until(lambda: group0_joint(after=killed) >= 2, "restarted group 0 trains with 1")
         heal = r"healing to step [1-9]\d* from replica rank 1"
         assert any(re.search(heal, n.output) for n in nodes), "group 0 did not heal from 1"
