@@ -931,7 +931,9 @@ def test_excluded_group_runs_alone_commits_nothing_and_heals_when_taken_back(
         exclusion=ExclusionOptions(StragglerPolicy.EXCLUDE, min_excluded_s=30.0),
     )
     a_user, b_user = UserState(7.0), UserState(-1.0)
-    a = _manager(server, "a", user=a_user, init_sync=False, events_dir=tmp_path)
+    # A quorum may wait out the join timeout (5 s): 30 s leaves room for a loaded machine.
+    slack = {"timeout": timedelta(seconds=30), "quorum_timeout": timedelta(seconds=30)}
+    a = _manager(server, "a", user=a_user, init_sync=False, events_dir=tmp_path, **slack)
     b_pg = FakePG()
     b = _manager(
         server,
@@ -941,6 +943,7 @@ def test_excluded_group_runs_alone_commits_nothing_and_heals_when_taken_back(
         transport=MemoryTransport(),
         init_sync=False,
         events_dir=tmp_path,
+        **slack,
     )
 
     def leave_b_out(since: float) -> None:
