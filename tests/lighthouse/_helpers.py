@@ -12,21 +12,30 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from torchtitan_ft.lighthouse import LighthouseClient, Quorum
+from torchtitan_ft.proto import torchft_pb2 as pb
 
 T = timedelta(seconds=10)
 
 
 def ask_all(
-    addr: str, replica_ids: list[str], auth_token: str | None = None, **kw
+    addr: str,
+    replica_ids: list[str],
+    auth_token: str | None = None,
+    progress: dict[str, pb.GroupProgress] | None = None,
+    **kw,
 ) -> dict[str, Quorum]:
-    """Every replica asks concurrently (with ``auth_token``); returns each one's quorum."""
+    """Every replica asks concurrently (with ``auth_token``, and its entry of ``progress`` if
+    given); returns each one's quorum."""
     results: dict[str, Quorum] = {}
     errors: list[BaseException] = []
 
     def ask(rid: str) -> None:
         client = LighthouseClient(addr, auth_token=auth_token)
         try:
-            results[rid] = client.quorum(rid, T, **kw)
+            if progress is None:
+                results[rid] = client.quorum(rid, T, **kw)
+            else:
+                results[rid], _ = client.quorum_with_speeds(rid, T, progress=progress[rid], **kw)
         except BaseException as e:
             errors.append(e)
         finally:

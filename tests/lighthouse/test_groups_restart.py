@@ -4,41 +4,18 @@ its status page shows the same per-group and job figures as before (issue 23).""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.lighthouse._helpers import T, free_port, get, wait_until
+from tests.lighthouse._helpers import T, ask_all, free_port, get, wait_until
 from torchtitan_ft.lighthouse import LighthouseClient
 from torchtitan_ft.lighthouse.groups import GROUPS_FILE
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.testing.processes import LighthouseProcess
 
 pytestmark = pytest.mark.multiprocess
-
-
-def _ask(address: str, progress: dict[str, pb.GroupProgress]) -> None:
-    """Each group asks for a quorum at once, sending its progress."""
-    errors: list[BaseException] = []
-
-    def ask(rid: str) -> None:
-        client = LighthouseClient(address)
-        try:
-            client.quorum_with_speeds(rid, T, progress=progress[rid])
-        except BaseException as e:
-            errors.append(e)
-        finally:
-            client.close()
-
-    threads = [threading.Thread(target=ask, args=(rid,)) for rid in progress]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def _progress(batches: int, discarded: int, heal_bytes: int = 0) -> pb.GroupProgress:
@@ -96,13 +73,14 @@ def test_a_restarted_lighthouse_shows_the_same_group_figures(tmp_path: Path) -> 
         for rid in ("a", "b"):  # both known: the first quorum waits for both
             client.heartbeat(rid, T)
         client.close()
-        _ask(lighthouse.address, {"a": _progress(2, 1, heal_bytes=640), "b": _progress(2, 0)})
+        progress = {"a": _progress(2, 1, heal_bytes=640), "b": _progress(2, 0)}
+        ask_all(lighthouse.address, list(progress), progress=progress)
 
         def b_lost() -> bool:  # b stays silent
             return any(e["kind"] == "heartbeat_lost" for e in _events(base))
 
         wait_until(b_lost, timeout=30)
-        _ask(lighthouse.address, {"a": _progress(3, 2)})  # b is away from here
+        ask_all(lighthouse.address, ["a"], progress={"a": _progress(3, 2)})  # b is away from here
         before = _status(base)
         saved = tmp_path / GROUPS_FILE
 
