@@ -9,15 +9,17 @@ also runs on a worker thread). The training thread's spans show in any profile.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 import torch
 from torch._C._profiler import _ExperimentalConfig
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from tests.manager.test_manager import UserState, _manager, lighthouse2  # noqa: F401
 from torchtitan_ft.lighthouse import LighthouseServer
+from torchtitan_ft.manager.collectives import profiled
 
 # torchft 0.2.0's names (its manager.py), minus the CUDA stream synchronizations.
 TRAINING_THREAD_SPANS = {
@@ -86,3 +88,12 @@ def test_trace_of_all_threads_shows_torchft_spans_for_every_phase(
         assert counts[f"torchft::manager::{name}"] == 2, counts
     assert counts["torchft::manager::_checkpoint_transport::send_checkpoint"] == 1
     assert counts["torchft::manager::_checkpoint_transport::recv_checkpoint"] == 1
+
+
+def test_spans_cost_nothing_without_a_profiler() -> None:
+    """``profiled`` enters ``record_function`` only while a profiler runs (two dispatcher
+    calls per span otherwise, on every collective)."""
+    assert isinstance(profiled("torchft::manager::allreduce"), contextlib.nullcontext)
+    with profile(activities=[ProfilerActivity.CPU]):
+        assert isinstance(profiled("torchft::manager::allreduce"), record_function)
+    assert isinstance(profiled("torchft::manager::allreduce"), contextlib.nullcontext)

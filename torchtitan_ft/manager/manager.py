@@ -35,12 +35,11 @@ from typing import Any, TypeVar
 
 import torch
 from torch.distributed import ReduceOp
-from torch.profiler import record_function
 
 from torchtitan_ft.checkpoint import CheckpointTransport
 from torchtitan_ft.events import EventKind, EventWriter, open_event_writer
 from torchtitan_ft.lighthouse.client import LighthouseClient
-from torchtitan_ft.manager.collectives import ExceptionWithTraceback, StepCollectives
+from torchtitan_ft.manager.collectives import ExceptionWithTraceback, StepCollectives, profiled
 from torchtitan_ft.manager.decisions import (
     RetryDecision,
     WorldSizeMode,
@@ -440,7 +439,7 @@ class Manager:
             RuntimeError: ``start_quorum`` was never called.
             Exception: the quorum itself failed (e.g. TimeoutError: no lighthouse answer).
         """
-        with record_function("torchft::manager::wait_quorum"):
+        with profiled("torchft::manager::wait_quorum"):
             self._quorum.wait()
 
     def _heal_all_or_nothing(self) -> None:
@@ -479,7 +478,7 @@ class Manager:
                 block); ``SUM`` and ``AVG`` only.
             reduce_op: ``ReduceOp.AVG`` (floating point only), ``SUM``, ``MAX`` or ``MIN``.
         """
-        with record_function("torchft::manager::allreduce"):
+        with profiled("torchft::manager::allreduce"):
             return self._allreduce(tensor, should_quantize, reduce_op)
 
     def _allreduce(
@@ -559,7 +558,7 @@ class Manager:
                 failures were exceeded.
             Exception: the quorum failed, or the group-wide vote could not be taken.
         """
-        with record_function("torchft::manager::should_commit"):
+        with profiled("torchft::manager::should_commit"):
             return self._should_commit(timeout)
 
     def _should_commit(self, timeout: timedelta | None) -> bool:

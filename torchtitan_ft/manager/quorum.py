@@ -13,11 +13,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from torch.profiler import record_function
-
 from torchtitan_ft.events import EventKind, EventWriter, quorum_role
 from torchtitan_ft.lighthouse.types import GroupSpeed
-from torchtitan_ft.manager.collectives import StepCollectives
+from torchtitan_ft.manager.collectives import StepCollectives, profiled
 from torchtitan_ft.manager.decisions import (
     Participation,
     QuorumResult,
@@ -155,7 +153,7 @@ class QuorumThread:
         self._executor.shutdown(wait=wait, cancel_futures=True)
 
     def _run(self, request: QuorumRequest, ready: concurrent.futures.Future[None]) -> None:
-        with record_function("torchft::manager::_async_quorum"):
+        with profiled("torchft::manager::_async_quorum"):
             self._run_phases(request, ready)
 
     def _run_phases(self, request: QuorumRequest, ready: concurrent.futures.Future[None]) -> None:
@@ -164,7 +162,7 @@ class QuorumThread:
         nor a healing replica waits for the transfer before its allreduce. Errors other than
         the quorum RPC's are recorded, not raised."""
         try:
-            with record_function("torchft::manager::_client::_quorum"):
+            with profiled("torchft::manager::_client::_quorum"):
                 result = self._client._quorum(
                     group_rank=self._group_rank,
                     step=request.step,
@@ -276,7 +274,7 @@ class QuorumThread:
             f"{result.replica_rank}/{result.replica_world_size}, store {prefixed}",
         )
         try:
-            with record_function("torchft::manager::_pg::configure"):
+            with profiled("torchft::manager::_pg::configure"):
                 self._pg.configure(
                     store_addr=prefixed,
                     replica_id=self._replica_id,
