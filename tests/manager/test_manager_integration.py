@@ -309,6 +309,7 @@ def test_fixed_with_spares_spare_stays_in_sync(tmp_path: Path, procs: list[Any])
     assert results[0]["batches_committed"] == results[0]["step"]
 
 
+@pytest.mark.slow  # three MLP groups and a kill: tens of seconds on 2 shared cores
 def test_a_hot_spare_takes_a_killed_groups_slot_at_the_next_quorum(
     tmp_path: Path, procs: list[Any]
 ) -> None:
