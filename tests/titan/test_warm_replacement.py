@@ -191,3 +191,30 @@ def test_a_killed_rank_of_a_run_train_group_is_replaced_warm(tmp_path: Path) -> 
         states = [torch.load(dump_path(tmp_path, r, rank), weights_only=False) for r in range(2)]
         assert [s["manager"]["step"] for s in states] == [steps, steps]
         assert_identical(states[0]["healed"], states[1]["healed"], f"rank{rank}")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_hot_spare_group_takes_a_killed_groups_slot(tmp_path: Path) -> None:
+    """Three ``./run_train.sh`` groups with ``world_size_mode = "fixed_with_spares"`` and
+    ``min_replica_size = 2`` (docs/titan.md, "A hot spare group"): group 2 trains in step
+    without a slot; group 1's rank is SIGKILLed; the job commits at full strength again with
+    group 2 in the slot, group 1 comes back through the zygote, and all end bitwise
+    identical."""
+    steps, ranks = 16, 2
+    job = kill_a_rank(tmp_path, "spare", steps=steps, ranks=ranks, kill_rank=1)
+    assert job.spare is not None
+    timeline = job.timeline()
+    assert timeline["replacement_s"] is not None, "the job never committed at full strength"
+    assert timeline["back_s"] is not None, "the killed group never took part again"
+    roles = [(e.time > job.killed_at, e.data["role"]) for e in job.spare.events(EventKind.QUORUM)]
+    assert (False, "spare") in roles and (True, "participant") in roles, roles
+    print(f"job at full strength {timeline['replacement_s']:.2f} s after the SIGKILL")
+    for rank in range(ranks):
+        import torch
+
+        states = [torch.load(dump_path(tmp_path, r, rank), weights_only=False) for r in range(3)]
+        assert [s["manager"]["step"] for s in states] == [steps] * 3
+        for other in states[1:]:
+            assert_identical(states[0]["healed"], other["healed"], f"rank{rank}")
