@@ -39,14 +39,17 @@ def _benchmark(module: str, *args: str, timeout: float) -> dict[str, Any]:
 def test_recovery_titan_row_prints_the_replacement_time() -> None:
     out = _benchmark(
         "benchmarks.recovery",
-        *("--sizes-mb", "--titan", "zygote", "--titan-ranks", "1", "--titan-steps", "12"),
-        *("--repeats", "1"),
+        *("--sizes-mb", "--titan", "zygote", "spare", "--titan-ranks", "1"),
+        *("--titan-steps", "12", "--repeats", "1"),
         timeout=570,
     )
     assert out["sizes"] == [] and out["titan"]["target_s"] == 2.0
-    (run,) = out["titan"]["runs"]
-    assert run["replacement"] == "zygote" and run["replacement_s"] > 0, run
-    assert out["titan"]["replacement_s_median"]["zygote"] == run["replacement_s"]
+    zygote, spare = out["titan"]["runs"]
+    for run in (zygote, spare):
+        assert run["replacement_s"] > 0 and run["manager_built_s"] > 0, run
+        assert out["titan"]["replacement_s_median"][run["replacement"]] == run["replacement_s"]
+    assert (zygote["replacement"], spare["replacement"]) == ("zygote", "spare")
+    assert 0 < spare["full_quorum_s"] <= spare["replacement_s"], spare
 
 
 @pytest.mark.timeout(180)

@@ -37,7 +37,7 @@ import torch
 from torch.distributed import ReduceOp
 
 from torchtitan_ft.checkpoint import CheckpointTransport
-from torchtitan_ft.events import EventKind, EventWriter, open_event_writer
+from torchtitan_ft.events import EventKind, EventWriter, open_event_writer, this_process_started
 from torchtitan_ft.lighthouse.client import LighthouseClient
 from torchtitan_ft.manager.collectives import ExceptionWithTraceback, StepCollectives, profiled
 from torchtitan_ft.manager.decisions import (
@@ -332,6 +332,7 @@ class Manager:
         self._events.emit(
             EventKind.START,
             pid=os.getpid(),
+            process_started=this_process_started(),
             group_world_size=self._group_world_size,
             settings=settings.record(),
             overridden=list(settings.overridden),

@@ -183,7 +183,11 @@ class FaultTolerance(TitanFaultTolerance):
     """
     "dynamic" (default): every healthy group in the quorum participates; "fixed_with_spares":
     exactly ``min_replica_size`` groups participate and the rest are hot spares (keeps the
-    global batch size constant, wastes the spares' compute). Applies when ``enable``.
+    global batch size constant, wastes the spares' compute). Launch one ``./run_train.sh``
+    group more than ``min_replica_size`` (and count it in ``group_size``) and the spare takes
+    a dead group's slot at the next quorum, with no restart and no heal: the job is back at
+    full strength within a step (docs/titan.md, "A hot spare group"). Applies when
+    ``enable``.
     """
 
     init_sync: bool = True
