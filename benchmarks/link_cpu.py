@@ -2,15 +2,16 @@
 64 KiB used before issue 22 part 3 and with ``torchtitan_ft.testing.netns``'s default, side by
 side in one run; prints JSON.
 
-    python -m benchmarks.link_cpu [--link-mbit 100] [--mb 2.45] [--ops 10] [--work 40]
+    python -m benchmarks.link_cpu [--link-mbit 100] [--mb 2.45] [--ops 10] [--work 10]
 
 Two hosts (network namespaces), one process each, a gloo process group between them; the link
 limited to ``--link-mbit`` each way (``Host.limit``). Per bucket setting, each process runs
-``--ops`` rounds of: a fixed compute loop (``--work`` 256x256 matrix products, one torch
-thread) alone, then the same loop while a ``--mb`` MB allreduce is on the wire, then waits for
-the allreduce. Reported per setting: the median loop time alone and with the transfer beside it
-(``compute_inflation``: their ratio - 1), the allreduce's wall time, and the machine's kernel
-CPU (softirq and system time from ``/proc/stat``, all processes) per allreduce. The default
+``--ops`` rounds of: a ``--mb`` MB allreduce started, a fixed compute loop (``--work``
+256x256 matrix products, one torch thread) repeated until it is done, then the same number of
+loops with nothing on the wire. Reported per setting: the median loop time alone and with the
+transfer beside it (``compute_inflation``: their ratio - 1), the allreduce's wall time, and the
+machine's kernel CPU (softirq and system time from ``/proc/stat``, all processes) per
+allreduce. The default
 setting is ``semi_sync``'s overlapped round of ``benchmarks.wan`` at 100 Mbit/s: 2.45 MB (the
 612k-parameter LM's pseudo-gradients) in flight beside the inner steps.
 """
@@ -58,15 +59,20 @@ def _worker(rank: int, store_host: str, own_host: str, args: argparse.Namespace)
 
     pg.allreduce([payload]).wait()  # connections made, buffers allocated
     compute()
-    alone, beside, transfers = [], [], []
+    alone: list[float] = []
+    beside: list[float] = []
+    transfers = []
     usage = resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(args.ops):
-        alone.append(compute())
         start = time.perf_counter()
         work = pg.allreduce([payload])
-        beside.append(compute())
+        loops = 0
+        while not work.is_completed():
+            beside.append(compute())
+            loops += 1
         work.wait()
         transfers.append(time.perf_counter() - start)
+        alone.extend(compute() for _ in range(loops))
     after = resource.getrusage(resource.RUSAGE_SELF)
     print(
         json.dumps(
@@ -145,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--link-mbit", type=float, default=100.0, help="link rate, Mbit/s each way")
     parser.add_argument("--mb", type=float, default=2.45, help="allreduce payload, MB")
     parser.add_argument("--ops", type=int, default=10, help="allreduces per setting")
-    parser.add_argument("--work", type=int, default=40, help="matrix products per compute loop")
+    parser.add_argument("--work", type=int, default=10, help="matrix products per compute loop")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="bound per setting")
     parser.add_argument(
         "--worker", nargs=3, metavar=("RANK", "STORE_HOST", "OWN_HOST"), help=argparse.SUPPRESS
