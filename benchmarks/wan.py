@@ -83,6 +83,9 @@ STRATEGIES = {
     "diloco_h10_overlap_eager": _diloco(10, overlap="eager"),
     "diloco_h20": _diloco(20),
     "diloco_h20_overlap_eager": _diloco(20, overlap="eager"),
+    "diloco_h50_overlap": _diloco(50, overlap="delayed"),
+    "diloco_h100": _diloco(100),
+    "diloco_h100_overlap": _diloco(100, overlap="delayed"),
     "streaming_h10_f2_overlap": _diloco(10, fragments=2, overlap="delayed"),
     "streaming_h10_f2_overlap_eager": _diloco(10, fragments=2, overlap="eager"),
 }
@@ -98,14 +101,24 @@ its allreduce in flight for tau inner steps (4 is the most a 5-step cycle allows
 the one-step-delayed outer update (``outer_overlap="delayed"``), each round's allreduce in
 flight for the whole next cycle (10 steps for DiLoCo, 5 for each Streaming fragment);
 ``overlap_eager``: the eager update (``outer_overlap="eager"``), the same in flight.
-``diloco_h20`` / ``diloco_h20_overlap_eager``: H = 20, twice the compute per round to hide a
+``diloco_h20`` / ``diloco_h20_overlap_eager``, ``diloco_h50`` / ``diloco_h50_overlap`` and
+``diloco_h100`` / ``diloco_h100_overlap``: H = 20, 50 and 100, more compute per round to hide a
 round that takes longer than 10 inner steps (the 10 Mbit/s case); not in the default
-``--strategies``."""
-DIAGNOSTIC = ("per_step_per_gradient", "diloco_h20", "diloco_h20_overlap_eager")
+``--strategies`` (but ``diloco_h50``)."""
+DIAGNOSTIC = (
+    "per_step_per_gradient",
+    "diloco_h20",
+    "diloco_h20_overlap_eager",
+    "diloco_h50_overlap",
+    "diloco_h100",
+    "diloco_h100_overlap",
+)
 OVERLAP_BASES = {
     "diloco_h10_overlap": "diloco_h10",
     "diloco_h10_overlap_eager": "diloco_h10",
     "diloco_h20_overlap_eager": "diloco_h20",
+    "diloco_h50_overlap": "diloco_h50",
+    "diloco_h100_overlap": "diloco_h100",
     "streaming_h10_f2_overlap": "streaming_h10_f2_tau4",
     "streaming_h10_f2_overlap_eager": "streaming_h10_f2_tau4",
 }
@@ -396,7 +409,7 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         choices=sorted(STRATEGIES),
         default=[s for s in STRATEGIES if s not in DIAGNOSTIC],
-        help="the runs (default: all but per_step_per_gradient and the H = 20 pair)",
+        help="the runs (default: all but per_step_per_gradient and the H = 20 to 100 rows)",
     )
     parser.add_argument(
         "--steps", type=int, default=400, help="inner steps per run (a multiple of every H)"
