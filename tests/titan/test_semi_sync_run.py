@@ -88,6 +88,35 @@ def test_semi_sync_needs_a_sync_quorum() -> None:
         _parse("debug_ft_localsgd_cpu.toml", "--fault_tolerance.quorum_mode=async")
 
 
+@pytest.mark.parametrize(
+    ("overlap", "in_flight"), [("none", False), ("delayed", True), ("eager", True)]
+)
+def test_last_round_is_flushed_and_a_save_with_it_in_flight_is_noted(
+    overlap: str, in_flight: bool
+) -> None:
+    """After a sync point an overlapped DiLoCo has a round on the wire: a checkpoint of that
+    step is noted, and the last step applies the round (committed) and leaves nothing in
+    flight; without overlap there is nothing to note or flush."""
+    import torch
+
+    from tests.semi_sync._helpers import make_model, train_steps
+    from tests.semi_sync._simulated import SimulatedReplicaGroups
+    from torchtitan_ft.semi_sync import DiLoCo, OuterOptimizerConfig
+    from torchtitan_ft.titan.semi_sync import flush_last_round, in_flight_note
+
+    model = make_model(0)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    manager = SimulatedReplicaGroups(1).manager("0")
+    diloco = DiLoCo(manager, model, inner, OuterOptimizerConfig(), 2, outer_overlap=overlap)
+    train_steps(diloco, model, inner, 0, range(1, 5))  # sync points at steps 2 and 4
+    note = in_flight_note(diloco, 4)
+    assert (note is not None and "fragment 0" in note and "step 4" in note) is in_flight
+    committed = diloco.stats.syncs_committed
+    assert flush_last_round(diloco) is (True if in_flight else None)
+    assert diloco.stats.syncs_committed == committed + in_flight
+    assert diloco.in_flight_fragment is None and in_flight_note(diloco, 4) is None
+
+
 # --- training runs ----------------------------------------------------------------------------
 
 

@@ -85,9 +85,11 @@ def flush_last_round(strategy: SyncStrategy) -> bool | None:
     outer overlap), votes on it and applies it (or discards it), so that every group ends on
     the global parameters, with one line saying which. Returns ``DiLoCo.flush``'s answer
     (None: nothing in flight, or not DiLoCo)."""
-    if not isinstance(strategy, DiLoCo) or strategy.in_flight_fragment is None:
+    if not isinstance(strategy, DiLoCo) or not strategy.outer_overlap.overlapped:
         return None
     fragment = strategy.in_flight_fragment
+    if fragment is None:
+        return None
     committed = strategy.flush()
     logger.info(
         f"FT: last step: the outer round of fragment {fragment} still in flight was "
