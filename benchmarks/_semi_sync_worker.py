@@ -126,8 +126,8 @@ class StrategySpec:
     fragment_sync_delay: int = 0
     """Streaming DiLoCo's tau."""
     overlap: str = "none"
-    """DiLoCo's ``outer_overlap``: ``none``, or ``delayed`` (the outer round overlaps the next
-    cycle, applied one outer step late; the run ends with ``flush``)."""
+    """DiLoCo's ``outer_overlap``: ``none``, ``delayed`` or ``eager`` (the outer round
+    overlaps the next cycle, applied one outer step late; the run ends with ``flush``)."""
     outer: OuterOptimizerConfig = field(default_factory=OuterOptimizerConfig)
     """DiLoCo's outer optimizer."""
     bucket_cap_mb: float = 25.0

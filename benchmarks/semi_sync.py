@@ -11,9 +11,11 @@ number of inner steps and tokens, with:
   0.7, momentum 0.9, Nesterov; torchft's hard-coded choice), for comparison;
 - optionally ``streaming_h10_f2_tau1``: Streaming DiLoCo, 2 fragments, tau = 1, alpha = 0;
 - optionally (``--overlap``) the one-step-delayed outer update (``outer_overlap="delayed"``)
-  beside the same strategy without it: ``diloco_h10_overlap`` (base ``diloco_h10``) and
-  ``streaming_h10_f2_overlap`` (base ``streaming_h10_f2``, tau = 0); each overlapped row gets
-  ``validation_loss_vs_base`` (its loss / the base's - 1, at equal inner steps and tokens).
+  and the eager one (``"eager"``) beside the same strategy without overlap:
+  ``diloco_h10_overlap`` and ``diloco_h10_overlap_eager`` (base ``diloco_h10``),
+  ``streaming_h10_f2_overlap`` and ``streaming_h10_f2_overlap_eager`` (base
+  ``streaming_h10_f2``, tau = 0); each overlapped row gets ``validation_loss_vs_base`` (its
+  loss / the base's - 1, at equal inner steps and tokens).
 
 The outer optimizer of the other DiLoCo runs is SGD lr 0.7, momentum 0.5, Nesterov (change it
 with ``--outer-lr/--outer-momentum/--no-nesterov``): at H = 10 over a few hundred steps the
@@ -201,8 +203,10 @@ def _runs(args: argparse.Namespace, outer: OuterOptimizerConfig) -> list[tuple[s
     if args.overlap:
         runs += [
             ("diloco_h10_overlap", diloco(10, overlap="delayed")),
+            ("diloco_h10_overlap_eager", diloco(10, overlap="eager")),
             ("streaming_h10_f2", diloco(10, fragments=2)),
             ("streaming_h10_f2_overlap", diloco(10, fragments=2, overlap="delayed")),
+            ("streaming_h10_f2_overlap_eager", diloco(10, fragments=2, overlap="eager")),
         ]
     if args.only is not None:
         runs = [r for r in runs if r[0] == "per_step" or r[0] in args.only]
@@ -272,8 +276,8 @@ def main(argv: list[str] | None = None) -> None:
         r["validation_loss_vs_per_step"] = r["validation_loss"] / base["validation_loss"] - 1
     by_name = {r["name"]: r for r in results}
     for r in results:
-        base_name = r["name"].removesuffix("_overlap")
-        if r["name"].endswith("_overlap") and base_name in by_name:
+        base_name, overlapped, _ = r["name"].partition("_overlap")
+        if overlapped and base_name in by_name:
             r["validation_loss_vs_base"] = (
                 r["validation_loss"] / by_name[base_name]["validation_loss"] - 1
             )

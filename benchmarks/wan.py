@@ -80,7 +80,14 @@ STRATEGIES = {
     "streaming_h10_f2_tau1": _diloco(10, fragments=2, fragment_sync_delay=1),
     "streaming_h10_f2_tau4": _diloco(10, fragments=2, fragment_sync_delay=4),
     "diloco_h10_overlap": _diloco(10, overlap="delayed"),
+    "diloco_h10_overlap_eager": _diloco(10, overlap="eager"),
+    "diloco_h20": _diloco(20),
+    "diloco_h20_overlap_eager": _diloco(20, overlap="eager"),
+    "diloco_h50_overlap": _diloco(50, overlap="delayed"),
+    "diloco_h100": _diloco(100),
+    "diloco_h100_overlap": _diloco(100, overlap="delayed"),
     "streaming_h10_f2_overlap": _diloco(10, fragments=2, overlap="delayed"),
+    "streaming_h10_f2_overlap_eager": _diloco(10, fragments=2, overlap="eager"),
 }
 """The runs by name. ``per_step_per_gradient``: per-step sync with one allreduce per gradient
 (21 a step), as ``PerStepSync`` did before it bucketed (diagnostic: not in the default
@@ -92,11 +99,28 @@ backward's start to the first bucket's launch, from there until every bucket is 
 the end-of-backward wait. Streaming DiLoCo: 2 fragments, each synced every 10 steps (one every 5),
 its allreduce in flight for tau inner steps (4 is the most a 5-step cycle allows). ``overlap``:
 the one-step-delayed outer update (``outer_overlap="delayed"``), each round's allreduce in
-flight for the whole next cycle (10 steps for DiLoCo, 5 for each Streaming fragment)."""
-DIAGNOSTIC = ("per_step_per_gradient",)
+flight for the whole next cycle (10 steps for DiLoCo, 5 for each Streaming fragment);
+``overlap_eager``: the eager update (``outer_overlap="eager"``), the same in flight.
+``diloco_h20`` / ``diloco_h20_overlap_eager``, ``diloco_h50`` / ``diloco_h50_overlap`` and
+``diloco_h100`` / ``diloco_h100_overlap``: H = 20, 50 and 100, more compute per round to hide a
+round that takes longer than 10 inner steps (the 10 Mbit/s case); not in the default
+``--strategies`` (but ``diloco_h50``)."""
+DIAGNOSTIC = (
+    "per_step_per_gradient",
+    "diloco_h20",
+    "diloco_h20_overlap_eager",
+    "diloco_h50_overlap",
+    "diloco_h100",
+    "diloco_h100_overlap",
+)
 OVERLAP_BASES = {
     "diloco_h10_overlap": "diloco_h10",
+    "diloco_h10_overlap_eager": "diloco_h10",
+    "diloco_h20_overlap_eager": "diloco_h20",
+    "diloco_h50_overlap": "diloco_h50",
+    "diloco_h100_overlap": "diloco_h100",
     "streaming_h10_f2_overlap": "streaming_h10_f2_tau4",
+    "streaming_h10_f2_overlap_eager": "streaming_h10_f2_tau4",
 }
 """Each overlapped run and the run without full overlap it is compared with (Streaming: the
 largest tau a 5-step cycle allows)."""
@@ -385,7 +409,7 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         choices=sorted(STRATEGIES),
         default=[s for s in STRATEGIES if s not in DIAGNOSTIC],
-        help="the runs (default: all but the diagnostic per_step_per_gradient)",
+        help="the runs (default: all but per_step_per_gradient and the H = 20 to 100 rows)",
     )
     parser.add_argument(
         "--steps", type=int, default=400, help="inner steps per run (a multiple of every H)"

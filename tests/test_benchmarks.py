@@ -309,3 +309,18 @@ def test_titan_step_names_each_release_s_config() -> None:
     env, leading, trailing = _release_args("0.2.2", "debug_cpu.toml")
     assert env["CONFIG_FILE"].endswith("configs/debug_cpu.toml")
     assert (leading, trailing) == (["--job.dump_folder"], [])
+
+
+@pytest.mark.slow  # two hosts, two settings of two processes: 45 s to 3 min under load
+@pytest.mark.multihost
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(
+    limit_unavailable_reason() is not None, reason=f"no limited links: {limit_unavailable_reason()}"
+)
+def test_link_cpu_prints_both_bucket_settings() -> None:
+    out = _benchmark("benchmarks.link_cpu", "--ops", "1", "--work", "2", "--mb", "0.5", timeout=210)
+    old, new = out["settings"]
+    assert old["min_burst_bytes"] == 64 * 1024 and new["min_burst_bytes"] == 128 * 1024
+    for setting in (old, new):
+        assert setting["allreduce_s"] > 0 and setting["compute_alone_s"] > 0
+        assert setting["machine_softirq_s_per_op"] >= 0

@@ -5,10 +5,12 @@
 - a replica group joining mid-run heals to the global parameters and outer-optimizer state
   (its momentum equals the others' afterwards, which a fresh optimizer could not have).
 
-Both also run with the one-step-delayed outer update (``outer_overlap="delayed"``): there the
-victim dies at the start of an overlapped round, whose allreduce fails while the survivors
-train on, and the healer joins at a sync point with the next round about to go on the wire;
-every group calls ``flush`` after its last step, so the models end equal to the global ones.
+Both also run with the one-step-delayed outer update (``outer_overlap="delayed"``) and the
+eager one (``"eager"``): there the victim dies at the start of an overlapped round, whose
+allreduce fails while the survivors train on, and the healer joins at a sync point with the
+next round about to go on the wire (eager: it starts that round from the outer step with a
+zero share, the survivors from theirs); every group calls ``flush`` after its last step, so
+the models end equal to the global ones.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def _replica(
             inner.step()
         diloco.after_step()
         inner.zero_grad()
-    diloco.flush()  # the delayed update's last round (nothing without overlap)
+    diloco.flush()  # the overlapped update's last round (nothing without overlap)
     outer = diloco.outer_optimizers()[0]
     torch.save(
         {
@@ -155,8 +157,12 @@ def _assert_identical(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 OVERLAP = pytest.mark.parametrize(
     "overlap",
-    # The default tier covers the delayed update with simulated groups (test_overlap.py).
-    ["none", pytest.param("delayed", marks=pytest.mark.slow)],
+    # The default tier covers the overlapped updates with simulated groups (test_overlap.py).
+    [
+        "none",
+        pytest.param("delayed", marks=pytest.mark.slow),
+        pytest.param("eager", marks=pytest.mark.slow),
+    ],
 )
 
 
@@ -178,7 +184,7 @@ def test_replica_group_killed_during_sync_survivors_stay_identical(
             for r in (0, 1)
         ]
         # allreduce 1 is the initial quorum's barrier, 2 the first sync, 3 the second sync
-        # (delayed: started after the first sync committed, in flight for the next 4 steps)
+        # (overlapped: started after the first sync committed, in flight for the next 4 steps)
         victim = _spawn(
             ctx,
             2,
@@ -195,8 +201,8 @@ def test_replica_group_killed_during_sync_survivors_stay_identical(
     assert victim.exitcode == -signal.SIGKILL
     assert all(p.exitcode == 0 for p in survivors)
     results = [torch.load(tmp_path / f"result_{r}.pt") for r in (0, 1)]
-    # delayed: the loop ends with a sync in flight, which flush commits
-    assert results[0]["step"] == results[1]["step"] == target + (overlap == "delayed")
+    # overlapped: the loop ends with a sync in flight, which flush commits
+    assert results[0]["step"] == results[1]["step"] == target + (overlap != "none")
     assert results[0]["failed"] == results[1]["failed"] == 1
     _assert_identical(results[0], results[1])
 
@@ -238,7 +244,7 @@ def test_joining_replica_group_heals_outer_optimizer_state(tmp_path: Path, overl
         server.shutdown()
     assert all(p.exitcode == 0 for p in [*first, joiner])
     results = [torch.load(tmp_path / f"result_{r}.pt") for r in (0, 1, 2)]
-    assert {r["step"] for r in results} == {target + (overlap == "delayed")}
+    assert {r["step"] for r in results} == {target + (overlap != "none")}
     assert results[2]["loads"] >= 1  # healed from a peer
     assert all(r["failed"] == 0 for r in results)
     _assert_identical(results[0], results[1])

@@ -1,7 +1,8 @@
-"""DiLoCo's one-step-delayed ("eager") outer update (``OuterOverlap.DELAYED``): the pure
-decisions as tables, then DiLoCo and Streaming DiLoCo over ``SimulatedReplicaGroups`` against a
-reference written by hand from the math in ``torchtitan_ft/semi_sync/overlap.py`` (no strategy
-code), a failed overlapped round, and a group that heals mid-run.
+"""DiLoCo's overlapped outer updates, one-step-delayed (``OuterOverlap.DELAYED``) and eager
+(``OuterOverlap.EAGER``): the pure decisions as tables, then DiLoCo and Streaming DiLoCo over
+``SimulatedReplicaGroups`` against a reference written by hand from the math in
+``torchtitan_ft/semi_sync/overlap.py`` (no strategy code), a failed overlapped round, and a
+group that heals mid-run.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torchtitan_ft.semi_sync.overlap import (
     delayed_actions,
     delayed_parameters,
     next_fragment,
+    own_share,
 )
 
 from ._helpers import loss_fn, make_model, params_of, run_threads, train_steps
@@ -79,7 +81,10 @@ def test_delayed_parameters(new_global: float, local: float, sent: float, expect
         (OuterOverlap.DELAYED, 0, 0.0, None),
         ("delayed", 1, 0.0, "fragment_sync_delay must be 0 with it, got 1"),
         ("delayed", 0, 0.5, "fragment_update_alpha must be 0 with it, got 0.5"),
-        ("eager", 0, 0.0, "outer_overlap must be one of 'none', 'delayed', got 'eager'"),
+        ("eager", 0, 0.0, None),
+        ("eager", 2, 0.0, "outer_overlap='eager' keeps every sync in flight for a whole cycle"),
+        ("eager", 0, 1.0, "fragment_update_alpha must be 0 with it, got 1.0"),
+        ("lazy", 0, 0.0, "outer_overlap must be one of 'none', 'delayed', 'eager', got 'lazy'"),
     ],
 )
 def test_check_outer_overlap(overlap: str, delay: int, alpha: float, error: str | None) -> None:
@@ -88,6 +93,19 @@ def test_check_outer_overlap(overlap: str, delay: int, alpha: float, error: str 
         return
     with pytest.raises(ValueError, match=error):
         check_outer_overlap(overlap, delay, alpha)
+
+
+@pytest.mark.parametrize(
+    ("shares", "participants", "expected"),
+    [([2.0, -4.0], 2, [1.0, -2.0]), ([3.0], 1, [3.0]), ([0.0], 3, [0.0])],
+)
+def test_own_share(shares: list[float], participants: int, expected: list[float]) -> None:
+    assert own_share(torch.tensor(shares), participants).tolist() == expected
+
+
+def test_own_share_refuses_no_participants() -> None:
+    with pytest.raises(ValueError, match="at least 1 participant, got 0"):
+        own_share(torch.ones(2), 0)
 
 
 @pytest.mark.parametrize(
@@ -112,11 +130,15 @@ def reference_delayed_diloco(
     steps: int,
     num_fragments: int = 1,
     failed_syncs: frozenset[int] = frozenset(),
+    eager: bool = False,
 ) -> tuple[list[nn.Module], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Delayed (Streaming) DiLoCo by hand, flushed after the last step: at every sync point
     the sync in flight is applied as ``theta = G' + (theta - S)``, then the next fragment's
     ``G - theta`` is averaged and kept in flight. Syncs whose ordinal is in ``failed_syncs``
-    leave ``G`` unchanged. Returns the models, the global parameters and the momentum."""
+    leave ``G`` unchanged. ``eager``: each group then moves the fragment to the outer step
+    from ``G`` with its own ``(G - theta) / N`` (Nesterov SGD from the current momentum, which
+    it does not keep), and that point is ``S``. Returns the models, the global parameters and
+    the momentum."""
     models = [make_model(0) for _ in range(num_replicas)]
     opts = [torch.optim.SGD(m.parameters(), lr=INNER_LR) for m in models]
     frag_names = _fragment_names(models[0], num_fragments)
@@ -159,6 +181,15 @@ def reference_delayed_diloco(
             for r in range(1, num_replicas):
                 total = total + (global_[n] - local[r][n])
             delta[n] = total / num_replicas
+        if eager:
+            with torch.no_grad():
+                for r, m in enumerate(models):
+                    named = dict(m.named_parameters())
+                    for n in frag_names[f]:
+                        own = (global_[n] - local[r][n]) / num_replicas
+                        buf = own if n not in momentum else mu * momentum[n] + own
+                        named[n].copy_(global_[n] - lr * (own + mu * buf))
+                        local[r][n] = named[n].detach().clone()
         pending.append((f, delta, local))
     if pending:
         finish()
@@ -172,7 +203,7 @@ def _delayed(groups: SimulatedReplicaGroups, r: int, model: nn.Module, opt: Any,
         opt,
         OUTER,
         kw.pop("sync_every"),
-        outer_overlap=OuterOverlap.DELAYED,
+        outer_overlap=kw.pop("overlap", OuterOverlap.DELAYED),
         **kw,
     )
 
@@ -201,12 +232,16 @@ def _globals(strategy: DiLoCo, model: nn.Module) -> dict[str, torch.Tensor]:
     return {names[id(p)]: t for p, t in strategy.global_parameters()}
 
 
+OVERLAPS = [OuterOverlap.DELAYED, OuterOverlap.EAGER]
+
+
+@pytest.mark.parametrize("overlap", OVERLAPS)
 @pytest.mark.parametrize(
     ("num_fragments", "sync_every", "failed"),
     [(1, 3, ()), (2, 4, ()), (1, 3, (1,)), (2, 4, (1,))],
 )
 def test_delayed_diloco_matches_the_reference(
-    num_fragments: int, sync_every: int, failed: tuple[int, ...]
+    num_fragments: int, sync_every: int, failed: tuple[int, ...], overlap: OuterOverlap
 ) -> None:
     """Plain and Streaming DiLoCo with the delayed update, optionally with one overlapped round
     failing on every group (collective ``1 + k`` is sync ``k``: collective 0 is the initial
@@ -222,9 +257,15 @@ def test_delayed_diloco_matches_the_reference(
         fail_collectives=tuple(1 + k for k in failed),
         num_fragments=num_fragments,
         sync_every=sync_every,
+        overlap=overlap,
     )
     ref_models, ref_global, ref_momentum = reference_delayed_diloco(
-        2, sync_every, steps, num_fragments, failed_syncs=frozenset(failed)
+        2,
+        sync_every,
+        steps,
+        num_fragments,
+        failed_syncs=frozenset(failed),
+        eager=overlap is OuterOverlap.EAGER,
     )
     cycle = sync_every // num_fragments
     globals_ = [_globals(strategies[r], models[r]) for r in range(2)]
@@ -265,7 +306,10 @@ def test_inner_progress_made_while_in_flight_is_kept() -> None:
     assert any(not torch.equal(p0[n], g0[n]) for n in p0)
 
 
-def test_healer_joins_the_overlapped_round_and_ends_bitwise_identical() -> None:
+@pytest.mark.parametrize("overlap", OVERLAPS)
+def test_healer_joins_the_overlapped_round_and_ends_bitwise_identical(
+    overlap: OuterOverlap,
+) -> None:
     """A third group joins mid-run at the others' sync point: it heals there (global
     parameters, outer momentum, position; nothing is in flight at that moment), starts the
     next round with a zero pseudo-gradient, and after ``flush`` its model, global parameters
@@ -273,14 +317,16 @@ def test_healer_joins_the_overlapped_round_and_ends_bitwise_identical() -> None:
     groups = SimulatedReplicaGroups(2)
     models = [make_model(0) for _ in range(2)] + [make_model(seed=123)]
     opts = [torch.optim.SGD(m.parameters(), lr=INNER_LR) for m in models]
-    strategies = [_delayed(groups, r, models[r], opts[r], sync_every=4) for r in range(2)]
+    strategies = [
+        _delayed(groups, r, models[r], opts[r], sync_every=4, overlap=overlap) for r in range(2)
+    ]
     run_threads(
         [
             lambda r=r: train_steps(strategies[r], models[r], opts[r], r, range(1, 9))
             for r in range(2)
         ]
     )  # the round started at step 8 is in flight
-    strategies.append(_delayed(groups, 2, models[2], opts[2], sync_every=4))
+    strategies.append(_delayed(groups, 2, models[2], opts[2], sync_every=4, overlap=overlap))
     manager = strategies[2]._manager
 
     def joiner() -> None:
@@ -312,13 +358,14 @@ def test_healer_joins_the_overlapped_round_and_ends_bitwise_identical() -> None:
             assert torch.equal(m0[id(p0)], mr[id(pr)])
 
 
-def test_loading_a_state_drops_the_sync_in_flight() -> None:
+@pytest.mark.parametrize("overlap", OVERLAPS)
+def test_loading_a_state_drops_the_sync_in_flight(overlap: OuterOverlap) -> None:
     """A state loaded mid-round (a checkpoint) holds no sync in flight: the next sync point
     finishes nothing and starts the next round; ``flush`` then has nothing to do."""
     groups = SimulatedReplicaGroups(1)
     model = make_model(0)
     opt = torch.optim.SGD(model.parameters(), lr=INNER_LR)
-    strategy = _delayed(groups, 0, model, opt, sync_every=2)
+    strategy = _delayed(groups, 0, model, opt, sync_every=2, overlap=overlap)
     train_steps(strategy, model, opt, 0, range(1, 4))  # a sync started at step 2
     state = strategy.state_dict()
     assert strategy._pending is not None

@@ -783,5 +783,7 @@ def test_outer_overlap_maps_to_the_sync_config_and_is_checked_with_the_schedule(
                 "--fault_tolerance.fragment_sync_delay=1",
             ]
         )
+    ft = parse_job_config([*args, "--fault_tolerance.outer_overlap=eager"]).fault_tolerance
+    assert sync_config(ft).outer_overlap is OuterOverlap.EAGER
     with pytest.raises(ConfigError, match="outer_overlap"):
-        parse_job_config([*args, "--fault_tolerance.outer_overlap=eager"])
+        parse_job_config([*args, "--fault_tolerance.outer_overlap=lazy"])

@@ -88,11 +88,42 @@ def test_semi_sync_needs_a_sync_quorum() -> None:
         _parse("debug_ft_localsgd_cpu.toml", "--fault_tolerance.quorum_mode=async")
 
 
+@pytest.mark.parametrize(
+    ("overlap", "in_flight"), [("none", False), ("delayed", True), ("eager", True)]
+)
+def test_last_round_is_flushed_and_a_save_with_it_in_flight_is_noted(
+    overlap: str, in_flight: bool
+) -> None:
+    """After a sync point an overlapped DiLoCo has a round on the wire: a checkpoint of that
+    step is noted, and the last step applies the round (committed) and leaves nothing in
+    flight; without overlap there is nothing to note or flush."""
+    import torch
+
+    from tests.semi_sync._helpers import make_model, train_steps
+    from tests.semi_sync._simulated import SimulatedReplicaGroups
+    from torchtitan_ft.semi_sync import DiLoCo, OuterOptimizerConfig
+    from torchtitan_ft.titan.semi_sync import flush_last_round, in_flight_note
+
+    model = make_model(0)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    manager = SimulatedReplicaGroups(1).manager("0")
+    diloco = DiLoCo(manager, model, inner, OuterOptimizerConfig(), 2, outer_overlap=overlap)
+    train_steps(diloco, model, inner, 0, range(1, 5))  # sync points at steps 2 and 4
+    note = in_flight_note(diloco, 4)
+    assert (note is not None and "fragment 0" in note and "step 4" in note) is in_flight
+    committed = diloco.stats.syncs_committed
+    assert flush_last_round(diloco) is (True if in_flight else None)
+    assert diloco.stats.syncs_committed == committed + in_flight
+    assert diloco.in_flight_fragment is None and in_flight_note(diloco, 4) is None
+
+
 # --- training runs ----------------------------------------------------------------------------
 
 
-def _run_groups(tmp_path: Path, config: str, steps: int) -> list[str]:
-    outputs = run_ft_groups(tmp_path, 1, steps, CONFIGS / config, env={"TRAIN_FILE": TRAIN_MODULE})
+def _run_groups(tmp_path: Path, config: str, steps: int, *args: str) -> list[str]:
+    outputs = run_ft_groups(
+        tmp_path, 1, steps, CONFIGS / config, *args, env={"TRAIN_FILE": TRAIN_MODULE}
+    )
     for output in outputs:
         assert "cross-replica gradient all-reduce hooked" not in output
     return outputs
@@ -168,6 +199,33 @@ def test_streaming_diloco_run_trains_and_agrees_on_global_parameters(tmp_path: P
     import torch
 
     assert not all(torch.equal(dumps[0]["model"][n], dumps[1]["model"][n]) for n in first)
+
+
+@pytest.mark.multiprocess
+def test_eager_diloco_applies_the_round_in_flight_at_the_last_step(tmp_path: Path) -> None:
+    """DiLoCo (sync_steps 4, one fragment) with ``outer_overlap = "eager"``, 8 steps: the
+    round started at step 8 is still on the wire when the loop ends, and the last step applies
+    it (as ``DiLoCo.flush`` on the Manager path): 1 + 2 commits (the initial quorum, the round
+    of step 4 applied at step 8, the round of step 8 at the end), and both groups end with
+    their models equal to the same global parameters. Without it the second round is never
+    voted on and each model keeps its own eager starting point."""
+    steps = 8
+    overlap = ("--fault_tolerance.num_fragments=1", "--fault_tolerance.fragment_sync_delay=0")
+    outputs = _run_groups(
+        tmp_path,
+        "debug_ft_diloco_cpu.toml",
+        steps,
+        *overlap,
+        "--fault_tolerance.outer_overlap=eager",
+    )
+    for replica, output in enumerate(outputs):
+        losses = _losses(output, steps)
+        assert losses[-1] < losses[0] - 0.5, losses
+        assert _commits(tmp_path, replica) == 1 + 2, output[-4000:]
+    dumps = [_dump(tmp_path, r) for r in range(2)]
+    _assert_same(dumps[0]["global_by_name"], dumps[1]["global_by_name"])
+    for dump in dumps:
+        _assert_same(dump["model"], dump["global_by_name"])
 
 
 def _outer_tensors(dump: dict) -> dict:

@@ -149,9 +149,12 @@ class SyncConfig:
     outer_overlap: OuterOverlap = OuterOverlap.NONE
     """DiLoCo: ``none`` (default) blocks on each outer round at its sync point; ``delayed``
     lets each round's allreduce run during the next ``sync_every / F`` inner steps and applies
-    it one outer step late, keeping the inner progress made meanwhile (``overlap.py``). Hides
-    the link behind compute at some cost in loss (staleness); needs ``fragment_sync_delay = 0``
-    and ``fragment_update_alpha = 0``. Only DiLoCo (LocalSGD refuses ``delayed``)."""
+    it one outer step late, keeping the inner progress made meanwhile (``overlap.py``);
+    ``eager`` does the same but starts each round from the outer step taken with this group's
+    own share of the average in flight, which the exact average replaces when it arrives. Both
+    hide the link behind compute at some cost in loss (staleness; ``eager`` less, see
+    docs/performance.md); both need ``fragment_sync_delay = 0`` and
+    ``fragment_update_alpha = 0``. Only DiLoCo (LocalSGD refuses an overlap)."""
     should_quantize: bool = False
     """DiLoCo: send pseudo-gradients as int8 with per-block scales (~4x fewer bytes)."""
     outer_optimizer: OuterOptimizerConfig = field(default_factory=OuterOptimizerConfig)
@@ -175,7 +178,7 @@ class SyncConfig:
         if self.sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {self.sync_every}")
         if method is SyncMethod.LOCAL_SGD:
-            if OuterOverlap(self.outer_overlap) is not OuterOverlap.NONE:
+            if OuterOverlap(self.outer_overlap).overlapped:
                 raise ValueError(
                     f"outer_overlap={self.outer_overlap!r} is for DiLoCo only; LocalSGD needs "
                     "'none'"

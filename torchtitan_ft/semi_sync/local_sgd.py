@@ -22,10 +22,12 @@ here carry it out. After applying, the fragment's parameters are
 the parameters just before the sync, including the tau inner steps taken while the allreduce
 was in flight).
 
-**Overlap.** With ``outer_overlap=OuterOverlap.DELAYED`` (DiLoCo and Streaming DiLoCo) a
-sync's allreduce runs during the whole next cycle and is applied at the next sync point, one
-outer step late, keeping the inner progress made meanwhile: ``overlap.py`` defines the math
-and decides the order (finish the sync in flight, quorum, start the next).
+**Overlap.** With ``outer_overlap=OuterOverlap.DELAYED`` or ``EAGER`` (DiLoCo and Streaming
+DiLoCo) a sync's allreduce runs during the whole next cycle and is applied at the next sync
+point, one outer step late, keeping the inner progress made meanwhile (``EAGER`` starts each
+round from the outer step with this group's own share of the average in flight):
+``overlap.py`` defines the math and decides the order (finish the sync in flight, quorum,
+start the next).
 
 **Failures.** A sync commits only if the allreduce succeeded and ``Manager.should_commit()``
 agrees. Otherwise the sync is discarded: the fragment is restored from its backup (the last
@@ -85,6 +87,7 @@ from torchtitan_ft.semi_sync.overlap import (
     delayed_actions,
     delayed_parameters,
     next_fragment,
+    own_share,
 )
 from torchtitan_ft.semi_sync.schedule import SyncActions, SyncSchedule
 from torchtitan_ft.semi_sync.strategy import (
@@ -109,8 +112,8 @@ class _PendingSync:
     buffers: list[tuple[list[int], torch.Tensor]]
     futures: list[torch.futures.Future[torch.Tensor]] = field(default_factory=list)
     sent: list[torch.Tensor] | None = None
-    """DiLoCo with ``OuterOverlap.DELAYED``: the fragment's local parameters when the sync
-    started (``S`` in ``overlap.py``); None otherwise."""
+    """DiLoCo with an outer overlap: the fragment's local parameters when the sync started
+    (``S`` in ``overlap.py``: with ``EAGER``, after the eager step); None otherwise."""
 
 
 class _SemiSync(SyncStrategy, _OptimizerHooks):
@@ -399,6 +402,25 @@ class _Fragment:
         for p, grad in stashed.items():
             p.grad = grad
 
+    def eager_step(self, shares: list[tuple[list[int], torch.Tensor]]) -> None:
+        """Sets the parameters to where an outer step with ``shares`` as gradients takes the
+        global parameters, leaving the outer optimizer's state as it was (the eager update's
+        starting point, ``overlap.py``); the global backup is not touched."""
+        opt = self.outer_optimizer
+        saved = {p: _copy_state(opt.state[p]) for p in self.params if opt.state.get(p)}
+        self.backup.restore()
+        self.outer_step(shares)
+        for p in self.params:
+            if p in saved:
+                opt.state[p] = saved[p]
+            else:
+                opt.state.pop(p, None)
+
+
+def _copy_state(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer's per-parameter state with its tensors copied."""
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
 
 def _as_param_grad(p: nn.Parameter, local_grad: torch.Tensor) -> torch.Tensor:
     """``local_grad`` shaped as ``p``'s gradient (a DTensor for a DTensor parameter)."""
@@ -432,10 +454,11 @@ class DiLoCo(_SemiSync):
             applying it; ``0 <= tau < sync_every / F``.
         fragment_update_alpha: alpha in [0, 1]; weight of the local parameters when mixing
             them with the new global ones after a sync.
-        outer_overlap: ``OuterOverlap.NONE`` (default, as torchft) or ``DELAYED``: each
-            sync's allreduce overlaps the whole next cycle and is applied one outer step late
-            with the inner progress kept (``overlap.py``); call :meth:`flush` after the last
-            inner step. ``DELAYED`` needs ``fragment_sync_delay = 0`` and
+        outer_overlap: ``OuterOverlap.NONE`` (default, as torchft), ``DELAYED`` or ``EAGER``:
+            each sync's allreduce overlaps the whole next cycle and is applied one outer step
+            late with the inner progress kept; ``EAGER`` starts each round from the outer step
+            with this group's own share of the average in flight (``overlap.py``). Call
+            :meth:`flush` after the last inner step. Both need ``fragment_sync_delay = 0`` and
             ``fragment_update_alpha = 0``.
         quorum_mode: ``QuorumMode.SYNC``, when the Manager does not say (its
             ``use_async_quorum``, or torchft's ``_use_async_quorum``); checked against it
@@ -489,10 +512,14 @@ class DiLoCo(_SemiSync):
         # replica picks the same one).
         self._syncs_committed = 0
         self._register()
-        if self._overlap is OuterOverlap.DELAYED:
+        if self._overlap.overlapped:
             logger.info(
-                "DiLoCo outer_overlap='delayed' (not in torchft or TorchTitan): each outer round "
-                "is applied one round late, on top of the inner progress made meanwhile"
+                "DiLoCo outer_overlap=%r (not in torchft or TorchTitan): each outer round is "
+                "applied one round late, on top of the inner progress made meanwhile%s",
+                self._overlap.value,
+                ", each round starting from the outer step with this group's own share"
+                if self._overlap is OuterOverlap.EAGER
+                else "",
             )
 
     @property
@@ -510,8 +537,8 @@ class DiLoCo(_SemiSync):
         return [f.outer_optimizer for f in self._fragments]
 
     def after_step(self) -> None:
-        """Counts the inner step and does what the sync schedule says at it (with
-        ``OuterOverlap.DELAYED``: ``overlap.delayed_actions``)."""
+        """Counts the inner step and does what the sync schedule says at it (with an outer
+        overlap: ``overlap.delayed_actions``)."""
         if self._overlap is OuterOverlap.NONE:
             super().after_step()
             return
@@ -533,13 +560,24 @@ class DiLoCo(_SemiSync):
             self._prepare(next_fragment(self._syncs_committed, self.num_fragments))
             self._local_step = 0
 
-    def flush(self) -> None:
+    @property
+    def in_flight_fragment(self) -> int | None:
+        """The fragment whose sync is on the wire between two sync points (an outer overlap);
+        None when none is."""
+        return None if self._pending is None else self._pending.fragment
+
+    def flush(self) -> bool | None:
         """Waits for the sync in flight, votes on it and applies it (or discards it), as the
-        next sync point would; nothing without ``OuterOverlap.DELAYED`` or with no sync in
-        flight. Call once after the last inner step, in every group, so that the last round's
-        progress is averaged (the parameters are then the global ones)."""
-        if self._pending is not None and self._overlap is OuterOverlap.DELAYED:
-            self._finish_sync()
+        next sync point would; nothing without an outer overlap or with no sync in flight.
+        Call once after the last inner step, in every group, so that the last round's progress
+        is averaged (the parameters are then the global ones).
+
+        Returns:
+            Whether the sync committed; None when none was in flight.
+        """
+        if self._pending is not None and self._overlap.overlapped:
+            return self._finish_sync()
+        return None
 
     def _prepare(self, index: int) -> None:
         """Computes fragment ``index``'s pseudo-gradients and starts their allreduce."""
@@ -547,8 +585,10 @@ class DiLoCo(_SemiSync):
             raise RuntimeError("a fragment sync is already in flight")
         fragment = self._fragments[index]
         pending = _PendingSync(index, fragment.pseudo_gradients())
-        if self._overlap is OuterOverlap.DELAYED:
-            pending.sent = [param_data(p).detach().clone() for p in fragment.params]
+        shares = None
+        if self._overlap is OuterOverlap.EAGER:  # taken before the allreduce overwrites them
+            participants = self._manager.num_participants()
+            shares = [(group, own_share(flat, participants)) for group, flat in pending.buffers]
         for _, flat in pending.buffers:
             pending.futures.append(
                 self._manager.allreduce(flat, should_quantize=self._should_quantize)
@@ -559,16 +599,21 @@ class DiLoCo(_SemiSync):
                 if self._should_quantize
                 else flat.numel() * flat.element_size()
             )
+        if shares is not None:
+            fragment.eager_step(shares)
+        if self._overlap.overlapped:
+            pending.sent = [param_data(p).detach().clone() for p in fragment.params]
         self._pending = pending
 
-    def _finish_sync(self) -> None:
-        """Waits for the pending allreduce and applies it (or discards it)."""
+    def _finish_sync(self) -> bool | None:
+        """Waits for the pending allreduce and applies it (or discards it); returns whether it
+        committed (None: nothing was in flight)."""
         pending, self._pending = self._pending, None
         if pending is None:
             # Only after loading a checkpoint taken while a sync was in flight: every replica
             # resumed from it is in the same position, so all skip this sync alike.
             logger.warning("no fragment sync in flight at the end of a cycle; skipping it")
-            return
+            return None
         fragment = self._fragments[pending.fragment]
         ok = all([wait_future(self._manager, fut) for fut in pending.futures])
         delayed = pending.sent is not None
@@ -589,7 +634,7 @@ class DiLoCo(_SemiSync):
                 " plus the inner progress made since the sync started" if delayed else "",
             )
         if local is None or not (committed or delayed):
-            return
+            return committed
         with torch.no_grad():
             for i, p in enumerate(fragment.params):
                 data = param_data(p)
@@ -597,6 +642,7 @@ class DiLoCo(_SemiSync):
                     data.copy_(delayed_parameters(data, local[i], pending.sent[i]))
                 else:
                     data.lerp_(local[i], self._alpha)
+        return committed
 
     def state_dict(self) -> dict[str, Any]:
         """``{"local_step", "syncs_committed", "global", "outer_optimizers"}``.

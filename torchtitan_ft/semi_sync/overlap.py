@@ -46,6 +46,28 @@ optimizer state and the position, sets ``theta = G'`` and joins step 3 with a ze
 pseudo-gradient (it brings no progress). A state loaded at any other time (a checkpoint taken
 while a sync was in flight) drops that sync in every group resumed from it alike; the local
 progress in the checkpointed model is then folded into the next pseudo-gradient.
+
+**The eager update** (``OuterOverlap.EAGER``; the idea of Kale, Douillard and Donchev 2025,
+"Eager updates for overlapped communication and computation in DiLoCo", written here from its
+description). The delayed update starts the next round from ``G' + (theta - S)``: this
+group's own inner progress at full weight, whereas the average that will replace it,
+``outer_step(G', D)``, weights that progress 1/N and applies the outer learning rate and
+momentum. The eager update starts it from the outer step this group can already take: at
+step 3, once its fresh pseudo-gradient ``d`` is on the wire,
+
+    theta = outer_step(G', d / N)     (:func:`own_share`; the optimizer's state is not kept)
+
+so its own share of the average in flight stands in for that average, the other groups'
+shares counting as zero until they arrive. (The paper's per-group form adds the other groups'
+stale shares and removes its own stale one at every outer step; summed over rounds that is the
+same: each share is applied once, a group's own one round early.) When the average arrives
+(step 1 of the next sync point) the exact ``G'' = outer_step(G', D)`` replaces the estimate
+and the progress made since is kept, as in the delayed update: ``theta = G'' + (theta - S)``
+with ``S`` the eager starting point. The global parameters, the outer optimizer's state, the
+vote, failures, healing and checkpoints are therefore exactly the delayed update's: the eager
+step is recomputed from ``G'``, the optimizer's state and ``d``, which exist anyway, and adds
+no state. Only each round's starting point differs. A healer sends ``d = 0`` and starts from
+``outer_step(G', 0)`` (the momentum alone).
 """
 
 from __future__ import annotations
@@ -69,6 +91,16 @@ class OuterOverlap(StrEnum):
     with the inner progress made meanwhile kept (module docstring). Hides the link behind
     compute; costs some loss (staleness). Needs ``fragment_sync_delay = 0`` and
     ``fragment_update_alpha = 0``."""
+    EAGER = "eager"
+    """As ``DELAYED``, but each round starts from the outer step taken with this group's own
+    share of the average in flight (its pseudo-gradient / the number of groups) rather than
+    from its raw inner progress; the exact average replaces that estimate when it arrives
+    (module docstring). Same constraints and state as ``DELAYED``."""
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether an outer round's allreduce runs during the next inner steps."""
+        return self is not OuterOverlap.NONE
 
 
 @dataclass(frozen=True)
@@ -115,13 +147,24 @@ def delayed_parameters(
     return new_global + (local - sent)
 
 
+def own_share(pseudo_gradient: torch.Tensor, participants: int) -> torch.Tensor:
+    """This group's share of the average in flight: ``pseudo_gradient / participants``.
+
+    Raises:
+        ValueError: ``participants`` < 1.
+    """
+    if participants < 1:
+        raise ValueError(f"an average needs at least 1 participant, got {participants}")
+    return pseudo_gradient / participants
+
+
 def check_outer_overlap(
     overlap: OuterOverlap | str, fragment_sync_delay: int, fragment_update_alpha: float
 ) -> OuterOverlap:
     """Returns ``overlap`` as an ``OuterOverlap``.
 
     Raises:
-        ValueError: an unknown name, or ``DELAYED`` with a ``fragment_sync_delay`` or a
+        ValueError: an unknown name, or an overlap with a ``fragment_sync_delay`` or a
             ``fragment_update_alpha`` (it replaces both: the sync is in flight for the whole
             cycle, and the local progress is kept exactly rather than mixed).
     """
@@ -130,15 +173,15 @@ def check_outer_overlap(
     except ValueError:
         names = ", ".join(repr(m.value) for m in OuterOverlap)
         raise ValueError(f"outer_overlap must be one of {names}, got {overlap!r}") from None
-    if mode is OuterOverlap.DELAYED:
+    if mode.overlapped:
         if fragment_sync_delay != 0:
             raise ValueError(
-                "outer_overlap='delayed' keeps every sync in flight for a whole cycle; "
+                f"outer_overlap={mode.value!r} keeps every sync in flight for a whole cycle; "
                 f"fragment_sync_delay must be 0 with it, got {fragment_sync_delay}"
             )
         if fragment_update_alpha != 0.0:
             raise ValueError(
-                "outer_overlap='delayed' keeps the in-flight local progress exactly; "
+                f"outer_overlap={mode.value!r} keeps the in-flight local progress exactly; "
                 f"fragment_update_alpha must be 0 with it, got {fragment_update_alpha}"
             )
     return mode

@@ -64,8 +64,16 @@ _NAMESPACE = re.compile(rf"^{PREFIX}-(\d+)-(\d+)-([A-Za-z0-9]+)$")
 _COMMAND_TIMEOUT_S = 30.0
 _KILL_WAIT_S = 10.0
 _BURST_S = 0.004
-"""tbf bucket: the link may send this many seconds' worth of bytes at once (at least 64 KiB,
-so that one full-size TCP segment batch always fits)."""
+"""tbf bucket: the link may send this many seconds' worth of bytes at once (at least
+:data:`MIN_BURST_BYTES`)."""
+MIN_BURST_BYTES = 128 * 1024
+"""The smallest tbf bucket, so that one full-size TCP segment batch (a GSO packet of up to 64
+KiB of payload) always fits whole. tbf counts such a packet at its payload plus one set of
+headers per segment (about 67 KiB), and splits any packet larger than the bucket into
+single segments in software: with a 64 KiB bucket every batch was split, and each of its ~45
+segments then crossed the veth pair, the bridge and both tbf queues on its own. That cost
+~70 ms of kernel CPU (softirq) per 2.45 MB sent at 100 Mbit/s, taken from the processes
+sharing the machine's cores; at 128 KiB it is ~7 ms (docs/performance.md, issue 22 part 3)."""
 _QUEUE_LATENCY = "100ms"
 """How long a packet may wait in the tbf queue before it is dropped (TCP then backs off)."""
 
@@ -163,9 +171,9 @@ def remove_leftovers() -> list[str]:
     return removed
 
 
-def _tbf(mbit: float) -> list[str]:
+def _tbf(mbit: float, min_burst_bytes: int) -> list[str]:
     rate_bytes = mbit * 1e6 / 8
-    burst = max(64 * 1024, int(rate_bytes * _BURST_S))
+    burst = max(min_burst_bytes, int(rate_bytes * _BURST_S))
     return [
         "tbf",
         "rate",
@@ -221,17 +229,30 @@ class Host:
         """Runs ``argv`` inside this host to completion; ``kwargs`` go to ``subprocess.run``."""
         return subprocess.run(self.command(argv), **kwargs)
 
-    def limit(self, mbit: float | None) -> None:
+    def limit(self, mbit: float | None, *, min_burst_bytes: int = MIN_BURST_BYTES) -> None:
         """Limits this host's link to ``mbit`` Mbit/s in each direction; ``None`` lifts it.
 
         A token bucket (``tc ... tbf``) on the host's ``eth0`` bounds what it sends, and one
-        on the switch's port bounds what it receives.
+        on the switch's port bounds what it receives. ``min_burst_bytes``: the bucket's floor
+        (:data:`MIN_BURST_BYTES`; ``benchmarks.link_cpu`` compares it with the old 64 KiB).
         """
         if mbit is not None and not mbit > 0:
             raise ValueError(f"link rate must be > 0 Mbit/s or None (unlimited), got {mbit!r}")
+        if min_burst_bytes < 1:
+            raise ValueError(f"min_burst_bytes must be >= 1, got {min_burst_bytes}")
         for namespace, device in ((self.namespace, INTERFACE), (self._switch, self._port)):
             if mbit is not None:
-                _run("tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", *_tbf(mbit))
+                _run(
+                    "tc",
+                    "-n",
+                    namespace,
+                    "qdisc",
+                    "replace",
+                    "dev",
+                    device,
+                    "root",
+                    *_tbf(mbit, min_burst_bytes),
+                )
             elif "tbf" in _run("tc", "-n", namespace, "qdisc", "show", "dev", device).stdout:
                 _run("tc", "-n", namespace, "qdisc", "del", "dev", device, "root")
         self.link_mbit = mbit

@@ -17,7 +17,7 @@ import torch
 from torchtitan.tools.logging import logger
 
 from torchtitan_ft.titan.data import CommittedBatches
-from torchtitan_ft.titan.semi_sync import SemiSyncReplicaAxis
+from torchtitan_ft.titan.semi_sync import SemiSyncReplicaAxis, in_flight_note
 
 DATALOADER_KEY = "dataloader"
 """The key of the dataloader in TorchTitan's checkpoint states (removed from the full one)."""
@@ -112,6 +112,10 @@ class Resume(Protocol):
         """Called once the full checkpoint is loaded, before the reader is positioned."""
         ...
 
+    def note_save(self, step: int) -> None:
+        """Called by the writer right before it saves the full checkpoint of ``step``."""
+        ...
+
 
 class LedgerResume:
     """Per-step FT: the data position is the ledger's (:class:`CommittedBatches`).
@@ -142,6 +146,9 @@ class LedgerResume:
 
     def after_load(self) -> None:
         """Nothing: every group holds the weights the ledger describes."""
+
+    def note_save(self, step: int) -> None:
+        """Nothing: a per-step checkpoint holds no collective in flight."""
 
 
 class ManagerState:
@@ -204,6 +211,13 @@ class SemiSyncResume:
 
     def load_reader_state(self, state: dict[str, Any]) -> None:
         self._dataloader.load_state_dict(state["loader"])
+
+    def note_save(self, step: int) -> None:
+        """One line when an outer round is in flight (an outer overlap): it is not in the
+        checkpoint (``titan.semi_sync.in_flight_note``)."""
+        note = in_flight_note(self._axis.strategy, step)
+        if note is not None:
+            logger.info(note)
 
     def after_load(self) -> None:
         """A group other than the writer drops the writer's local progress (see above)."""
@@ -284,6 +298,7 @@ class ReplicaCheckpointer:
         self._last_saved = curr_step
         self._save_reader(curr_step)
         if self.is_writer():
+            self._resume.note_save(curr_step)
             self._inner.save(curr_step, last_step)
             if last_step:  # TorchTitan applies keep_latest_k only to interval saves
                 self._inner._purge_stale_checkpoints()

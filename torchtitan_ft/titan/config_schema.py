@@ -305,12 +305,16 @@ class FaultTolerance(TitanFaultTolerance):
     Whether a "diloco" outer round overlaps the next inner steps (not in TorchTitan or
     torchft). Default "none": each round's all-reduce is waited for at its sync point (after
     ``fragment_sync_delay`` steps) and every group continues from the averaged parameters.
-    "delayed": the one-step-delayed ("eager") outer update: the all-reduce runs during the next
+    "delayed": the one-step-delayed outer update: the all-reduce runs during the next
     ``sync_steps / num_fragments`` inner steps and is applied at the next sync point, one outer
     step late, with the inner progress made meanwhile kept (the math:
-    torchtitan_ft/semi_sync/overlap.py). Hides the link behind compute; costs some loss from
-    staleness (docs/performance.md has the measured difference). Needs
-    ``fragment_sync_delay = 0`` and ``fragment_update_alpha = 0``.
+    torchtitan_ft/semi_sync/overlap.py). "eager": the same, but each round starts from the
+    outer step taken with this group's own share of the average in flight (the eager update
+    of Kale et al. 2025), which the exact average replaces when it arrives. Both hide the link
+    behind compute and cost some loss from staleness, "eager" less (docs/performance.md has
+    the measured differences). Both need ``fragment_sync_delay = 0`` and
+    ``fragment_update_alpha = 0``. The last round in flight is applied at the last training
+    step, before its checkpoint.
     """
 
     should_quantize: bool = False

@@ -124,6 +124,10 @@ class HealedState:
                 raise ValueError("healed state lacks the data ledger (donor without one?)")
             self._data.load_state_dict(state["data"])
 
+    def train_step(self) -> int:
+        """The trainer's step counter (the step being trained, once the loop has moved it)."""
+        return int(self._train_state.state_dict()["step"])
+
     def advance_one_step(self) -> None:
         """Move the trainer step and the lr schedules one step on: a received state that a
         peer took at the *end* of its step (a semi-sync donor sends it from its sync point,

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
+from torchtitan.tools.logging import logger
 
 from torchtitan_ft.semi_sync import (
     DiLoCo,
@@ -33,8 +34,10 @@ class StrategyDrivenOptimizers:
 
     ``zero_grad`` (first call of ``train_step``, before the forward) calls ``start_step``;
     ``step`` applies the inner update only if ``before_step`` allows it and always calls
-    ``after_step`` (where LocalSGD/DiLoCo count inner steps and sync). Everything else is
-    delegated.
+    ``after_step`` (where LocalSGD/DiLoCo count inner steps and sync); after an applied inner
+    step for which ``at_last_step()`` holds, the outer round still in flight (an outer
+    overlap) is applied, as the Manager path's ``DiLoCo.flush()`` (:func:`flush_last_round`).
+    Everything else is delegated.
     """
 
     def __init__(
@@ -43,11 +46,13 @@ class StrategyDrivenOptimizers:
         strategy: SyncStrategy,
         gate: CommitGate,
         on_joined_sync: Callable[[], None] = lambda: None,
+        at_last_step: Callable[[], bool] = lambda: False,
     ) -> None:
         self._optimizers = optimizers
         self._strategy = strategy
         self._gate = gate
         self._on_joined_sync = on_joined_sync
+        self._at_last_step = at_last_step
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
         """``strategy.start_step()`` (the first one forms the initial quorum), then clear grads.
@@ -67,10 +72,44 @@ class StrategyDrivenOptimizers:
             self._optimizers.step(*args, **kwargs)
         self._gate.committed = stepped
         self._strategy.after_step()
+        if stepped and self._at_last_step():
+            flush_last_round(self._strategy)
         return stepped
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._optimizers, name)
+
+
+def flush_last_round(strategy: SyncStrategy) -> bool | None:
+    """At the last training step: waits for the outer round still in flight (DiLoCo with an
+    outer overlap), votes on it and applies it (or discards it), so that every group ends on
+    the global parameters, with one line saying which. Returns ``DiLoCo.flush``'s answer
+    (None: nothing in flight, or not DiLoCo)."""
+    if not isinstance(strategy, DiLoCo) or not strategy.outer_overlap.overlapped:
+        return None
+    fragment = strategy.in_flight_fragment
+    if fragment is None:
+        return None
+    committed = strategy.flush()
+    logger.info(
+        f"FT: last step: the outer round of fragment {fragment} still in flight was "
+        + ("applied" if committed else "discarded (it did not commit)")
+        + " before the final checkpoint"
+    )
+    return committed
+
+
+def in_flight_note(strategy: SyncStrategy | None, step: int) -> str | None:
+    """The line a checkpoint of step ``step`` taken with an outer round in flight gets (None
+    when nothing is in flight): the round is not in it, and a resume from it drops the round
+    in every group alike."""
+    if not isinstance(strategy, DiLoCo) or strategy.in_flight_fragment is None:
+        return None
+    return (
+        f"FT: step {step}'s checkpoint is saved with the outer round of fragment "
+        f"{strategy.in_flight_fragment} in flight: a resume from it drops that round in every "
+        "group; the local progress is in the saved model and goes into the next pseudo-gradient"
+    )
 
 
 class StrategyState:
@@ -179,14 +218,23 @@ class SemiSyncReplicaAxis:
         data: this group's slice of the data.
         config: the strategy to build (``sync_config(job_config.fault_tolerance)``), validated
             (the strategy's builder checks it again).
+        last_step: the training's last step (``training.steps``): after it, the outer round
+            still in flight is applied (:func:`flush_last_round`); None never does.
     """
 
     enabled = True
 
-    def __init__(self, runtime: ManagerRuntime, data: ReplicaSlice, config: SyncConfig) -> None:
+    def __init__(
+        self,
+        runtime: ManagerRuntime,
+        data: ReplicaSlice,
+        config: SyncConfig,
+        last_step: int | None = None,
+    ) -> None:
         self._runtime = runtime
         self._data = data
         self.config = config
+        self._last_step = last_step
         self.manager = runtime.manager
         self.replica_id = data.replica_id
         self.group_size = data.group_size
@@ -223,9 +271,20 @@ class SemiSyncReplicaAxis:
             raise RuntimeError("install_gradient_sync(model_parts) must be called before gate_step")
         self.strategy = build_strategy(self.config, self.manager, self._model_parts[0], optimizers)
         driven = StrategyDrivenOptimizers(
-            optimizers, self.strategy, self._gate, self._start_peers_next_step
+            optimizers,
+            self.strategy,
+            self._gate,
+            self._start_peers_next_step,
+            self._at_last_step,
         )
         return driven, CommitGatedLRSchedulers(lr_schedulers, self._gate)
+
+    def _at_last_step(self) -> bool:
+        """Whether the trainer is in its last step (its step counter, healed with the rest of
+        its state, has reached ``last_step``)."""
+        if self._last_step is None or self._healed_state is None:
+            return False
+        return self._healed_state.train_step() >= self._last_step
 
     def _start_peers_next_step(self) -> None:
         """This replica healed into its peers' sync (in ``zero_grad``, before the forward):
@@ -275,4 +334,6 @@ def build_semi_sync_axis(job_config: Any) -> SemiSyncReplicaAxis:
             f"(got enable={ft.enable}, semi_sync_method={ft.semi_sync_method!r})"
         )
     data = ReplicaSlice(ft.replica_id, ft.group_size)
-    return SemiSyncReplicaAxis(build_manager_runtime(job_config), data, sync_config(ft))
+    return SemiSyncReplicaAxis(
+        build_manager_runtime(job_config), data, sync_config(ft), job_config.training.steps
+    )
