@@ -296,6 +296,8 @@ class ManagerServer:
         policy had left the group out of it (for ``outage.previous_quorum_round``)."""
         self._outage_steps: int | None = None
         """Rounds answered without the lighthouse since it last answered; None: no outage."""
+        self._outage_cause = ""
+        """Why the last round went on without the lighthouse, in words."""
         self._breaks_seen = 0
         """The heartbeat stream's ``breaks`` when the lighthouse last answered a round: more
         now means the lighthouse went away since (``outage.go_on_without_lighthouse``)."""
@@ -777,6 +779,11 @@ class ManagerServer:
                 )
                 waited = loop.time() - started
                 if go_on_without_lighthouse(unreachable.done(), outage_known, waited):
+                    self._outage_cause = (
+                        "cannot connect to it"
+                        if unreachable.done()
+                        else f"it did not answer within {OUTAGE_GRACE_S} s"
+                    )
                     return None
                 await asyncio.wait(
                     [request, unreachable],
@@ -793,10 +800,12 @@ class ManagerServer:
         if self._outage_steps is None:
             self._outage_steps = 0
             logger.warning(
-                "replica %s: the lighthouse at %s does not answer; %s without it (not torchft "
-                "0.2.0's behaviour, which waits for the lighthouse: lighthouse_outage='wait')",
+                "replica %s: the lighthouse at %s does not answer (%s); %s without it (not "
+                "torchft 0.2.0's behaviour, which waits for the lighthouse: "
+                "lighthouse_outage='wait')",
                 self._replica_id,
                 self._lighthouse_addr,
+                self._outage_cause,
                 outage.reason,
             )
         self._outage_steps += 1
@@ -805,7 +814,7 @@ class ManagerServer:
         """Ends a known outage (says how many rounds went on without the lighthouse)."""
         self._breaks_seen = self._heartbeat.breaks
         if self._outage_steps is not None:
-            logger.info(
+            logger.warning(
                 "replica %s: the lighthouse answers again after %d round(s) on the previous quorum",
                 self._replica_id,
                 self._outage_steps,

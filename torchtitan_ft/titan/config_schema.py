@@ -235,13 +235,13 @@ class FaultTolerance(TitanFaultTolerance):
     The Manager's ``retry_inflight_allreduce``: when a peer group dies mid-allreduce, finish
     the step with the survivors (a new quorum at the same step, the allreduces re-run from
     kept copies of their inputs) instead of discarding it. Default False, and True is refused
-    here: the Manager re-runs the allreduces at ``should_commit``, after FSDP's all-reduce
-    hook has returned and FSDP has already turned the hook's tensor into the sharded gradient
-    (a view of it in the first backward, a copy once gradients accumulate or are cast), so
-    the re-run result would not reliably reach the gradients; and the Manager never retries
-    replica groups of several ranks (their ranks would first have to agree). Plain Manager
-    users (``DistributedDataParallel``, 1-rank groups) can pass it to ``Manager``. Applies
-    when ``enable``.
+    here: the Manager re-runs the allreduces in ``should_commit``, after TorchTitan has
+    clipped the gradients computed from the failed all-reduce; the ranks of a group, each
+    all-reducing its own shard, may see the failure differently and would first have to agree
+    to retry; and a unit whose shard FSDP casts, copies or accumulates after the hook cannot
+    be rewritten (docs/titan.md, "How it plugs in"). Plain Manager users
+    (``DistributedDataParallel``, 1-rank groups) can pass it to ``Manager``. Applies when
+    ``enable``.
     """
 
     checkpoint_transport: CheckpointTransportName = "http"
