@@ -34,7 +34,7 @@ def _wait(what: str, ready: Callable[[], Any], timeout_s: float = 60.0) -> Any:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)  # 18 to 165 s at load 20 to 50
 def test_groups_commit_through_a_lighthouse_outage_and_change_membership_after_it(
     tmp_path: Path,
 ) -> None:
