@@ -33,6 +33,8 @@ CHANNEL_OPTIONS = [
 """gRPC channel options for every client of the lighthouse and manager servers."""
 
 _RETRY_SLEEP_S = 0.05
+_STATE_POLL_S = 0.01
+"""How often ``AsyncLighthouseClient.wait_unreachable`` looks at the channel's state."""
 
 
 def grpc_target(addr: str) -> str:
@@ -349,11 +351,14 @@ class AsyncLighthouseClient:
     async def wait_unreachable(self) -> None:
         """Returns once the lighthouse is unreachable: the channel's last connection attempt
         failed (gRPC's TRANSIENT_FAILURE; a request waiting for it then waits for a reconnect,
-        tried every 0.1 s to 1 s). Returns at once if it is so already."""
-        state = self._channel.get_state(try_to_connect=False)
-        while state is not grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-            await self._channel.wait_for_state_change(state)
-            state = self._channel.get_state(try_to_connect=False)
+        tried every 0.1 s to 1 s). Returns at once if it is so already; cancel it to stop.
+
+        It looks every ``_STATE_POLL_S``: grpc.aio's ``wait_for_state_change`` would leave a
+        watch without deadline in gRPC's core for every cancelled wait (one per quorum round
+        while the channel stays READY)."""
+        unreachable = grpc.ChannelConnectivity.TRANSIENT_FAILURE
+        while self._channel.get_state(try_to_connect=False) is not unreachable:
+            await asyncio.sleep(_STATE_POLL_S)
 
     async def close(self) -> None:
         """Ends the stream and the channel (a request waiting on them fails)."""
