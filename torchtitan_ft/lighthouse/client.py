@@ -185,13 +185,16 @@ class LighthouseClient:
         except grpc.RpcError as e:
             _raise_for(e, self.addr, timedelta(seconds=wait))
 
-    def gone_members(self, replica_id: str, members: list[str], wait: timedelta) -> grpc.Future:
+    def gone_members(
+        self, replica_id: str, members: list[str], wait: timedelta, wait_for_ready: bool = True
+    ) -> grpc.Future:
         """Asks which of ``members`` (the other groups of ``replica_id``'s quorum) the
         lighthouse knows to be gone, waiting up to ``wait`` for one to be (torchtitan_ft
         extension; see the proto). ``wait`` 0 answers at once and counts as a heartbeat of
         ``replica_id``. Returns the call: ``result()`` is a ``LighthouseGoneResponse`` or
         raises ``grpc.RpcError`` (UNIMPLEMENTED from torchft's lighthouse); ``cancel()`` ends
-        the wait."""
+        the wait. ``wait_for_ready`` False: a lighthouse that cannot be reached fails the call
+        at once (UNAVAILABLE) instead of being waited for up to the connect timeout."""
         request = pb.LighthouseGoneRequest(
             replica_id=replica_id, members=members, wait_ms=round(wait.total_seconds() * 1000)
         )
@@ -199,7 +202,7 @@ class LighthouseClient:
             request,
             timeout=wait.total_seconds() + self._connect_timeout,
             metadata=self._metadata,
-            wait_for_ready=True,
+            wait_for_ready=wait_for_ready,
         )
 
     def heartbeat_stream(
