@@ -75,6 +75,20 @@ def test_recovery_prints_stall_and_replacement() -> None:
     assert "hang_stall_over_goal_median" in size["summary"]["ours"]
 
 
+@pytest.mark.slow  # two jobs of three MLP groups and a lighthouse restart: about a minute
+@pytest.mark.timeout(300)
+def test_lighthouse_outage_prints_both_settings() -> None:
+    out = _benchmark(
+        "benchmarks.lighthouse_outage",
+        *("--trials", "1", "--down-s", "1", "--steady", "3", "--after", "1"),
+        timeout=270,
+    )
+    assert {"setup", "machine", "load_avg_1m", "runs", "summary"} <= out.keys()
+    assert [r["setting"] for r in out["runs"]] == ["previous_quorum", "wait"]
+    assert all(r["groups_identical"] and r["stall_s"] > 0 for r in out["runs"]), out["runs"]
+    assert out["stall_previous_quorum_over_wait"] > 0
+
+
 @pytest.mark.slow  # 3 groups of 2 ranks, a hang past the heartbeat timeout and a kill
 @pytest.mark.timeout(240)
 def test_recovery_group_rank_row_prints_hang_and_kill_stalls() -> None:

@@ -83,3 +83,33 @@ def test_a_lighthouse_restart_is_retried_within_the_timeout() -> None:
 
     quorum = asyncio.run(_run(across_restart)(addr))
     assert quorum.participants[0].step == 2
+
+
+def test_wait_unreachable_returns_once_a_connection_attempt_fails(servers) -> None:
+    """A live lighthouse never counts as unreachable; one that is gone does once a request
+    tries to connect (what lets a round go on without it: ``manager.outage``)."""
+    server = servers(min_replicas=1)
+    gone = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+    gone_addr = gone.address()
+    gone.shutdown()
+
+    async def live(client: AsyncLighthouseClient) -> bool:
+        await client.quorum_with_speeds("r", T, step=1)
+        try:
+            await asyncio.wait_for(client.wait_unreachable(), 0.5)
+        except TimeoutError:
+            return False
+        return True
+
+    async def dead(client: AsyncLighthouseClient) -> float:
+        loop = asyncio.get_running_loop()
+        asked = asyncio.ensure_future(client.quorum_with_speeds("r", T, step=1))
+        started = loop.time()
+        try:
+            await asyncio.wait_for(client.wait_unreachable(), 10.0)
+        finally:
+            asked.cancel()
+        return loop.time() - started
+
+    assert asyncio.run(_run(live)(server.address())) is False
+    assert asyncio.run(_run(dead)(gone_addr)) < 10.0

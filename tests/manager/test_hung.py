@@ -43,3 +43,19 @@ def test_armed_watch_aborts_for_a_silent_peer_and_a_disarmed_one_does_not() -> N
         stream.close()
         peer.close()
         server.shutdown()
+
+
+def test_the_commit_fence_does_not_wait_for_a_lighthouse_that_is_down() -> None:
+    """During a lighthouse outage the groups commit on their previous quorum; a long step's
+    commit fence must fail at once, not wait out the client's 60 s connect timeout."""
+    gone = LighthouseServer(bind="127.0.0.1:0")
+    addr = gone.address()
+    gone.shutdown()
+    client = LighthouseClient(addr, connect_timeout=timedelta(seconds=60))
+    watch = HungPeerWatch(client, "me", lambda _: None, lambda *_: None)
+    try:
+        started = time.monotonic()
+        assert watch.fence() is None  # heartbeat timeout not known yet: the fence asks
+        assert time.monotonic() - started < 10.0
+    finally:
+        watch.close()

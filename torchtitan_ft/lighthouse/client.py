@@ -33,6 +33,8 @@ CHANNEL_OPTIONS = [
 """gRPC channel options for every client of the lighthouse and manager servers."""
 
 _RETRY_SLEEP_S = 0.05
+_STATE_POLL_S = 0.01
+"""How often ``AsyncLighthouseClient.wait_unreachable`` looks at the channel's state."""
 
 
 def grpc_target(addr: str) -> str:
@@ -183,13 +185,16 @@ class LighthouseClient:
         except grpc.RpcError as e:
             _raise_for(e, self.addr, timedelta(seconds=wait))
 
-    def gone_members(self, replica_id: str, members: list[str], wait: timedelta) -> grpc.Future:
+    def gone_members(
+        self, replica_id: str, members: list[str], wait: timedelta, wait_for_ready: bool = True
+    ) -> grpc.Future:
         """Asks which of ``members`` (the other groups of ``replica_id``'s quorum) the
         lighthouse knows to be gone, waiting up to ``wait`` for one to be (torchtitan_ft
         extension; see the proto). ``wait`` 0 answers at once and counts as a heartbeat of
         ``replica_id``. Returns the call: ``result()`` is a ``LighthouseGoneResponse`` or
         raises ``grpc.RpcError`` (UNIMPLEMENTED from torchft's lighthouse); ``cancel()`` ends
-        the wait."""
+        the wait. ``wait_for_ready`` False: a lighthouse that cannot be reached fails the call
+        at once (UNAVAILABLE) instead of being waited for up to the connect timeout."""
         request = pb.LighthouseGoneRequest(
             replica_id=replica_id, members=members, wait_ms=round(wait.total_seconds() * 1000)
         )
@@ -197,7 +202,7 @@ class LighthouseClient:
             request,
             timeout=wait.total_seconds() + self._connect_timeout,
             metadata=self._metadata,
-            wait_for_ready=True,
+            wait_for_ready=wait_for_ready,
         )
 
     def heartbeat_stream(
@@ -345,6 +350,18 @@ class AsyncLighthouseClient:
         call.cancel()
         if self._stream is call:
             self._stream = None
+
+    async def wait_unreachable(self) -> None:
+        """Returns once the lighthouse is unreachable: the channel's last connection attempt
+        failed (gRPC's TRANSIENT_FAILURE; a request waiting for it then waits for a reconnect,
+        tried every 0.1 s to 1 s). Returns at once if it is so already; cancel it to stop.
+
+        It looks every ``_STATE_POLL_S``: grpc.aio's ``wait_for_state_change`` would leave a
+        watch without deadline in gRPC's core for every cancelled wait (one per quorum round
+        while the channel stays READY)."""
+        unreachable = grpc.ChannelConnectivity.TRANSIENT_FAILURE
+        while self._channel.get_state(try_to_connect=False) is not unreachable:
+            await asyncio.sleep(_STATE_POLL_S)
 
     async def close(self) -> None:
         """Ends the stream and the channel (a request waiting on them fails)."""
@@ -503,6 +520,9 @@ class HeartbeatStream:
         self._closed = threading.Event()
         self._call: grpc.Future | None = None
         self._lock = threading.Lock()
+        self.breaks = 0
+        """How many times the stream broke (the lighthouse went away, restarted, or dropped
+        the connection) and was opened again."""
         self._thread = threading.Thread(
             target=self._run, name=f"heartbeat-{replica_id}", daemon=True
         )
@@ -534,6 +554,7 @@ class HeartbeatStream:
                 self._log_break(e)
             except grpc.FutureCancelledError:
                 return
+            self.breaks += 1
             self._closed.wait(self._interval)
 
     def _log_break(self, e: grpc.RpcError) -> None:

@@ -28,6 +28,7 @@ from torchtitan_ft.lighthouse.decision import (
     group_last_seen,
     healthy_replicas,
     newcomer_ahead,
+    next_gone_check,
     next_quorum_id,
 )
 from torchtitan_ft.lighthouse.exclusion import (
@@ -423,6 +424,12 @@ class LighthouseState:
         if asker_runs and not asker_gone and asker in self.heartbeats:
             self.heartbeats[asker] = now
         return gone, asker_gone
+
+    def next_gone_check(self, watched: list[str]) -> float | None:
+        """Seconds until one of ``watched`` may be gone (``decision.next_gone_check``)."""
+        return next_gone_check(
+            watched, self.last_seen(), self._clock(), self.opts.heartbeat_timeout
+        )
 
     # -- decision -------------------------------------------------------------------------
 

@@ -117,13 +117,17 @@ class HungPeerWatch:
     def fence(self) -> str | None:
         """Before the commit vote: the reason to vote no when the lighthouse named this group
         gone during the step (asked only after a long step, ``needs_commit_fence``), else
-        None. A failed call is no reason: the peers' collectives decide then."""
+        None. A failed call is no reason: the peers' collectives decide then. A lighthouse
+        that cannot be reached fails it at once: during a lighthouse outage the groups commit
+        on their previous quorum (``manager.outage``), and the vote must not wait for it."""
         if not self.supported:
             return None
         if not needs_commit_fence(time.monotonic() - self._step_started, self.heartbeat_timeout):
             return None
         try:
-            answer = self._client.gone_members(self._replica_id, [], timedelta(0)).result()
+            answer = self._client.gone_members(
+                self._replica_id, [], timedelta(0), wait_for_ready=False
+            ).result()
         except grpc.RpcError as e:
             self._log(logging.DEBUG, f"commit fence: the lighthouse did not answer: {e.code()}")
             return None

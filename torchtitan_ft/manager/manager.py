@@ -52,6 +52,7 @@ from torchtitan_ft.manager.decisions import (
 from torchtitan_ft.manager.healing import Healing
 from torchtitan_ft.manager.hung import HungPeerError, HungPeerWatch
 from torchtitan_ft.manager.identity import GroupIdentity
+from torchtitan_ft.manager.outage import LighthouseOutage
 from torchtitan_ft.manager.quorum import QuorumRequest, QuorumThread
 from torchtitan_ft.manager.rendezvous import join_replica_group
 from torchtitan_ft.manager.settings import (
@@ -170,6 +171,15 @@ class Manager:
             committed batches and says why, as for torchft's clients, which cannot send it).
             A trainer that learns its batch size after building the Manager calls
             ``set_samples_per_batch``.
+        lighthouse_outage: what the group does while its lighthouse cannot be reached (group
+            rank 0): ``"previous_quorum"`` (``LighthouseOutage.PREVIOUS_QUORUM``, the default)
+            goes on committing steps on the group's previous quorum while every member keeps
+            taking part (a member that dies or fails a commit fails the step's collective;
+            the groups then wait for the lighthouse), so a lighthouse restart costs no step;
+            ``"wait"`` waits for the lighthouse until ``quorum_timeout``, as torchft 0.2.0
+            does (every group stalls for the outage). Healing, joining and any membership
+            change wait for the lighthouse either way (docs/lighthouse.md, "A lighthouse
+            outage"). Argument > ``TORCHFT_LIGHTHOUSE_OUTAGE`` > ``"previous_quorum"``.
 
     Raises:
         ValueError: bad settings (see ``settings``), ``min_replica_size < 1``.
@@ -207,6 +217,7 @@ class Manager:
         retry_inflight_allreduce: bool = False,
         events_dir: str | os.PathLike[str] | None = None,
         samples_per_batch: int | None = None,
+        lighthouse_outage: LighthouseOutage | str | None = None,
     ) -> None:
         check_step_arguments(min_replica_size, world_size_mode, max_retries)
         if not isinstance(retry_inflight_allreduce, bool):
@@ -238,6 +249,7 @@ class Manager:
             auth_token=auth_token,
             events_dir=events_dir,
             samples_per_batch=samples_per_batch,
+            lighthouse_outage=lighthouse_outage,
             default_store_host=hostname,
         )
         auth_token = settings.auth_token.value
