@@ -6,10 +6,17 @@ once per recovery method, one after the other; prints JSON and draws a PNG.
 
 The job: the llama3 debugmodel (``configs/debug_ft_cpu.toml``: batch 2 x seq 256 per rank,
 fp32), ``--groups`` (3) replica groups of ``--ranks`` (2) FSDP ranks, each group one
-``./run_train.sh`` (torchrun) with its own CPU quota (``testing.cpulimit``: a cgroup CFS quota of
-``--cpus-per-group`` CPUs; on this machine cgroup v1 ``cpu.cfs_quota_us``), so a dead group's CPU
-does not speed up the survivors. The trainer is ``benchmarks._goodput_worker`` (this project's,
-plus one JSON line per step: committed, data ledger, participants, loss, RSS, descriptors).
+``./run_train.sh`` (torchrun) with its own CPU budget (``testing.cpulimit``: a cgroup CFS quota of
+``--cpus-per-group`` CPUs, on this machine cgroup v1 ``cpu.cfs_quota_us``, with the top CPU weight
+so that the quota is also what the group gets beside the machine's other processes, made under
+the benchmark's own cgroup), so a dead group's CPU does not speed up the survivors and a busy
+machine does not slow them down. The lighthouse has a budget of its own
+(``--cpus-lighthouse``). Keep the budgets' sum below the CPU the benchmark's cgroup has (the
+benchmark itself needs a little): it says so in one line when they take 90 % or more of the
+machine. The trainer is ``benchmarks._goodput_worker`` (this project's, plus one JSON line per
+step: committed, data ledger, participants, loss, RSS, descriptors). A killed rank's group is
+restarted by torchrun (``MAX_RESTARTS``) warm, from a pre-imported zygote
+(``fault_tolerance.replacement = "zygote"``, docs/titan.md), or cold with ``--replacement cold``.
 
 Methods, in this order, under the same schedule (times after launch):
 
@@ -113,6 +120,8 @@ class Options:
     mean_interval_s: float
     seed: int
     cpus_per_group: float
+    cpus_lighthouse: float
+    replacement: str
     heartbeat_timeout_ms: int
     process_group_timeout_ms: int
     hang_s: float
@@ -219,6 +228,7 @@ class Lighthouse:
     """``torchft_lighthouse`` in host ``host`` (or on 127.0.0.1), restartable on its port."""
 
     def __init__(self, opts: Options, host: netns.Host | None, log: Path) -> None:
+        self.limit = CpuLimit("goodput_lighthouse", [], cpus=opts.cpus_lighthouse)
         self.addr = host.address if host else "127.0.0.1"
         self.port = LIGHTHOUSE_PORT if host else free_port()
         self.host = host
@@ -244,11 +254,16 @@ class Lighthouse:
         with open(self.log, "ab") as f:
             argv = self.host.command(self.argv) if self.host else self.argv
             self.proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+        self.limit.add(self.proc.pid)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+    def close(self) -> None:
+        self.kill()
+        self.limit.close()
 
 
 # ------------------------------------------------------------------------------ records
@@ -380,6 +395,7 @@ class MethodRun:
             f"--fault_tolerance.hostname={hostname}",
             f"--fault_tolerance.process_group_timeout_ms={opts.process_group_timeout_ms}",
             "--fault_tolerance.quorum_timeout_ms=300000",
+            f"--fault_tolerance.replacement={opts.replacement}",
         ]
         limit = CpuLimit(f"goodput_g{g}", [], cpus=opts.cpus_per_group)
         env = self._env(opts.ranks, lighthouse.address, self.folder / "events" / f"g{g}")
@@ -441,7 +457,7 @@ class MethodRun:
                 launch.kill()
                 for limit in launch.limits:
                     limit.close()
-            self.lighthouse.kill()
+            self.lighthouse.close()
         return self._summary(reached, finals)
 
     def samples_now(self, records: list[Record]) -> int:
@@ -892,7 +908,27 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=27)
     p.add_argument("--groups", type=int, default=3)
     p.add_argument("--ranks", type=int, default=2, help="FSDP ranks per group")
-    p.add_argument("--cpus-per-group", type=float, default=0.6, help="CPU quota of each group")
+    p.add_argument(
+        "--cpus-per-group",
+        type=float,
+        default=0.5,
+        help="CPU budget of each group (a quota with the top weight; default 0.5: 3 groups and "
+        "the lighthouse take 1.7 of 2 cores)",
+    )
+    p.add_argument(
+        "--cpus-lighthouse",
+        type=float,
+        default=0.2,
+        help="CPU budget of the lighthouse (the top weight keeps the groups from starving it)",
+    )
+    p.add_argument(
+        "--replacement",
+        choices=["zygote", "cold"],
+        default="zygote",
+        help="fault_tolerance.replacement of the FT groups: how torchrun's restart of a group "
+        "starts its workers (zygote: forked from a pre-imported process; cold: fresh "
+        "interpreters)",
+    )
     p.add_argument("--heartbeat-timeout-ms", type=int, default=3000)
     p.add_argument("--process-group-timeout-ms", type=int, default=10000)
     p.add_argument("--hang-s", type=float, default=15.0, help="SIGSTOP length (> the PG timeout)")
@@ -941,6 +977,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         mean_interval_s=args.mean_interval,
         seed=args.seed,
         cpus_per_group=args.cpus_per_group,
+        cpus_lighthouse=args.cpus_lighthouse,
+        replacement=args.replacement,
         heartbeat_timeout_ms=args.heartbeat_timeout_ms,
         process_group_timeout_ms=args.process_group_timeout_ms,
         hang_s=args.hang_s,
@@ -973,8 +1011,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "ranks_per_group": args.ranks,
             "samples_per_step": opts.samples_per_step,
             "config": CONFIG.name,
+            "replacement": args.replacement,
         },
-        "cpu_quota": {"cpus_per_group": args.cpus_per_group},
+        "cpu_quota": {
+            "cpus_per_group": args.cpus_per_group,
+            "cpus_lighthouse": args.cpus_lighthouse,
+        },
         "timeouts": {
             "heartbeat_timeout_ms": args.heartbeat_timeout_ms,
             "process_group_timeout_ms": args.process_group_timeout_ms,
@@ -987,8 +1029,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "methods": {},
     }
     probe = CpuLimit("goodput_probe", [], cpus=1.0)
-    result["cpu_quota"]["mechanism"] = probe.mechanism
+    result["cpu_quota"].update(mechanism=probe.mechanism, parent=probe.parent, weight=probe.weight)
     probe.close()
+    budget = args.groups * args.cpus_per_group + args.cpus_lighthouse
+    if budget >= 0.9 * (os.cpu_count() or 1):
+        print(
+            f"goodput: the groups' and the lighthouse's budgets add up to {budget:g} CPUs of "
+            f"{os.cpu_count()}: with their top weight they leave this process and the rest of "
+            "the machine little; lower --cpus-per-group",
+            file=sys.stderr,
+        )
     ideal = MethodRun(Method.IDEAL, opts, schedule).run()
     result["methods"][Method.IDEAL.value] = ideal
     baseline = ideal["time_to_target_s"]
