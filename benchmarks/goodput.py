@@ -25,14 +25,24 @@ Methods, in this order, under the same schedule (times after launch):
 * ``torchtitan_ft``: per-step FT; each group in a network namespace host of its own
   (``testing.netns``), the lighthouse in another; torchrun restarts a group's workers after a
   rank dies (``MAX_RESTARTS``), nothing is restarted by hand.
+* ``torchft``: TorchTitan 0.2.2's own FT trainer (``torchtitan.experiments.ft.train``) on the
+  torchft 0.2.0 reference under ``.cache``, with torchft's lighthouse, through a recording
+  subclass (``benchmarks._goodput_torchft_worker``; nothing of either is changed): the same
+  groups, quotas, timeouts (torchft's through its ``TORCHFT_*`` variables) and schedule;
+  torchrun restarts a group cold, as TorchTitan launches it. Its groups run on loopback
+  (torchft's Manager advertises the host name), so ``link_down`` faults are recorded as not
+  injected, with the reason. Its samples are torchft's committed batches; exactly once is
+  checked per group from the batches each process drew (TorchTitan's loader reads on whether
+  the step commits or not, and a new process starts its slice again). ``skipped`` with the
+  reason when it cannot run here (no reference, or TorchTitan 0.3.0). With one rank per group
+  (``--quick``) TorchTitan applies no FSDP, so its cross-group all-reduce hook is never set and
+  its groups train apart: compare it with 2 or more ranks.
 * ``checkpoint_restart``: TorchTitan's own HSDP over the same ranks (one torchrun job, replicate
   ``--groups`` x shard ``--ranks``, no FT), DCP checkpoints every ``--checkpoint-every`` steps;
   every fault restarts the whole job from the last checkpoint (as a supervisor would; a
   lighthouse fault does not concern it). Its quota: the ranks of each group's share (local
   ranks ``g * ranks`` on) in a cgroup of the per-group quota, as the FT groups: a cgroup weighs
   as one process against the machine's other processes, so the split matters under load.
-* ``torchft``: TorchTitan's own FT trainer on the torchft 0.2.0 reference under ``.cache``:
-  ``skipped`` with the reason when it cannot run here.
 
 Faults (``testing.chaos.fault_schedule``: seeded, exponential intervals of mean
 ``--mean-interval``, kinds in shuffled rounds): SIGKILL of one rank; SIGSTOP of one rank for
@@ -93,14 +103,18 @@ CONFIG = ROOT / "configs" / "debug_ft_cpu.toml"
 LOCAL_BATCH = 2
 """``training.local_batch_size`` of ``CONFIG``: samples per rank per step."""
 LIGHTHOUSE_PORT = 29510
-NOT_WIRED = (
-    "not measured: TorchTitan's FT trainer runs on this CPU on the torchft 0.2.0 reference (a "
-    "3-step run of torchtitan.experiments.ft.train against torchft's own lighthouse trained), "
-    "but this benchmark has no recording trainer for it yet: it keeps no data ledger (its "
-    "samples would be counted from per-step participants, with no exactly-once check), and its "
-    "Manager advertises this machine's host name, not a network-namespace host's address"
+TORCHFT_NO_LINK = (
+    "not injected: torchft's Manager advertises socket.gethostname() and TorchTitan's FTManager "
+    "gives it no host name, so torchft's groups cannot live in network-namespace hosts (the name "
+    "resolves to a loopback address there); they run on this machine's loopback, where no "
+    "group's link can be pulled"
 )
-"""Why the ``torchft`` method is skipped where the reference is installed."""
+"""Why a ``link_down`` fault does not apply to the ``torchft`` method."""
+TORCHFT_TIMEOUTS = {"TORCHFT_QUORUM_TIMEOUT_SEC": "300", "TORCHFT_QUORUM_RETRIES": "10"}
+"""torchft's own settings for the torchft method (environment variables: TorchTitan's FTManager
+passes only the process-group timeout): the quorum timeout of the torchtitan_ft groups, and
+retries so that a quorum call that meets a restarting lighthouse does not end the group. Its
+collective and commit timeout (``TORCHFT_TIMEOUT_SEC``) is set to the process-group timeout."""
 STOP_MARGIN_STEPS = 2
 """After the target: every group trains this many more steps together, then stops and dumps."""
 
@@ -150,7 +164,7 @@ def worker_pids(agent: int) -> dict[int, int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"_goodput_worker" not in cmdline or b"run_module\0--check" in cmdline:
+        if b"benchmarks._goodput_" not in cmdline or b"run_module\0--check" in cmdline:
             continue
         for item in environ:
             if item.startswith(b"LOCAL_RANK="):
@@ -225,9 +239,12 @@ class Launch:
 
 
 class Lighthouse:
-    """``torchft_lighthouse`` in host ``host`` (or on 127.0.0.1), restartable on its port."""
+    """``torchft_lighthouse`` in host ``host`` (or on 127.0.0.1), restartable on its port: this
+    project's, or torchft 0.2.0's with ``reference``."""
 
-    def __init__(self, opts: Options, host: netns.Host | None, log: Path) -> None:
+    def __init__(
+        self, opts: Options, host: netns.Host | None, log: Path, *, reference: bool = False
+    ) -> None:
         self.limit = CpuLimit("goodput_lighthouse", [], cpus=opts.cpus_lighthouse)
         self.addr = host.address if host else "127.0.0.1"
         self.port = LIGHTHOUSE_PORT if host else free_port()
@@ -244,6 +261,12 @@ class Lighthouse:
             "--quorum_tick_ms=50",
             "--status_bind=off",
         ]
+        if reference:
+            self.argv = [
+                sys.executable,
+                *("-m", "benchmarks._goodput_torchft_worker", "lighthouse"),
+                *(f"{self.addr}:{self.port}", "1", "2000", "50", str(opts.heartbeat_timeout_ms)),
+            ]
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -253,7 +276,7 @@ class Lighthouse:
     def start(self) -> None:
         with open(self.log, "ab") as f:
             argv = self.host.command(self.argv) if self.host else self.argv
-            self.proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
         self.limit.add(self.proc.pid)
 
     def kill(self) -> None:
@@ -284,6 +307,12 @@ class Record:
     loss: float | None
     rss_mb: float
     fds: int
+    batches_committed: int | None = None
+    """torchft's count of committed batches (the torchft method; else None)."""
+    participating: bool | None = None
+    """This group's batch was in the step (the torchft method; else None)."""
+    drawn: int | None = None
+    """Batches this process has drawn from its loader (the torchft method; else None)."""
 
 
 def read_records(folder: Path) -> list[Record]:
@@ -301,10 +330,45 @@ def read_records(folder: Path) -> list[Record]:
 
 
 def record_samples(r: Record, opts: Options) -> int:
-    """Samples in the model as this record saw it: the ledger (FT), or steps x world batch."""
+    """Samples in the model as this record saw it: the ledger (FT), torchft's committed batches,
+    or steps x world batch."""
+    if r.batches_committed is not None:
+        return r.batches_committed * opts.ranks * LOCAL_BATCH
     if r.consumed is not None:
         return sum(r.consumed) * opts.ranks * LOCAL_BATCH
     return r.step * opts.samples_per_step
+
+
+def fill_participants(records: list[Record]) -> None:
+    """The torchft method's participants of each committed step: the groups whose record of
+    that step says they took part (a group knows only how many did)."""
+    by_step: dict[int, set[int]] = {}
+    for r in records:
+        if r.committed and r.participating and r.group is not None:
+            by_step.setdefault(r.step, set()).add(r.group)
+    for r in records:
+        if r.participating is not None:
+            r.participants = sorted(by_step.get(r.step, ())) if r.committed else []
+
+
+def drawn_batches_check(records: list[Record]) -> dict[str, Any]:
+    """Exactly once for the torchft method, per group's slice of the data: the batch a record
+    trained (or lost) is ``drawn - 1`` of its process's loader, which starts at the slice's
+    beginning. Lost: batches drawn, below the last one trained, that no committed step of the
+    group took part with; duplicated: batches trained more than once."""
+    lost = duplicated = 0
+    for g in sorted({r.group for r in records if r.group is not None}):
+        mine = [r for r in records if r.group == g and r.drawn is not None]
+        trained: dict[int, int] = {}
+        for r in mine:
+            if r.committed and r.participating:
+                trained[r.drawn - 1] = trained.get(r.drawn - 1, 0) + 1
+        if not trained:
+            continue
+        drawn = {r.drawn - 1 for r in mine if r.drawn - 1 <= max(trained)}
+        lost += len(drawn - set(trained))
+        duplicated += sum(n - 1 for n in trained.values())
+    return {"exactly_once": lost == duplicated == 0, "lost": lost, "duplicated": duplicated}
 
 
 # ------------------------------------------------------------------------------ one method
@@ -358,6 +422,15 @@ class MethodRun:
     # launch ------------------------------------------------------------------------------
 
     def _env(self, ngpu: int, lighthouse: str, events: Path) -> dict[str, str]:
+        paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]
+        extra: dict[str, str] = {}
+        if self.method is Method.TORCHFT:  # the reference after this environment's packages
+            paths += [str(REFERENCE_DIR), str(RUNTIME_DEPS_DIR)]
+            extra = {
+                **TORCHFT_TIMEOUTS,
+                "TORCHFT_TIMEOUT_SEC": str(self.opts.process_group_timeout_ms // 1000),
+                "TRAIN_FILE": "benchmarks._goodput_torchft_worker",
+            }
         return {
             **os.environ,
             "NGPU": str(ngpu),
@@ -371,9 +444,8 @@ class MethodRun:
             "GOODPUT_OUT": str(self.folder),
             "GOODPUT_STOP_FILE": str(self.stop_file),
             EVENTS_DIR_ENV: str(events),
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
-            ),
+            "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+            **extra,
         }
 
     def _common_args(self) -> list[str]:
@@ -387,15 +459,21 @@ class MethodRun:
     def _group_launch(self, g: int, lighthouse: Lighthouse, host: netns.Host | None) -> Launch:
         opts = self.opts
         hostname = host.address if host else "127.0.0.1"
+        if self.method is Method.TORCHFT:  # TorchTitan's own fault_tolerance fields only
+            own = ["--job.custom_config_module=torchtitan_ft.titan.config_schema"]
+        else:
+            own = [
+                f"--fault_tolerance.hostname={hostname}",
+                "--fault_tolerance.quorum_timeout_ms=300000",
+                f"--fault_tolerance.replacement={opts.replacement}",
+            ]
         argv = [
             *self._common_args(),
+            *own,
             f"--fault_tolerance.replica_id={g}",
             f"--fault_tolerance.group_size={opts.groups}",
             "--fault_tolerance.min_replica_size=1",
-            f"--fault_tolerance.hostname={hostname}",
             f"--fault_tolerance.process_group_timeout_ms={opts.process_group_timeout_ms}",
-            "--fault_tolerance.quorum_timeout_ms=300000",
-            f"--fault_tolerance.replacement={opts.replacement}",
         ]
         limit = CpuLimit(f"goodput_g{g}", [], cpus=opts.cpus_per_group)
         env = self._env(opts.ranks, lighthouse.address, self.folder / "events" / f"g{g}")
@@ -424,7 +502,7 @@ class MethodRun:
 
     def run(self) -> dict[str, Any]:
         net = None
-        if self.ft and self.method is not Method.IDEAL and netns.unavailable_reason() is None:
+        if self.method is Method.TORCHTITAN_FT and netns.unavailable_reason() is None:
             net = netns.HostNetwork(["L", *(f"G{g}" for g in range(self.opts.groups))])
             net.start()
         try:
@@ -436,7 +514,12 @@ class MethodRun:
     def _run(self, net: netns.HostNetwork | None) -> dict[str, Any]:
         opts = self.opts
         self.net = net
-        self.lighthouse = Lighthouse(opts, net["L"] if net else None, self.folder / "lh.log")
+        self.lighthouse = Lighthouse(
+            opts,
+            net["L"] if net else None,
+            self.folder / "lh.log",
+            reference=self.method is Method.TORCHFT,
+        )
         if self.ft:
             self.launches = [
                 self._group_launch(g, self.lighthouse, net[f"G{g}"] if net else None)
@@ -459,6 +542,12 @@ class MethodRun:
                     limit.close()
             self.lighthouse.close()
         return self._summary(reached, finals)
+
+    def records(self) -> list[Record]:
+        records = read_records(self.folder)
+        if self.method is Method.TORCHFT:
+            fill_participants(records)
+        return records
 
     def samples_now(self, records: list[Record]) -> int:
         if not records:
@@ -484,7 +573,7 @@ class MethodRun:
         last_print = 0.0
         while True:
             now = self.now()
-            records = read_records(self.folder)
+            records = self.records()
             samples = self.samples_now(records)
             if self.t0 is None:
                 if self._training_started(records):
@@ -593,6 +682,9 @@ class MethodRun:
                 (self.now() + self.opts.hang_s, lambda: signal_pids([pid], signal.SIGCONT))
             )
         elif kind is FaultKind.LINK_DOWN:
+            if self.method is Method.TORCHFT:
+                inj.effect = TORCHFT_NO_LINK
+                return
             if self.net is None:
                 inj.effect = "not injected: no network namespaces here"
                 return
@@ -622,6 +714,8 @@ class MethodRun:
             if self.now() - inj.time > 300:
                 inj.effect += "; no heal seen within 300 s, donor not killed"
                 return True
+            if self.method is Method.TORCHFT:
+                return self._torchft_donor(inj, victim, since)
             events = [e for e in read_events(folder) if e.time > since and e.group_rank == 0]
             heals = [e for e in events if e.kind is EventKind.HEAL_START]
             if not heals:
@@ -639,6 +733,22 @@ class MethodRun:
 
         return check
 
+    def _torchft_donor(self, inj: Injected, victim: int, since: float) -> bool:
+        """The torchft method's donor kill: the source of the victim's first heal after the
+        kill, as its quorum named it (``heals_*.jsonl`` of the torchft worker)."""
+        heals = []
+        for path in self.folder.glob(f"heals_r{victim}_p*.jsonl"):
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    heals.append(json.loads(line))
+        heals = sorted((h for h in heals if h["time"] > since), key=lambda h: h["time"])
+        if not heals:
+            return False
+        inj.donor = heals[0]["source"]
+        self._kill_rank(inj.donor, inj.fault.rank)
+        inj.effect += f"; donor group {inj.donor} SIGKILLed when the victim's quorum said heal"
+        return True
+
     # the end -----------------------------------------------------------------------------
 
     def _stop(self) -> dict[str, dict]:
@@ -649,12 +759,12 @@ class MethodRun:
         deadline = time.time() + 300
         if self.ft:
             while time.time() < deadline:
-                records = read_records(self.folder)
+                records = self.records()
                 last = [r for r in records if r.committed and r.participants]
                 if last and len(last[-1].participants) == self.opts.groups:
                     break
                 time.sleep(0.2)
-        records = read_records(self.folder)
+        records = self.records()
         step = max((r.step for r in records), default=0) + STOP_MARGIN_STEPS
         self.stop_file.write_text(str(step))
         for launch in self.launches:
@@ -667,7 +777,7 @@ class MethodRun:
 
     def _summary(self, reached: float, finals: dict[str, dict]) -> dict[str, Any]:
         opts = self.opts
-        records = read_records(self.folder)
+        records = self.records()
         t0 = self.started + (self.t0 or 0.0)
         points = [(r.time - t0, record_samples(r, opts)) for r in records if r.committed]
         target = self.target if self.target is not None else self.samples_now(records)
@@ -687,7 +797,12 @@ class MethodRun:
             for tag, f in finals.items()
             if tag.startswith("r") and tag.endswith("_rank0")
         }
-        if self.ft:
+        if self.method is Method.TORCHFT:
+            ledger = drawn_batches_check(records)
+            identical = len(finals) == opts.groups * opts.ranks and all(
+                len(h) == 1 for h in by_rank.values()
+            )
+        elif self.ft:
             ledger = ledger_check(group_finals, opts.groups)
             identical = (
                 len(group_finals) == opts.groups
@@ -839,7 +954,11 @@ def torchft_problem() -> str | None:
     if not RUNTIME_DEPS_DIR.is_dir():
         return f"torchft's dependencies are not installed under {RUNTIME_DEPS_DIR}"
     if importlib.util.find_spec("torchtitan.experiments.ft.train") is None:
-        return "this TorchTitan has no torchtitan.experiments.ft.train"
+        return (
+            "this TorchTitan has no torchtitan.experiments.ft.train (0.3.0 names its FT trainer "
+            "by a registry config, which the recording trainer does not wrap): run the "
+            "benchmark with TorchTitan 0.2.2"
+        )
     return None
 
 
@@ -1042,11 +1161,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ideal = MethodRun(Method.IDEAL, opts, schedule).run()
     result["methods"][Method.IDEAL.value] = ideal
     baseline = ideal["time_to_target_s"]
-    for name in (Method.TORCHTITAN_FT, Method.CHECKPOINT_RESTART, Method.TORCHFT):
+    for name in (Method.TORCHTITAN_FT, Method.TORCHFT, Method.CHECKPOINT_RESTART):
         if name.value not in args.methods:
             continue
-        if name is Method.TORCHFT:
-            result["methods"][name.value] = {"skipped": torchft_problem() or NOT_WIRED}
+        if name is Method.TORCHFT and (problem := torchft_problem()):
+            result["methods"][name.value] = {"skipped": problem}
             continue
         try:
             entry = MethodRun(name, opts, schedule, target=ideal["target_samples"]).run()

@@ -306,3 +306,71 @@ def test_titan_step_names_each_release_s_config() -> None:
     env, leading, trailing = _release_args("0.2.2", "debug_cpu.toml")
     assert env["CONFIG_FILE"].endswith("configs/debug_cpu.toml")
     assert (leading, trailing) == (["--job.dump_folder"], [])
+
+
+def _torchft_record(group: int, step: int, committed: bool, participating: bool, drawn: int):
+    from benchmarks.goodput import Record
+
+    return Record(
+        group=group,
+        pid=1,
+        time=float(drawn),
+        step=step,
+        committed=committed,
+        consumed=None,
+        participants=None,
+        loss=None,
+        rss_mb=0.0,
+        fds=0,
+        batches_committed=0,
+        participating=participating,
+        drawn=drawn,
+    )
+
+
+def test_goodput_gathers_torchft_participants_per_step() -> None:
+    """torchft's groups know how many took part in a step, not which: the benchmark gathers
+    them from every group's own record."""
+    from benchmarks.goodput import fill_participants
+
+    records = [
+        _torchft_record(0, 5, True, True, 5),
+        _torchft_record(1, 5, True, False, 3),  # healing in step 5: committed, not in it
+        _torchft_record(2, 5, True, True, 5),
+        _torchft_record(1, 6, False, True, 4),  # a discarded step takes nobody's batch
+    ]
+    fill_participants(records)
+    assert [r.participants for r in records] == [[0, 2], [0, 2], [0, 2], []]
+
+
+@pytest.mark.parametrize(
+    ("rows", "lost", "duplicated"),
+    [
+        # (group, committed, participating, drawn): one process, every batch trained once
+        ([(0, True, True, 1), (0, True, True, 2)], 0, 0),
+        # a discarded step's batch is read and never trained: lost
+        ([(0, True, True, 1), (0, False, True, 2), (0, True, True, 3)], 1, 0),
+        # healing: the batch of the step reaches no gradient
+        ([(0, True, False, 1), (0, True, True, 2)], 1, 0),
+        # a new process starts its slice again: batches 0 and 1 trained twice
+        ([(0, True, True, 1), (0, True, True, 2), (0, True, True, 1), (0, True, True, 2)], 0, 2),
+        # lost past the last trained batch is not counted (the run ended there)
+        ([(0, True, True, 1), (0, False, True, 2)], 0, 0),
+    ],
+)
+def test_goodput_checks_torchft_batches_exactly_once(
+    rows: list[tuple[int, bool, bool, int]], lost: int, duplicated: int
+) -> None:
+    from benchmarks.goodput import drawn_batches_check
+
+    records = [_torchft_record(g, 0, c, p, d) for g, c, p, d in rows]
+    check = drawn_batches_check(records)
+    assert (check["lost"], check["duplicated"]) == (lost, duplicated)
+    assert check["exactly_once"] == (lost == duplicated == 0)
+
+
+def test_goodput_torchft_replica_id_names_its_group() -> None:
+    from benchmarks._goodput_torchft_worker import group_of
+
+    assert group_of("torchtitan_ft_2:5f0c6a0e-1d2b") == 2
+    assert group_of("torchtitan_ft_11") == 11
