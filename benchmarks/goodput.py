@@ -315,18 +315,33 @@ class Record:
     """Batches this process has drawn from its loader (the torchft method; else None)."""
 
 
-def read_records(folder: Path) -> list[Record]:
-    records = []
-    for path in folder.glob("steps_*.jsonl"):
-        tag, pid = path.stem.removeprefix("steps_").rsplit("_p", 1)
-        group = None if tag == "job" else int(tag[1:])
-        for line in path.read_text().splitlines():
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # torn last line of a killed writer
-            records.append(Record(group, int(pid), **raw))
-    return sorted(records, key=lambda r: r.time)
+class RecordReader:
+    """The workers' records under ``folder``, read on from where the last call stopped (the
+    benchmark polls them every 50 ms for the whole run, on the little CPU the groups' budgets
+    leave it): only whole lines are taken, so a line being written is read next time, and the
+    torn last line of a killed writer never."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._offsets: dict[Path, int] = {}
+        self._records: list[Record] = []
+
+    def read(self) -> list[Record]:
+        new = []
+        for path in self.folder.glob("steps_*.jsonl"):
+            tag, pid = path.stem.removeprefix("steps_").rsplit("_p", 1)
+            group = None if tag == "job" else int(tag[1:])
+            with open(path, "rb") as f:
+                f.seek(self._offsets.get(path, 0))
+                data = f.read()
+            whole = data[: data.rfind(b"\n") + 1]
+            self._offsets[path] = self._offsets.get(path, 0) + len(whole)
+            for line in whole.splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    new.append(Record(group, int(pid), **json.loads(line)))
+        if new:
+            self._records = sorted([*self._records, *new], key=lambda r: r.time)
+        return list(self._records)
 
 
 def record_samples(r: Record, opts: Options) -> int:
@@ -411,6 +426,7 @@ class MethodRun:
         shutil.rmtree(self.folder, ignore_errors=True)
         (self.folder / "events").mkdir(parents=True)
         self.stop_file = self.folder / "stop"
+        self.reader = RecordReader(self.folder)
 
     @property
     def ft(self) -> bool:
@@ -544,7 +560,7 @@ class MethodRun:
         return self._summary(reached, finals)
 
     def records(self) -> list[Record]:
-        records = read_records(self.folder)
+        records = self.reader.read()
         if self.method is Method.TORCHFT:
             fill_participants(records)
         return records

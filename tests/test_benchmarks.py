@@ -374,3 +374,19 @@ def test_goodput_torchft_replica_id_names_its_group() -> None:
 
     assert group_of("torchtitan_ft_2:5f0c6a0e-1d2b") == 2
     assert group_of("torchtitan_ft_11") == 11
+
+
+def test_goodput_reads_records_on_from_where_it_stopped(tmp_path: Path) -> None:
+    """Whole lines only: a line being written is taken once it ends."""
+    from benchmarks.goodput import RecordReader
+
+    line = {"step": 1, "committed": True, "consumed": [1], "participants": [0]}
+    line |= {"loss": 2.0, "rss_mb": 1.0, "fds": 3}
+    path = tmp_path / "steps_r0_p42.jsonl"
+    text = json.dumps({**line, "time": 1.0}) + "\n" + json.dumps({**line, "time": 2.0})
+    path.write_text(text[:-5])  # the second line half written
+    reader = RecordReader(tmp_path)
+    assert [(r.group, r.pid, r.time) for r in reader.read()] == [(0, 42, 1.0)]
+    path.write_text(text + "\n")
+    assert [r.time for r in reader.read()] == [1.0, 2.0]
+    assert [r.time for r in reader.read()] == [1.0, 2.0]
