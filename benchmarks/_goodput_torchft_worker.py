@@ -18,6 +18,9 @@ differ from :mod:`benchmarks._goodput_worker`'s:
 * ``batches_committed``: torchft's count (participants summed over committed steps, healed
   with the state): the job's committed samples are this x ranks x local batch;
 * ``participating``: this group's batch was in the step (not healing, in the quorum);
+* ``loss``: the job's loss as TorchTitan logs it (``logged_loss``: a sum over the participating
+  groups of each one's mean, its ``dist_sum`` over torchft's process group) divided by the
+  number of participants, so that it compares with this project's;
 * ``drawn``: batches this process has taken from its data loader. TorchTitan's loader reads on
   whatever the step does, and a new process starts at its slice's beginning (without
   checkpoints nothing restores its position), so batch ``drawn - 1`` of the slice is the one
@@ -110,8 +113,13 @@ def main() -> None:
 
             def recorded_should_commit(*args: Any, **kwargs: Any) -> bool:
                 participating = manager.is_participating()
+                participants = manager.num_participants()
                 result = should_commit(*args, **kwargs)
-                self._step_result = {"committed": result, "participating": participating}
+                self._step_result = {
+                    "committed": result,
+                    "participating": participating,
+                    "participants": participants,
+                }
                 return result
 
             manager.should_commit = recorded_should_commit
@@ -140,13 +148,15 @@ def main() -> None:
             if self._records is None:
                 return
             rss_mb, fds = process_usage()
+            participants = self._step_result.get("participants") or 1
             record = {
                 "time": time.time(),
                 "step": self._manager.current_step(),
                 "committed": bool(self._step_result.get("committed", False)),
                 "consumed": None,
                 "participants": None,
-                "loss": self._loss,
+                "loss": self._loss / participants if self._loss is not None else None,
+                "logged_loss": self._loss,
                 "rss_mb": round(rss_mb, 1),
                 "fds": fds,
                 "batches_committed": self._manager.batches_committed(),

@@ -313,6 +313,9 @@ class Record:
     """This group's batch was in the step (the torchft method; else None)."""
     drawn: int | None = None
     """Batches this process has drawn from its loader (the torchft method; else None)."""
+    logged_loss: float | None = None
+    """The loss as TorchTitan's FT trainer logs it (the torchft method; ``loss`` is this over
+    the participants)."""
 
 
 class RecordReader:
