@@ -7,7 +7,9 @@ Environment:
   fault tolerance is off) appends to ``steps_<tag>.jsonl`` one object per iteration:
   ``time``, ``step`` (committed steps after it), ``committed``, ``consumed`` (the data ledger:
   batches of each group's slice in committed steps; null without fault tolerance),
-  ``participants`` (groups whose batches the step committed), ``loss`` (TorchTitan's logged
+  ``participants`` (groups whose batches the step committed; empty in a step this group healed
+  in, where the ledger before it was this process's and after it the donor's), ``healed``,
+  ``loss`` (TorchTitan's logged
   job loss), ``rss_mb`` and ``fds`` (this process's resident memory and open descriptors).
   Every rank writes ``final_<tag>_rank<k>.json`` after its last step: ``step``, ``hash``
   (SHA-256 of its model and optimizer tensors, local shards), ``consumed`` and ``position``
@@ -89,16 +91,19 @@ def main() -> None:
 
         def train_step(self, data_iterator: Any) -> None:
             before = self._ledger()
+            step_before = self.step
             self._loss = None
             super().train_step(data_iterator)
             if self._records is None:
                 return
             after = self._ledger()
             committed = self.replica_axis.step_committed()
+            # healed in this step: the ledger before is this process's own, after the donor's
+            healed = self.step > step_before + 1
             participants = (
                 [g for g, (a, b) in enumerate(zip(before, after, strict=True)) if b > a]
-                if before is not None and after is not None
-                else None
+                if before is not None and after is not None and not healed
+                else ([] if healed else None)
             )
             rss_mb, fds = process_usage()
             record = {
@@ -107,6 +112,7 @@ def main() -> None:
                 "committed": committed,
                 "consumed": after,
                 "participants": participants,
+                "healed": healed,
                 "loss": self._loss,
                 "rss_mb": round(rss_mb, 1),
                 "fds": fds,

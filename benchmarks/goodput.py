@@ -56,6 +56,8 @@ Per method (JSON ``methods.<name>``): ``time_to_target_s``, ``goodput`` (ideal's
 part again), ``job_restarts``, ``group_restarts`` (torchrun's), ``samples_lost`` /
 ``samples_duplicated`` (ledger check for FT, checkpoint lineage for checkpoint-restart),
 ``groups_identical`` (every group's rank k holds the same model and optimizer bytes),
+``second_lines`` (processes that committed below the job's step instead of healing: the job's
+state was lost; empty when it never was),
 ``final_loss`` (and ``ideal_loss``), ``faults`` (per fault: ``stall_s`` until the job's
 committed samples pass those at the fault, ``rejoin_s`` until the victim takes part again,
 ``samples_rolled_back``), ``usage`` (RSS and descriptors of each long-lived rank at its first
@@ -240,7 +242,8 @@ class Launch:
 
 class Lighthouse:
     """``torchft_lighthouse`` in host ``host`` (or on 127.0.0.1), restartable on its port: this
-    project's, or torchft 0.2.0's with ``reference``."""
+    project's, with ``--state_dir`` (what its state guard needs across a restart), or torchft
+    0.2.0's with ``reference``."""
 
     def __init__(
         self, opts: Options, host: netns.Host | None, log: Path, *, reference: bool = False
@@ -260,6 +263,7 @@ class Lighthouse:
             f"--heartbeat_timeout_ms={opts.heartbeat_timeout_ms}",
             "--quorum_tick_ms=50",
             "--status_bind=off",
+            f"--state_dir={log.parent / 'lighthouse_state'}",
         ]
         if reference:
             self.argv = [
@@ -313,6 +317,8 @@ class Record:
     """This group's batch was in the step (the torchft method; else None)."""
     drawn: int | None = None
     """Batches this process has drawn from its loader (the torchft method; else None)."""
+    healed: bool = False
+    """This group healed in the step (this project's worker)."""
     logged_loss: float | None = None
     """The loss as TorchTitan's FT trainer logs it (the torchft method; ``loss`` is this over
     the participants)."""
@@ -389,6 +395,25 @@ def drawn_batches_check(records: list[Record]) -> dict[str, Any]:
     return {"exactly_once": lost == duplicated == 0, "lost": lost, "duplicated": duplicated}
 
 
+def second_lines(records: list[Record]) -> list[dict[str, int]]:
+    """Processes whose first commit is at a step below the job's highest committed step at
+    that time: they trained from their own state instead of healing, a second line of steps
+    (per-step FT lost the job's state: every group holding it was down together). A process
+    that heals commits at the job's step."""
+    out = []
+    best = -1
+    seen: set[int] = set()
+    for r in sorted(records, key=lambda r: r.time):
+        if not r.committed:
+            continue
+        if r.pid not in seen:
+            seen.add(r.pid)
+            if r.step < best:
+                out.append({"group": r.group, "pid": r.pid, "step": r.step, "job_step": best})
+        best = max(best, r.step)
+    return out
+
+
 # ------------------------------------------------------------------------------ one method
 
 
@@ -423,6 +448,8 @@ class MethodRun:
     """Seconds after launch at which the job trained (every group took part in a commit)."""
     load_at_start: float | None = None
     watch: Callable[[], bool] | None = None
+    struck: dict[int, float] = field(default_factory=dict)
+    """Group -> when a fault last hit it (Unix time)."""
 
     def __post_init__(self) -> None:
         self.folder = self.opts.out / self.method.value
@@ -647,12 +674,25 @@ class MethodRun:
         ]
 
     def _holders(self, records: list[Record]) -> list[int]:
-        """Running groups that took part in the job's latest commit: they hold its state."""
+        """Running groups that took part in the job's latest commit and have not been struck
+        since without taking part again: they hold its state. (A group one of whose ranks was
+        just killed still has all its workers until torchrun notices.)"""
         latest = next((r for r in reversed(records) if r.committed and r.participants), None)
         if latest is None:
             return []
         running = self._running_groups()
-        return [g for g in latest.participants if g in running]
+        return [
+            g
+            for g in latest.participants
+            if g in running
+            and not (
+                g in self.struck
+                and not any(
+                    r.time > self.struck[g] and r.participants and g in r.participants
+                    for r in records
+                )
+            )
+        ]
 
     def _victims(self, fault: Fault, records: list[Record]) -> list[int] | None:
         """The fault's victim groups, or None while it must wait (per-step FT keeps the job's
@@ -696,6 +736,7 @@ class MethodRun:
                 inj.effect = "not injected: rank gone"
                 return
             os.kill(pid, signal.SIGSTOP)
+            self.struck[victims[0]] = time.time()
             inj.effect = f"SIGSTOP rank {fault.rank} of group {victims[0]} for {self.opts.hang_s}s"
             self.pending.append(
                 (self.now() + self.opts.hang_s, lambda: signal_pids([pid], signal.SIGCONT))
@@ -709,6 +750,7 @@ class MethodRun:
                 return
             host = self.net[f"G{victims[0]}"]
             host.disconnect()
+            self.struck[victims[0]] = time.time()
             inj.effect = f"link of group {victims[0]} down for {self.opts.link_down_s}s"
             self.pending.append((self.now() + self.opts.link_down_s, host.reconnect))
         elif kind is FaultKind.LIGHTHOUSE:
@@ -718,6 +760,7 @@ class MethodRun:
             self.pending.append((self.now() + self.opts.lighthouse_down_s, self.lighthouse.start))
 
     def _kill_rank(self, g: int, rank: int) -> None:
+        self.struck[g] = time.time()
         pid = self.launches[g].workers().get(rank)
         if pid is not None:
             signal_pids([pid], signal.SIGCONT)
@@ -853,6 +896,7 @@ class MethodRun:
             "samples_duplicated": ledger["duplicated"] * per_batch,
             "exactly_once": ledger["exactly_once"],
             "groups_identical": identical,
+            "second_lines": second_lines(records) if self.ft else [],
             "final_loss": final_loss,
             "faults": [
                 {

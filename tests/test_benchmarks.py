@@ -390,3 +390,19 @@ def test_goodput_reads_records_on_from_where_it_stopped(tmp_path: Path) -> None:
     path.write_text(text + "\n")
     assert [r.time for r in reader.read()] == [1.0, 2.0]
     assert [r.time for r in reader.read()] == [1.0, 2.0]
+
+
+def test_goodput_names_a_process_that_trained_its_own_line() -> None:
+    """A replacement that heals commits at the job's step; one that commits below it started
+    a second line of steps."""
+    from benchmarks.goodput import second_lines
+
+    records = [_torchft_record(0, s, True, True, s) for s in (1, 2, 3)]
+    healed = _torchft_record(1, 4, True, False, 10)
+    healed.pid = 2
+    fresh = _torchft_record(2, 1, True, True, 11)
+    fresh.pid = 3
+    assert second_lines([*records, healed]) == []
+    assert second_lines([*records, healed, fresh]) == [
+        {"group": 2, "pid": 3, "step": 1, "job_step": 4}
+    ]

@@ -380,7 +380,7 @@ def test_goodput_soak_titan(tmp_path: Path) -> None:
     assert ft["faults_survived"] == ft["faults_injected"], ft["faults"]
     assert ft["reached_target"] and ft["job_restarts"] == 0
     assert ft["exactly_once"] and ft["samples_lost"] == ft["samples_duplicated"] == 0
-    assert ft["groups_identical"]
+    assert ft["groups_identical"] and ft["second_lines"] == []
     usage = ft["usage"]
     if usage["processes"]:
         assert usage["max_fd_growth"] <= TITAN_FD_GROWTH_BOUND, usage
