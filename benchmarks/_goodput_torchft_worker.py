@@ -1,6 +1,7 @@
 """``benchmarks.goodput``'s torchft method: TorchTitan's own FT trainer
 (``torchtitan.experiments.ft.train``, TorchTitan 0.2.2) on the torchft 0.2.0 reference, with the
-same per-step records as :mod:`benchmarks._goodput_worker`, and torchft's own lighthouse.
+same per-step records as :mod:`torchtitan_ft.testing.goodput_worker`, and torchft's own
+lighthouse.
 
     python -m benchmarks._goodput_torchft_worker lighthouse BIND MIN_REPLICAS JOIN_MS TICK_MS HB_MS
     TRAIN_FILE=benchmarks._goodput_torchft_worker ./run_train.sh ...   # the trainer
@@ -9,7 +10,7 @@ Nothing of TorchTitan or torchft is changed. A subclass of TorchTitan's ``FTTrai
 they expose: torchft's ``Manager`` (its step, ``batches_committed``, ``is_participating``), the
 result of its ``should_commit`` (wrapped on the instance), and the quorums its client receives
 (a pass-through in front of the client: who a healing group heals from). Records, where they
-differ from :mod:`benchmarks._goodput_worker`'s:
+differ from :mod:`torchtitan_ft.testing.goodput_worker`'s:
 
 * ``step``: torchft's committed step (``Manager.current_step``);
 * ``consumed`` and ``participants``: null. torchft keeps no data ledger, and a group knows the
@@ -86,7 +87,9 @@ def main() -> None:
     from torchtitan.experiments.ft.train import FTTrainer
     from torchtitan.train import main as titan_main
 
-    from benchmarks._goodput_worker import process_usage, state_hash
+    from torchtitan_ft.testing.goodput_worker import announce, process_usage, run_tag, state_hash
+
+    announce(Path(os.environ["GOODPUT_OUT"]), run_tag())
 
     class RecordingFTTrainer(FTTrainer):
         def __init__(self, job_config: Any) -> None:

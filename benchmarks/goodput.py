@@ -13,9 +13,9 @@ the benchmark's own cgroup), so a dead group's CPU does not speed up the survivo
 machine does not slow them down. The lighthouse has a budget of its own
 (``--cpus-lighthouse``). Keep the budgets' sum below the CPU the benchmark's cgroup has (the
 benchmark itself needs a little): it says so in one line when they take 90 % or more of the
-machine. The trainer is ``benchmarks._goodput_worker`` (this project's, plus one JSON line per
-step: committed, data ledger, participants, loss, RSS, descriptors). A killed rank's group is
-restarted by torchrun (``MAX_RESTARTS``) warm, from a pre-imported zygote
+machine. The trainer is ``torchtitan_ft.testing.goodput_worker`` (this project's, plus one JSON
+line per step: committed, data ledger, participants, loss, RSS, descriptors). A killed rank's
+group is restarted by torchrun (``MAX_RESTARTS``) warm, from a pre-imported zygote
 (``fault_tolerance.replacement = "zygote"``, docs/titan.md), or cold with ``--replacement cold``.
 
 Methods, in this order, under the same schedule (times after launch):
@@ -157,21 +157,15 @@ class Options:
 # ------------------------------------------------------------------------------ processes
 
 
-def worker_pids(agent: int) -> dict[int, int]:
-    """Group rank -> pid of the trainer processes under torchrun agent ``agent``."""
-    out = {}
-    for pid in descendants(agent):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"benchmarks._goodput_" not in cmdline or b"run_module\0--check" in cmdline:
-            continue
-        for item in environ:
-            if item.startswith(b"LOCAL_RANK="):
-                out[int(item.split(b"=", 1)[1])] = pid
-    return out
+def worker_pids(agent: int, folder: Path) -> dict[int, int]:
+    """Local rank -> pid of the trainer processes under torchrun agent ``agent``: those of its
+    descendants that announced themselves in ``folder`` (``worker_<tag>_l<RANK>_p<PID>``; a
+    worker forked by the zygote has the zygote's command line and environment in /proc)."""
+    announced = {}
+    for path in folder.glob("worker_*_l*_p*"):
+        rank, pid = path.name.rsplit("_l", 1)[1].split("_p")
+        announced[int(pid)] = int(rank)
+    return {announced[pid]: pid for pid in descendants(agent) if pid in announced}
 
 
 def signal_pids(pids: list[int], sig: int) -> None:
@@ -194,6 +188,8 @@ class Launch:
         host: netns.Host | None,
     ) -> None:
         self.name, self.argv, self.env, self.log, self.host = name, argv, env, log, host
+        self.folder = log.parent
+        """Where its workers announce themselves (the method's folder)."""
         self.limits = limits
         """One per replica group in this launch: its ranks' CPU quota."""
         self.ranks = ranks
@@ -237,7 +233,7 @@ class Launch:
             self.proc.wait(30)
 
     def workers(self) -> dict[int, int]:
-        return worker_pids(self.proc.pid) if self.alive() else {}
+        return worker_pids(self.proc.pid, self.folder) if self.alive() else {}
 
 
 class Lighthouse:
@@ -298,7 +294,7 @@ class Lighthouse:
 
 @dataclass
 class Record:
-    """One line of a worker's ``steps_*.jsonl`` (see ``benchmarks._goodput_worker``)."""
+    """One line of a worker's ``steps_*.jsonl`` (see ``torchtitan_ft.testing.goodput_worker``)."""
 
     group: int | None
     """The replica group (None: the native job)."""
@@ -483,7 +479,7 @@ class MethodRun:
             "PYTHON": sys.executable,
             "OMP_NUM_THREADS": "1",
             "CONFIG_FILE": str(CONFIG),
-            "TRAIN_FILE": "benchmarks._goodput_worker",
+            "TRAIN_FILE": "torchtitan_ft.testing.goodput_worker",
             "TORCHFT_LIGHTHOUSE": lighthouse,
             "MASTER_ADDR": "127.0.0.1",
             "MAX_RESTARTS": "1000" if self.ft else "0",

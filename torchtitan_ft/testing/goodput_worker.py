@@ -1,5 +1,7 @@
 """The trainer of ``benchmarks.goodput`` (its ``TRAIN_FILE``): this project's TorchTitan trainer,
-plus one JSON line per step about what the step committed, for the benchmark to read.
+plus one JSON line per step about what the step committed, for the benchmark to read. In the
+package (not ``benchmarks/``) so that ``run_train.sh`` starts it as it starts this project's own
+trainer, through the zygote with ``fault_tolerance.replacement = "zygote"``.
 
 Environment:
 
@@ -15,6 +17,10 @@ Environment:
   (SHA-256 of its model and optimizer tensors, local shards), ``consumed`` and ``position``
   (its reader's place in its slice).
 * ``GOODPUT_STOP_FILE``: once this file exists, training ends after the step it names.
+
+Every rank first creates ``worker_<tag>_l<LOCAL_RANK>_p<PID>`` there: which process is which
+rank (a worker forked by the zygote shows the zygote's command line and environment in
+``/proc``).
 """
 
 from __future__ import annotations
@@ -59,7 +65,26 @@ def state_hash(model_parts: list[Any], optimizers: Any) -> str:
     return digest.hexdigest()
 
 
+def announce(out: Path, tag: str) -> None:
+    """Creates this rank's ``worker_<tag>_l<LOCAL_RANK>_p<PID>`` file in ``out``."""
+    (out / f"worker_{tag}_l{os.environ['LOCAL_RANK']}_p{os.getpid()}").touch()
+
+
+def run_tag() -> str:
+    """``r<G>`` for replica group G (from the command line's replica id), ``job`` without
+    fault tolerance: read before the config is parsed, to announce the rank at once."""
+    import sys
+
+    if "--fault_tolerance.no-enable" in sys.argv:
+        return "job"
+    for arg in sys.argv:
+        if arg.startswith("--fault_tolerance.replica_id="):
+            return f"r{arg.split('=', 1)[1]}"
+    return "job"
+
+
 def main() -> None:
+    announce(Path(os.environ["GOODPUT_OUT"]), run_tag())
     import torchtitan_ft.titan.train as entry  # applies the CPU fixes before TorchTitan
     from torchtitan_ft.titan.trainer import FaultTolerantTrainer
 
