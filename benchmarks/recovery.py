@@ -61,18 +61,23 @@ throughout; replica 1 is the victim, then its replacements, one per kill:
 Summaries give medians and ranges per row and ``ours_over_torchft`` (``RATIO_ROWS``); runs whose
 worker died are listed under ``failed_runs``.
 
-The TorchTitan row (``--titan cold zygote``; ``--sizes-mb`` with no value runs it alone): two
-``./run_train.sh`` replica groups of ``--titan-ranks`` ranks (the debug model, per-step FT,
-``torchtitan_ft.testing.titan_replacement``); once they committed together, one rank of group
-1 is SIGKILLed, and torchrun restarts the group: ``cold`` (``MAX_RESTARTS=1``, fresh
-interpreters) or ``zygote`` (``fault_tolerance.replacement = "zygote"``, workers forked from a
-pre-imported process), the kinds alternating ``--repeats`` times. **replacement_s** = SIGKILL
--> the first step the restarted group commits beside group 0 (from the event stream), against
-the 2 s goal; ``zygote_over_cold`` = the ratio of their medians. Per run also: SIGKILL -> the
-replacement's Manager built (``manager_built_s``: torchrun's restart, imports, TorchTitan's
-set-up) and -> its heal done (``healed_s``), and the survivor's median step meanwhile.
+The TorchTitan row (``--titan cold zygote spare``; ``--sizes-mb`` with no value runs it
+alone): two ``./run_train.sh`` replica groups of ``--titan-ranks`` ranks (the debug model,
+per-step FT, ``torchtitan_ft.testing.titan_replacement``); once they committed together, one
+rank of group 1 is SIGKILLed, and torchrun restarts the group: ``cold`` (``MAX_RESTARTS=1``,
+fresh interpreters) or ``zygote`` (``fault_tolerance.replacement = "zygote"``, workers forked
+from a pre-imported process; ``zygote_sync``: with ``quorum_mode = "sync"``, so the healing
+group takes part in its healing step); ``spare``: as zygote, with a third group as a hot spare
+(``world_size_mode = "fixed_with_spares"``, ``min_replica_size = 2``: two groups average, the
+spare takes the killed group's slot at the next quorum). The kinds alternate ``--repeats``
+times. **replacement_s** = SIGKILL -> the first later step committed at full strength (two
+groups averaging; from the event stream), against the 2 s goal; **full_quorum_s** = SIGKILL
+-> the quorum that began that step; ``zygote_over_cold`` and ``spare_over_cold`` = ratios of
+the replacement_s medians. Per run also the restarted group's phases (``process_started_s``,
+``manager_built_s``, ``first_quorum_s``, ``healed_s``, ``back_s``: see
+``titan_replacement.timeline``) and the survivor's median step.
 
-    python -m benchmarks.recovery --sizes-mb --titan cold zygote [--titan-ranks 2]
+    python -m benchmarks.recovery --sizes-mb --titan cold zygote spare [--titan-ranks 2]
         [--titan-steps 16] [--repeats 2]
 
 The group-rank row (``--rank-faults N``): 3 replica groups of 2 ranks each (the tiny-MLP
@@ -737,36 +742,36 @@ def titan_row(replacements: list[str], repeats: int, ranks: int, steps: int) -> 
             entry: dict[str, Any] = {"replacement": replacement, "repeat": repeat}
             try:
                 job = kill_a_rank(Path(work), replacement, steps, ranks, kill_rank=ranks - 1)
-                timeline = job.timeline()
-                entry["replacement_s"] = timeline.pop("participating_s")
-                entry.update(timeline)
+                entry.update(job.timeline())
             except AssertionError as e:  # a group failed or never trained together: recorded
                 entry["error"] = str(e)[:2000]
             finally:
                 shutil.rmtree(work, ignore_errors=True)
             print(f"[titan] {entry}", file=sys.stderr)
             runs.append(entry)
-    summary = {
-        kind: _median(
-            [
-                r["replacement_s"]
-                for r in runs
-                if r["replacement"] == kind and r.get("replacement_s") is not None
-            ]
-        )
-        for kind in replacements
-    }
+
+    def medians(field: str) -> dict[str, float | None]:
+        return {
+            kind: _median(
+                [r[field] for r in runs if r["replacement"] == kind and r.get(field) is not None]
+            )
+            for kind in replacements
+        }
+
+    summary = medians("replacement_s")
     row: dict[str, Any] = {
-        "setup": f"2 run_train.sh groups of {ranks} rank(s), llama3 debug model "
-        f"(debug_ft_cpu.toml), {steps} steps, per-step FT, lighthouse min_replicas=1, "
-        "heartbeat 2 s; group 1's last rank SIGKILLed once the groups committed 2 steps "
-        "together",
+        "setup": f"2 run_train.sh groups of {ranks} rank(s) (kind spare: and a third, the hot "
+        f"spare), llama3 debug model (debug_ft_cpu.toml), {steps} steps, per-step FT, "
+        "lighthouse min_replicas=1, heartbeat 2 s; group 1's last rank SIGKILLed once the "
+        "groups committed 2 steps together",
         "target_s": TITAN_TARGET_S,
         "runs": runs,
         "replacement_s_median": summary,
+        "full_quorum_s_median": medians("full_quorum_s"),
     }
-    if summary.get("cold") and summary.get("zygote"):
-        row["zygote_over_cold"] = round(summary["zygote"] / summary["cold"], 3)
+    for kind in ("zygote", "zygote_sync", "spare"):
+        if summary.get("cold") and summary.get(kind):
+            row[f"{kind}_over_cold"] = round(summary[kind] / summary["cold"], 3)
     return row
 
 
@@ -973,9 +978,9 @@ def main() -> None:
     parser.add_argument(
         "--titan",
         nargs="*",
-        choices=["cold", "zygote"],
+        choices=["cold", "zygote", "zygote_sync", "spare"],
         default=[],
-        help="the TorchTitan row's replacements (default: no TorchTitan row)",
+        help="the TorchTitan row's kinds (default: no TorchTitan row)",
     )
     parser.add_argument("--titan-ranks", type=int, default=2, help="ranks per TorchTitan group")
     parser.add_argument("--titan-steps", type=int, default=16, help="TorchTitan steps per run")

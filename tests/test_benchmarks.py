@@ -39,14 +39,17 @@ def _benchmark(module: str, *args: str, timeout: float) -> dict[str, Any]:
 def test_recovery_titan_row_prints_the_replacement_time() -> None:
     out = _benchmark(
         "benchmarks.recovery",
-        *("--sizes-mb", "--titan", "zygote", "--titan-ranks", "1", "--titan-steps", "12"),
-        *("--repeats", "1"),
+        *("--sizes-mb", "--titan", "zygote", "spare", "--titan-ranks", "1"),
+        *("--titan-steps", "12", "--repeats", "1"),
         timeout=570,
     )
     assert out["sizes"] == [] and out["titan"]["target_s"] == 2.0
-    (run,) = out["titan"]["runs"]
-    assert run["replacement"] == "zygote" and run["replacement_s"] > 0, run
-    assert out["titan"]["replacement_s_median"]["zygote"] == run["replacement_s"]
+    zygote, spare = out["titan"]["runs"]
+    for run in (zygote, spare):
+        assert run["replacement_s"] > 0 and run["manager_built_s"] > 0, run
+        assert out["titan"]["replacement_s_median"][run["replacement"]] == run["replacement_s"]
+    assert (zygote["replacement"], spare["replacement"]) == ("zygote", "spare")
+    assert 0 < spare["full_quorum_s"] <= spare["replacement_s"], spare
 
 
 @pytest.mark.timeout(180)
@@ -70,6 +73,20 @@ def test_recovery_prints_stall_and_replacement() -> None:
     (hang,) = run["hangs"]
     assert hang["stall_s"] > 0 and hang["rejoin_s"] > 0 and hang["goal_s"] > 1.0
     assert "hang_stall_over_goal_median" in size["summary"]["ours"]
+
+
+@pytest.mark.slow  # two jobs of three MLP groups and a lighthouse restart: about a minute
+@pytest.mark.timeout(300)
+def test_lighthouse_outage_prints_both_settings() -> None:
+    out = _benchmark(
+        "benchmarks.lighthouse_outage",
+        *("--trials", "1", "--down-s", "1", "--steady", "3", "--after", "1"),
+        timeout=270,
+    )
+    assert {"setup", "machine", "load_avg_1m", "runs", "summary"} <= out.keys()
+    assert [r["setting"] for r in out["runs"]] == ["previous_quorum", "wait"]
+    assert all(r["groups_identical"] and r["stall_s"] > 0 for r in out["runs"]), out["runs"]
+    assert out["stall_previous_quorum_over_wait"] > 0
 
 
 @pytest.mark.slow  # 3 groups of 2 ranks, a hang past the heartbeat timeout and a kill

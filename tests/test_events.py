@@ -19,8 +19,10 @@ from torchtitan_ft.events import (
     events_file,
     open_event_writer,
     parse_events,
+    process_started,
     quorum_role,
     read_events,
+    this_process_started,
 )
 
 
@@ -134,3 +136,28 @@ def test_quorum_role() -> None:
     assert quorum_role(None, healing=False) is Role.SPARE
     assert quorum_role(None, healing=True) is Role.HEALING
     assert quorum_role(1, healing=True) is Role.HEALING  # a sync quorum's healer participates
+
+
+# A process that began 1234.56 s after boot (123456 ticks of 100 Hz), read 2000.25 s after boot.
+_STAT = "4242 (python3 (a) b) S 1 " + " ".join(["0"] * 17) + " 123456 " + " ".join(["0"] * 30)
+
+
+@pytest.mark.parametrize(
+    ("stat", "uptime", "expected"),
+    [
+        (_STAT, "2000.25 3000.00\n", 10_000.0 - (2000.25 - 1234.56)),
+        (_STAT, "", None),  # unreadable uptime
+        ("4242 (python3) S 1", "2000.25 0", None),  # a short stat line
+        (_STAT.replace(" 123456 ", " x "), "2000.25 0", None),
+    ],
+)
+def test_process_started_from_proc_texts(stat: str, uptime: str, expected: float | None) -> None:
+    got = process_started(stat, uptime, 100, now=10_000.0)
+    assert got == pytest.approx(expected) if expected is not None else got is None
+
+
+def test_this_process_started_before_now() -> None:
+    import time
+
+    started = this_process_started()
+    assert started is not None and started < time.time()

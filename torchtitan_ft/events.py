@@ -41,6 +41,8 @@ class EventKind(StrEnum):
 
     START = "start"
     """The Manager of a (re)started process joined its replica group. Fields: ``pid``,
+    ``process_started`` (Unix time at which this process began, to about 10 ms: a worker
+    forked by ``./run_train.sh``'s zygote, its fork; None where ``/proc`` cannot tell),
     ``group_world_size``, ``settings`` (``ManagerSettings.record()``: each setting's value and
     source), ``overridden`` (the ``TORCHFT_*`` variables an argument beat)."""
     QUORUM = "quorum"
@@ -92,6 +94,30 @@ class Role(StrEnum):
     sync quorum it loads the state before its forward and participates)."""
     SPARE = "spare"
     """A member without a slot in the average (``FIXED_WITH_SPARES``), not healing."""
+
+
+def process_started(stat: str, uptime: str, ticks_per_second: float, now: float) -> float | None:
+    """Unix time at which a process began, from its ``/proc/<pid>/stat`` text, ``/proc/uptime``
+    text and the kernel's clock ticks per second, read at Unix time ``now``; None when the
+    texts do not parse. (``/proc/stat``'s boot time is whole seconds; the uptime keeps
+    hundredths.)"""
+    try:
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        since_boot = float(uptime.split()[0])
+    except (IndexError, ValueError):
+        return None
+    return now - (since_boot - start_ticks / ticks_per_second)
+
+
+def this_process_started() -> float | None:
+    """:func:`process_started` for this process; None where ``/proc`` is missing."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        uptime = Path("/proc/uptime").read_text()
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+    return process_started(stat, uptime, ticks, time.time())
 
 
 def quorum_role(participant_rank: int | None, healing: bool) -> Role:

@@ -13,6 +13,7 @@ from torchtitan_ft.lighthouse.decision import (
     gone_members,
     group_last_seen,
     newcomer_ahead,
+    next_gone_check,
     next_quorum_id,
 )
 from torchtitan_ft.lighthouse.types import QuorumMember
@@ -345,6 +346,22 @@ def test_the_state_logs_a_wait_for_stragglers_once(caplog) -> None:
 )
 def test_gone_members(watched, heartbeats, expected) -> None:
     assert gone_members(watched, heartbeats, NOW, OPTS.heartbeat_timeout) == expected
+
+
+@pytest.mark.parametrize(
+    "watched, heartbeats, expected",
+    [
+        (["b", "c"], {"b": 99.0, "c": 99.5}, 4.0),  # b's timeout ends first, at 104
+        (["b"], {"b": 94.0}, 0.0),  # gone already
+        (["b", "c"], {"c": 97.5}, 2.5),  # b has no record: only c can be named
+        (["b"], {}, None),  # nobody known: the caller polls
+        ([], {"b": 99.0}, None),
+    ],
+)
+def test_next_gone_check_is_the_first_watched_expiry(watched, heartbeats, expected) -> None:
+    assert next_gone_check(watched, heartbeats, NOW, OPTS.heartbeat_timeout) == expected
+    if expected is not None:  # exactly then, gone_members names it
+        assert gone_members(watched, heartbeats, NOW + expected, OPTS.heartbeat_timeout)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from torchtitan_ft.manager.outage import LighthouseOutage
 from torchtitan_ft.manager.settings import (
     DEFAULT_LIGHTHOUSE_ADDR,
     Resolved,
@@ -189,6 +190,7 @@ def test_auth_token_env_no_client_can_present_names_the_variable() -> None:
         ("TORCHFT_QUORUM_RETRIES", "two", "TORCHFT_QUORUM_RETRIES must be an integer"),
         ("TORCHFT_LIGHTHOUSE", "lighthouse:29510", "is not http://host:port"),
         ("TORCHFT_SAMPLES_PER_BATCH", "0", "TORCHFT_SAMPLES_PER_BATCH must be a positive"),
+        ("TORCHFT_LIGHTHOUSE_OUTAGE", "stall", "TORCHFT_LIGHTHOUSE_OUTAGE must be one of 'wait'"),
     ],
 )
 def test_bad_env_var_is_an_error_even_when_an_argument_overrides_it(var, bad, match) -> None:
@@ -201,6 +203,7 @@ def test_bad_env_var_is_an_error_even_when_an_argument_overrides_it(var, bad, ma
         "quorum_retries": 0,
         "lighthouse_addr": "http://127.0.0.1:1",
         "samples_per_batch": 8,
+        "lighthouse_outage": "wait",
     }
     with pytest.raises(ValueError, match=match):
         resolve_manager_settings(env={var: bad}, **arguments)
@@ -251,3 +254,25 @@ def test_samples_per_batch_argument_then_env_then_none(arg, env, expected) -> No
     settings = resolve_manager_settings(env=env, samples_per_batch=arg)
     assert settings.samples_per_batch == expected
     assert f"samples_per_batch={expected.describe()}" in settings.describe()
+
+
+@pytest.mark.parametrize(
+    ("arg", "env", "expected"),
+    [
+        ("wait", {"TORCHFT_LIGHTHOUSE_OUTAGE": "previous_quorum"}, LighthouseOutage.WAIT),
+        (LighthouseOutage.WAIT, {}, LighthouseOutage.WAIT),
+        (None, {"TORCHFT_LIGHTHOUSE_OUTAGE": "wait"}, LighthouseOutage.WAIT),
+        (None, {"TORCHFT_LIGHTHOUSE_OUTAGE": ""}, LighthouseOutage.PREVIOUS_QUORUM),
+        (None, {}, LighthouseOutage.PREVIOUS_QUORUM),
+    ],
+)
+def test_lighthouse_outage_argument_then_env_then_previous_quorum(arg, env, expected) -> None:
+    settings = resolve_manager_settings(env=env, lighthouse_outage=arg)
+    assert settings.lighthouse_outage.value is expected
+    assert f"lighthouse_outage={settings.lighthouse_outage.describe()}" in settings.describe()
+    assert settings.record()["lighthouse_outage"]["value"] == expected.value
+
+
+def test_a_bad_lighthouse_outage_argument_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="lighthouse_outage must be one of 'wait', 'previous_q"):
+        resolve_manager_settings(env={}, lighthouse_outage="stall")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from torchtitan_ft.manager.outage import LighthouseOutage
 from torchtitan_ft.manager.settings import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_QUORUM_RETRIES,
@@ -64,6 +65,7 @@ ENV = {
     "TORCHFT_QUORUM_TIMEOUT_SEC": "90",
     "TORCHFT_CONNECT_TIMEOUT_SEC": "20",
     "TORCHFT_QUORUM_RETRIES": "3",
+    "TORCHFT_LIGHTHOUSE_OUTAGE": "wait",
 }
 
 
@@ -79,7 +81,14 @@ def test_a_variable_applies_when_the_field_is_not_set() -> None:
     assert settings.quorum_timeout.value == timedelta(seconds=90)
     assert settings.connect_timeout.value == timedelta(seconds=20)
     assert settings.quorum_retries.value == 3
-    for name in ("timeout", "quorum_timeout", "connect_timeout", "quorum_retries"):
+    assert settings.lighthouse_outage.value is LighthouseOutage.WAIT
+    for name in (
+        "timeout",
+        "quorum_timeout",
+        "connect_timeout",
+        "quorum_retries",
+        "lighthouse_outage",
+    ):
         assert getattr(settings, name).source is Source.ENV
     assert settings.overridden == ()
     assert overridden_message(settings, ENV) is None

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from torchtitan_ft.events import Event, EventKind
 from torchtitan_ft.testing.titan_dump import dump_path
 from torchtitan_ft.testing.titan_jobs import assert_identical
-from torchtitan_ft.testing.titan_replacement import kill_a_rank
+from torchtitan_ft.testing.titan_replacement import kill_a_rank, timeline
 from torchtitan_ft.titan.launch import ZYGOTE_MAX_RESTARTS, replacement, with_zygote
 
 
@@ -56,6 +57,45 @@ def test_the_launcher_reads_the_replacement_from_the_command_line_or_the_toml(
         replacement(["--job.config_file", str(plain), "--fault_tolerance.replacement=zygote"])
         == "zygote"
     )
+
+
+def _event(time: float, kind: EventKind, rid: str, step: int = 0, **data: object) -> Event:
+    return Event(time, kind, rid, 0, step, dict(data))
+
+
+def test_the_timeline_measures_from_the_kill_to_each_milestone() -> None:
+    killed = 100.0
+    survivor = [
+        _event(99.0, EventKind.COMMIT, "g0:a", 4, participants=2),
+        _event(100.1, EventKind.COMMIT, "g0:a", 5, participants=2),  # the killed group's step
+        _event(100.3, EventKind.QUORUM, "g0:a", 5, participants=1),
+        _event(101.0, EventKind.COMMIT, "g0:a", 6, participants=1),
+        _event(101.5, EventKind.QUORUM, "g0:a", 6, participants=2),
+        _event(103.0, EventKind.COMMIT, "g0:a", 7, participants=2),
+    ]
+    group = [
+        _event(99.0, EventKind.COMMIT, "g1:old", 4, participants=2),
+        _event(100.05, EventKind.COMMIT, "g1:old", 5, participants=2),
+        _event(100.9, EventKind.START, "g1:new", process_started=100.4),
+        _event(101.5, EventKind.QUORUM, "g1:new", participants=2),
+        _event(102.0, EventKind.HEAL_END, "g1:new", 6),
+        _event(103.0, EventKind.COMMIT, "g1:new", 7, participants=2),
+    ]
+    assert timeline(survivor, group, killed, {"g1:old"}, killed_step=5) == {
+        "process_started_s": 0.4,
+        "manager_built_s": 0.9,
+        "first_quorum_s": 1.5,
+        "healed_s": 2.0,
+        "back_s": 3.0,
+        "full_quorum_s": 1.5,
+        "replacement_s": 3.0,
+        "survivor_median_step_s": 1.1,  # commits 99.0, 100.1, 101.0, 103.0: 1.1, 0.9, 2.0
+    }
+    never = timeline(survivor[:4], group[:2], killed, {"g1:old"}, killed_step=5)
+    assert {k for k, v in never.items() if v is None} == {
+        "process_started_s", "manager_built_s", "first_quorum_s", "healed_s", "back_s",
+        "full_quorum_s", "replacement_s",
+    }  # fmt: skip
 
 
 WORKER = """
@@ -151,3 +191,30 @@ def test_a_killed_rank_of_a_run_train_group_is_replaced_warm(tmp_path: Path) -> 
         states = [torch.load(dump_path(tmp_path, r, rank), weights_only=False) for r in range(2)]
         assert [s["manager"]["step"] for s in states] == [steps, steps]
         assert_identical(states[0]["healed"], states[1]["healed"], f"rank{rank}")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_hot_spare_group_takes_a_killed_groups_slot(tmp_path: Path) -> None:
+    """Three ``./run_train.sh`` groups with ``world_size_mode = "fixed_with_spares"`` and
+    ``min_replica_size = 2`` (docs/titan.md, "A hot spare group"): group 2 trains in step
+    without a slot; group 1's rank is SIGKILLed; the job commits at full strength again with
+    group 2 in the slot, group 1 comes back through the zygote, and all end bitwise
+    identical."""
+    steps, ranks = 16, 2
+    job = kill_a_rank(tmp_path, "spare", steps=steps, ranks=ranks, kill_rank=1)
+    assert job.spare is not None
+    timeline = job.timeline()
+    assert timeline["replacement_s"] is not None, "the job never committed at full strength"
+    assert timeline["back_s"] is not None, "the killed group never took part again"
+    roles = [(e.time > job.killed_at, e.data["role"]) for e in job.spare.events(EventKind.QUORUM)]
+    assert (False, "spare") in roles and (True, "participant") in roles, roles
+    print(f"job at full strength {timeline['replacement_s']:.2f} s after the SIGKILL")
+    for rank in range(ranks):
+        import torch
+
+        states = [torch.load(dump_path(tmp_path, r, rank), weights_only=False) for r in range(3)]
+        assert [s["manager"]["step"] for s in states] == [steps] * 3
+        for other in states[1:]:
+            assert_identical(states[0]["healed"], other["healed"], f"rank{rank}")

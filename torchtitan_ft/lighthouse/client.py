@@ -346,6 +346,15 @@ class AsyncLighthouseClient:
         if self._stream is call:
             self._stream = None
 
+    async def wait_unreachable(self) -> None:
+        """Returns once the lighthouse is unreachable: the channel's last connection attempt
+        failed (gRPC's TRANSIENT_FAILURE; a request waiting for it then waits for a reconnect,
+        tried every 0.1 s to 1 s). Returns at once if it is so already."""
+        state = self._channel.get_state(try_to_connect=False)
+        while state is not grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            await self._channel.wait_for_state_change(state)
+            state = self._channel.get_state(try_to_connect=False)
+
     async def close(self) -> None:
         """Ends the stream and the channel (a request waiting on them fails)."""
         if self._stream is not None:
@@ -503,6 +512,9 @@ class HeartbeatStream:
         self._closed = threading.Event()
         self._call: grpc.Future | None = None
         self._lock = threading.Lock()
+        self.breaks = 0
+        """How many times the stream broke (the lighthouse went away, restarted, or dropped
+        the connection) and was opened again."""
         self._thread = threading.Thread(
             target=self._run, name=f"heartbeat-{replica_id}", daemon=True
         )
@@ -534,6 +546,7 @@ class HeartbeatStream:
                 self._log_break(e)
             except grpc.FutureCancelledError:
                 return
+            self.breaks += 1
             self._closed.wait(self._interval)
 
     def _log_break(self, e: grpc.RpcError) -> None:

@@ -128,6 +128,17 @@ def gone_members(
     return tuple(sorted({rid for rid in watched if now - heartbeats.get(rid, now) >= timeout}))
 
 
+def next_gone_check(
+    watched: Iterable[str], heartbeats: Mapping[str, float], now: float, timeout: float
+) -> float | None:
+    """Seconds from ``now`` until the first watched member with a heartbeat record is gone if
+    it is not heard from again (0: one is gone already; ``gone_members``), or None when none
+    has a record. A waiting ``GoneMembers`` call looks again exactly then, so that it names a
+    hung member at the end of its heartbeat timeout, not up to a polling period later."""
+    expiries = [heartbeats[rid] + timeout - now for rid in watched if rid in heartbeats]
+    return max(min(expiries), 0.0) if expiries else None
+
+
 def decide(
     pending: Mapping[str, Pending],
     heartbeats: Mapping[str, float],

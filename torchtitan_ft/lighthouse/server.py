@@ -69,8 +69,11 @@ _IDLE_CONNECTION_MS = 30_000
 Members never idle that long: a heartbeat stream or torchft's 100 ms heartbeats keep theirs
 busy."""
 _GONE_POLL_S = 0.05
-"""How often a waiting ``GoneMembers`` call looks at the heartbeats: the delay it adds to a
-hung peer's heartbeat timeout."""
+"""How often a waiting ``GoneMembers`` call looks at the heartbeats while no watched member
+has a heartbeat record (a restarted lighthouse that has not heard from them yet); otherwise
+it looks exactly when the first of them could be gone (``decision.next_gone_check``)."""
+_GONE_WAKE_MARGIN_S = 0.001
+"""Past that moment, so that clock rounding never finds the member a hair short of it."""
 _GONE_WAIT_MAX_S = 30.0
 """Longest wait of one ``GoneMembers`` call; callers ask again."""
 _FD_RESERVE = 64
@@ -193,8 +196,9 @@ class _Service:
             self.state.rank_stream_closed(replica_id, group_rank)
 
     async def gone_members(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Long-polls (at most ``_GONE_WAIT_MAX_S``, checking every ``_GONE_POLL_S``) until a
-        watched member is gone or ``wait_ms`` passes."""
+        """Long-polls (at most ``_GONE_WAIT_MAX_S``) until a watched member is gone or
+        ``wait_ms`` passes, looking again when the first watched member's heartbeat timeout
+        would end (``next_gone_check``; every ``_GONE_POLL_S`` while none is known)."""
         if isinstance(request, Malformed):
             await self._reject(context, request.message)
         if not request.replica_id:
@@ -210,7 +214,9 @@ class _Service:
             gone, asker_gone = self.state.gone(request.replica_id, watched, asker_runs)
             if gone or asker_gone or time.monotonic() >= deadline:
                 break
-            await asyncio.sleep(min(_GONE_POLL_S, max(0.0, deadline - time.monotonic())))
+            due = self.state.next_gone_check(watched)
+            wake = _GONE_POLL_S if due is None else due + _GONE_WAKE_MARGIN_S
+            await asyncio.sleep(min(wake, max(0.0, deadline - time.monotonic())))
         return pb.LighthouseGoneResponse(
             gone=gone,
             requester_gone=asker_gone,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from torchtitan_ft.lighthouse.decision import (
+    HOLDER_WAIT_HEARTBEATS,
     Decision,
     DecisionOptions,
     Pending,
@@ -28,6 +29,7 @@ from torchtitan_ft.lighthouse.decision import (
     group_last_seen,
     healthy_replicas,
     newcomer_ahead,
+    next_gone_check,
     next_quorum_id,
 )
 from torchtitan_ft.lighthouse.exclusion import (
@@ -204,18 +206,26 @@ class LighthouseState:
         self.rank_heartbeat(replica_id, group_rank)
 
     def rank_stream_closed(self, replica_id: str, group_rank: int) -> None:
-        """A group rank's heartbeat stream ended: the rank exited or died (its peers'
-        collectives fail on their own); the group is judged by its other heartbeats."""
+        """A group rank's heartbeat stream ended: the rank exited or died. The group cannot
+        take part in a step without it (torchrun restarts the whole group, under a new
+        replica id), so the group counts as gone at once, to the quorum and to its peers'
+        ``GoneMembers``, until that rank's stream opens again (a reconnect) or the group's
+        own stream ends. Without this the next quorum waits for the group as a straggler until
+        torchrun has also stopped its rank 0 (not in torchft, which hears rank 0 only). It is
+        also no state holder to wait for (``decision.state_holders``): a healer's rank would
+        find no peer to fetch that rank's shard from."""
         key = (replica_id, group_rank)
         left = self._rank_streams.get(key, 0) - 1
         if left > 0:
             self._rank_streams[key] = left
             return
         self._rank_streams.pop(key, None)
-        ranks = self.rank_heartbeats.get(replica_id, {})
-        ranks.pop(group_rank, None)
-        if not ranks:
-            self.rank_heartbeats.pop(replica_id, None)
+        ranks = self.rank_heartbeats.get(replica_id)
+        if ranks is not None and group_rank in ranks:
+            silent = HOLDER_WAIT_HEARTBEATS * self.opts.heartbeat_timeout
+            ranks[group_rank] = self._clock() - silent
+            logger.info("replica %s is gone (group rank %d's stream ended)", replica_id, group_rank)
+            self.evaluate()
 
     def last_seen(self) -> Mapping[str, float]:
         """When each group was last heard from, its silent ranks counted
@@ -230,6 +240,7 @@ class LighthouseState:
             return
         self._streams.pop(replica_id, None)
         self.heartbeats.pop(replica_id, None)
+        self.rank_heartbeats.pop(replica_id, None)
         self.speeds.forget(replica_id)
         self.exclusions.pop(replica_id, None)
         self.metrics.stream_deaths += 1
@@ -423,6 +434,12 @@ class LighthouseState:
         if asker_runs and not asker_gone and asker in self.heartbeats:
             self.heartbeats[asker] = now
         return gone, asker_gone
+
+    def next_gone_check(self, watched: list[str]) -> float | None:
+        """Seconds until one of ``watched`` may be gone (``decision.next_gone_check``)."""
+        return next_gone_check(
+            watched, self.last_seen(), self._clock(), self.opts.heartbeat_timeout
+        )
 
     # -- decision -------------------------------------------------------------------------
 

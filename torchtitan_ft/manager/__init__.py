@@ -1,10 +1,10 @@
 """The runtime of a replica group, on every rank: the Manager and the pieces it drives (group
 rank 0 also runs the group's ManagerServer, ``server.py``).
 
-Bottom to top: ``decisions``, ``identity``, ``settings`` and ``rounds`` make decisions without
-I/O (functions of their inputs, plus the small state of ``decisions.QuorumGate`` and
-``rounds.GroupRounds``); ``stats`` holds the counters; ``client``/``server`` speak
-``torchft.ManagerService``; ``rendezvous`` (start-up),
+Bottom to top: ``decisions``, ``identity``, ``outage``, ``settings`` and ``rounds`` make
+decisions without I/O (functions of their inputs, plus the small state of
+``decisions.QuorumGate`` and ``rounds.GroupRounds``); ``stats`` holds the counters;
+``client``/``server`` speak ``torchft.ManagerService``; ``rendezvous`` (start-up),
 ``collectives``, ``healing`` and ``quorum`` (the quorum thread) hold one rank's state;
 ``manager`` is the façade a training loop calls. torchft 0.2.0's names are importable here.
 """
@@ -18,12 +18,14 @@ from torchtitan_ft.manager.collectives import ExceptionWithTraceback
 from torchtitan_ft.manager.decisions import QuorumResult, WorldSizeMode
 from torchtitan_ft.manager.identity import model_fingerprint
 from torchtitan_ft.manager.manager import Manager
+from torchtitan_ft.manager.outage import LighthouseOutage
 from torchtitan_ft.manager.server import AddressInUseError, ManagerServer
 from torchtitan_ft.manager.stats import ManagerStats
 
 __all__ = [
     "AddressInUseError",
     "ExceptionWithTraceback",
+    "LighthouseOutage",
     "Manager",
     "ManagerClient",
     "ManagerServer",

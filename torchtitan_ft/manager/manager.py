@@ -38,7 +38,7 @@ from torch.distributed import ReduceOp
 from torch.profiler import record_function
 
 from torchtitan_ft.checkpoint import CheckpointTransport
-from torchtitan_ft.events import EventKind, EventWriter, open_event_writer
+from torchtitan_ft.events import EventKind, EventWriter, open_event_writer, this_process_started
 from torchtitan_ft.lighthouse.client import LighthouseClient
 from torchtitan_ft.manager.collectives import ExceptionWithTraceback, StepCollectives
 from torchtitan_ft.manager.decisions import (
@@ -53,6 +53,7 @@ from torchtitan_ft.manager.decisions import (
 from torchtitan_ft.manager.healing import Healing
 from torchtitan_ft.manager.hung import HungPeerError, HungPeerWatch
 from torchtitan_ft.manager.identity import GroupIdentity
+from torchtitan_ft.manager.outage import LighthouseOutage
 from torchtitan_ft.manager.quorum import QuorumRequest, QuorumThread
 from torchtitan_ft.manager.rendezvous import join_replica_group
 from torchtitan_ft.manager.settings import (
@@ -171,6 +172,15 @@ class Manager:
             committed batches and says why, as for torchft's clients, which cannot send it).
             A trainer that learns its batch size after building the Manager calls
             ``set_samples_per_batch``.
+        lighthouse_outage: what the group does while its lighthouse cannot be reached (group
+            rank 0): ``"previous_quorum"`` (``LighthouseOutage.PREVIOUS_QUORUM``, the default)
+            goes on committing steps on the group's previous quorum while every member keeps
+            taking part (a member that dies or fails a commit fails the step's collective;
+            the groups then wait for the lighthouse), so a lighthouse restart costs no step;
+            ``"wait"`` waits for the lighthouse until ``quorum_timeout``, as torchft 0.2.0
+            does (every group stalls for the outage). Healing, joining and any membership
+            change wait for the lighthouse either way (docs/lighthouse.md, "A lighthouse
+            outage"). Argument > ``TORCHFT_LIGHTHOUSE_OUTAGE`` > ``"previous_quorum"``.
 
     Raises:
         ValueError: bad settings (see ``settings``), ``min_replica_size < 1``.
@@ -208,6 +218,7 @@ class Manager:
         retry_inflight_allreduce: bool = False,
         events_dir: str | os.PathLike[str] | None = None,
         samples_per_batch: int | None = None,
+        lighthouse_outage: LighthouseOutage | str | None = None,
     ) -> None:
         check_step_arguments(min_replica_size, world_size_mode, max_retries)
         if not isinstance(retry_inflight_allreduce, bool):
@@ -239,6 +250,7 @@ class Manager:
             auth_token=auth_token,
             events_dir=events_dir,
             samples_per_batch=samples_per_batch,
+            lighthouse_outage=lighthouse_outage,
             default_store_host=hostname,
         )
         auth_token = settings.auth_token.value
@@ -333,6 +345,7 @@ class Manager:
         self._events.emit(
             EventKind.START,
             pid=os.getpid(),
+            process_started=this_process_started(),
             group_world_size=self._group_world_size,
             settings=settings.record(),
             overridden=list(settings.overridden),

@@ -103,6 +103,7 @@ def join_replica_group(
                 connect_timeout=connect_timeout,
                 quorum_retries=quorum_retries,
                 auth_token=auth_token,
+                lighthouse_outage=settings.lighthouse_outage.value,
             )
         except AddressInUseError as e:
             message = port_in_use_message(settings.manager_port, e.bind)

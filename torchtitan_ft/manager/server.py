@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -58,6 +58,13 @@ from torchtitan_ft.manager.client import QuorumTimeoutError, ReplicaGroupMismatc
 from torchtitan_ft.manager.decisions import QuorumGate, QuorumResult, compute_quorum_results
 from torchtitan_ft.manager.identity import GroupIdentity, identity_conflict
 from torchtitan_ft.manager.linkprobe import LinkProber
+from torchtitan_ft.manager.outage import (
+    OUTAGE_GRACE_S,
+    LighthouseOutage,
+    OutageRound,
+    go_on_without_lighthouse,
+    previous_quorum_round,
+)
 from torchtitan_ft.manager.rounds import (
     REBIND_GRACE_S,
     SESSION_METADATA,
@@ -210,6 +217,11 @@ class ManagerServer:
             server presents it to the lighthouse. Default ``None``: anyone who reaches the port
             may call everything but ``Kill``, which is refused (torchft 0.2.0's clients send no
             token and work only in this mode).
+        lighthouse_outage: what the group does while the lighthouse cannot be reached:
+            ``LighthouseOutage.PREVIOUS_QUORUM`` (default) goes on committing steps on the
+            group's previous quorum while that is sound (``outage.previous_quorum_round``;
+            docs/lighthouse.md, "A lighthouse outage"), ``WAIT`` waits for it as torchft 0.2.0
+            does.
         rebind_grace: how long a Quorum call for a joined rank from a client that is not the
             rank's (a new connection without the rank's session: a restarted process, or a
             stranger) waits, once every other rank of the group has joined, for the rank's own
@@ -237,6 +249,7 @@ class ManagerServer:
         connect_timeout: timedelta,
         quorum_retries: int = 0,
         auth_token: str | None = None,
+        lighthouse_outage: LighthouseOutage = LighthouseOutage.PREVIOUS_QUORUM,
         rebind_grace: timedelta = timedelta(seconds=REBIND_GRACE_S),
     ) -> None:
         if not replica_id:
@@ -247,6 +260,10 @@ class ManagerServer:
             raise ValueError(f"quorum_retries must be >= 0, got {quorum_retries}")
         if heartbeat_interval <= timedelta(0):
             raise ValueError(f"heartbeat_interval must be positive, got {heartbeat_interval}")
+        if not isinstance(lighthouse_outage, LighthouseOutage):
+            raise ValueError(
+                f"lighthouse_outage must be a LighthouseOutage, got {lighthouse_outage!r}"
+            )
         if rebind_grace < timedelta(0):
             raise ValueError(f"rebind_grace must be >= 0, got {rebind_grace}")
         check_token(auth_token, "auth_token")
@@ -259,6 +276,7 @@ class ManagerServer:
         self._quorum_retries = quorum_retries
         self._auth_token = auth_token
         self._identity: GroupIdentity | None = None
+        self._outage_mode = lighthouse_outage
 
         # Only touched on the event-loop thread.
         self._rounds = GroupRounds(replica_id, world_size, rebind_grace.total_seconds())
@@ -273,6 +291,16 @@ class ManagerServer:
         self._gate = QuorumGate()
         self._address_check = QuorumAddressCheck()
         self._blocking = _DaemonThreads("manager-blocking-call")
+        self._previous: tuple[Quorum, bool] | None = None
+        """The last quorum this group's ranks were answered with, and whether the straggler
+        policy had left the group out of it (for ``outage.previous_quorum_round``)."""
+        self._outage_steps: int | None = None
+        """Rounds answered without the lighthouse since it last answered; None: no outage."""
+        self._outage_cause = ""
+        """Why the last round went on without the lighthouse, in words."""
+        self._breaks_seen = 0
+        """The heartbeat stream's ``breaks`` when the lighthouse last answered a round: more
+        now means the lighthouse went away since (``outage.go_on_without_lighthouse``)."""
 
         self._closed = False
         self._lighthouse = LighthouseClient(lighthouse_addr, connect_timeout, auth_token)
@@ -581,6 +609,16 @@ class ManagerServer:
             f"manager server of replica {self._replica_id!r} stopped or failed "
             "while asking the lighthouse for a quorum; see its log",
         )
+        previous, excluded = self._previous if self._previous is not None else (None, False)
+        outage = previous_quorum_round(
+            self._outage_mode,
+            previous,
+            excluded,
+            self._replica_id,
+            [call.step for call in ask.calls.values()],
+            ask.commit_failures,
+            datetime.now(UTC),
+        )
         try:
             quorum, speed = await self._lighthouse_quorum(
                 step=ask.step,
@@ -591,17 +629,11 @@ class ManagerServer:
                     self._prober.take(),
                 ),
                 budget_s=budget_s,
+                outage=outage,
             )
-            self._prober.kick()  # while the group computes, before its cross-group traffic
-            members = [
-                Advertised(m.replica_id, m.address, m.store_address) for m in quorum.participants
-            ]
-            me = Advertised(self._replica_id, self.address(), self._store_addr)
-            if self._address_check.known(me, members):  # the same members: no name lookups
-                addresses = self._address_check(me, members)
-            else:
-                addresses = await self._in_thread(lambda: self._address_check(me, members))
-            self._check_identities(quorum, addresses)
+            if quorum is not outage.quorum:  # an outage round's members were checked before
+                await self._admit(quorum)
+            self._previous = (quorum, speed is not None and speed.excluded)
         except _RpcFailure as e:
             log = logger.error if e.code is grpc.StatusCode.FAILED_PRECONDITION else logger.warning
             log("replica %s: %s", self._replica_id, e.details)
@@ -620,6 +652,20 @@ class ManagerServer:
                 issued = {ask.calls[rank]: session for rank, session in sessions.items()}
                 outcome = dataclasses.replace(outcome, sessions=issued)
             self._end_round(ask.round, outcome)
+
+    async def _admit(self, quorum: Quorum) -> None:
+        """Checks a quorum from the lighthouse before the ranks get it (``_check_identities``);
+        starts the link probes for the next one."""
+        self._prober.kick()  # while the group computes, before its cross-group traffic
+        members = [
+            Advertised(m.replica_id, m.address, m.store_address) for m in quorum.participants
+        ]
+        me = Advertised(self._replica_id, self.address(), self._store_addr)
+        if self._address_check.known(me, members):  # the same members: no name lookups
+            addresses = self._address_check(me, members)
+        else:
+            addresses = await self._in_thread(lambda: self._address_check(me, members))
+        self._check_identities(quorum, addresses)
 
     def _check_identities(self, quorum: Quorum, addresses: AddressProblem | None) -> None:
         """Fails this group's round when the gate refuses the quorum (``QuorumGate``: an
@@ -645,9 +691,12 @@ class ManagerServer:
         commit_failures: int,
         progress: pb.GroupProgress | None,
         budget_s: float,
+        outage: OutageRound,
     ) -> tuple[Quorum, GroupSpeed | None]:
         """One lighthouse quorum for the whole group, retried ``quorum_retries`` times; with
-        this group's speed as the lighthouse judges it (None: not judged, or torchft's)."""
+        this group's speed as the lighthouse judges it (None: not judged, or torchft's). With
+        an ``outage.quorum``, that quorum itself (speed None) once the round may go on
+        without the lighthouse (``_ask_or_go_on``)."""
         deadline = time.monotonic() + budget_s
         backoff, max_backoff = _RETRY_BACKOFF_S
         attempts = 0
@@ -663,7 +712,7 @@ class ManagerServer:
             attempts += 1
             remaining = max(deadline - time.monotonic(), 0.0)
             try:
-                quorum, speeds = await self._lighthouse_quorums.quorum_with_speeds(
+                asked = self._lighthouse_quorums.quorum_with_speeds(
                     replica_id=self._replica_id,
                     timeout=timedelta(seconds=remaining),
                     address=self.address(),
@@ -675,6 +724,13 @@ class ManagerServer:
                     commit_failures=commit_failures,
                     progress=progress,
                 )
+                if outage.quorum is None:
+                    quorum, speeds = await asked
+                elif (answer := await self._ask_or_go_on(asked)) is not None:
+                    quorum, speeds = answer
+                else:
+                    self._went_on(outage)
+                    return outage.quorum, None
             except TimeoutError as e:
                 code, error = grpc.StatusCode.DEADLINE_EXCEEDED, e
             except (OSError, RuntimeError, ValueError, grpc.RpcError) as e:
@@ -686,6 +742,7 @@ class ManagerServer:
                     quorum.quorum_id,
                     len(quorum.participants),
                 )
+                self._lighthouse_answered()
                 return quorum, speeds.get(self._replica_id)
             left = deadline - time.monotonic()
             if attempts > self._quorum_retries or left <= backoff:
@@ -703,6 +760,66 @@ class ManagerServer:
             )
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, max_backoff)
+
+    async def _ask_or_go_on(
+        self, asked: Coroutine[Any, Any, tuple[Quorum, dict[str, GroupSpeed]]]
+    ) -> tuple[Quorum, dict[str, GroupSpeed]] | None:
+        """The lighthouse's answer to ``asked``, or None (the request cancelled) once the
+        round may go on without it (``outage.go_on_without_lighthouse``)."""
+        loop = asyncio.get_running_loop()
+        request = asyncio.ensure_future(asked)
+        request.add_done_callback(lambda f: f.cancelled() or f.exception())
+        unreachable = asyncio.ensure_future(self._lighthouse_quorums.wait_unreachable())
+        unreachable.add_done_callback(lambda f: f.cancelled() or f.exception())
+        started = loop.time()
+        try:
+            while not request.done():
+                outage_known = (
+                    self._outage_steps is not None or self._heartbeat.breaks != self._breaks_seen
+                )
+                waited = loop.time() - started
+                if go_on_without_lighthouse(unreachable.done(), outage_known, waited):
+                    self._outage_cause = (
+                        "cannot connect to it"
+                        if unreachable.done()
+                        else f"it did not answer within {OUTAGE_GRACE_S} s"
+                    )
+                    return None
+                await asyncio.wait(
+                    [request, unreachable],
+                    timeout=max(OUTAGE_GRACE_S - waited, 0.0) if outage_known else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            return request.result()
+        finally:
+            unreachable.cancel()
+            request.cancel()
+
+    def _went_on(self, outage: OutageRound) -> None:
+        """Notes a round answered without the lighthouse; says so when an outage starts."""
+        if self._outage_steps is None:
+            self._outage_steps = 0
+            logger.warning(
+                "replica %s: the lighthouse at %s does not answer (%s); %s without it (not "
+                "torchft 0.2.0's behaviour, which waits for the lighthouse: "
+                "lighthouse_outage='wait')",
+                self._replica_id,
+                self._lighthouse_addr,
+                self._outage_cause,
+                outage.reason,
+            )
+        self._outage_steps += 1
+
+    def _lighthouse_answered(self) -> None:
+        """Ends a known outage (says how many rounds went on without the lighthouse)."""
+        self._breaks_seen = self._heartbeat.breaks
+        if self._outage_steps is not None:
+            logger.warning(
+                "replica %s: the lighthouse answers again after %d round(s) on the previous quorum",
+                self._replica_id,
+                self._outage_steps,
+            )
+            self._outage_steps = None
 
     # ------------------------------------------------------------------- checkpoint metadata
 

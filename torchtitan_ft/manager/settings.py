@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, resolve_token
 from torchtitan_ft.events import EVENTS_DIR_ENV
+from torchtitan_ft.manager.outage import LighthouseOutage
 
 T = TypeVar("T")
 
@@ -35,6 +36,7 @@ QUORUM_TIMEOUT_SEC_ENV = "TORCHFT_QUORUM_TIMEOUT_SEC"
 CONNECT_TIMEOUT_SEC_ENV = "TORCHFT_CONNECT_TIMEOUT_SEC"
 QUORUM_RETRIES_ENV = "TORCHFT_QUORUM_RETRIES"
 SAMPLES_PER_BATCH_ENV = "TORCHFT_SAMPLES_PER_BATCH"
+LIGHTHOUSE_OUTAGE_ENV = "TORCHFT_LIGHTHOUSE_OUTAGE"
 
 DEFAULT_TIMEOUT = timedelta(seconds=60)
 DEFAULT_QUORUM_TIMEOUT = timedelta(seconds=60)
@@ -104,6 +106,10 @@ class ManagerSettings:
     samples_per_batch: Resolved[int | None] = Resolved(None, Source.DEFAULT)
     """Samples in one replica group's batch (one step), for the lighthouse's committed samples;
     ``None``: not said (the status page shows batches)."""
+    lighthouse_outage: Resolved[LighthouseOutage] = Resolved(
+        LighthouseOutage.PREVIOUS_QUORUM, Source.DEFAULT
+    )
+    """What group rank 0's ManagerServer does while the lighthouse cannot be reached."""
     overridden: tuple[str, ...] = ()
     """The ``TORCHFT_*`` variables that are set but lose to an argument (``overridden_env``)."""
 
@@ -121,6 +127,8 @@ class ManagerSettings:
                 value = value is not None
             elif isinstance(value, timedelta):
                 value = value.total_seconds()
+            elif isinstance(value, Enum):
+                value = value.value
             out[f.name] = {"value": value, "source": resolved.source.value}
             if resolved.env_var is not None:
                 out[f.name]["env_var"] = resolved.env_var
@@ -142,6 +150,7 @@ class ManagerSettings:
             "quorum_retries",
             "events_dir",
             "samples_per_batch",
+            "lighthouse_outage",
         )
         described = [f"{n}={getattr(self, n).describe()}" for n in names]
         return ", ".join([*described, f"auth_token={self.auth_token.describe(secret=True)}"])
@@ -195,6 +204,28 @@ def _samples_per_batch(arg: int | None, env: Mapping[str, str]) -> Resolved[int 
     return value  # type: ignore[return-value]
 
 
+def _lighthouse_outage(
+    arg: LighthouseOutage | str | None, env: Mapping[str, str]
+) -> Resolved[LighthouseOutage]:
+    """Argument > ``TORCHFT_LIGHTHOUSE_OUTAGE`` > ``previous_quorum`` (an empty value is
+    unset); a ``LighthouseOutage`` or its value."""
+    if arg is not None:
+        picked: Resolved[object] = Resolved(arg, Source.ARGUMENT)
+    elif env.get(LIGHTHOUSE_OUTAGE_ENV):
+        picked = Resolved(env[LIGHTHOUSE_OUTAGE_ENV], Source.ENV, LIGHTHOUSE_OUTAGE_ENV)
+    else:
+        return Resolved(LighthouseOutage.PREVIOUS_QUORUM, Source.DEFAULT)
+    if isinstance(picked.value, LighthouseOutage):
+        return picked  # type: ignore[return-value]
+    try:
+        mode = LighthouseOutage(picked.value)
+    except ValueError:
+        origin = f"env var {picked.env_var}" if picked.env_var else "lighthouse_outage"
+        choices = ", ".join(repr(m.value) for m in LighthouseOutage)
+        raise ValueError(f"{origin} must be one of {choices}, got {picked.value!r}") from None
+    return Resolved(mode, picked.source, picked.env_var)
+
+
 _ENV_SETTINGS = {
     LIGHTHOUSE_ENV: "lighthouse_addr",
     MANAGER_PORT_ENV: "manager_port",
@@ -205,6 +236,7 @@ _ENV_SETTINGS = {
     AUTH_TOKEN_ENV: "auth_token",
     EVENTS_DIR_ENV: "events_dir",
     SAMPLES_PER_BATCH_ENV: "samples_per_batch",
+    LIGHTHOUSE_OUTAGE_ENV: "lighthouse_outage",
 }
 """The ``TORCHFT_*`` variables the Manager reads -> the setting each one gives."""
 
@@ -234,6 +266,7 @@ def validate_env(env: Mapping[str, str]) -> None:
         check_lighthouse_url(lighthouse)  # type: ignore[arg-type]
     resolve_token(None, env)
     _samples_per_batch(None, env)
+    _lighthouse_outage(None, env)
 
 
 def overridden_env(settings: ManagerSettings, env: Mapping[str, str]) -> tuple[str, ...]:
@@ -333,6 +366,7 @@ def resolve_manager_settings(
     auth_token: str | None = None,
     events_dir: str | os.PathLike[str] | None = None,
     samples_per_batch: int | None = None,
+    lighthouse_outage: LighthouseOutage | str | None = None,
     default_store_host: str = "127.0.0.1",
 ) -> ManagerSettings:
     """Resolves the Manager's settings: argument, else env var, else default.
@@ -353,6 +387,7 @@ def resolve_manager_settings(
     | auth_token | TORCHFT_AUTH_TOKEN | none |
     | events_dir | TORCHFT_EVENTS_DIR | none (no event stream) |
     | samples_per_batch | TORCHFT_SAMPLES_PER_BATCH | none (the status page shows batches) |
+    | lighthouse_outage | TORCHFT_LIGHTHOUSE_OUTAGE | ``previous_quorum`` |
 
     torchft 0.2.0 reads the same four ``TORCHFT_*`` variables but lets them override the
     arguments; here an argument wins, as for every other setting.
@@ -361,7 +396,8 @@ def resolve_manager_settings(
     argument overrides it (``validate_env``), and ``overridden`` names those that lose to an
     argument. Raises ValueError for non-integer ports/ranks/retries, timeouts that are not
     positive numbers of seconds (the message names the env var when the value came from one),
-    a ``samples_per_batch`` that is not a positive integer, a rank outside
+    a ``samples_per_batch`` that is not a positive integer, a ``lighthouse_outage`` that is
+    not a ``LighthouseOutage`` value, a rank outside
     ``[0, world_size)`` and a multi-rank group without a store port (its ranks could not find
     each other).
     """
@@ -389,6 +425,7 @@ def resolve_manager_settings(
         auth_token=_token(auth_token, env),
         events_dir=_events_dir(events_dir, env),
         samples_per_batch=_samples_per_batch(samples_per_batch, env),
+        lighthouse_outage=_lighthouse_outage(lighthouse_outage, env),
     )
     settings = dataclasses.replace(settings, overridden=overridden_env(settings, env))
     if settings.quorum_retries.value < 0:

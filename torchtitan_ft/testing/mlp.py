@@ -82,6 +82,8 @@ class WorkerConfig:
     host: str = "127.0.0.1"
     """The address every server of this rank binds and advertises (a test host's, from
     ``testing.netns``, when the rank runs on one)."""
+    lighthouse_outage: str = "previous_quorum"
+    """The Manager's ``lighthouse_outage``: ``"previous_quorum"`` or ``"wait"``."""
     hidden: int = 32
     """Width of the model's hidden layer: ``21 * hidden + 4`` parameters, so that a wider one
     makes the cross-group all-reduce move more bytes (a link limit then slows the step)."""
@@ -209,6 +211,7 @@ def ft_stack(
     events_dir: str | None = None,
     marks: dict[str, float] | None = None,
     host: str = HOST,
+    lighthouse_outage: str | None = None,
 ) -> tuple[Any, Any, Any, Any]:
     """(manager, pg, ddp, optim): the FT stack of one replica-group rank around ``model`` and
     its optimizer ``inner``, everything on 127.0.0.1: a ``Manager`` (async quorum, replica id
@@ -226,7 +229,8 @@ def ft_stack(
         ddp: ``"bucketed"`` (``DistributedDataParallel``) or ``"pure"``
             (``PureDistributedDataParallel``).
         bucket_cap_mb: the bucketed wrapper's bucket size; None: its default.
-        auth_token, retry_inflight_allreduce, events_dir, min_replica_size: the Manager's.
+        auth_token, retry_inflight_allreduce, events_dir, min_replica_size,
+            lighthouse_outage: the Manager's.
         marks: if given, gets the time the Manager was constructed (``"manager"``).
         host: the address its servers bind and advertise.
     """
@@ -274,6 +278,7 @@ def ft_stack(
         retry_inflight_allreduce=retry_inflight_allreduce,
         events_dir=events_dir,
         samples_per_batch=BATCH_SIZE * group_world_size,  # the status page's samples/s
+        lighthouse_outage=lighthouse_outage,
     )
     if marks is not None:
         marks["manager"] = time.time()
@@ -327,6 +332,7 @@ def train_worker(cfg: WorkerConfig) -> None:
         events_dir=cfg.events_dir,
         marks=marks,
         host=cfg.host,
+        lighthouse_outage=cfg.lighthouse_outage,
     )
     if cfg.fail_first_heal:
         transport = manager._checkpoint_transport

@@ -8,7 +8,9 @@ test can check that replica groups end identical. Environment of a run:
 
 * ``FT_E2E_OUT``: directory of the ``ready`` and ``state`` files;
 * ``FT_E2E_ALONE_SLEEP_S``: seconds to sleep after a step with fewer participants than
-  ``group_size``, so the survivor is still training when the restarted group is back;
+  ``FT_E2E_TOGETHER`` (default ``group_size``; a job with a hot spare group has fewer
+  participants than groups), so the survivor is still training when the restarted group is
+  back;
 * ``FT_E2E_MAX_ALONE``: after this many such steps the survivor waits (at most
   :data:`ALONE_WAIT_S`) for the other groups' ``ready`` files, so that a restart slowed down by
   a busy machine still leaves steps to train together after the heal;
@@ -59,7 +61,8 @@ def main() -> None:
 
         def train_step(self, data_iterator: Any) -> None:
             super().train_step(data_iterator)
-            if self.replica_axis.manager.num_participants() < self.replica_axis.group_size:
+            together = int(os.environ.get("FT_E2E_TOGETHER", self.replica_axis.group_size))
+            if self.replica_axis.manager.num_participants() < together:
                 time.sleep(float(os.environ.get("FT_E2E_ALONE_SLEEP_S", "0")))
                 self._alone_steps += 1
                 if self._alone_steps >= int(os.environ.get("FT_E2E_MAX_ALONE", "1000000")):

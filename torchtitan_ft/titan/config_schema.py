@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
+from torchtitan_ft.manager.outage import LighthouseOutage
 from torchtitan_ft.semi_sync.config import (
     OuterOptimizerConfig,
     QuorumMode,
@@ -48,6 +49,7 @@ OuterOptimizerName = Literal["sgd", "adamw"]
 NumericsName = Literal["torchtitan", "torchtitan_ft_trainer"]
 ReplacementName = Literal["cold", "zygote"]
 OuterOverlapName = Literal[tuple(m.value for m in OuterOverlap)]  # OuterOverlap, as TOML text
+LighthouseOutageName = Literal[tuple(m.value for m in LighthouseOutage)]  # as TOML text
 
 
 class ConfigError(ValueError):
@@ -183,7 +185,11 @@ class FaultTolerance(TitanFaultTolerance):
     """
     "dynamic" (default): every healthy group in the quorum participates; "fixed_with_spares":
     exactly ``min_replica_size`` groups participate and the rest are hot spares (keeps the
-    global batch size constant, wastes the spares' compute). Applies when ``enable``.
+    global batch size constant, wastes the spares' compute). Launch one ``./run_train.sh``
+    group more than ``min_replica_size`` (and count it in ``group_size``) and the spare takes
+    a dead group's slot at the next quorum, with no restart and no heal: the job is back at
+    full strength within a step (docs/titan.md, "A hot spare group"). Applies when
+    ``enable``.
     """
 
     init_sync: bool = True
@@ -215,18 +221,31 @@ class FaultTolerance(TitanFaultTolerance):
     ``enable``.
     """
 
+    lighthouse_outage: LighthouseOutageName = "previous_quorum"
+    """
+    What the replica groups do while the lighthouse cannot be reached (SIGKILLed and
+    restarted, its host rebooting). "previous_quorum" (default): go on committing steps on the
+    last quorum while every member of it keeps taking part, so a lighthouse restart costs no
+    step; a member that dies, or a group that failed its last commit, ends that, and the groups
+    then wait for the lighthouse. Joining, healing and every other membership change wait for
+    the lighthouse either way (docs/lighthouse.md, "A lighthouse outage"). "wait": every group
+    stalls until the lighthouse answers again (up to ``quorum_timeout_ms``), as torchft 0.2.0
+    does. Unset, the ``TORCHFT_LIGHTHOUSE_OUTAGE`` env var applies if set (the field wins when
+    set). Applies when ``enable``.
+    """
+
     retry_inflight_allreduce: bool = False
     """
     The Manager's ``retry_inflight_allreduce``: when a peer group dies mid-allreduce, finish
     the step with the survivors (a new quorum at the same step, the allreduces re-run from
     kept copies of their inputs) instead of discarding it. Default False, and True is refused
-    here: the Manager re-runs the allreduces at ``should_commit``, after FSDP's all-reduce
-    hook has returned and FSDP has already turned the hook's tensor into the sharded gradient
-    (a view of it in the first backward, a copy once gradients accumulate or are cast), so
-    the re-run result would not reliably reach the gradients; and the Manager never retries
-    replica groups of several ranks (their ranks would first have to agree). Plain Manager
-    users (``DistributedDataParallel``, 1-rank groups) can pass it to ``Manager``. Applies
-    when ``enable``.
+    here: the Manager re-runs the allreduces in ``should_commit``, after TorchTitan has
+    clipped the gradients computed from the failed all-reduce; the ranks of a group, each
+    all-reducing its own shard, may see the failure differently and would first have to agree
+    to retry; and a unit whose shard FSDP casts, copies or accumulates after the hook cannot
+    be rewritten (docs/titan.md, "How it plugs in"). Plain Manager users
+    (``DistributedDataParallel``, 1-rank groups) can pass it to ``Manager``. Applies when
+    ``enable``.
     """
 
     checkpoint_transport: CheckpointTransportName = "http"
@@ -452,6 +471,7 @@ ENV_OVERRIDABLE = {
     "quorum_timeout_ms": "TORCHFT_QUORUM_TIMEOUT_SEC",
     "connect_timeout_ms": "TORCHFT_CONNECT_TIMEOUT_SEC",
     "quorum_retries": "TORCHFT_QUORUM_RETRIES",
+    "lighthouse_outage": "TORCHFT_LIGHTHOUSE_OUTAGE",
 }
 """Fields whose ``TORCHFT_*`` variable (torchft's name) applies when the user did not set the
 field; a field the user set wins over its variable (the Manager says so in one line)."""
@@ -464,8 +484,8 @@ def is_set(ft: Any, name: str) -> bool:
 
 
 def manager_timeouts(ft: Any) -> dict[str, Any]:
-    """The Manager's ``timeout``, ``quorum_timeout``, ``connect_timeout`` and
-    ``quorum_retries`` arguments: a field the user set, else None, so that the Manager takes
+    """The Manager's ``timeout``, ``quorum_timeout``, ``connect_timeout``, ``quorum_retries``
+    and ``lighthouse_outage`` arguments: a field the user set, else None, so that the Manager takes
     the field's ``TORCHFT_*`` variable (:data:`ENV_OVERRIDABLE`) or its default, which equals
     the field's."""
 
@@ -479,6 +499,7 @@ def manager_timeouts(ft: Any) -> dict[str, Any]:
             "connect_timeout_ms", timedelta(milliseconds=ft.connect_timeout_ms)
         ),
         "quorum_retries": given("quorum_retries", ft.quorum_retries),
+        "lighthouse_outage": given("lighthouse_outage", ft.lighthouse_outage),
     }
 
 

@@ -129,9 +129,10 @@ def _check_enabled_relations(ft: Any, job_config: Any) -> None:
     _require(
         not ft.retry_inflight_allreduce,
         f"{SECTION}.retry_inflight_allreduce=true is not supported with TorchTitan: the "
-        "Manager re-runs a failed step's allreduces after FSDP's all-reduce hook has turned "
-        "them into the sharded gradients (copies once gradients accumulate or are cast), and "
-        "never retries replica groups of several ranks; leave it false",
+        "Manager re-runs a failed step's allreduces in should_commit, after TorchTitan clipped "
+        "the gradients from the failed sums; the ranks of a group (each all-reducing its own "
+        "shard) would first have to agree to retry; and units whose shard FSDP casts, copies "
+        "or accumulates after the hook cannot be rewritten (docs/titan.md); leave it false",
     )
     if sync_method(ft) is not SyncMethod.PER_STEP:
         try:
