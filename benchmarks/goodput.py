@@ -1235,6 +1235,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         entry["goodput"] = round(baseline / at, 3) if at and baseline else None
         entry["ideal_loss"] = ideal["final_loss"]
         result["methods"][name.value] = entry
+        # after each method: a run cut short keeps the methods it finished
+        (args.out / "goodput.json").write_text(json.dumps(result, indent=1, default=str))
     ideal["goodput"] = 1.0
     kills = [
         f["rejoin_s"]
