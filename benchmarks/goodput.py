@@ -840,7 +840,8 @@ class MethodRun:
         points = [(r.time - t0, record_samples(r, opts)) for r in records if r.committed]
         target = self.target if self.target is not None else self.samples_now(records)
         at = time_to_samples(points, target, rollback=not self.ft)
-        lineage = [r for r in records if r.committed and r.loss is not None]
+        # a healing step logs the loss of the model it replaced: not the job's
+        lineage = [r for r in records if r.committed and r.loss is not None and not r.healed]
         final_loss = next(
             (r.loss for r in lineage if record_samples(r, opts) >= target),
             lineage[-1].loss if lineage else None,
