@@ -6,10 +6,17 @@ once per recovery method, one after the other; prints JSON and draws a PNG.
 
 The job: the llama3 debugmodel (``configs/debug_ft_cpu.toml``: batch 2 x seq 256 per rank,
 fp32), ``--groups`` (3) replica groups of ``--ranks`` (2) FSDP ranks, each group one
-``./run_train.sh`` (torchrun) with its own CPU quota (``testing.cpulimit``: a cgroup CFS quota of
-``--cpus-per-group`` CPUs; on this machine cgroup v1 ``cpu.cfs_quota_us``), so a dead group's CPU
-does not speed up the survivors. The trainer is ``benchmarks._goodput_worker`` (this project's,
-plus one JSON line per step: committed, data ledger, participants, loss, RSS, descriptors).
+``./run_train.sh`` (torchrun) with its own CPU budget (``testing.cpulimit``: a cgroup CFS quota of
+``--cpus-per-group`` CPUs, on this machine cgroup v1 ``cpu.cfs_quota_us``, with the top CPU weight
+so that the quota is also what the group gets beside the machine's other processes, made under
+the benchmark's own cgroup), so a dead group's CPU does not speed up the survivors and a busy
+machine does not slow them down. The lighthouse has a budget of its own
+(``--cpus-lighthouse``). Keep the budgets' sum below the CPU the benchmark's cgroup has (the
+benchmark itself needs a little): it says so in one line when they take 90 % or more of the
+machine. The trainer is ``torchtitan_ft.testing.goodput_worker`` (this project's, plus one JSON
+line per step: committed, data ledger, participants, loss, RSS, descriptors). A killed rank's
+group is restarted by torchrun (``MAX_RESTARTS``) warm, from a pre-imported zygote
+(``fault_tolerance.replacement = "zygote"``, docs/titan.md), or cold with ``--replacement cold``.
 
 Methods, in this order, under the same schedule (times after launch):
 
@@ -18,14 +25,24 @@ Methods, in this order, under the same schedule (times after launch):
 * ``torchtitan_ft``: per-step FT; each group in a network namespace host of its own
   (``testing.netns``), the lighthouse in another; torchrun restarts a group's workers after a
   rank dies (``MAX_RESTARTS``), nothing is restarted by hand.
+* ``torchft``: TorchTitan 0.2.2's own FT trainer (``torchtitan.experiments.ft.train``) on the
+  torchft 0.2.0 reference under ``.cache``, with torchft's lighthouse, through a recording
+  subclass (``benchmarks._goodput_torchft_worker``; nothing of either is changed): the same
+  groups, quotas, timeouts (torchft's through its ``TORCHFT_*`` variables) and schedule;
+  torchrun restarts a group cold, as TorchTitan launches it. Its groups run on loopback
+  (torchft's Manager advertises the host name), so ``link_down`` faults are recorded as not
+  injected, with the reason. Its samples are torchft's committed batches; exactly once is
+  checked per group from the batches each process drew (TorchTitan's loader reads on whether
+  the step commits or not, and a new process starts its slice again). ``skipped`` with the
+  reason when it cannot run here (no reference, or TorchTitan 0.3.0). With one rank per group
+  (``--quick``) TorchTitan applies no FSDP, so its cross-group all-reduce hook is never set and
+  its groups train apart: compare it with 2 or more ranks.
 * ``checkpoint_restart``: TorchTitan's own HSDP over the same ranks (one torchrun job, replicate
   ``--groups`` x shard ``--ranks``, no FT), DCP checkpoints every ``--checkpoint-every`` steps;
   every fault restarts the whole job from the last checkpoint (as a supervisor would; a
   lighthouse fault does not concern it). Its quota: the ranks of each group's share (local
   ranks ``g * ranks`` on) in a cgroup of the per-group quota, as the FT groups: a cgroup weighs
   as one process against the machine's other processes, so the split matters under load.
-* ``torchft``: TorchTitan's own FT trainer on the torchft 0.2.0 reference under ``.cache``:
-  ``skipped`` with the reason when it cannot run here.
 
 Faults (``testing.chaos.fault_schedule``: seeded, exponential intervals of mean
 ``--mean-interval``, kinds in shuffled rounds): SIGKILL of one rank; SIGSTOP of one rank for
@@ -39,6 +56,8 @@ Per method (JSON ``methods.<name>``): ``time_to_target_s``, ``goodput`` (ideal's
 part again), ``job_restarts``, ``group_restarts`` (torchrun's), ``samples_lost`` /
 ``samples_duplicated`` (ledger check for FT, checkpoint lineage for checkpoint-restart),
 ``groups_identical`` (every group's rank k holds the same model and optimizer bytes),
+``second_lines`` (processes that committed below the job's step instead of healing: the job's
+state was lost; empty when it never was),
 ``final_loss`` (and ``ideal_loss``), ``faults`` (per fault: ``stall_s`` until the job's
 committed samples pass those at the fault, ``rejoin_s`` until the victim takes part again,
 ``samples_rolled_back``), ``usage`` (RSS and descriptors of each long-lived rank at its first
@@ -86,14 +105,18 @@ CONFIG = ROOT / "configs" / "debug_ft_cpu.toml"
 LOCAL_BATCH = 2
 """``training.local_batch_size`` of ``CONFIG``: samples per rank per step."""
 LIGHTHOUSE_PORT = 29510
-NOT_WIRED = (
-    "not measured: TorchTitan's FT trainer runs on this CPU on the torchft 0.2.0 reference (a "
-    "3-step run of torchtitan.experiments.ft.train against torchft's own lighthouse trained), "
-    "but this benchmark has no recording trainer for it yet: it keeps no data ledger (its "
-    "samples would be counted from per-step participants, with no exactly-once check), and its "
-    "Manager advertises this machine's host name, not a network-namespace host's address"
+TORCHFT_NO_LINK = (
+    "not injected: torchft's Manager advertises socket.gethostname() and TorchTitan's FTManager "
+    "gives it no host name, so torchft's groups cannot live in network-namespace hosts (the name "
+    "resolves to a loopback address there); they run on this machine's loopback, where no "
+    "group's link can be pulled"
 )
-"""Why the ``torchft`` method is skipped where the reference is installed."""
+"""Why a ``link_down`` fault does not apply to the ``torchft`` method."""
+TORCHFT_TIMEOUTS = {"TORCHFT_QUORUM_TIMEOUT_SEC": "300", "TORCHFT_QUORUM_RETRIES": "10"}
+"""torchft's own settings for the torchft method (environment variables: TorchTitan's FTManager
+passes only the process-group timeout): the quorum timeout of the torchtitan_ft groups, and
+retries so that a quorum call that meets a restarting lighthouse does not end the group. Its
+collective and commit timeout (``TORCHFT_TIMEOUT_SEC``) is set to the process-group timeout."""
 STOP_MARGIN_STEPS = 2
 """After the target: every group trains this many more steps together, then stops and dumps."""
 
@@ -113,6 +136,8 @@ class Options:
     mean_interval_s: float
     seed: int
     cpus_per_group: float
+    cpus_lighthouse: float
+    replacement: str
     heartbeat_timeout_ms: int
     process_group_timeout_ms: int
     hang_s: float
@@ -132,21 +157,15 @@ class Options:
 # ------------------------------------------------------------------------------ processes
 
 
-def worker_pids(agent: int) -> dict[int, int]:
-    """Group rank -> pid of the trainer processes under torchrun agent ``agent``."""
-    out = {}
-    for pid in descendants(agent):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"_goodput_worker" not in cmdline or b"run_module\0--check" in cmdline:
-            continue
-        for item in environ:
-            if item.startswith(b"LOCAL_RANK="):
-                out[int(item.split(b"=", 1)[1])] = pid
-    return out
+def worker_pids(agent: int, folder: Path) -> dict[int, int]:
+    """Local rank -> pid of the trainer processes under torchrun agent ``agent``: those of its
+    descendants that announced themselves in ``folder`` (``worker_<tag>_l<RANK>_p<PID>``; a
+    worker forked by the zygote has the zygote's command line and environment in /proc)."""
+    announced = {}
+    for path in folder.glob("worker_*_l*_p*"):
+        rank, pid = path.name.rsplit("_l", 1)[1].split("_p")
+        announced[int(pid)] = int(rank)
+    return {announced[pid]: pid for pid in descendants(agent) if pid in announced}
 
 
 def signal_pids(pids: list[int], sig: int) -> None:
@@ -169,6 +188,8 @@ class Launch:
         host: netns.Host | None,
     ) -> None:
         self.name, self.argv, self.env, self.log, self.host = name, argv, env, log, host
+        self.folder = log.parent
+        """Where its workers announce themselves (the method's folder)."""
         self.limits = limits
         """One per replica group in this launch: its ranks' CPU quota."""
         self.ranks = ranks
@@ -212,13 +233,18 @@ class Launch:
             self.proc.wait(30)
 
     def workers(self) -> dict[int, int]:
-        return worker_pids(self.proc.pid) if self.alive() else {}
+        return worker_pids(self.proc.pid, self.folder) if self.alive() else {}
 
 
 class Lighthouse:
-    """``torchft_lighthouse`` in host ``host`` (or on 127.0.0.1), restartable on its port."""
+    """``torchft_lighthouse`` in host ``host`` (or on 127.0.0.1), restartable on its port: this
+    project's, with ``--state_dir`` (what its state guard needs across a restart), or torchft
+    0.2.0's with ``reference``."""
 
-    def __init__(self, opts: Options, host: netns.Host | None, log: Path) -> None:
+    def __init__(
+        self, opts: Options, host: netns.Host | None, log: Path, *, reference: bool = False
+    ) -> None:
+        self.limit = CpuLimit("goodput_lighthouse", [], cpus=opts.cpus_lighthouse)
         self.addr = host.address if host else "127.0.0.1"
         self.port = LIGHTHOUSE_PORT if host else free_port()
         self.host = host
@@ -233,7 +259,14 @@ class Lighthouse:
             f"--heartbeat_timeout_ms={opts.heartbeat_timeout_ms}",
             "--quorum_tick_ms=50",
             "--status_bind=off",
+            f"--state_dir={log.parent / 'lighthouse_state'}",
         ]
+        if reference:
+            self.argv = [
+                sys.executable,
+                *("-m", "benchmarks._goodput_torchft_worker", "lighthouse"),
+                *(f"{self.addr}:{self.port}", "1", "2000", "50", str(opts.heartbeat_timeout_ms)),
+            ]
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -243,12 +276,17 @@ class Lighthouse:
     def start(self) -> None:
         with open(self.log, "ab") as f:
             argv = self.host.command(self.argv) if self.host else self.argv
-            self.proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+        self.limit.add(self.proc.pid)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+    def close(self) -> None:
+        self.kill()
+        self.limit.close()
 
 
 # ------------------------------------------------------------------------------ records
@@ -256,7 +294,7 @@ class Lighthouse:
 
 @dataclass
 class Record:
-    """One line of a worker's ``steps_*.jsonl`` (see ``benchmarks._goodput_worker``)."""
+    """One line of a worker's ``steps_*.jsonl`` (see ``torchtitan_ft.testing.goodput_worker``)."""
 
     group: int | None
     """The replica group (None: the native job)."""
@@ -269,27 +307,107 @@ class Record:
     loss: float | None
     rss_mb: float
     fds: int
+    batches_committed: int | None = None
+    """torchft's count of committed batches (the torchft method; else None)."""
+    participating: bool | None = None
+    """This group's batch was in the step (the torchft method; else None)."""
+    drawn: int | None = None
+    """Batches this process has drawn from its loader (the torchft method; else None)."""
+    healed: bool = False
+    """This group healed in the step (this project's worker)."""
+    logged_loss: float | None = None
+    """The loss as TorchTitan's FT trainer logs it (the torchft method; ``loss`` is this over
+    the participants)."""
 
 
-def read_records(folder: Path) -> list[Record]:
-    records = []
-    for path in folder.glob("steps_*.jsonl"):
-        tag, pid = path.stem.removeprefix("steps_").rsplit("_p", 1)
-        group = None if tag == "job" else int(tag[1:])
-        for line in path.read_text().splitlines():
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # torn last line of a killed writer
-            records.append(Record(group, int(pid), **raw))
-    return sorted(records, key=lambda r: r.time)
+class RecordReader:
+    """The workers' records under ``folder``, read on from where the last call stopped (the
+    benchmark polls them every 50 ms for the whole run, on the little CPU the groups' budgets
+    leave it): only whole lines are taken, so a line being written is read next time, and the
+    torn last line of a killed writer never."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._offsets: dict[Path, int] = {}
+        self._records: list[Record] = []
+
+    def read(self) -> list[Record]:
+        new = []
+        for path in self.folder.glob("steps_*.jsonl"):
+            tag, pid = path.stem.removeprefix("steps_").rsplit("_p", 1)
+            group = None if tag == "job" else int(tag[1:])
+            with open(path, "rb") as f:
+                f.seek(self._offsets.get(path, 0))
+                data = f.read()
+            whole = data[: data.rfind(b"\n") + 1]
+            self._offsets[path] = self._offsets.get(path, 0) + len(whole)
+            for line in whole.splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    new.append(Record(group, int(pid), **json.loads(line)))
+        if new:
+            self._records = sorted([*self._records, *new], key=lambda r: r.time)
+        return list(self._records)
 
 
 def record_samples(r: Record, opts: Options) -> int:
-    """Samples in the model as this record saw it: the ledger (FT), or steps x world batch."""
+    """Samples in the model as this record saw it: the ledger (FT), torchft's committed batches,
+    or steps x world batch."""
+    if r.batches_committed is not None:
+        return r.batches_committed * opts.ranks * LOCAL_BATCH
     if r.consumed is not None:
         return sum(r.consumed) * opts.ranks * LOCAL_BATCH
     return r.step * opts.samples_per_step
+
+
+def fill_participants(records: list[Record]) -> None:
+    """The torchft method's participants of each committed step: the groups whose record of
+    that step says they took part (a group knows only how many did)."""
+    by_step: dict[int, set[int]] = {}
+    for r in records:
+        if r.committed and r.participating and r.group is not None:
+            by_step.setdefault(r.step, set()).add(r.group)
+    for r in records:
+        if r.participating is not None:
+            r.participants = sorted(by_step.get(r.step, ())) if r.committed else []
+
+
+def drawn_batches_check(records: list[Record]) -> dict[str, Any]:
+    """Exactly once for the torchft method, per group's slice of the data: the batch a record
+    trained (or lost) is ``drawn - 1`` of its process's loader, which starts at the slice's
+    beginning. Lost: batches drawn, below the last one trained, that no committed step of the
+    group took part with; duplicated: batches trained more than once."""
+    lost = duplicated = 0
+    for g in sorted({r.group for r in records if r.group is not None}):
+        mine = [r for r in records if r.group == g and r.drawn is not None]
+        trained: dict[int, int] = {}
+        for r in mine:
+            if r.committed and r.participating:
+                trained[r.drawn - 1] = trained.get(r.drawn - 1, 0) + 1
+        if not trained:
+            continue
+        drawn = {r.drawn - 1 for r in mine if r.drawn - 1 <= max(trained)}
+        lost += len(drawn - set(trained))
+        duplicated += sum(n - 1 for n in trained.values())
+    return {"exactly_once": lost == duplicated == 0, "lost": lost, "duplicated": duplicated}
+
+
+def second_lines(records: list[Record]) -> list[dict[str, int]]:
+    """Processes whose first commit is at a step below the job's highest committed step at
+    that time: they trained from their own state instead of healing, a second line of steps
+    (per-step FT lost the job's state: every group holding it was down together). A process
+    that heals commits at the job's step."""
+    out = []
+    best = -1
+    seen: set[int] = set()
+    for r in sorted(records, key=lambda r: r.time):
+        if not r.committed:
+            continue
+        if r.pid not in seen:
+            seen.add(r.pid)
+            if r.step < best:
+                out.append({"group": r.group, "pid": r.pid, "step": r.step, "job_step": best})
+        best = max(best, r.step)
+    return out
 
 
 # ------------------------------------------------------------------------------ one method
@@ -326,12 +444,15 @@ class MethodRun:
     """Seconds after launch at which the job trained (every group took part in a commit)."""
     load_at_start: float | None = None
     watch: Callable[[], bool] | None = None
+    struck: dict[int, float] = field(default_factory=dict)
+    """Group -> when a fault last hit it (Unix time)."""
 
     def __post_init__(self) -> None:
         self.folder = self.opts.out / self.method.value
         shutil.rmtree(self.folder, ignore_errors=True)
         (self.folder / "events").mkdir(parents=True)
         self.stop_file = self.folder / "stop"
+        self.reader = RecordReader(self.folder)
 
     @property
     def ft(self) -> bool:
@@ -343,22 +464,30 @@ class MethodRun:
     # launch ------------------------------------------------------------------------------
 
     def _env(self, ngpu: int, lighthouse: str, events: Path) -> dict[str, str]:
+        paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]
+        extra: dict[str, str] = {}
+        if self.method is Method.TORCHFT:  # the reference after this environment's packages
+            paths += [str(REFERENCE_DIR), str(RUNTIME_DEPS_DIR)]
+            extra = {
+                **TORCHFT_TIMEOUTS,
+                "TORCHFT_TIMEOUT_SEC": str(self.opts.process_group_timeout_ms // 1000),
+                "TRAIN_FILE": "benchmarks._goodput_torchft_worker",
+            }
         return {
             **os.environ,
             "NGPU": str(ngpu),
             "PYTHON": sys.executable,
             "OMP_NUM_THREADS": "1",
             "CONFIG_FILE": str(CONFIG),
-            "TRAIN_FILE": "benchmarks._goodput_worker",
+            "TRAIN_FILE": "torchtitan_ft.testing.goodput_worker",
             "TORCHFT_LIGHTHOUSE": lighthouse,
             "MASTER_ADDR": "127.0.0.1",
             "MAX_RESTARTS": "1000" if self.ft else "0",
             "GOODPUT_OUT": str(self.folder),
             "GOODPUT_STOP_FILE": str(self.stop_file),
             EVENTS_DIR_ENV: str(events),
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
-            ),
+            "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+            **extra,
         }
 
     def _common_args(self) -> list[str]:
@@ -372,14 +501,21 @@ class MethodRun:
     def _group_launch(self, g: int, lighthouse: Lighthouse, host: netns.Host | None) -> Launch:
         opts = self.opts
         hostname = host.address if host else "127.0.0.1"
+        if self.method is Method.TORCHFT:  # TorchTitan's own fault_tolerance fields only
+            own = ["--job.custom_config_module=torchtitan_ft.titan.config_schema"]
+        else:
+            own = [
+                f"--fault_tolerance.hostname={hostname}",
+                "--fault_tolerance.quorum_timeout_ms=300000",
+                f"--fault_tolerance.replacement={opts.replacement}",
+            ]
         argv = [
             *self._common_args(),
+            *own,
             f"--fault_tolerance.replica_id={g}",
             f"--fault_tolerance.group_size={opts.groups}",
             "--fault_tolerance.min_replica_size=1",
-            f"--fault_tolerance.hostname={hostname}",
             f"--fault_tolerance.process_group_timeout_ms={opts.process_group_timeout_ms}",
-            "--fault_tolerance.quorum_timeout_ms=300000",
         ]
         limit = CpuLimit(f"goodput_g{g}", [], cpus=opts.cpus_per_group)
         env = self._env(opts.ranks, lighthouse.address, self.folder / "events" / f"g{g}")
@@ -408,7 +544,7 @@ class MethodRun:
 
     def run(self) -> dict[str, Any]:
         net = None
-        if self.ft and self.method is not Method.IDEAL and netns.unavailable_reason() is None:
+        if self.method is Method.TORCHTITAN_FT and netns.unavailable_reason() is None:
             net = netns.HostNetwork(["L", *(f"G{g}" for g in range(self.opts.groups))])
             net.start()
         try:
@@ -420,7 +556,12 @@ class MethodRun:
     def _run(self, net: netns.HostNetwork | None) -> dict[str, Any]:
         opts = self.opts
         self.net = net
-        self.lighthouse = Lighthouse(opts, net["L"] if net else None, self.folder / "lh.log")
+        self.lighthouse = Lighthouse(
+            opts,
+            net["L"] if net else None,
+            self.folder / "lh.log",
+            reference=self.method is Method.TORCHFT,
+        )
         if self.ft:
             self.launches = [
                 self._group_launch(g, self.lighthouse, net[f"G{g}"] if net else None)
@@ -441,8 +582,14 @@ class MethodRun:
                 launch.kill()
                 for limit in launch.limits:
                     limit.close()
-            self.lighthouse.kill()
+            self.lighthouse.close()
         return self._summary(reached, finals)
+
+    def records(self) -> list[Record]:
+        records = self.reader.read()
+        if self.method is Method.TORCHFT:
+            fill_participants(records)
+        return records
 
     def samples_now(self, records: list[Record]) -> int:
         if not records:
@@ -468,7 +615,7 @@ class MethodRun:
         last_print = 0.0
         while True:
             now = self.now()
-            records = read_records(self.folder)
+            records = self.records()
             samples = self.samples_now(records)
             if self.t0 is None:
                 if self._training_started(records):
@@ -523,12 +670,25 @@ class MethodRun:
         ]
 
     def _holders(self, records: list[Record]) -> list[int]:
-        """Running groups that took part in the job's latest commit: they hold its state."""
+        """Running groups that took part in the job's latest commit and have not been struck
+        since without taking part again: they hold its state. (A group one of whose ranks was
+        just killed still has all its workers until torchrun notices.)"""
         latest = next((r for r in reversed(records) if r.committed and r.participants), None)
         if latest is None:
             return []
         running = self._running_groups()
-        return [g for g in latest.participants if g in running]
+        return [
+            g
+            for g in latest.participants
+            if g in running
+            and not (
+                g in self.struck
+                and not any(
+                    r.time > self.struck[g] and r.participants and g in r.participants
+                    for r in records
+                )
+            )
+        ]
 
     def _victims(self, fault: Fault, records: list[Record]) -> list[int] | None:
         """The fault's victim groups, or None while it must wait (per-step FT keeps the job's
@@ -572,16 +732,21 @@ class MethodRun:
                 inj.effect = "not injected: rank gone"
                 return
             os.kill(pid, signal.SIGSTOP)
+            self.struck[victims[0]] = time.time()
             inj.effect = f"SIGSTOP rank {fault.rank} of group {victims[0]} for {self.opts.hang_s}s"
             self.pending.append(
                 (self.now() + self.opts.hang_s, lambda: signal_pids([pid], signal.SIGCONT))
             )
         elif kind is FaultKind.LINK_DOWN:
+            if self.method is Method.TORCHFT:
+                inj.effect = TORCHFT_NO_LINK
+                return
             if self.net is None:
                 inj.effect = "not injected: no network namespaces here"
                 return
             host = self.net[f"G{victims[0]}"]
             host.disconnect()
+            self.struck[victims[0]] = time.time()
             inj.effect = f"link of group {victims[0]} down for {self.opts.link_down_s}s"
             self.pending.append((self.now() + self.opts.link_down_s, host.reconnect))
         elif kind is FaultKind.LIGHTHOUSE:
@@ -591,6 +756,7 @@ class MethodRun:
             self.pending.append((self.now() + self.opts.lighthouse_down_s, self.lighthouse.start))
 
     def _kill_rank(self, g: int, rank: int) -> None:
+        self.struck[g] = time.time()
         pid = self.launches[g].workers().get(rank)
         if pid is not None:
             signal_pids([pid], signal.SIGCONT)
@@ -606,6 +772,8 @@ class MethodRun:
             if self.now() - inj.time > 300:
                 inj.effect += "; no heal seen within 300 s, donor not killed"
                 return True
+            if self.method is Method.TORCHFT:
+                return self._torchft_donor(inj, victim, since)
             events = [e for e in read_events(folder) if e.time > since and e.group_rank == 0]
             heals = [e for e in events if e.kind is EventKind.HEAL_START]
             if not heals:
@@ -623,6 +791,22 @@ class MethodRun:
 
         return check
 
+    def _torchft_donor(self, inj: Injected, victim: int, since: float) -> bool:
+        """The torchft method's donor kill: the source of the victim's first heal after the
+        kill, as its quorum named it (``heals_*.jsonl`` of the torchft worker)."""
+        heals = []
+        for path in self.folder.glob(f"heals_r{victim}_p*.jsonl"):
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    heals.append(json.loads(line))
+        heals = sorted((h for h in heals if h["time"] > since), key=lambda h: h["time"])
+        if not heals:
+            return False
+        inj.donor = heals[0]["source"]
+        self._kill_rank(inj.donor, inj.fault.rank)
+        inj.effect += f"; donor group {inj.donor} SIGKILLed when the victim's quorum said heal"
+        return True
+
     # the end -----------------------------------------------------------------------------
 
     def _stop(self) -> dict[str, dict]:
@@ -633,12 +817,12 @@ class MethodRun:
         deadline = time.time() + 300
         if self.ft:
             while time.time() < deadline:
-                records = read_records(self.folder)
+                records = self.records()
                 last = [r for r in records if r.committed and r.participants]
                 if last and len(last[-1].participants) == self.opts.groups:
                     break
                 time.sleep(0.2)
-        records = read_records(self.folder)
+        records = self.records()
         step = max((r.step for r in records), default=0) + STOP_MARGIN_STEPS
         self.stop_file.write_text(str(step))
         for launch in self.launches:
@@ -651,12 +835,13 @@ class MethodRun:
 
     def _summary(self, reached: float, finals: dict[str, dict]) -> dict[str, Any]:
         opts = self.opts
-        records = read_records(self.folder)
+        records = self.records()
         t0 = self.started + (self.t0 or 0.0)
         points = [(r.time - t0, record_samples(r, opts)) for r in records if r.committed]
         target = self.target if self.target is not None else self.samples_now(records)
         at = time_to_samples(points, target, rollback=not self.ft)
-        lineage = [r for r in records if r.committed and r.loss is not None]
+        # a healing step logs the loss of the model it replaced: not the job's
+        lineage = [r for r in records if r.committed and r.loss is not None and not r.healed]
         final_loss = next(
             (r.loss for r in lineage if record_samples(r, opts) >= target),
             lineage[-1].loss if lineage else None,
@@ -671,7 +856,12 @@ class MethodRun:
             for tag, f in finals.items()
             if tag.startswith("r") and tag.endswith("_rank0")
         }
-        if self.ft:
+        if self.method is Method.TORCHFT:
+            ledger = drawn_batches_check(records)
+            identical = len(finals) == opts.groups * opts.ranks and all(
+                len(h) == 1 for h in by_rank.values()
+            )
+        elif self.ft:
             ledger = ledger_check(group_finals, opts.groups)
             identical = (
                 len(group_finals) == opts.groups
@@ -703,6 +893,7 @@ class MethodRun:
             "samples_duplicated": ledger["duplicated"] * per_batch,
             "exactly_once": ledger["exactly_once"],
             "groups_identical": identical,
+            "second_lines": second_lines(records) if self.ft else [],
             "final_loss": final_loss,
             "faults": [
                 {
@@ -823,7 +1014,11 @@ def torchft_problem() -> str | None:
     if not RUNTIME_DEPS_DIR.is_dir():
         return f"torchft's dependencies are not installed under {RUNTIME_DEPS_DIR}"
     if importlib.util.find_spec("torchtitan.experiments.ft.train") is None:
-        return "this TorchTitan has no torchtitan.experiments.ft.train"
+        return (
+            "this TorchTitan has no torchtitan.experiments.ft.train (0.3.0 names its FT trainer "
+            "by a registry config, which the recording trainer does not wrap): run the "
+            "benchmark with TorchTitan 0.2.2"
+        )
     return None
 
 
@@ -892,7 +1087,27 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=27)
     p.add_argument("--groups", type=int, default=3)
     p.add_argument("--ranks", type=int, default=2, help="FSDP ranks per group")
-    p.add_argument("--cpus-per-group", type=float, default=0.6, help="CPU quota of each group")
+    p.add_argument(
+        "--cpus-per-group",
+        type=float,
+        default=0.5,
+        help="CPU budget of each group (a quota with the top weight; default 0.5: 3 groups and "
+        "the lighthouse take 1.7 of 2 cores)",
+    )
+    p.add_argument(
+        "--cpus-lighthouse",
+        type=float,
+        default=0.2,
+        help="CPU budget of the lighthouse (the top weight keeps the groups from starving it)",
+    )
+    p.add_argument(
+        "--replacement",
+        choices=["zygote", "cold"],
+        default="zygote",
+        help="fault_tolerance.replacement of the FT groups: how torchrun's restart of a group "
+        "starts its workers (zygote: forked from a pre-imported process; cold: fresh "
+        "interpreters)",
+    )
     p.add_argument("--heartbeat-timeout-ms", type=int, default=3000)
     p.add_argument("--process-group-timeout-ms", type=int, default=10000)
     p.add_argument("--hang-s", type=float, default=15.0, help="SIGSTOP length (> the PG timeout)")
@@ -941,6 +1156,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         mean_interval_s=args.mean_interval,
         seed=args.seed,
         cpus_per_group=args.cpus_per_group,
+        cpus_lighthouse=args.cpus_lighthouse,
+        replacement=args.replacement,
         heartbeat_timeout_ms=args.heartbeat_timeout_ms,
         process_group_timeout_ms=args.process_group_timeout_ms,
         hang_s=args.hang_s,
@@ -973,8 +1190,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "ranks_per_group": args.ranks,
             "samples_per_step": opts.samples_per_step,
             "config": CONFIG.name,
+            "replacement": args.replacement,
         },
-        "cpu_quota": {"cpus_per_group": args.cpus_per_group},
+        "cpu_quota": {
+            "cpus_per_group": args.cpus_per_group,
+            "cpus_lighthouse": args.cpus_lighthouse,
+        },
         "timeouts": {
             "heartbeat_timeout_ms": args.heartbeat_timeout_ms,
             "process_group_timeout_ms": args.process_group_timeout_ms,
@@ -987,16 +1208,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "methods": {},
     }
     probe = CpuLimit("goodput_probe", [], cpus=1.0)
-    result["cpu_quota"]["mechanism"] = probe.mechanism
+    result["cpu_quota"].update(mechanism=probe.mechanism, parent=probe.parent, weight=probe.weight)
     probe.close()
+    budget = args.groups * args.cpus_per_group + args.cpus_lighthouse
+    if budget >= 0.9 * (os.cpu_count() or 1):
+        print(
+            f"goodput: the groups' and the lighthouse's budgets add up to {budget:g} CPUs of "
+            f"{os.cpu_count()}: with their top weight they leave this process and the rest of "
+            "the machine little; lower --cpus-per-group",
+            file=sys.stderr,
+        )
     ideal = MethodRun(Method.IDEAL, opts, schedule).run()
     result["methods"][Method.IDEAL.value] = ideal
     baseline = ideal["time_to_target_s"]
-    for name in (Method.TORCHTITAN_FT, Method.CHECKPOINT_RESTART, Method.TORCHFT):
+    for name in (Method.TORCHTITAN_FT, Method.TORCHFT, Method.CHECKPOINT_RESTART):
         if name.value not in args.methods:
             continue
-        if name is Method.TORCHFT:
-            result["methods"][name.value] = {"skipped": torchft_problem() or NOT_WIRED}
+        if name is Method.TORCHFT and (problem := torchft_problem()):
+            result["methods"][name.value] = {"skipped": problem}
             continue
         try:
             entry = MethodRun(name, opts, schedule, target=ideal["target_samples"]).run()
@@ -1007,6 +1236,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         entry["goodput"] = round(baseline / at, 3) if at and baseline else None
         entry["ideal_loss"] = ideal["final_loss"]
         result["methods"][name.value] = entry
+        # after each method: a run cut short keeps the methods it finished
+        (args.out / "goodput.json").write_text(json.dumps(result, indent=1, default=str))
     ideal["goodput"] = 1.0
     kills = [
         f["rejoin_s"]

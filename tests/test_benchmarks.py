@@ -338,3 +338,103 @@ def test_link_cpu_prints_both_bucket_settings() -> None:
     for setting in (old, new):
         assert setting["allreduce_s"] > 0 and setting["compute_alone_s"] > 0
         assert setting["machine_softirq_s_per_op"] >= 0
+
+
+def _torchft_record(group: int, step: int, committed: bool, participating: bool, drawn: int):
+    from benchmarks.goodput import Record
+
+    return Record(
+        group=group,
+        pid=1,
+        time=float(drawn),
+        step=step,
+        committed=committed,
+        consumed=None,
+        participants=None,
+        loss=None,
+        rss_mb=0.0,
+        fds=0,
+        batches_committed=0,
+        participating=participating,
+        drawn=drawn,
+    )
+
+
+def test_goodput_gathers_torchft_participants_per_step() -> None:
+    """torchft's groups know how many took part in a step, not which: the benchmark gathers
+    them from every group's own record."""
+    from benchmarks.goodput import fill_participants
+
+    records = [
+        _torchft_record(0, 5, True, True, 5),
+        _torchft_record(1, 5, True, False, 3),  # healing in step 5: committed, not in it
+        _torchft_record(2, 5, True, True, 5),
+        _torchft_record(1, 6, False, True, 4),  # a discarded step takes nobody's batch
+    ]
+    fill_participants(records)
+    assert [r.participants for r in records] == [[0, 2], [0, 2], [0, 2], []]
+
+
+@pytest.mark.parametrize(
+    ("rows", "lost", "duplicated"),
+    [
+        # (group, committed, participating, drawn): one process, every batch trained once
+        ([(0, True, True, 1), (0, True, True, 2)], 0, 0),
+        # a discarded step's batch is read and never trained: lost
+        ([(0, True, True, 1), (0, False, True, 2), (0, True, True, 3)], 1, 0),
+        # healing: the batch of the step reaches no gradient
+        ([(0, True, False, 1), (0, True, True, 2)], 1, 0),
+        # a new process starts its slice again: batches 0 and 1 trained twice
+        ([(0, True, True, 1), (0, True, True, 2), (0, True, True, 1), (0, True, True, 2)], 0, 2),
+        # lost past the last trained batch is not counted (the run ended there)
+        ([(0, True, True, 1), (0, False, True, 2)], 0, 0),
+    ],
+)
+def test_goodput_checks_torchft_batches_exactly_once(
+    rows: list[tuple[int, bool, bool, int]], lost: int, duplicated: int
+) -> None:
+    from benchmarks.goodput import drawn_batches_check
+
+    records = [_torchft_record(g, 0, c, p, d) for g, c, p, d in rows]
+    check = drawn_batches_check(records)
+    assert (check["lost"], check["duplicated"]) == (lost, duplicated)
+    assert check["exactly_once"] == (lost == duplicated == 0)
+
+
+def test_goodput_torchft_replica_id_names_its_group() -> None:
+    from benchmarks._goodput_torchft_worker import group_of
+
+    assert group_of("torchtitan_ft_2:5f0c6a0e-1d2b") == 2
+    assert group_of("torchtitan_ft_11") == 11
+
+
+def test_goodput_reads_records_on_from_where_it_stopped(tmp_path: Path) -> None:
+    """Whole lines only: a line being written is taken once it ends."""
+    from benchmarks.goodput import RecordReader
+
+    line = {"step": 1, "committed": True, "consumed": [1], "participants": [0]}
+    line |= {"loss": 2.0, "rss_mb": 1.0, "fds": 3}
+    path = tmp_path / "steps_r0_p42.jsonl"
+    text = json.dumps({**line, "time": 1.0}) + "\n" + json.dumps({**line, "time": 2.0})
+    path.write_text(text[:-5])  # the second line half written
+    reader = RecordReader(tmp_path)
+    assert [(r.group, r.pid, r.time) for r in reader.read()] == [(0, 42, 1.0)]
+    path.write_text(text + "\n")
+    assert [r.time for r in reader.read()] == [1.0, 2.0]
+    assert [r.time for r in reader.read()] == [1.0, 2.0]
+
+
+def test_goodput_names_a_process_that_trained_its_own_line() -> None:
+    """A replacement that heals commits at the job's step; one that commits below it started
+    a second line of steps."""
+    from benchmarks.goodput import second_lines
+
+    records = [_torchft_record(0, s, True, True, s) for s in (1, 2, 3)]
+    healed = _torchft_record(1, 4, True, False, 10)
+    healed.pid = 2
+    fresh = _torchft_record(2, 1, True, True, 11)
+    fresh.pid = 3
+    assert second_lines([*records, healed]) == []
+    assert second_lines([*records, healed, fresh]) == [
+        {"group": 2, "pid": 3, "step": 1, "job_step": 4}
+    ]

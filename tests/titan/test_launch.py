@@ -61,3 +61,23 @@ def _failure(exitcode: int, timestamp: int) -> SimpleNamespace:
 )
 def test_which_failures_count_as_explained(failures: list, explained: bool) -> None:
     assert _explained(failures) is explained
+
+
+def test_an_empty_error_file_counts_as_none(tmp_path: Path) -> None:
+    """A worker killed while writing its error file leaves it empty; torchrun's agent died of
+    the JSONDecodeError instead of restarting the group."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from torchtitan_ft.titan.launch import tolerate_torn_error_files
+
+    tolerate_torn_error_files()
+    tolerate_torn_error_files()  # once is enough: a second call changes nothing
+    torn = tmp_path / "torn.json"
+    torn.write_text("")
+    failure = ProcessFailure(local_rank=1, pid=42, exitcode=-9, error_file=str(torn))
+    assert failure.pid == 42 and not torn.exists()
+    whole = tmp_path / "whole.json"
+    whole.write_text(
+        '{"message": {"message": "RuntimeError: boom", "extraInfo": {"timestamp": "7"}}}'
+    )
+    assert ProcessFailure(0, 43, 1, str(whole)).timestamp == 7  # a whole file is read as before

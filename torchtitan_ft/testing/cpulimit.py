@@ -7,6 +7,16 @@ neither can be created (no root, read-only cgroup file system) it falls back to 
 SIGCONT duty cycle driven by a thread of the calling process, which is coarser (its period is
 a scheduler's tick or more on a busy machine). ``CpuLimit.mechanism`` says which one is used.
 
+A quota is a ceiling, not a budget: on a shared machine the other processes still take a
+limited group's CPU. So the cgroup is also given the highest CPU weight (v1 ``cpu.shares``
+262144, v2 ``cpu.weight`` 10000, against 1024 / 100 for everything else), which makes the quota
+what the group gets as long as the quotas of all such groups add up to less than the CPU their
+parent has. And it is made under the caller's own cgroup (``/proc/self/cgroup``), not at the
+root, so that it shares what the caller was given (e.g. a run under a prioritised, capped
+cgroup) rather than escaping it. Leave CPU for the processes outside the limits (the caller,
+a lighthouse): with the weight, limited groups that add up to all of the parent's CPU starve
+them. ``CpuLimit.parent`` and ``CpuLimit.weight`` say what was set.
+
     with CpuLimit("group_3", [proc.pid], cpus=0.25) as limit:
         ...
         limit.set(cpus=0.0625)  # 4x slower
@@ -28,6 +38,23 @@ step is throttled alike (with 100 ms, a short compute often fits in one period's
 next one pays for it all). The kernel's smallest quota is 1 ms: ``cpus`` >= 0.1."""
 _V2_ROOT = Path("/sys/fs/cgroup")
 _V1_ROOT = Path("/sys/fs/cgroup/cpu")
+V1_SHARES = 262_144
+"""cgroup v1 ``cpu.shares`` of a limit: the kernel's maximum (a process's default is 1024)."""
+V2_WEIGHT = 10_000
+"""cgroup v2 ``cpu.weight`` of a limit: the kernel's maximum (the default is 100)."""
+
+
+def own_cgroup(proc_self_cgroup: str, v2: bool) -> str:
+    """The caller's cgroup path for the CPU controller ("/" for the root), from the text of
+    ``/proc/self/cgroup``: the ``0::PATH`` line on cgroup v2, on v1 the line whose controller
+    list holds ``cpu`` (``4:cpu,cpuacct:/PATH``). Pure."""
+    for line in proc_self_cgroup.splitlines():
+        number, controllers, path = line.split(":", 2)
+        if (v2 and number == "0" and controllers == "") or (
+            not v2 and "cpu" in controllers.split(",")
+        ):
+            return path or "/"
+    return "/"
 
 
 class CpuLimit:
@@ -61,6 +88,10 @@ class CpuLimit:
         self._duty: _DutyCycle | None = None
         self.mechanism = "none"
         """``"cgroup v2 cpu.max"``, ``"cgroup v1 cpu.cfs_quota_us"`` or ``"duty cycle"``."""
+        self.parent: str | None = None
+        """The cgroup the limit's cgroup was made under (the caller's own; "/" for the root)."""
+        self.weight: str | None = None
+        """The CPU weight set on it, e.g. ``"cpu.shares 262144"`` (None: a duty cycle)."""
         cgroup = f"torchtitan_ft_{name}_{uuid.uuid4().hex[:8]}"
         if duty_cycle:
             if not cpus > 0:
@@ -69,19 +100,41 @@ class CpuLimit:
             self._duty = _DutyCycle(self._pids, cpus, duty_period_s)
             return
         try:
-            if (_V2_ROOT / "cgroup.controllers").exists():
-                self._dir, self.mechanism = _V2_ROOT / cgroup, "cgroup v2 cpu.max"
+            v2 = (_V2_ROOT / "cgroup.controllers").exists()
+            self.parent = own_cgroup(Path("/proc/self/cgroup").read_text(), v2)
+            root = _V2_ROOT if v2 else _V1_ROOT
+            self._dir = self._make_under(root, self.parent, cgroup, v2)
+            self.mechanism = "cgroup v2 cpu.max" if v2 else "cgroup v1 cpu.cfs_quota_us"
+            if v2:
+                (self._dir / "cpu.weight").write_text(f"{V2_WEIGHT}\n")
+                self.weight = f"cpu.weight {V2_WEIGHT}"
             else:
-                self._dir, self.mechanism = _V1_ROOT / cgroup, "cgroup v1 cpu.cfs_quota_us"
-            self._dir.mkdir()
+                (self._dir / "cpu.shares").write_text(f"{V1_SHARES}\n")
+                self.weight = f"cpu.shares {V1_SHARES}"
             self.set(cpus)
             procs = self._dir / "cgroup.procs"
             for pid in self._pids:
                 procs.write_text(f"{pid}\n")
         except OSError:
             self._remove_cgroup()
-            self._dir, self.mechanism = None, "duty cycle"
+            self._dir, self.mechanism, self.weight = None, "duty cycle", None
             self._duty = _DutyCycle(self._pids, cpus, duty_period_s)
+
+    def _make_under(self, root: Path, parent: str, name: str, v2: bool) -> Path:
+        """Makes cgroup ``name`` under ``parent``; under the root where the parent's folder is
+        not there or (v2) cannot hand the cpu controller down, which a cgroup holding processes
+        itself cannot: :attr:`parent` says where."""
+        under = root / parent.lstrip("/")
+        if not under.is_dir():  # a cgroup namespace's view, or a mount of another shape
+            under, self.parent = root, "/"
+        elif v2 and parent != "/":
+            try:
+                (under / "cgroup.subtree_control").write_text("+cpu\n")
+            except OSError:
+                under, self.parent = root, "/"
+        path = under / name
+        path.mkdir()
+        return path
 
     def add(self, pid: int) -> None:
         """Puts process ``pid`` under the limit too (the children it starts afterwards follow)."""

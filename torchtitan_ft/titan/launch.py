@@ -1,7 +1,10 @@
 """torchrun for ``run_train.sh``, the agent of one replica group's trainer processes:
 ``python -m torchtitan_ft.titan.launch [torchrun arguments]``.
 
-It is ``python -m torch.distributed.run`` in every respect but one. When the failed workers
+It is ``python -m torch.distributed.run`` in every respect but two. A failed worker's error
+file that is not JSON (empty: the worker was killed while writing it) counts as no error file,
+where torchrun's agent would die of the ``JSONDecodeError`` and never restart the group
+(:func:`tolerate_torn_error_files`). When the failed workers
 exited with :data:`USER_ERROR_EXIT` (or were stopped by torchrun's SIGTERM once the first of
 them had exited), the workers have already said what is wrong in one line
 (``torchtitan_ft: config error: ...`` and the other mistakes ``torchtitan_ft.titan.train``
@@ -46,12 +49,46 @@ class _DropUserErrorFailure(logging.Filter):
         return not record.getMessage().startswith(f"failed (exitcode: {USER_ERROR_EXIT})")
 
 
+def tolerate_torn_error_files() -> None:
+    """Makes torchrun's agent take a failed worker's error file that does not parse as JSON for
+    no error file. torchrun stops a group's other ranks as soon as one dies; a rank whose peer
+    died inside a collective is by then writing its exception to its error file
+    (``open(..., "w")`` then ``write``), and a kill between the two leaves it empty. The agent
+    then raised ``JSONDecodeError`` out of its monitoring loop and exited, so the group was
+    never restarted (seen in ``benchmarks.goodput``: a two-group kill). torchrun 2.13 behaves
+    so; the launcher says it in one line when it happens."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    original = ProcessFailure.__post_init__
+    if getattr(original, "tolerates_torn_files", False):
+        return
+
+    def post_init(self: ProcessFailure) -> None:
+        try:
+            original(self)
+        except ValueError:  # json.JSONDecodeError: a torn or empty file
+            print(
+                f"torchtitan_ft: worker {self.local_rank} (pid {self.pid}) left an error file "
+                f"that is not JSON ({self.error_file}, killed while writing it); torchrun would "
+                "stop here, the launcher treats it as no error file and restarts the group",
+                file=sys.stderr,
+                flush=True,
+            )
+            with contextlib.suppress(OSError):
+                os.remove(self.error_file)
+            original(self)
+
+    post_init.tolerates_torn_files = True  # type: ignore[attr-defined]
+    ProcessFailure.__post_init__ = post_init  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Runs torchrun with ``argv`` (default: the command line)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
     logging.getLogger(_AGENT_LOGGER).addFilter(_DropUserErrorFailure())
+    tolerate_torn_error_files()
     argv = list(sys.argv[1:] if argv is None else argv)
     # A store per rendezvous round for the workers. By default it is the rendezvous store,
     # without a per-round prefix: the workers torchrun restarts (MAX_RESTARTS, a zygote) read

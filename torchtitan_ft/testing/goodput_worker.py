@@ -1,5 +1,7 @@
 """The trainer of ``benchmarks.goodput`` (its ``TRAIN_FILE``): this project's TorchTitan trainer,
-plus one JSON line per step about what the step committed, for the benchmark to read.
+plus one JSON line per step about what the step committed, for the benchmark to read. In the
+package (not ``benchmarks/``) so that ``run_train.sh`` starts it as it starts this project's own
+trainer, through the zygote with ``fault_tolerance.replacement = "zygote"``.
 
 Environment:
 
@@ -7,12 +9,18 @@ Environment:
   fault tolerance is off) appends to ``steps_<tag>.jsonl`` one object per iteration:
   ``time``, ``step`` (committed steps after it), ``committed``, ``consumed`` (the data ledger:
   batches of each group's slice in committed steps; null without fault tolerance),
-  ``participants`` (groups whose batches the step committed), ``loss`` (TorchTitan's logged
+  ``participants`` (groups whose batches the step committed; empty in a step this group healed
+  in, where the ledger before it was this process's and after it the donor's), ``healed``,
+  ``loss`` (TorchTitan's logged
   job loss), ``rss_mb`` and ``fds`` (this process's resident memory and open descriptors).
   Every rank writes ``final_<tag>_rank<k>.json`` after its last step: ``step``, ``hash``
   (SHA-256 of its model and optimizer tensors, local shards), ``consumed`` and ``position``
   (its reader's place in its slice).
 * ``GOODPUT_STOP_FILE``: once this file exists, training ends after the step it names.
+
+Every rank first creates ``worker_<tag>_l<LOCAL_RANK>_p<PID>`` there: which process is which
+rank (a worker forked by the zygote shows the zygote's command line and environment in
+``/proc``).
 """
 
 from __future__ import annotations
@@ -57,7 +65,26 @@ def state_hash(model_parts: list[Any], optimizers: Any) -> str:
     return digest.hexdigest()
 
 
+def announce(out: Path, tag: str) -> None:
+    """Creates this rank's ``worker_<tag>_l<LOCAL_RANK>_p<PID>`` file in ``out``."""
+    (out / f"worker_{tag}_l{os.environ['LOCAL_RANK']}_p{os.getpid()}").touch()
+
+
+def run_tag() -> str:
+    """``r<G>`` for replica group G (from the command line's replica id), ``job`` without
+    fault tolerance: read before the config is parsed, to announce the rank at once."""
+    import sys
+
+    if "--fault_tolerance.no-enable" in sys.argv:
+        return "job"
+    for arg in sys.argv:
+        if arg.startswith("--fault_tolerance.replica_id="):
+            return f"r{arg.split('=', 1)[1]}"
+    return "job"
+
+
 def main() -> None:
+    announce(Path(os.environ["GOODPUT_OUT"]), run_tag())
     import torchtitan_ft.titan.train as entry  # applies the CPU fixes before TorchTitan
     from torchtitan_ft.titan.trainer import FaultTolerantTrainer
 
@@ -89,16 +116,19 @@ def main() -> None:
 
         def train_step(self, data_iterator: Any) -> None:
             before = self._ledger()
+            step_before = self.step
             self._loss = None
             super().train_step(data_iterator)
             if self._records is None:
                 return
             after = self._ledger()
             committed = self.replica_axis.step_committed()
+            # healed in this step: the ledger before is this process's own, after the donor's
+            healed = self.step > step_before + 1
             participants = (
                 [g for g, (a, b) in enumerate(zip(before, after, strict=True)) if b > a]
-                if before is not None and after is not None
-                else None
+                if before is not None and after is not None and not healed
+                else ([] if healed else None)
             )
             rss_mb, fds = process_usage()
             record = {
@@ -107,6 +137,7 @@ def main() -> None:
                 "committed": committed,
                 "consumed": after,
                 "participants": participants,
+                "healed": healed,
                 "loss": self._loss,
                 "rss_mb": round(rss_mb, 1),
                 "fds": fds,

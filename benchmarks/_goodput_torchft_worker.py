@@ -1,0 +1,197 @@
+"""``benchmarks.goodput``'s torchft method: TorchTitan's own FT trainer
+(``torchtitan.experiments.ft.train``, TorchTitan 0.2.2) on the torchft 0.2.0 reference, with the
+same per-step records as :mod:`torchtitan_ft.testing.goodput_worker`, and torchft's own
+lighthouse.
+
+    python -m benchmarks._goodput_torchft_worker lighthouse BIND MIN_REPLICAS JOIN_MS TICK_MS HB_MS
+    TRAIN_FILE=benchmarks._goodput_torchft_worker ./run_train.sh ...   # the trainer
+
+Nothing of TorchTitan or torchft is changed. A subclass of TorchTitan's ``FTTrainer`` reads what
+they expose: torchft's ``Manager`` (its step, ``batches_committed``, ``is_participating``), the
+result of its ``should_commit`` (wrapped on the instance), and the quorums its client receives
+(a pass-through in front of the client: who a healing group heals from). Records, where they
+differ from :mod:`torchtitan_ft.testing.goodput_worker`'s:
+
+* ``step``: torchft's committed step (``Manager.current_step``);
+* ``consumed`` and ``participants``: null. torchft keeps no data ledger, and a group knows the
+  number of participants, not which groups they were; ``benchmarks.goodput`` gathers the
+  participants of a step from every group's ``participating``;
+* ``batches_committed``: torchft's count (participants summed over committed steps, healed
+  with the state): the job's committed samples are this x ranks x local batch;
+* ``participating``: this group's batch was in the step (not healing, in the quorum);
+* ``loss``: the job's loss as TorchTitan logs it (``logged_loss``: a sum over the participating
+  groups of each one's mean, its ``dist_sum`` over torchft's process group) divided by the
+  number of participants, so that it compares with this project's;
+* ``drawn``: batches this process has taken from its data loader. TorchTitan's loader reads on
+  whatever the step does, and a new process starts at its slice's beginning (without
+  checkpoints nothing restores its position), so batch ``drawn - 1`` of the slice is the one
+  this step trained or lost.
+
+Rank 0 of a group also appends ``{"time", "source"}`` to ``heals_r<G>_p<PID>.jsonl`` when a quorum
+tells the group to heal (``source``: the donor's replica group), before the heal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def serve_lighthouse(argv: list[str]) -> None:
+    """torchft 0.2.0's lighthouse (its Rust server, in this process) until killed."""
+    from benchmarks._reference import load_reference
+
+    bind, min_replicas, join_ms, tick_ms, heartbeat_ms = argv
+    reference = load_reference()
+    if reference is None:
+        raise SystemExit("goodput: the torchft 0.2.0 reference is not installed")
+    server = reference.LighthouseServer(
+        bind=bind,
+        min_replicas=int(min_replicas),
+        join_timeout_ms=int(join_ms),
+        quorum_tick_ms=int(tick_ms),
+        heartbeat_timeout_ms=int(heartbeat_ms),
+    )
+    print(f"torchft lighthouse at {server.address()}", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+class _QuorumTap:
+    """Stands in front of torchft's ``ManagerClient``: passes every call on, and shows each
+    quorum result to ``seen`` first."""
+
+    def __init__(self, client: Any, seen: Any) -> None:
+        self._client = client
+        self._seen = seen
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        quorum = self._client._quorum(*args, **kwargs)
+        self._seen(quorum)
+        return quorum
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def group_of(replica_id: str) -> int:
+    """The replica group of TorchTitan's torchft replica id ``torchtitan_ft_<G>:<uuid>``."""
+    return int(replica_id.split(":")[0].rsplit("_", 1)[1])
+
+
+def main() -> None:
+    from torchtitan.experiments.ft.train import FTTrainer
+    from torchtitan.train import main as titan_main
+
+    from torchtitan_ft.testing.goodput_worker import announce, process_usage, run_tag, state_hash
+
+    announce(Path(os.environ["GOODPUT_OUT"]), run_tag())
+
+    class RecordingFTTrainer(FTTrainer):
+        def __init__(self, job_config: Any) -> None:
+            super().__init__(job_config)
+            out = Path(os.environ["GOODPUT_OUT"])
+            self._out = out
+            self._rank = int(os.environ["RANK"])
+            self._group = job_config.fault_tolerance.replica_id
+            self._tag = f"r{self._group}"
+            self._pid = os.getpid()
+            self._loss: float | None = None
+            self._drawn = 0
+            self._step_result: dict[str, Any] = {}
+            manager = self.ft_manager.manager
+            self._manager = manager
+            log = self.metrics_processor.log
+
+            def keep_loss(step: int, loss: float, *args: Any, **kwargs: Any) -> None:
+                self._loss = float(loss)
+                log(step, loss, *args, **kwargs)
+
+            self.metrics_processor.log = keep_loss
+            should_commit = manager.should_commit
+
+            def recorded_should_commit(*args: Any, **kwargs: Any) -> bool:
+                participating = manager.is_participating()
+                participants = manager.num_participants()
+                result = should_commit(*args, **kwargs)
+                self._step_result = {
+                    "committed": result,
+                    "participating": participating,
+                    "participants": participants,
+                }
+                return result
+
+            manager.should_commit = recorded_should_commit
+            self._records = self._heals = None
+            if self._rank == 0:
+                self._records = open(out / f"steps_{self._tag}_p{self._pid}.jsonl", "a")  # noqa: SIM115
+                self._heals = open(out / f"heals_{self._tag}_p{self._pid}.jsonl", "a")  # noqa: SIM115
+                manager._client = _QuorumTap(manager._client, self._quorum_seen)
+
+        def _quorum_seen(self, quorum: Any) -> None:
+            if not quorum.heal or quorum.recover_src_replica_rank is None:
+                return
+            donor = group_of(quorum.replica_ids[quorum.recover_src_replica_rank])
+            self._heals.write(json.dumps({"time": time.time(), "source": donor}) + "\n")
+            self._heals.flush()
+
+        def batch_generator(self, data_iterable: Any) -> Any:
+            for batch in super().batch_generator(data_iterable):
+                self._drawn += 1
+                yield batch
+
+        def train_step(self, data_iterator: Any) -> None:
+            self._loss = None
+            self._step_result = {}
+            super().train_step(data_iterator)
+            if self._records is None:
+                return
+            rss_mb, fds = process_usage()
+            participants = self._step_result.get("participants") or 1
+            record = {
+                "time": time.time(),
+                "step": self._manager.current_step(),
+                "committed": bool(self._step_result.get("committed", False)),
+                "consumed": None,
+                "participants": None,
+                "loss": self._loss / participants if self._loss is not None else None,
+                "logged_loss": self._loss,
+                "rss_mb": round(rss_mb, 1),
+                "fds": fds,
+                "batches_committed": self._manager.batches_committed(),
+                "participating": bool(self._step_result.get("participating", False)),
+                "drawn": self._drawn,
+            }
+            self._records.write(json.dumps(record) + "\n")
+            self._records.flush()
+
+        def should_continue_training(self) -> bool:
+            stop = os.environ.get("GOODPUT_STOP_FILE")
+            if stop and os.path.exists(stop):
+                return self._manager.current_step() < int(Path(stop).read_text())
+            return super().should_continue_training()
+
+        def train(self) -> None:
+            super().train()
+            final = {
+                "step": self._manager.current_step(),
+                "hash": state_hash(self.model_parts, self.optimizers),
+                "consumed": None,
+                "position": None,
+                "batches_committed": self._manager.batches_committed(),
+            }
+            path = self._out / f"final_{self._tag}_rank{self._rank}.json"
+            path.write_text(json.dumps(final))
+
+    titan_main(RecordingFTTrainer)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["lighthouse"]:
+        serve_lighthouse(sys.argv[2:])
+    else:
+        main()
