@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         validate_job_config,
     )
     from torchtitan_ft.titan.releases.v0_3 import titan_trainer
-    from torchtitan_ft.titan.releases.v0_3.parse import parse, runnable_here
+    from torchtitan_ft.titan.releases.v0_3.parse import group_ranks, parse, runnable_here
     from torchtitan_ft.titan.train import _config_error, _user_error, run_trainer
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         check_manager_env(config)
         for note in parsed.notes:
             logger.info(note)
-        runnable_here(parsed, cpu_compat.cuda_available(), logger.info)
+        runnable_here(parsed, cpu_compat.cuda_available(), group_ranks(), logger.info)
         explicit_dtype = "training.mixed_precision_param" in parsed.explicit
         configured = config.training.mixed_precision_param if explicit_dtype else None
         device = "cuda" if cpu_compat.cuda_available() else "cpu"
