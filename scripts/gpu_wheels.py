@@ -42,6 +42,10 @@ sys.path.insert(0, str(ROOT))
 from torchtitan_ft.titan.releases import Release  # noqa: E402  (imports neither torch nor titan)
 
 DEPENDENCIES = (
+    # First: the closure takes the newest version meeting the first requirement it meets, and
+    # datasets 4.7 (the newest of the range) bounds huggingface-hub below 2, which
+    # tokenizers' requirement alone would not.
+    "datasets>=3.6,<4.8",
     "tyro>=1.0.17,<2",
     "grpcio>=1.85.1,<2",
     "protobuf>=7.35.1,<8",
@@ -49,7 +53,6 @@ DEPENDENCIES = (
     "torchdata>=0.11",
     "tensorboard>=2.16",
     "tokenizers>=0.21",
-    "datasets>=3.6,<4.8",
 )
 """pyproject.toml's runtime dependencies without torch and triton (the machine's own) and
 TorchTitan (:func:`roots` adds the release)."""
