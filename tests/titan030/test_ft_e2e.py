@@ -81,5 +81,5 @@ def test_killed_replica_group_heals_to_identical_state(tmp_path: Path, ranks: in
     for replica in (0, 1):
         # The survivor and the restarted run train more than PROFILE_EVERY iterations each.
         traces = tmp_path / f"outputs{replica}" / "profiling" / "traces"
-        found = {p.relative_to(traces).parts[1:] for p in traces.glob("iteration_*/*/*.json")}
-        assert found == {(f"replica_{replica}", f"rank{r}_trace.json") for r in range(ranks)}
+        found = {p.relative_to(traces).parts[1:] for p in traces.glob("iteration_*/*/*")}
+        assert found == {(f"replica_{replica}", f"rank{r}_trace.json.gz") for r in range(ranks)}
