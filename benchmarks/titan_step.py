@@ -23,10 +23,11 @@ the CPU (model, torch capability, bf16 support) and the dtype this machine would
         [--releases 0.2.2 0.3.0]
 
 ``--releases`` runs the jobs of each TorchTitan release named, side by side in one rotation
-(default: the installed one): 0.3.0's with ``.cache/tt030/venv``'s Python, the registry's
-``llama3_debugmodel`` given the TOML configs' values as flags (:data:`CONFIGS_0_3`), and
-``--parallelism.spmd_backend=partial_dtensor`` (0.3.0's default stops FSDP over 2 ranks on
-this torch). Each row of ``results`` names its release and dtype; ``ratio_0_3_0_over_0_2_2``
+(default: the installed one): 0.3.0's with ``.cache/tt030/venv``'s Python and the same TOML
+files over the registry's ``llama3_debugmodel`` (``CONFIG_FILE``, which ``run_train.sh`` passes
+as ``--job.config_file`` on 0.3.0; the trainer takes ``parallelism.spmd_backend``
+``partial_dtensor`` for 2+ ranks on a CPU, where 0.3.0's default stops FSDP). Each row of
+``results`` names its release and dtype; ``ratio_0_3_0_over_0_2_2``
 divides the FT / native ratios of the two releases.
 
 With ``--link-mbit`` (e.g. ``--link-mbit unlimited,1000,100``) the replicate dimension crosses
@@ -81,30 +82,6 @@ RELEASE_PYTHONS = {
 """Each release's environment (``scripts/install_torchtitan_env.sh <release>``), used for a
 release other than this Python's."""
 
-CONFIGS_0_3 = {
-    "debug_cpu.toml": (
-        "--training.seq_len=256",
-        "--training.local_batch_size=2",
-        "--validator.no-enable",
-        "--profiler.no-enable-profiling",
-        # TorchTitan 0.3.0's default backend, spmd_types, stops FSDP over 2 ranks on this torch
-        # ("all parameters must be DTensors on the full SPMD mesh"); partial_dtensor trains.
-        "--parallelism.spmd_backend=partial_dtensor",
-    ),
-    "debug_ft_cpu.toml": (
-        "--fault_tolerance.enable",
-        "--fault_tolerance.group_size=2",
-        "--fault_tolerance.min_replica_size=1",
-        "--fault_tolerance.hostname=127.0.0.1",
-        "--fault_tolerance.process_group_timeout_ms=10000",
-        "--fault_tolerance.step_timeout_ms=30000",
-        "--fault_tolerance.quorum_timeout_ms=60000",
-        "--fault_tolerance.connect_timeout_ms=10000",
-    ),
-}
-"""The TOML configs as 0.3.0 flags on the registry's ``llama3_debugmodel`` (0.3.0 reads no
-TOML): debug_cpu.toml's shape, and debug_ft_cpu.toml's ``[fault_tolerance]`` on top of it."""
-
 
 def release_python(release: str | None) -> str:
     """The Python that runs ``release``'s jobs (None: this one's)."""
@@ -120,16 +97,15 @@ def release_python(release: str | None) -> str:
     return str(python)
 
 
-def _release_args(release: str, config: str) -> tuple[dict[str, str], list[str], list[str]]:
-    """(environment, dump-folder flag and config flags, trailing words) naming ``config`` on
-    ``release``."""
-    if release == "0.3.0":
-        flags = [*CONFIGS_0_3["debug_cpu.toml"]]
-        if config == "debug_ft_cpu.toml":
-            flags += CONFIGS_0_3[config]
-        env = {"MODULE": "llama3", "CONFIG": "llama3_debugmodel"}
-        return env, ["--dump_folder", *flags], ["activation-checkpoint:none"]  # a subcommand
-    return {"CONFIG_FILE": str(ROOT / "configs" / config)}, ["--job.dump_folder"], []
+DUMP_FOLDER_FLAG = {"0.2.2": "--job.dump_folder", "0.3.0": "--dump_folder"}
+"""The dump-folder flag of each release (0.3.0 moved it out of ``[job]``)."""
+
+
+def _release_args(release: str, config: str) -> tuple[dict[str, str], str]:
+    """(environment, dump-folder flag) that run ``configs/<config>`` on ``release``: the TOML
+    file as ``CONFIG_FILE`` on both (on 0.3.0 over the registry config its ``[model]`` names,
+    as ``--job.config_file``)."""
+    return {"CONFIG_FILE": str(ROOT / "configs" / config)}, DUMP_FOLDER_FLAG[release]
 
 
 def _installed() -> str:
@@ -149,7 +125,7 @@ def _launch(
     release: str | None = None,
 ) -> Any:
     """``run_train.sh`` (inside ``host`` when given, else here) with ``release``'s Python."""
-    release_env, leading, trailing = _release_args(release or _installed(), config)
+    release_env, dump_flag = _release_args(release or _installed(), config)
     full_env = {
         **os.environ,
         "NGPU": str(ngpu),
@@ -164,13 +140,11 @@ def _launch(
         str(ROOT / "run_train.sh"),
         "--training.steps",
         str(steps),
-        leading[0],
+        dump_flag,
         str(dump),
-        *leading[1:],
         "--metrics.enable_tensorboard",
         "--metrics.log_freq=1",
         *args,
-        *trailing,
     ]
     return subprocess.Popen(
         command,
@@ -247,15 +221,8 @@ def run_ft(work: Path, steps: int, timeout: float, release: str, *args: str) -> 
             if proc.poll() is None:
                 proc.kill()
         lighthouse.shutdown()
-    per_group = [_step_times(_group_tb_dir(work / f"ft{r}", r)) for r in range(2)]
+    per_group = [_step_times(_tb_dir(work / f"ft{r}", f"*/replica_{r}")) for r in range(2)]
     return {s: max(g[s] for g in per_group) for s in per_group[0] if all(s in g for g in per_group)}
-
-
-def _group_tb_dir(dump: Path, replica: int) -> Path:
-    """A replica group's TensorBoard folder: ``tb/<time>/replica_<r>`` on 0.2.2, ``tb/<time>``
-    on 0.3.0 (whose Trainer builds its metrics without the FT replica folder)."""
-    found = [d for d in (dump / "tb").glob(f"*/replica_{replica}") if d.is_dir()]
-    return found[0] if len(found) == 1 else _tb_dir(dump)
 
 
 RDZV_PORT = 29400
@@ -565,8 +532,8 @@ def main(argv: list[str] | None = None) -> dict:
         "what": "llama3 debugmodel, batch 2 x seq 256 per rank, gloo, CPU",
         "single": "one process, no FSDP (TorchTitan autocast in the dtype)",
         "native": "TorchTitan HSDP dp_replicate=2 x dp_shard=2 (one torchrun job, NGPU=4)",
-        "release": "0.2.2: configs/debug_cpu.toml, debug_ft_cpu.toml; 0.3.0: registry "
-        "llama3_debugmodel with their values as flags, spmd_backend partial_dtensor",
+        "release": "configs/debug_cpu.toml, debug_ft_cpu.toml on both; 0.3.0: over the "
+        "registry's llama3_debugmodel, spmd_backend partial_dtensor (the trainer's CPU swap)",
         "ft": "2 replica groups x 2 FSDP ranks, per-step FT (async quorum), real lighthouse",
         "steps": args.steps,
         "warmup": args.warmup,

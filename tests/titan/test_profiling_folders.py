@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 import torchtitan_ft.titan.train  # noqa: F401  (CPU fixes before TorchTitan is imported)
-from torchtitan_ft.titan.trainer import profiling_leaf_folder, replica_leaf_folder, titan_train
+from torchtitan_ft.titan.trainer import profiling_leaf_folder, titan_train
+from torchtitan_ft.titan.trainer_hooks import replica_leaf_folder
 
 
 def _profiling(**values: object) -> object:

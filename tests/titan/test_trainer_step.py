@@ -94,7 +94,7 @@ def test_init_optimizer_state_is_torchtitans_zero_lr_adam_step() -> None:
     import torch
     from torchtitan.components.optimizer import OptimizersContainer
 
-    from torchtitan_ft.titan.trainer import init_optimizer_state
+    from torchtitan_ft.titan.trainer_hooks import init_optimizer_state
 
     model = torch.nn.Linear(3, 2)
     before = [p.detach().clone() for p in model.parameters()]
@@ -111,8 +111,30 @@ def test_init_optimizer_state_is_torchtitans_zero_lr_adam_step() -> None:
 def test_the_start_line_names_the_difference_from_torchtitans_ft_trainer(
     numerics: str, semi_sync: bool
 ) -> None:
-    from torchtitan_ft.titan.trainer import numerics_line
+    from torchtitan_ft.titan.trainer_hooks import numerics_line
 
     line = numerics_line(numerics, semi_sync)
     assert "\n" not in line and f"'{numerics}'" in line and "TorchTitan's FT trainer" in line
     assert ("batches" in line) is not semi_sync  # semi-sync has no ledger to retry or skip
+
+
+@pytest.mark.parametrize(
+    ("step", "titan_lowers_at", "here"),
+    [
+        (0, 1, None),  # a fresh run's discarded first step: wait for TorchTitan's step
+        (1, 1, False),  # TorchTitan's loop lowers them after this step
+        (40, 1, True),  # healed to step 40 in its first step: TorchTitan's never comes
+        (7, 1, True),  # 0.2.2, resumed at 7, first step discarded: its loop waits for step 1
+        (7, 8, None),  # 0.3.0, resumed at 7, first step discarded: its loop waits for step 8
+        (8, 8, False),
+        (40, 8, True),
+    ],
+)
+def test_who_lowers_the_pg_timeouts_after_a_step(
+    step: int, titan_lowers_at: int, here: bool | None
+) -> None:
+    """Both releases' trainers ask the same question; each says where its loop lowers them
+    (0.2.2: after step 1; 0.3.0: one step past the loaded one)."""
+    from torchtitan_ft.titan.trainer_hooks import lowers_pg_timeouts_here
+
+    assert lowers_pg_timeouts_here(step, titan_lowers_at) is here

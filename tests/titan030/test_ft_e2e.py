@@ -1,7 +1,11 @@
-"""End to end on TorchTitan 0.3.0, the TorchTitan way: ``./run_train.sh`` with ``MODULE=llama3
-CONFIG=llama3_debugmodel`` and ``--fault_tolerance.*`` flags; replica group 1 is SIGKILLed
-mid-run, restarts, heals from group 0, and both groups end with bitwise-identical state (the
-same run and checks as tests/titan/test_ft_e2e.py on 0.2.2)."""
+"""End to end on TorchTitan 0.3.0, the TorchTitan way: ``./run_train.sh --module llama3 --config
+llama3_debugmodel`` with ``--fault_tolerance.*`` flags (docs/titan.md's 0.3.0 command; its
+env-var form ``MODULE=... CONFIG=...`` is run by test_local_job.py), 2 replica groups of 1 rank
+and (``--full``) of 2 FSDP ranks, without any ``parallelism.spmd_backend`` flag (with 2 ranks
+the trainer swaps 0.3.0's default for ``partial_dtensor`` on a CPU, one line); replica group 1
+is SIGKILLed mid-run, restarts, heals from group 0, and both groups end with bitwise-identical
+state, rank by rank (the same run and checks as tests/titan/test_ft_e2e.py on 0.2.2), each
+group's TensorBoard scalars and profiler traces in its own ``replica_<id>`` folder."""
 
 from pathlib import Path
 
@@ -11,8 +15,10 @@ from tests.titan.test_ft_e2e import (
     E2E_TIMEOUT_S,
     KILL_AT_STEP,
     assert_groups_identical,
+    assert_job_loss_logged_per_commit,
     kill_and_restart_group_1,
 )
+from torchtitan_ft.titan.releases.v0_3.parse import SPMD_TYPES_ON_CPU
 
 SMALL_CPU = (
     "--training.seq_len=256",
@@ -37,18 +43,43 @@ FT = (
 NO_ACTIVATION_CHECKPOINTING = "activation-checkpoint:none"
 """tyro's subcommand for TorchTitan 0.3.0's ``activation_checkpoint`` (a union of configs)."""
 
+PROFILE_EVERY = 10
+OBSERVED = (
+    "--metrics.enable_tensorboard",
+    "--profiler.enable_profiling",
+    f"--profiler.profile_freq={PROFILE_EVERY}",
+    "--profiler.profiler_warmup=0",
+)
+"""TensorBoard, and a profiler trace every :data:`PROFILE_EVERY` iterations of a process."""
+
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(E2E_TIMEOUT_S)
-def test_killed_replica_group_heals_to_identical_state(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "ranks",
+    [1, pytest.param(2, marks=pytest.mark.slow)],  # 2 ranks: a minute more of the default tier
+    ids=["1rank", "2ranks"],
+)
+def test_killed_replica_group_heals_to_identical_state(tmp_path: Path, ranks: int) -> None:
     job = kill_and_restart_group_1(
         tmp_path,
-        1,
+        ranks,
+        *("--module", "llama3", "--config", "llama3_debugmodel"),
         *SMALL_CPU,
         *FT,
+        *OBSERVED,
         NO_ACTIVATION_CHECKPOINTING,
-        config_env={"MODULE": "llama3", "CONFIG": "llama3_debugmodel"},
+        config_env={},  # the config is named by the flags
     )
     job.assert_healed_and_survived()
     assert job.healed_to > KILL_AT_STEP
-    assert_groups_identical(tmp_path, 1)
+    assert_groups_identical(tmp_path, ranks)
+    swap = SPMD_TYPES_ON_CPU.format(ranks=ranks)  # only where FSDP spans 2+ ranks
+    for run in (job.survivor, job.killed, job.restarted):
+        assert (swap in run.output) is (ranks > 1), run.output[-4000:]
+    assert_job_loss_logged_per_commit(tmp_path, job)  # reads tb/<time>/replica_<id>
+    for replica in (0, 1):
+        # The survivor and the restarted run train more than PROFILE_EVERY iterations each.
+        traces = tmp_path / f"outputs{replica}" / "profiling" / "traces"
+        found = {p.relative_to(traces).parts[1:] for p in traces.glob("iteration_*/*/*")}
+        assert found == {(f"replica_{replica}", f"rank{r}_trace.json.gz") for r in range(ranks)}

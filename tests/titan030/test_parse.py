@@ -85,7 +85,7 @@ def test_bad_registry_names_are_one_line_config_errors() -> None:
 def test_a_registry_config_is_made_runnable_on_a_cpu_and_says_so() -> None:
     parsed = parse([*REGISTRY], Config)
     lines: list[str] = []
-    runnable_here(parsed, cuda=False, log=lines.append)
+    runnable_here(parsed, cuda=False, ranks=1, log=lines.append)
     config = parsed.config
     assert config.dataloader.dataset == "ft_corpus"
     assert config.validator.dataloader.dataset == "ft_corpus_validation"
@@ -96,7 +96,7 @@ def test_a_registry_config_is_made_runnable_on_a_cpu_and_says_so() -> None:
 def test_what_the_user_set_is_not_changed() -> None:
     parsed = parse([*REGISTRY, "--dataloader.dataset=c4_test"], Config)
     lines: list[str] = []
-    runnable_here(parsed, cuda=True, log=lines.append)
+    runnable_here(parsed, cuda=True, ranks=1, log=lines.append)
     assert parsed.config.dataloader.dataset == "c4_test"
     assert not any("dataloader.dataset=" in line and "validator" not in line for line in lines)
 

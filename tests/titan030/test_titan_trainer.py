@@ -9,12 +9,15 @@ from torchtitan_ft.titan import releases
 if releases.installed_version() != releases.Release.V0_3.value:
     pytest.skip("TorchTitan 0.3.0 only (see conftest.py)", allow_module_level=True)
 
-from torchtitan_ft.titan.releases.v0_3.parse import parse
+from torchtitan_ft.titan.releases.v0_3.parse import (
+    SPMD_TYPES_CHOSEN,
+    SPMD_TYPES_ON_CPU,
+    parse,
+    runnable_here,
+)
 from torchtitan_ft.titan.releases.v0_3.titan_trainer import (
     NCCL_ON_CPU,
-    SPMD_TYPES_ON_CPU,
     gloo_for_nccl,
-    partial_dtensor_for_spmd_types,
     trainer_line,
     wants_titan_trainer,
 )
@@ -63,14 +66,31 @@ def test_the_line_names_the_trainer() -> None:
         ([], False, 2, "partial_dtensor", [SPMD_TYPES_ON_CPU.format(ranks=2)]),
         ([], False, 1, "spmd_types", []),  # one rank: no FSDP sharding to stop
         ([], True, 4, "spmd_types", []),
-        (["--parallelism.spmd_backend=spmd_types"], False, 2, "spmd_types", []),  # chosen
+        # chosen: kept, with one line saying what to expect
+        (
+            ["--parallelism.spmd_backend=spmd_types"],
+            False,
+            2,
+            "spmd_types",
+            [SPMD_TYPES_CHOSEN.format(ranks=2)],
+        ),
+        (["--parallelism.spmd_backend=partial_dtensor"], False, 2, "partial_dtensor", []),
     ],
 )
+@pytest.mark.parametrize("trainer", ["TorchTitan's", "torchtitan_ft's"])
 def test_spmd_types_becomes_partial_dtensor_on_a_cpu_with_several_ranks(
-    flags: list[str], cuda: bool, ranks: int, backend: str, lines: list[str]
+    flags: list[str], cuda: bool, ranks: int, backend: str, lines: list[str], trainer: str
 ) -> None:
-    parsed = parse([*TITAN_FT, *flags], None)
+    """The same swap, by ``runnable_here``, for a config of TorchTitan's FT trainer and of this
+    project's trainer (the registry's llama3_debugmodel in its ``Config``, which has the
+    ``fault_tolerance`` section): both mains call it."""
+    if trainer == "TorchTitan's":
+        parsed = parse([*TITAN_FT, *flags], None)
+    else:
+        from torchtitan_ft.titan.releases.v0_3.trainer import FaultTolerantTrainer
+
+        parsed = parse(flags, FaultTolerantTrainer.Config)
     logged: list[str] = []
-    partial_dtensor_for_spmd_types(parsed, cuda, ranks, logged.append)
+    runnable_here(parsed, cuda, ranks, logged.append)
     assert parsed.config.parallelism.spmd_backend == backend
-    assert logged == lines
+    assert [line for line in logged if "spmd_backend" in line] == lines

@@ -1,7 +1,10 @@
 """FT reproduces native HSDP on TorchTitan 0.3.0 (tests/titan/test_train_run.py has the 0.2.2
 version, 2 groups x 2 ranks): 2 replica groups x 1 rank with fault tolerance against native
 HSDP over 2 ranks (replicate 2, shard 1), both from configs/debug_cpu.toml's shape over the
-registry config."""
+registry config. Native HSDP takes ``parallelism.spmd_backend`` ``partial_dtensor`` by itself
+(0.3.0's default ``spmd_types`` stops in FSDP's init over 2 ranks on this torch: "all
+parameters must be DTensors on the full SPMD mesh"), which shards over the (replicate, shard)
+mesh as 0.2.2 did."""
 
 from pathlib import Path
 
@@ -19,11 +22,6 @@ from torchtitan_ft.testing.titan_jobs import (
 )
 
 STEPS = 3
-SPMD_BACKEND = "--parallelism.spmd_backend=partial_dtensor"
-"""Native HSDP over replicate 2 x shard 1 with 0.3.0's default ``spmd_types`` backend stops in
-FSDP's init on this torch ("all parameters must be DTensors on the full SPMD mesh": nothing
-annotates them when only the replicate axis is active); ``partial_dtensor`` shards over the
-(replicate, shard) mesh as 0.2.2 did. The FT groups (one rank each) run the default."""
 
 
 @pytest.mark.slow
@@ -44,7 +42,6 @@ def test_ft_replica_groups_reproduce_native_hsdp(tmp_path: Path) -> None:
         *toml("debug_cpu.toml"),
         "--parallelism.data_parallel_replicate_degree=2",
         "--parallelism.data_parallel_shard_degree=1",
-        SPMD_BACKEND,
         ngpu=2,
     )
     (native_output,) = finish_all([native])

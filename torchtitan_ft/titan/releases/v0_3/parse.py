@@ -7,9 +7,12 @@ A TOML file may override the registry config: ``--job.config_file F`` (as on 0.2
 the command line still winning (:mod:`.toml_config` says which keys it takes).
 
 A registry config names files of TorchTitan's source tree (the test tokenizer and the
-``c4_test`` corpus), which a pip install does not have, and FlexAttention, which has no
-backward on a CPU: :func:`runnable_here` swaps in this package's tokenizer and corpus and SDPA,
-one line each, only where the original cannot run and the user did not choose.
+``c4_test`` corpus), which a pip install does not have, FlexAttention, which has no backward on
+a CPU, and the ``spmd_types`` SPMD backend, which stops FSDP over 2+ ranks on a CPU:
+:func:`runnable_here` swaps in this package's tokenizer and corpus, SDPA and
+``partial_dtensor``, one line each, only where the original cannot run and the user did not
+choose. Both trainers that train a registry config call it (this project's and TorchTitan's
+own, :mod:`.titan_trainer`).
 """
 
 from __future__ import annotations
@@ -192,10 +195,16 @@ def _swap_dataset(section: Any, where: str, log: Callable[[str], None]) -> None:
     )
 
 
-def runnable_here(parsed: ParsedJob, cuda: bool, log: Callable[[str], None]) -> None:
-    """Make ``parsed.config`` (in place) run on this machine where the registry's values
-    cannot and the user did not set them (see the module docstring); each change is logged as
-    one line."""
+def group_ranks() -> int:
+    """The processes of this replica group (torchrun's ``WORLD_SIZE``; 1 outside torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def runnable_here(parsed: ParsedJob, cuda: bool, ranks: int, log: Callable[[str], None]) -> None:
+    """Make ``parsed.config`` (in place) run on this machine (``cuda``: whether it has a GPU;
+    ``ranks``: the processes of the replica group, torchrun's ``WORLD_SIZE``) where the
+    registry's values cannot and the user did not set them (see the module docstring); each
+    change is logged as one line."""
     from torchtitan_ft.titan.data import TOKENIZER_DIR
 
     config, explicit = parsed.config, parsed.explicit
@@ -213,6 +222,7 @@ def runnable_here(parsed: ParsedJob, cuda: bool, log: Callable[[str], None]) -> 
         _swap_dataset(config.validator.dataloader, "validator.dataloader", log)
     if not cuda:
         _sdpa_for_flex(config, log)
+    partial_dtensor_for_spmd_types(parsed, cuda, ranks, log)
 
 
 def _sdpa_for_flex(config: Any, log: Callable[[str], None]) -> None:
@@ -233,3 +243,32 @@ def _sdpa_for_flex(config: Any, log: Callable[[str], None]) -> None:
             "module(s) use SDPA instead (causal over the whole sequence, not per document, as "
             "TorchTitan 0.2.2's llama3 did)"
         )
+
+
+SPMD_TYPES_ON_CPU = (
+    "torchtitan_ft: CPU: parallelism.spmd_backend='spmd_types' (TorchTitan 0.3.0's default) "
+    "stops FSDP over {ranks} ranks on this torch ('all parameters must be DTensors on the full "
+    "SPMD mesh', without fault tolerance too); using 'partial_dtensor', which shards as "
+    "TorchTitan 0.2.2 did (set --parallelism.spmd_backend to choose)"
+)
+SPMD_TYPES_CHOSEN = (
+    "torchtitan_ft: CPU: parallelism.spmd_backend='spmd_types' kept as set; with {ranks} ranks "
+    "FSDP is expected to stop on this torch ('all parameters must be DTensors on the full SPMD "
+    "mesh'), which --parallelism.spmd_backend=partial_dtensor avoids"
+)
+
+
+def partial_dtensor_for_spmd_types(
+    parsed: ParsedJob, cuda: bool, ranks: int, log: Callable[[str], None]
+) -> None:
+    """On a CPU with ``ranks`` > 1, ``parallelism.spmd_backend="partial_dtensor"`` where the
+    config says ``"spmd_types"`` (in place; one line). A ``spmd_types`` the user set (flag or
+    TOML) is kept, with one line saying what to expect: another torch may train with it."""
+    parallelism = parsed.config.parallelism
+    if cuda or ranks < 2 or parallelism.spmd_backend != "spmd_types":
+        return
+    if "parallelism.spmd_backend" in parsed.explicit:
+        log(SPMD_TYPES_CHOSEN.format(ranks=ranks))
+        return
+    parallelism.spmd_backend = "partial_dtensor"
+    log(SPMD_TYPES_ON_CPU.format(ranks=ranks))

@@ -6,11 +6,10 @@ config, or any config under ``TRAIN_FILE=torchtitan.train`` (0.3.0's one entry p
 with TorchTitan's trainer, as ``torchtitan.train`` starts it, with what this machine needs first:
 
 * the registry values a pip install or a CPU cannot use, where the user did not set them
-  (:func:`.parse.runnable_here`: the tokenizer, the corpora, SDPA for FlexAttention), and, on a
-  CPU, ``fault_tolerance.process_group="gloo"`` for the registry's ``"nccl"``; one line each;
-* on a CPU with several ranks, ``parallelism.spmd_backend="partial_dtensor"`` for 0.3.0's
-  default ``"spmd_types"``, which stops FSDP over 2+ ranks on this torch (2.13.0 CPU: "all
-  parameters must be DTensors on the full SPMD mesh", without FT too); one line;
+  (:func:`.parse.runnable_here`, as for this project's trainer: the tokenizer, the corpora,
+  SDPA for FlexAttention, and with several ranks ``parallelism.spmd_backend="partial_dtensor"``
+  for 0.3.0's default ``"spmd_types"``), and, on a CPU, ``fault_tolerance.process_group="gloo"``
+  for the registry's ``"nccl"``; one line each;
 * FSDP reducing with a plain SUM on gloo (:func:`.cpu_compat.force_sum_reduction`);
 * this project's corpora registered as TorchTitan datasets.
 
@@ -23,7 +22,6 @@ refuses with one line before torchrun when no torchft is importable.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -69,27 +67,6 @@ def gloo_for_nccl(parsed: ParsedJob, cuda: bool, log: Callable[[str], None]) -> 
     log(NCCL_ON_CPU)
 
 
-SPMD_TYPES_ON_CPU = (
-    "torchtitan_ft: CPU: parallelism.spmd_backend='spmd_types' (TorchTitan 0.3.0's default) "
-    "stops FSDP over {ranks} ranks on this torch ('all parameters must be DTensors on the full "
-    "SPMD mesh'); using 'partial_dtensor' (set --parallelism.spmd_backend to choose)"
-)
-
-
-def partial_dtensor_for_spmd_types(
-    parsed: ParsedJob, cuda: bool, ranks: int, log: Callable[[str], None]
-) -> None:
-    """On a CPU with ``ranks`` > 1, ``parallelism.spmd_backend="partial_dtensor"`` where the
-    config says ``"spmd_types"`` and the user did not choose (in place; one line)."""
-    parallelism = parsed.config.parallelism
-    if cuda or ranks < 2 or parallelism.spmd_backend != "spmd_types":
-        return
-    if "parallelism.spmd_backend" in parsed.explicit:
-        return
-    parallelism.spmd_backend = "partial_dtensor"
-    log(SPMD_TYPES_ON_CPU.format(ranks=ranks))
-
-
 def _sum_reduction(parallelize: Any) -> Any:
     """``parallelize`` followed by :func:`cpu_compat.force_sum_reduction` (gloo has no
     PREMUL_SUM)."""
@@ -111,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     from torchtitan_ft.titan.config_schema import ConfigError
     from torchtitan_ft.titan.data import register_datasets
     from torchtitan_ft.titan.known_warnings import quiet_known_warnings
-    from torchtitan_ft.titan.releases.v0_3.parse import parse, runnable_here
+    from torchtitan_ft.titan.releases.v0_3.parse import group_ranks, parse, runnable_here
     from torchtitan_ft.titan.train import _config_error, run_trainer
 
     init_logger()
@@ -126,10 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     if is_other_trainers_config(config):
         logger.info(trainer_line(config))
     cuda = cpu_compat.cuda_available()
-    runnable_here(parsed, cuda, logger.info)
+    runnable_here(parsed, cuda, group_ranks(), logger.info)
     gloo_for_nccl(parsed, cuda, logger.info)
-    ranks = int(os.environ.get("WORLD_SIZE", "1"))
-    partial_dtensor_for_spmd_types(parsed, cuda, ranks, logger.info)
     if not cuda:
         spec = config.model_spec
         config.model_spec = dataclasses.replace(
