@@ -183,9 +183,13 @@ def worker_quorum(impl: str, replica: int, lighthouse: str) -> None:
         ft = load_reference()
         server_cls, client_cls = ft.ManagerServer, ft.ManagerClient
     else:
+        from functools import partial
+
+        from torchtitan_ft.manager.outage import LighthouseOutage
         from torchtitan_ft.manager.server import LocalManagerClient, ManagerServer
 
-        server_cls = ManagerServer
+        outage = LighthouseOutage.WAIT if impl == "ours_wait" else LighthouseOutage.PREVIOUS_QUORUM
+        server_cls = partial(ManagerServer, lighthouse_outage=outage)
 
         def client_cls(addr: str, _timeout: timedelta) -> Any:
             return LocalManagerClient(server, addr)  # as the Manager's group rank 0 asks
@@ -231,9 +235,13 @@ QUORUM_MIXED = {
 }
 """Diagnostic pairs (``--quorum-mixed``): one implementation's groups with the other's
 lighthouse (ours falls back to unary calls there), to tell which half a difference is in."""
+QUORUM_OUTAGE_WAIT = {"ours_outage_wait": ("ours_wait", "ours")}
+"""Diagnostic pair (``--quorum-outage-wait``): our groups with ``lighthouse_outage='wait'``,
+which asks the lighthouse without racing it against an outage (what the default
+``previous_quorum`` costs a round while the lighthouse is up)."""
 
 
-def bench_quorum(rounds: int, mixed: bool = False) -> dict[str, Any]:
+def bench_quorum(rounds: int, mixed: bool = False, outage_wait: bool = False) -> dict[str, Any]:
     """The synchronous quorum round trip of ``torchtitan_ft`` and torchft 0.2.0 side by side:
     per implementation a lighthouse (``min_replicas`` 2, in this process) and two replica
     groups of one rank (a ManagerServer and its client each, in a process of their own: ours
@@ -249,6 +257,8 @@ def bench_quorum(rounds: int, mixed: bool = False) -> dict[str, Any]:
     pairs = {impl: (impl, impl) for impl in QUORUM_IMPLS}
     if mixed:
         pairs.update(QUORUM_MIXED)
+    if outage_wait:
+        pairs.update(QUORUM_OUTAGE_WAIT)
     if ft is None:
         pairs = {name: pair for name, pair in pairs.items() if "torchft" not in pair}
     impls = list(pairs)
@@ -296,6 +306,9 @@ def bench_quorum(rounds: int, mixed: bool = False) -> dict[str, Any]:
         out["ratio_ours_over_torchft"] = round(ours / theirs, 3)
     else:
         out["torchft"] = "not installed (scripts/install_reference.sh): not measured"
+    if outage_wait:
+        wait = statistics.median(slower["ours_outage_wait"])
+        out["ratio_ours_over_ours_outage_wait"] = round(statistics.median(slower["ours"]) / wait, 3)
     return out
 
 
@@ -443,6 +456,12 @@ def main() -> None:
         default=[],
         help="extra FT pairs (diagnostic) with DistributedDataParallel(bucket_cap_mb=...)",
     )
+    parser.add_argument(
+        "--quorum-outage-wait",
+        action="store_true",
+        help="diagnostic: also time our groups with lighthouse_outage='wait' (what racing the "
+        "lighthouse against an outage costs a round)",
+    )
     parser.add_argument("--bucket-view", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -459,7 +478,9 @@ def main() -> None:
         "with ours (which half of the round trip a difference is in)",
     )
     parser.add_argument("--worker", choices=["ddp", "ft", "quorum"], help=argparse.SUPPRESS)
-    parser.add_argument("--impl", choices=QUORUM_IMPLS, default="ours", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--impl", choices=[*QUORUM_IMPLS, "ours_wait"], default="ours", help=argparse.SUPPRESS
+    )
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--size-mb", type=float, default=10.0, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -488,7 +509,11 @@ def main() -> None:
         result["reference_torchft_0_2_0"] = REFERENCE.get(size_mb)
         sizes.append(result)
         print(f"size {size_mb} MB done: {ratio}", file=sys.stderr)
-    quorum = bench_quorum(args.quorum_rounds, args.quorum_mixed) if args.quorum_rounds > 0 else None
+    quorum = (
+        bench_quorum(args.quorum_rounds, args.quorum_mixed, args.quorum_outage_wait)
+        if args.quorum_rounds > 0
+        else None
+    )
     command = "python -m " + MODULE + " " + " ".join(sys.argv[1:])
     print(
         json.dumps(
