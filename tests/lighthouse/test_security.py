@@ -287,17 +287,25 @@ FD_LIMIT = 256
 def _lighthouse_with_fd_limit(
     port: int, status_port: int, token: str | None = None
 ) -> subprocess.Popen:
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
-
+    # The limit is set by a fresh interpreter that then execs the lighthouse, not by a
+    # preexec_fn: Python code between fork and exec in this process, which runs gRPC, lets
+    # gRPC's fork handlers restart its poller in the child after close_fds closed its epoll
+    # descriptor, and the child aborts ("epoll_wait error: Bad file descriptor"; seen once in
+    # a fresh-clone run; grpc/grpc#43055).
+    set_limit_and_exec = (
+        "import os, resource, sys; "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({FD_LIMIT}, {FD_LIMIT})); "
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+    )
     env = dict(os.environ)
     env.pop(AUTH_TOKEN_ENV, None)
     if token is not None:
         env[AUTH_TOKEN_ENV] = token
     return subprocess.Popen(
-        [sys.executable, "-m", "torchtitan_ft.lighthouse.cli", "--min_replicas", "1",
+        [sys.executable, "-c", set_limit_and_exec,
+         "-m", "torchtitan_ft.lighthouse.cli", "--min_replicas", "1",
          "--bind", f"127.0.0.1:{port}", "--status_bind", f"127.0.0.1:{status_port}"],
-        stderr=subprocess.PIPE, text=True, preexec_fn=limit, env=env,
+        stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
 
 
