@@ -30,10 +30,11 @@ def _job_budget(request: pytest.FixtureRequest):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    """A failed test (a timeout too) reports the tail of every run's log."""
+    """A failed test (a timeout too) reports the tail of every run's log, with the start of
+    its first fatal error (:meth:`LoggedProcess.excerpt`)."""
     outcome = yield
     report = outcome.get_result()
     if report.when == "call" and report.failed:
         for run in _jobs.RUNS:
             title = f"log of {run.name} (exit status {run.returncode})"
-            report.sections.append((title, run.tail()))
+            report.sections.append((title, run.excerpt()))

@@ -40,6 +40,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 STEP_LINE = re.compile(r"\[rank(\d+)\]:.*step:\s*(\d+)\s+loss:\s*([\d.]+)\s+grad_norm:\s*([\d.]+)")
 _TIMESTAMP = re.compile(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
+_FATAL = re.compile(r"Fatal Python error|terminate called|Traceback \(most recent call last\)")
+"""Where a process's own account of its death begins: a faulthandler dump (a fatal signal), a
+C++ abort, a Python traceback."""
 
 RUNS: list[TrainRun] = []
 """The runs of the current test, in start order."""
@@ -62,10 +65,19 @@ def remaining(timeout: float | None = None) -> float:
 class LoggedProcess:
     """A process of a test (a run, a lighthouse), its output collected by a thread and shown
     when the test fails (it is registered in :data:`RUNS`). ``command`` runs in the
-    repository root with ``env`` (the full environment)."""
+    repository root with ``env`` (the full environment). With ``log_file``, the whole output
+    is also written there as it comes (a failure report shows only :meth:`excerpt`; the test's
+    ``tmp_path`` outlives the run)."""
 
-    def __init__(self, name: str, command: Sequence[str], env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        command: Sequence[str],
+        env: dict[str, str],
+        log_file: Path | None = None,
+    ) -> None:
         self.name = name
+        self.log_file = log_file
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             list(command),
@@ -83,8 +95,15 @@ class LoggedProcess:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
+        with contextlib.ExitStack() as stack:
+            log = None
+            if self.log_file is not None:
+                self.log_file.parent.mkdir(parents=True, exist_ok=True)
+                log = stack.enter_context(self.log_file.open("w", buffering=1))
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                if log is not None:
+                    log.write(line)
 
     @property
     def output(self) -> str:
@@ -96,6 +115,18 @@ class LoggedProcess:
 
     def tail(self, lines: int = 150) -> str:
         return "".join(self.lines[-lines:])
+
+    def excerpt(self, lines: int = 150, head: int = 40) -> str:
+        """The last ``lines`` lines, preceded by the first ``head`` lines of the first fatal
+        error or traceback when they fall before that tail (a faulthandler dump of every
+        thread fills a tail and hides the signal and the crashing thread)."""
+        start = next((i for i, line in enumerate(self.lines) if _FATAL.search(line)), None)
+        tail_from = max(len(self.lines) - lines, 0)
+        where = f"[whole log: {self.log_file}]\n" if self.log_file is not None else ""
+        if start is None or start >= tail_from:
+            return where + self.tail(lines)
+        first = "".join(self.lines[start : min(start + head, tail_from)])
+        return f"{where}{first}[...]\n{self.tail(lines)}"
 
     def wait_for(self, pattern: str, timeout: float | None = None) -> re.Match[str]:
         """The first match of ``pattern`` in the output; fails if the run exits or the time
@@ -167,7 +198,8 @@ class TrainRun(LoggedProcess):
         log_rank: str = "0",
         prefix: Sequence[str] = (),
     ) -> None:
-        self.events_dir = dump_folder / "events" / f"run{next(_RUN_NUMBERS)}"
+        number = next(_RUN_NUMBERS)
+        self.events_dir = dump_folder / "events" / f"run{number}"
         # One OpenMP thread per process (torchrun does this itself for NGPU > 1): on 2 shared
         # cores a 2-thread process spin-waits behind other jobs.
         full_env = {
@@ -188,7 +220,7 @@ class TrainRun(LoggedProcess):
             str(dump_folder),
             *args,
         ]
-        super().__init__(name, command, full_env)
+        super().__init__(name, command, full_env, log_file=dump_folder / f"run{number}.log")
 
     def events(self, kind: EventKind, rank: int = 0) -> list[Event]:
         """The events of ``kind`` that group rank ``rank`` wrote, in time order."""
