@@ -27,7 +27,6 @@ import argparse
 import itertools
 import json
 import os
-import signal
 import statistics
 import tempfile
 import time
@@ -35,30 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import machine
-from torchtitan_ft.events import EventKind, read_events
-from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank
+from torchtitan_ft.testing.mlp_job import MlpJob, wait_until
 from torchtitan_ft.testing.processes import LighthouseProcess
 
 GROUPS = 3
 SETTINGS = ("previous_quorum", "wait")
-
-
-def _wait(what: str, ready: Any, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (got := ready()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"after {timeout_s} s still waiting for {what}")
-        time.sleep(0.05)
-    return got
-
-
-def _commits(events: Path) -> dict[str, list[Any]]:
-    """replica name -> its COMMIT events with every group taking part, oldest first."""
-    out: dict[str, list[Any]] = {}
-    for e in read_events(events):
-        if e.kind is EventKind.COMMIT and e["participants"] == GROUPS:
-            out.setdefault(e.replica_name, []).append(e)
-    return out
 
 
 def _longest_gap(times: list[float], start: float, end: float) -> float:
@@ -68,31 +48,14 @@ def _longest_gap(times: list[float], start: float, end: float) -> float:
 
 
 def one_run(setting: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    events = work / "events"
-    stop_file = work / "stop_step"
     log = (work / "lighthouse.log").open("a")
     lighthouse = LighthouseProcess(2, heartbeat_timeout_ms=5000, log=log)
-    procs = []
-    lighthouse.start()
-    try:
-        for replica in range(GROUPS):
-            cfg = WorkerConfig(
-                lighthouse_addr=lighthouse.address,
-                replica=replica,
-                out_path=str(work / f"g{replica}.pt"),
-                stop_step_file=str(stop_file),
-                stop_participants=GROUPS,
-                step_sleep_s=0.02,
-                max_iterations=1_000_000,
-                timeout_s=10.0,
-                events_dir=str(events),
-                lighthouse_outage=setting,
-            )
-            procs.append(spawn_rank(cfg))
-        _wait(
+    with MlpJob(work, lighthouse, stop_participants=GROUPS, lighthouse_outage=setting) as job:
+        procs = [job.spawn(replica, f"g{replica}") for replica in range(GROUPS)]
+        wait_until(
             f"{GROUPS} groups to commit {args.steady} steps together",
             lambda: (
-                len(c := _commits(events)) == GROUPS
+                len(c := job.commits(participants=GROUPS)) == GROUPS
                 and all(len(v) >= args.steady for v in c.values())
             ),
             timeout_s=300.0,
@@ -104,24 +67,14 @@ def one_run(setting: str, args: argparse.Namespace, work: Path) -> dict[str, Any
         restarted = time.time()
 
         def after() -> dict[str, list[Any]] | None:
-            c = _commits(events)
+            c = job.commits(participants=GROUPS)
             late = {n: [e for e in v if e.time > restarted] for n, v in c.items()}
             ready = len(late) == GROUPS and all(len(v) >= args.after for v in late.values())
             return c if ready else None
 
-        commits = _wait(f"{args.after} steps together after the restart", after, 300.0)
-        stop_file.write_text(str(max(e.step for v in commits.values() for e in v) + 2))
-        for proc in procs:
-            proc.join(120)
-            if proc.exitcode != 0:
-                raise RuntimeError(f"a worker exited with {proc.exitcode}")
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.join(5)
-        lighthouse.kill()
-        log.close()
+        commits = wait_until(f"{args.after} steps together after the restart", after, 300.0)
+        job.stop_at(max(e.step for v in commits.values() for e in v) + 2)
+        job.join(procs, timeout_s=120)
 
     import torch
 
@@ -133,7 +86,7 @@ def one_run(setting: str, args: argparse.Namespace, work: Path) -> dict[str, Any
         end = [t for t in times if t > restarted][args.after - 1]
         stalls.append(_longest_gap(times, killed, end))
         down.append(sum(killed < t <= restarted for t in times))
-    outs = [torch.load(work / f"g{r}.pt", weights_only=False) for r in range(GROUPS)]
+    outs = [torch.load(job.state_path(f"g{r}"), weights_only=False) for r in range(GROUPS)]
     identical = len({o["step"] for o in outs}) == 1 and all(
         torch.equal(t, o["model"][n]) for o in outs[1:] for n, t in outs[0]["model"].items()
     )

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from torchtitan_ft.lighthouse.last_quorum import (
 )
 from torchtitan_ft.lighthouse.state import LighthouseState
 from torchtitan_ft.lighthouse.types import QuorumMember
-from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank
+from torchtitan_ft.testing.mlp_job import MlpJob, wait_until
 from torchtitan_ft.testing.processes import LighthouseProcess
 
 AB = {"a": 40, "b": 38}
@@ -153,15 +152,6 @@ def test_a_restarted_lighthouse_guards_the_state_only_with_its_state_dir(tmp_pat
     assert unguarded[0] == "c", unguarded
 
 
-def _wait(what: str, ready: Callable[[], Any], timeout_s: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (got := ready()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"after {timeout_s}s still waiting for {what}")
-        time.sleep(0.05)
-    return got
-
-
 def _stopped(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -182,8 +172,6 @@ def test_a_replacement_waits_for_the_stopped_state_holder_across_a_lighthouse_re
     must commit no step before it has healed from group 0: before ``last_quorum``, the
     restarted lighthouse knew no previous quorum and let it train alone from step 0 (a second
     line of steps). Both end bitwise identical."""
-    events = tmp_path / "events"
-    stop_file = tmp_path / "stop_step"
     log = (tmp_path / "lighthouse.log").open("a")
     lighthouse = LighthouseProcess(
         1,
@@ -192,81 +180,47 @@ def test_a_replacement_waits_for_the_stopped_state_holder_across_a_lighthouse_re
         state_dir=str(tmp_path / "state"),
         log=log,
     )
-    procs: list[Any] = []
+    with MlpJob(tmp_path, lighthouse, stop_participants=2) as job:
 
-    def spawn(replica: int, tag: str) -> Any:
-        cfg = WorkerConfig(
-            lighthouse_addr=lighthouse.address,
-            replica=replica,
-            out_path=str(tmp_path / f"{tag}.pt"),
-            stop_step_file=str(stop_file),
-            stop_participants=2,
-            step_sleep_s=0.02,
-            max_iterations=100_000,
-            timeout_s=10.0,
-            events_dir=str(events),
+        def commits_with_both(replica_id: str) -> list[Any]:
+            return job.commits(participants=2).get(replica_id, [])
+
+        holder, first = job.spawn(0, "holder"), job.spawn(1, "first")
+        holder_id = wait_until(
+            "group 0 to start", lambda: job.replica_id(holder.pid), timeout_s=90.0
         )
-        procs.append(spawn_rank(cfg))
-        return procs[-1]
-
-    def commits(replica_id: str) -> list[Any]:
-        return [
-            e
-            for e in read_events(events)
-            if e.replica_id == replica_id and e.kind is EventKind.COMMIT
-        ]
-
-    def started(pid: int) -> str | None:
-        return next(
-            (
-                e.replica_id
-                for e in read_events(events)
-                if e.kind is EventKind.START and e["pid"] == pid
-            ),
-            None,
-        )
-
-    lighthouse.start()
-    try:
-        holder, first = spawn(0, "holder"), spawn(1, "first")
-        holder_id = _wait("group 0 to start", lambda: started(holder.pid))
-        _wait(
+        wait_until(
             "groups 0 and 1 to commit step 5 together",
-            lambda: any(e.step >= 5 and e["participants"] == 2 for e in commits(holder_id)),
+            lambda: any(e.step >= 5 for e in commits_with_both(holder_id)),
+            timeout_s=90.0,
         )
         os.kill(holder.pid, signal.SIGSTOP)
-        _wait("group 0 to stop", lambda: _stopped(holder.pid))
+        wait_until("group 0 to stop", lambda: _stopped(holder.pid), timeout_s=90.0)
         lighthouse.kill()
         os.kill(first.pid, signal.SIGKILL)
         first.join(10)
-        fresh = spawn(1, "fresh")
-        fresh_id = _wait("the fresh group 1 to start", lambda: started(fresh.pid))
+        fresh = job.spawn(1, "fresh")
+        fresh_id = wait_until(
+            "the fresh group 1 to start", lambda: job.replica_id(fresh.pid), timeout_s=90.0
+        )
         lighthouse.start()
         time.sleep(1.5)
         os.kill(holder.pid, signal.SIGCONT)
-        back = _wait(
+        back = wait_until(
             "the fresh group 1 to commit with group 0",
-            lambda: [e for e in commits(fresh_id) if e["participants"] == 2],
+            lambda: commits_with_both(fresh_id),
+            timeout_s=90.0,
         )
-        stop_file.write_text(str(back[0].step + 3))
-        for proc in (holder, fresh):
-            proc.join(90)
-            assert proc.exitcode == 0, proc.exitcode
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.join(5)
-        lighthouse.kill()
-        log.close()
+        job.stop_at(back[0].step + 3)
+        job.join((holder, fresh), timeout_s=90)
 
-    mine = [e for e in read_events(events) if e.replica_id == fresh_id]
+    mine = [e for e in read_events(job.events) if e.replica_id == fresh_id]
     kinds = [e.kind for e in mine]
     steps = [(e.kind.value, e.step) for e in mine]
     assert EventKind.HEAL_END in kinds, f"the fresh group trained a line of its own: {steps}"
     healed = kinds.index(EventKind.HEAL_END)
     assert EventKind.COMMIT not in kinds[:healed], steps
-    a, b = (torch.load(tmp_path / f"{t}.pt", weights_only=False) for t in ("holder", "fresh"))
+    a, b = (torch.load(job.state_path(t), weights_only=False) for t in ("holder", "fresh"))
     assert a["step"] == b["step"]
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
