@@ -57,6 +57,10 @@ Per method (JSON ``methods.<name>``): ``time_to_target_s``, ``goodput`` (ideal's
 part again), ``job_restarts``, ``group_restarts`` (torchrun's), ``samples_lost`` /
 ``samples_duplicated`` (ledger check for FT, checkpoint lineage for checkpoint-restart),
 ``groups_identical`` (every group's rank k holds the same model and optimizer bytes),
+for torchft also ``samples_lost_by`` (what the records show of each lost batch: read while its
+group healed, read in a step that did not commit, or read by no record) and ``divergence``
+(the first committed step after which its groups' weights differ, each group's learning rate
+in it and whether it healed in it; null when they never part),
 ``second_lines`` (processes that committed below the job's step instead of healing: the job's
 state was lost; empty when it never was),
 ``final_loss`` (and ``ideal_loss``), ``faults`` (per fault: ``stall_s`` until the job's
