@@ -424,10 +424,14 @@ def first_divergence(records: list[Record]) -> dict[str, Any] | None:
     """The torchft method's first committed step after which the groups' rank 0 hold different
     model bytes (their ``param_sum`` differs), with each group's learning rate in that step and
     whether it healed in it; None when they never part. Groups that part stay apart: every
-    later step applies the same averaged gradient to different weights."""
+    later step applies the same averaged gradient to different weights. Only the job's first
+    line of steps is read: after the job lost its state (:func:`second_lines`), the steps are
+    numbered again from its first commit on."""
+    again = {line["pid"] for line in second_lines(records)}
+    end = min((r.time for r in records if r.pid in again and r.committed), default=float("inf"))
     by_step: dict[int, dict[int, Record]] = {}
     for r in records:
-        if r.committed and r.param_sum is not None and r.group is not None:
+        if r.committed and r.param_sum is not None and r.group is not None and r.time < end:
             by_step.setdefault(r.step, {})[r.group] = r
     for step in sorted(by_step):
         groups = by_step[step]

@@ -438,6 +438,10 @@ def test_goodput_finds_the_step_torchft_groups_part_at() -> None:
         "step": 3,
         "groups": {0: {"lr": 8e-4, "healed": False}, 1: {"lr": 4e-4, "healed": True}},
     }
+    # the job lost its state: a second line of steps numbers them again, from other weights
+    again = _summed(1, 1, 99.0, 8e-4)
+    again.pid, again.time = 2, 100.0
+    assert first_divergence([*together, again]) is None
 
 
 def test_goodput_torchft_replica_id_names_its_group() -> None:
