@@ -9,8 +9,9 @@ lighthouse.
 Nothing of TorchTitan or torchft is changed. A subclass of TorchTitan's ``FTTrainer`` reads what
 they expose: torchft's ``Manager`` (its step, ``batches_committed``, ``is_participating``), the
 result of its ``should_commit`` (wrapped on the instance), and the quorums its client receives
-(a pass-through in front of the client: who a healing group heals from). Records, where they
-differ from :mod:`torchtitan_ft.testing.goodput_worker`'s:
+(a pass-through in front of the client: who a healing group heals from). The one thing it adds
+is its ``drawn`` count, as one more entry of TorchTitan's FT data loader checkpoint. Records,
+where they differ from :mod:`torchtitan_ft.testing.goodput_worker`'s:
 
 * ``step``: torchft's committed step (``Manager.current_step``);
 * ``consumed`` and ``participants``: null. torchft keeps no data ledger, and a group knows the
@@ -29,7 +30,8 @@ differ from :mod:`torchtitan_ft.testing.goodput_worker`'s:
   default, even with checkpoints off: an asynchronous DCP save under
   ``<dump>/checkpoint/ft-replicat-<G>/step-<N>``) and a new process loads the latest before its
   first step. The count is saved and loaded with it (one more entry in the same DCP
-  checkpoint), so it always names the position TorchTitan's loader resumed from;
+  checkpoint), so it always names the position TorchTitan's loader resumed from (with that
+  checkpoint switched off, neither is restored and both start again with the process);
 * ``lr``: the learning rate the optimizer stepped with (read after ``should_commit``, where a
   healing group has just loaded the donor's optimizer state);
 * ``param_sum``: the sum of this rank's model shards (float64): equal in groups whose rank 0
