@@ -9,8 +9,9 @@ lighthouse.
 Nothing of TorchTitan or torchft is changed. A subclass of TorchTitan's ``FTTrainer`` reads what
 they expose: torchft's ``Manager`` (its step, ``batches_committed``, ``is_participating``), the
 result of its ``should_commit`` (wrapped on the instance), and the quorums its client receives
-(a pass-through in front of the client: who a healing group heals from). Records, where they
-differ from :mod:`torchtitan_ft.testing.goodput_worker`'s:
+(a pass-through in front of the client: who a healing group heals from). The one thing it adds
+is its ``drawn`` count, as one more entry of TorchTitan's FT data loader checkpoint. Records,
+where they differ from :mod:`torchtitan_ft.testing.goodput_worker`'s:
 
 * ``step``: torchft's committed step (``Manager.current_step``);
 * ``consumed`` and ``participants``: null. torchft keeps no data ledger, and a group knows the
@@ -22,10 +23,19 @@ differ from :mod:`torchtitan_ft.testing.goodput_worker`'s:
 * ``loss``: the job's loss as TorchTitan logs it (``logged_loss``: a sum over the participating
   groups of each one's mean, its ``dist_sum`` over torchft's process group) divided by the
   number of participants, so that it compares with this project's;
-* ``drawn``: batches this process has taken from its data loader. TorchTitan's loader reads on
-  whatever the step does, and a new process starts at its slice's beginning (without
-  checkpoints nothing restores its position), so batch ``drawn - 1`` of the slice is the one
-  this step trained or lost.
+* ``drawn``: batches this group's loader has given out over the run, so batch ``drawn - 1`` of
+  the group's slice is the one this step trained or lost. TorchTitan's loader reads on whatever
+  the step does. A new process does not start its slice again: TorchTitan 0.2.2 saves each
+  group's loader after every step (``checkpoint.enable_ft_dataloader_checkpoints``, on by
+  default, even with checkpoints off: an asynchronous DCP save under
+  ``<dump>/checkpoint/ft-replicat-<G>/step-<N>``) and a new process loads the latest before its
+  first step. The count is saved and loaded with it (one more entry in the same DCP
+  checkpoint), so it always names the position TorchTitan's loader resumed from (with that
+  checkpoint switched off, neither is restored and both start again with the process);
+* ``lr``: the learning rate the optimizer stepped with (read after ``should_commit``, where a
+  healing group has just loaded the donor's optimizer state);
+* ``param_sum``: the sum of this rank's model shards (float64): equal in groups whose rank 0
+  holds the same bytes, so the records show the step at which groups part;
 
 Rank 0 of a group also appends ``{"time", "source"}`` to ``heals_r<G>_p<PID>.jsonl`` when a quorum
 tells the group to heal (``source``: the donor's replica group), before the heal.
@@ -83,6 +93,33 @@ def group_of(replica_id: str) -> int:
     return int(replica_id.split(":")[0].rsplit("_", 1)[1])
 
 
+class _DrawnCount:
+    """The trainer's ``drawn`` as a DCP stateful, one entry per rank (ranks of a group draw
+    alike, but a per-rank key keeps DCP from choosing between them)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+        self._key = f"drawn_rank{os.environ['RANK']}"
+
+    def state_dict(self) -> dict[str, int]:
+        return {self._key: self._trainer._drawn}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self._trainer._drawn = int(state_dict[self._key])
+
+
+def param_sum(model_parts: list[Any]) -> float:
+    """Sum of this rank's local model shards in float64."""
+    import torch
+
+    with torch.no_grad():
+        return sum(
+            float(p.to_local().double().sum() if hasattr(p, "to_local") else p.double().sum())
+            for part in model_parts
+            for p in part.parameters()
+        )
+
+
 def main() -> None:
     from torchtitan.experiments.ft.train import FTTrainer
     from torchtitan.train import main as titan_main
@@ -122,10 +159,14 @@ def main() -> None:
                     "committed": result,
                     "participating": participating,
                     "participants": participants,
+                    "lr": self.optimizers.optimizers[0].param_groups[0]["lr"],
                 }
                 return result
 
             manager.should_commit = recorded_should_commit
+            ft_states = getattr(self.checkpointer, "ft_states", None)
+            if ft_states is not None:  # saved and loaded with TorchTitan's loader state
+                ft_states["goodput_drawn"] = _DrawnCount(self)
             self._records = self._heals = None
             if self._rank == 0:
                 self._records = open(out / f"steps_{self._tag}_p{self._pid}.jsonl", "a")  # noqa: SIM115
@@ -165,6 +206,8 @@ def main() -> None:
                 "batches_committed": self._manager.batches_committed(),
                 "participating": bool(self._step_result.get("participating", False)),
                 "drawn": self._drawn,
+                "lr": self._step_result.get("lr"),
+                "param_sum": param_sum(self.model_parts),
             }
             self._records.write(json.dumps(record) + "\n")
             self._records.flush()

@@ -32,8 +32,9 @@ Methods, in this order, under the same schedule (times after launch):
   torchrun restarts a group cold, as TorchTitan launches it. Its groups run on loopback
   (torchft's Manager advertises the host name), so ``link_down`` faults are recorded as not
   injected, with the reason. Its samples are torchft's committed batches; exactly once is
-  checked per group from the batches each process drew (TorchTitan's loader reads on whether
-  the step commits or not, and a new process starts its slice again). ``skipped`` with the
+  checked per group from the batches its loader gave out (TorchTitan's loader reads on whether
+  the step commits or not, and a new process resumes from TorchTitan's FT data loader
+  checkpoint, saved after every step). ``skipped`` with the
   reason when it cannot run here (no reference, or TorchTitan 0.3.0). With one rank per group
   (``--quick``) TorchTitan applies no FSDP, so its cross-group all-reduce hook is never set and
   its groups train apart: compare it with 2 or more ranks.
@@ -56,6 +57,10 @@ Per method (JSON ``methods.<name>``): ``time_to_target_s``, ``goodput`` (ideal's
 part again), ``job_restarts``, ``group_restarts`` (torchrun's), ``samples_lost`` /
 ``samples_duplicated`` (ledger check for FT, checkpoint lineage for checkpoint-restart),
 ``groups_identical`` (every group's rank k holds the same model and optimizer bytes),
+for torchft also ``samples_lost_by`` (what the records show of each lost batch: read while its
+group healed, read in a step that did not commit, or read by no record) and ``divergence``
+(the first committed step after which its groups' weights differ, each group's learning rate
+in it and whether it healed in it; null when they never part),
 ``second_lines`` (processes that committed below the job's step instead of healing: the job's
 state was lost; empty when it never was),
 ``final_loss`` (and ``ideal_loss``), ``faults`` (per fault: ``stall_s`` until the job's
@@ -312,7 +317,12 @@ class Record:
     participating: bool | None = None
     """This group's batch was in the step (the torchft method; else None)."""
     drawn: int | None = None
-    """Batches this process has drawn from its loader (the torchft method; else None)."""
+    """Batches the group's loader has given out, over its processes: TorchTitan's FT data loader
+    checkpoint carries the count across a restart (the torchft method; else None)."""
+    lr: float | None = None
+    """The learning rate the optimizer stepped with (the torchft method; else None)."""
+    param_sum: float | None = None
+    """Sum of rank 0's model shards after the step (the torchft method; else None)."""
     healed: bool = False
     """This group healed in the step (this project's worker)."""
     logged_loss: float | None = None
@@ -373,10 +383,16 @@ def fill_participants(records: list[Record]) -> None:
 
 def drawn_batches_check(records: list[Record]) -> dict[str, Any]:
     """Exactly once for the torchft method, per group's slice of the data: the batch a record
-    trained (or lost) is ``drawn - 1`` of its process's loader, which starts at the slice's
-    beginning. Lost: batches drawn, below the last one trained, that no committed step of the
-    group took part with; duplicated: batches trained more than once."""
+    trained (or lost) is ``drawn - 1`` of the group's loader, whose position TorchTitan's FT
+    data loader checkpoint carries across a restart (a new process resumes where the latest
+    such checkpoint left it, not where the killed one stopped). Lost: batches of the slice below
+    the last one trained that no committed step of the group took part with (read and
+    discarded, or skipped by a resume ahead); duplicated: batches trained more than once (a
+    resume behind). ``lost_by``: each lost batch by what its records show, ``healing`` (its
+    step committed while the group healed: torchft zeroes a healing group's gradient),
+    ``discarded`` (its step did not commit) or ``not_read`` (no record read it)."""
     lost = duplicated = 0
+    lost_by = {"healing": 0, "discarded": 0, "not_read": 0}
     for g in sorted({r.group for r in records if r.group is not None}):
         mine = [r for r in records if r.group == g and r.drawn is not None]
         trained: dict[int, int] = {}
@@ -385,10 +401,49 @@ def drawn_batches_check(records: list[Record]) -> dict[str, Any]:
                 trained[r.drawn - 1] = trained.get(r.drawn - 1, 0) + 1
         if not trained:
             continue
-        drawn = {r.drawn - 1 for r in mine if r.drawn - 1 <= max(trained)}
-        lost += len(drawn - set(trained))
+        missing = set(range(max(trained) + 1)) - set(trained)
+        lost += len(missing)
         duplicated += sum(n - 1 for n in trained.values())
-    return {"exactly_once": lost == duplicated == 0, "lost": lost, "duplicated": duplicated}
+        for batch in missing:
+            steps = [r for r in mine if r.drawn - 1 == batch]
+            if any(r.committed for r in steps):
+                lost_by["healing"] += 1
+            elif steps:
+                lost_by["discarded"] += 1
+            else:
+                lost_by["not_read"] += 1
+    return {
+        "exactly_once": lost == duplicated == 0,
+        "lost": lost,
+        "duplicated": duplicated,
+        "lost_by": lost_by,
+    }
+
+
+def first_divergence(records: list[Record]) -> dict[str, Any] | None:
+    """The torchft method's first committed step after which the groups' rank 0 hold different
+    model bytes (their ``param_sum`` differs), with each group's learning rate in that step and
+    whether it healed in it; None when they never part. Groups that part stay apart: every
+    later step applies the same averaged gradient to different weights. Only the job's first
+    line of steps is read: after the job lost its state (:func:`second_lines`), the steps are
+    numbered again from its first commit on."""
+    again = {line["pid"] for line in second_lines(records)}
+    end = min((r.time for r in records if r.pid in again and r.committed), default=float("inf"))
+    by_step: dict[int, dict[int, Record]] = {}
+    for r in records:
+        if r.committed and r.param_sum is not None and r.group is not None and r.time < end:
+            by_step.setdefault(r.step, {})[r.group] = r
+    for step in sorted(by_step):
+        groups = by_step[step]
+        if len({r.param_sum for r in groups.values()}) > 1:
+            return {
+                "step": step,
+                "groups": {
+                    g: {"lr": r.lr, "healed": not r.participating}
+                    for g, r in sorted(groups.items())
+                },
+            }
+    return None
 
 
 def second_lines(records: list[Record]) -> list[dict[str, int]]:
@@ -890,9 +945,15 @@ class MethodRun:
             "group_restarts": len({(r.group, r.pid) for r in records})
             - len({r.group for r in records}),
             "samples_lost": ledger["lost"] * per_batch,
+            **(
+                {"samples_lost_by": {k: n * per_batch for k, n in ledger["lost_by"].items()}}
+                if "lost_by" in ledger
+                else {}
+            ),
             "samples_duplicated": ledger["duplicated"] * per_batch,
             "exactly_once": ledger["exactly_once"],
             "groups_identical": identical,
+            **({"divergence": first_divergence(records)} if self.method is Method.TORCHFT else {}),
             "second_lines": second_lines(records) if self.ft else [],
             "final_loss": final_loss,
             "faults": [

@@ -385,8 +385,10 @@ def test_goodput_gathers_torchft_participants_per_step() -> None:
         ([(0, True, True, 1), (0, False, True, 2), (0, True, True, 3)], 1, 0),
         # healing: the batch of the step reaches no gradient
         ([(0, True, False, 1), (0, True, True, 2)], 1, 0),
-        # a new process starts its slice again: batches 0 and 1 trained twice
+        # a new process resumed behind the last trained batch: batches 0 and 1 trained twice
         ([(0, True, True, 1), (0, True, True, 2), (0, True, True, 1), (0, True, True, 2)], 0, 2),
+        # a new process resumed past batches never trained: lost though no record drew them
+        ([(0, True, True, 1), (0, False, True, 2), (0, True, True, 5)], 3, 0),
         # lost past the last trained batch is not counted (the run ended there)
         ([(0, True, True, 1), (0, False, True, 2)], 0, 0),
     ],
@@ -400,6 +402,46 @@ def test_goodput_checks_torchft_batches_exactly_once(
     check = drawn_batches_check(records)
     assert (check["lost"], check["duplicated"]) == (lost, duplicated)
     assert check["exactly_once"] == (lost == duplicated == 0)
+
+
+def test_goodput_says_why_torchft_batches_were_lost() -> None:
+    """Each lost batch by what its records show: read in a step that did not commit, in a
+    committed step the group healed in, or read by no record (a resume ahead)."""
+    from benchmarks.goodput import drawn_batches_check
+
+    rows = [(0, True, False, 1), (0, False, True, 2), (0, True, True, 3), (0, True, True, 6)]
+    check = drawn_batches_check([_torchft_record(g, 0, c, p, d) for g, c, p, d in rows])
+    assert check["lost_by"] == {"healing": 1, "discarded": 1, "not_read": 2}
+
+
+def _summed(group: int, step: int, param_sum: float, lr: float, healed: bool = False):
+    r = _torchft_record(group, step, True, not healed, step)
+    r.param_sum, r.lr = param_sum, lr
+    return r
+
+
+def test_goodput_finds_the_step_torchft_groups_part_at() -> None:
+    """The first committed step whose groups' weights differ, with each group's learning rate
+    and heal: the step a healing group applied another learning rate than its donor."""
+    from benchmarks.goodput import first_divergence
+
+    together = [_summed(g, s, 10.0 + s, 8e-4) for s in (1, 2) for g in (0, 1)]
+    assert first_divergence(together) is None
+    parted = [
+        *together,
+        _summed(0, 3, 13.0, 8e-4),
+        _summed(1, 3, 12.5, 4e-4, healed=True),
+        _summed(0, 4, 14.0, 8e-4),
+        _summed(1, 4, 13.5, 8e-4),
+    ]
+    assert first_divergence(parted) == {
+        "step": 3,
+        "groups": {0: {"lr": 8e-4, "healed": False}, 1: {"lr": 4e-4, "healed": True}},
+    }
+    # the job lost its state: a second line of steps numbers them again, from other weights
+    again = _summed(1, 1, 99.0, 8e-4)
+    again.pid, again.time = 2, 100.0
+    assert first_divergence([*together, again]) is None
 
 
 def test_goodput_torchft_replica_id_names_its_group() -> None:
