@@ -6,8 +6,10 @@ harmless CPU warnings quieted (``known_warnings``), config, then TorchTitan's Tr
 Without ``--job.config_file`` the checkout's ``configs/debug_cpu.toml`` is used when it exists.
 """
 
+import atexit
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -119,8 +121,9 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
 
 def run_trainer(build: Callable[[], Any], run: Callable[[Any], None]) -> None:
     """Builds the trainer, runs it, closes it whatever happened, then destroys the default
-    process group; the Manager's user errors (a taken port, no quorum, a group of another
-    size) end the process with one line (every release's ``main``)."""
+    process group and ends the process (:func:`end_finished_process`); the Manager's user
+    errors (a taken port, no quorum, a group of another size) end the process with one line
+    (every release's ``main``)."""
     import torch
     from torchtitan.tools.logging import logger
 
@@ -142,6 +145,29 @@ def run_trainer(build: Callable[[], Any], run: Callable[[Any], None]) -> None:
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
         logger.info("Process group destroyed")
+    end_finished_process()
+
+
+def end_finished_process() -> NoReturn:
+    """Ends a trainer process whose run finished without interpreter finalization: its
+    non-daemon threads are joined and its exit handlers run, as at any exit, the standard
+    streams are flushed, then ``os._exit(0)``.
+
+    A gloo worker thread of torch's own process groups (FSDP's, native HSDP's) can outlive
+    ``destroy_process_group``. If it needs the GIL once finalization has begun (to free a
+    tensor of a work it has just completed), CPython ends it inside C++ code and the process
+    aborts ("terminate called without an active exception", exit status -6) after training
+    finished, and torchrun reports the job failed. It happened to a rank > 0 of a native
+    HSDP 2x2 run in the test suite (such a rank exits right after its last collective;
+    TorchTitan's rank 0 first sleeps 2 s). The plugin's own groups are freed before
+    finalization (``process_group.lifecycle``); torch's are referenced by objects the plugin
+    does not own.
+    """
+    threading._shutdown()  # what Py_FinalizeEx does first: join the non-daemon threads
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
