@@ -1,13 +1,13 @@
-"""``testing.titan_jobs.LoggedProcess``: a failure report keeps the start of a fatal error that a
-faulthandler dump of many threads pushes out of the log's tail, and the whole log is written to
-its file."""
+"""``testing.titan_jobs``: a failure report keeps the start of a fatal error that a faulthandler
+dump of many threads pushes out of the log's tail, the whole log is written to its file, and the
+fatal error of a rank whose output only torchrun's per-rank logs hold is found there."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from torchtitan_ft.testing.titan_jobs import LoggedProcess
+from torchtitan_ft.testing.titan_jobs import LoggedProcess, rank_log_errors
 
 CRASH = """
 import faulthandler, os, threading, time
@@ -41,3 +41,23 @@ def test_a_clean_log_is_reported_by_its_tail(tmp_path: Path) -> None:
     run = LoggedProcess("quiet", [sys.executable, "-c", "print('done')"], env={})
     run.finish(timeout=60)
     assert run.excerpt() == run.tail() == "done\n"
+
+
+def test_rank_logs_report_the_fatal_error_of_a_rank_the_console_did_not_show(
+    tmp_path: Path,
+) -> None:
+    """torchrun's ``--log-dir`` layout: ``<run id>/attempt_<n>/<local rank>/std{out,err}.log``."""
+    attempt = tmp_path / "none_abc" / "attempt_0"
+    for rank in (0, 1):
+        (attempt / str(rank)).mkdir(parents=True)
+        (attempt / str(rank) / "stdout.log").write_text("step: 3 loss: 7.4\n")
+    (attempt / "0" / "stderr.log").write_text("UserWarning: harmless\n")
+    (attempt / "1" / "stderr.log").write_text(
+        "UserWarning: harmless\nterminate called without an active exception\n"
+        "Fatal Python error: Aborted\n\nThread 0x1 (most recent call first):\n"
+    )
+    report = rank_log_errors(tmp_path, head=2)
+    assert report == (
+        f"[{attempt / '1' / 'stderr.log'}]\n"
+        "terminate called without an active exception\nFatal Python error: Aborted\n"
+    )

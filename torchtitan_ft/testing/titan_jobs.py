@@ -44,6 +44,26 @@ _FATAL = re.compile(r"Fatal Python error|terminate called|Traceback \(most recen
 """Where a process's own account of its death begins: a faulthandler dump (a fatal signal), a
 C++ abort, a Python traceback."""
 
+
+def first_fatal_lines(lines: Sequence[str], head: int) -> list[str]:
+    """The first ``head`` lines of ``lines`` from where the first fatal error or traceback
+    begins (:data:`_FATAL`); none if there is none."""
+    start = next((i for i, line in enumerate(lines) if _FATAL.search(line)), None)
+    return [] if start is None else list(lines[start : start + head])
+
+
+def rank_log_errors(folder: Path, head: int = 40) -> str:
+    """For every rank log under ``folder`` (torchrun's ``--log-dir``:
+    ``<run id>/attempt_<n>/<local rank>/stdout.log`` and ``stderr.log``) that holds a fatal
+    error or a traceback: its path and the first ``head`` lines from there."""
+    found = []
+    for log in sorted(folder.glob("*/attempt_*/*/std*.log")):
+        lines = first_fatal_lines(log.read_text(errors="replace").splitlines(keepends=True), head)
+        if lines:
+            found.append(f"[{log}]\n{''.join(lines)}")
+    return "".join(found)
+
+
 RUNS: list[TrainRun] = []
 """The runs of the current test, in start order."""
 _budget = {"deadline": float("inf")}
@@ -120,13 +140,12 @@ class LoggedProcess:
         """The last ``lines`` lines, preceded by the first ``head`` lines of the first fatal
         error or traceback when they fall before that tail (a faulthandler dump of every
         thread fills a tail and hides the signal and the crashing thread)."""
-        start = next((i for i, line in enumerate(self.lines) if _FATAL.search(line)), None)
         tail_from = max(len(self.lines) - lines, 0)
         where = f"[whole log: {self.log_file}]\n" if self.log_file is not None else ""
-        if start is None or start >= tail_from:
+        first = first_fatal_lines(self.lines[:tail_from], head)
+        if not first:
             return where + self.tail(lines)
-        first = "".join(self.lines[start : min(start + head, tail_from)])
-        return f"{where}{first}[...]\n{self.tail(lines)}"
+        return f"{where}{''.join(first)}[...]\n{self.tail(lines)}"
 
     def wait_for(self, pattern: str, timeout: float | None = None) -> re.Match[str]:
         """The first match of ``pattern`` in the output; fails if the run exits or the time
@@ -185,7 +204,9 @@ class TrainRun(LoggedProcess):
     trainer; ``env`` is added to this process's environment; ``prefix`` is put before the
     command (e.g. ``Host.command([])`` of ``torchtitan_ft.testing.netns`` runs it on that
     host). Its Managers write their event streams to :attr:`events_dir`, a folder of its own
-    under ``dump_folder`` (a restarted group's run, in the same dump folder, gets another)."""
+    under ``dump_folder`` (a restarted group's run, in the same dump folder, gets another),
+    and torchrun every rank's output to :attr:`rank_logs` (the console shows ``log_rank``'s
+    only): a failure report shows the fatal errors found there (:meth:`excerpt`)."""
 
     def __init__(
         self,
@@ -200,6 +221,7 @@ class TrainRun(LoggedProcess):
     ) -> None:
         number = next(_RUN_NUMBERS)
         self.events_dir = dump_folder / "events" / f"run{number}"
+        self.rank_logs = dump_folder / f"run{number}_ranks"
         # One OpenMP thread per process (torchrun does this itself for NGPU > 1): on 2 shared
         # cores a 2-thread process spin-waits behind other jobs.
         full_env = {
@@ -209,6 +231,7 @@ class TrainRun(LoggedProcess):
             "LOG_RANK": log_rank,
             "PYTHON": sys.executable,
             "OMP_NUM_THREADS": "1",
+            "PET_LOG_DIR": str(self.rank_logs),  # torchrun's --log-dir
             **(env or {}),
         }
         command = [
@@ -221,6 +244,13 @@ class TrainRun(LoggedProcess):
             *args,
         ]
         super().__init__(name, command, full_env, log_file=dump_folder / f"run{number}.log")
+
+    def excerpt(self, lines: int = 150, head: int = 40) -> str:
+        """:meth:`LoggedProcess.excerpt`, then the start of every fatal error in the ranks'
+        own logs (a rank other than ``log_rank`` that dies shows nowhere else)."""
+        errors = rank_log_errors(self.rank_logs, head)
+        own = super().excerpt(lines, head)
+        return f"{own}[fatal errors in the ranks' logs]\n{errors}" if errors else own
 
     def events(self, kind: EventKind, rank: int = 0) -> list[Event]:
         """The events of ``kind`` that group rank ``rank`` wrote, in time order."""
