@@ -279,8 +279,9 @@ def kill_and_restart_group_1(
 ) -> KilledAndHealed:
     """Two replica groups of ``ranks`` ranks train ``STEPS`` steps of ``config`` against a fresh
     lighthouse; group 1 is SIGKILLed once it logged ``KILL_AT_STEP`` (and ``STEPS_BEFORE_KILL``
-    steps past its own first one) and started again. ``config_env`` names the config instead
-    of ``config`` (TorchTitan 0.3.0: ``MODULE`` and ``CONFIG``, the FT fields in ``args``)."""
+    steps past the later of the two groups' first steps) and started again. ``config_env``
+    names the config instead of ``config`` (TorchTitan 0.3.0: ``MODULE`` and ``CONFIG``, the FT
+    fields in ``args``)."""
 
     def group(replica: int, address: str) -> TrainRun:
         return TrainRun(
@@ -312,9 +313,11 @@ def kill_and_restart_group_1(
     with lighthouse(min_replicas=1, join_timeout_ms=20000, heartbeat_timeout_ms=2000) as address:
         survivor, killed = group(0, address), group(1, address)
         killed.wait_for(rf"step:\s*{KILL_AT_STEP}\s+loss")
-        # On a busy machine group 1 may start late and heal into a later step (with DiLoCo, to
-        # the last sync): it then trains STEPS_BEFORE_KILL steps beside group 0 before the kill.
-        first = killed.step_lines()[0][0] + 2
+        survivor.wait_for(r"\[rank0\]:.*step:\s*\d+\s+loss")
+        # On a busy machine either group may start late and heal into a later step (with
+        # DiLoCo, to the last sync): both then train STEPS_BEFORE_KILL steps together before
+        # the kill (the steps before the kill are the baseline of recovery_slowdown).
+        first = max(killed.step_lines()[0][0], survivor.step_lines()[0][0]) + 2
         kill_at = max(KILL_AT_STEP, first + STEPS_BEFORE_KILL)
         killed.wait_for(rf"step:\s*{kill_at}\s+loss")
         killed.sigkill()
