@@ -1,4 +1,5 @@
-"""Generate docs/configuration.md from the code that defines the configuration.
+"""Generate docs/configuration.md, and the generated tables of docs/lighthouse.md and
+docs/torchft_mapping.md, from the code that defines the configuration.
 
 Sources (nothing is written by hand in the output):
 
@@ -6,15 +7,23 @@ Sources (nothing is written by hand in the output):
   field's type and default from the dataclass, its documentation from the docstring right
   under the field in ``torchtitan_ft/titan/config_schema.py`` (read with ``ast``, as tyro does for
   ``--help``);
-* the lighthouse CLI, ``torchtitan_ft.lighthouse.cli.build_parser()``: every flag, its
-  default and its help text.
+* the lighthouse CLI, ``torchtitan_ft.lighthouse.cli.build_parser()`` and
+  ``build_status_parser()`` (the ``status`` subcommand): every flag, its default and its help
+  text;
+* the Manager's ``TORCHFT_*`` variables, ``torchtitan_ft.manager.settings``: each variable and
+  the setting it gives (``_ENV_SETTINGS``), the setting's docstring in ``ManagerSettings``, and
+  its default, as ``resolve_manager_settings`` resolves it with no argument and no variable.
+
+docs/configuration.md is written whole. In docs/lighthouse.md and docs/torchft_mapping.md only
+the text between a ``<!-- BEGIN GENERATED <name> ... -->`` line and its ``<!-- END GENERATED
+<name> -->`` line is written (:data:`BLOCKS`); the rest of those pages is written by hand.
 
 Usage::
 
-    python scripts/gen_config_docs.py           # rewrite docs/configuration.md
-    python scripts/gen_config_docs.py --check   # exit 1 if docs/configuration.md is stale
+    python scripts/gen_config_docs.py           # rewrite the generated docs
+    python scripts/gen_config_docs.py --check   # exit 1 if one of them is stale
 
-``tests/test_docs.py`` fails when the committed file differs from what this script renders.
+``tests/test_docs.py`` fails when a committed file differs from what this script renders.
 """
 
 from __future__ import annotations
@@ -29,12 +38,16 @@ import re
 import sys
 import types
 import typing
+from collections.abc import Callable
+from datetime import timedelta
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "configuration.md"
 CONFIG_SOURCE = ROOT / "torchtitan_ft" / "titan" / "config_schema.py"
+SETTINGS_SOURCE = ROOT / "torchtitan_ft" / "manager" / "settings.py"
 CONFIG_CLASS = "FaultTolerance"
 SECTION = "fault_tolerance"
 COMMAND = "python scripts/gen_config_docs.py"
@@ -179,6 +192,10 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
 def _first_sentence(doc: str) -> str:
     text = " ".join(_markdown(doc).split("\n\n")[0].split())
     for match in re.finditer(r"\.(\s|$)", text):
@@ -219,20 +236,19 @@ def render_config_section() -> str:
 
 
 def _expanded_help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
-    """argparse's help text of ``action`` with ``%(...)s`` filled in, minus a trailing
-    ``(default: ...)`` (the table has its own default column)."""
+    """argparse's help text of ``action`` with ``%(...)s`` filled in, minus its
+    ``default: %(default)s`` (the table has its own default column)."""
     template = re.sub(r"\s*\(default: %\(default\)s\)", "", action.help or "")
+    template = re.sub(r";\s*default: %\(default\)s\)", ")", template)
     params = dict(vars(action), prog=parser.prog)
     if params.get("choices") is not None:
         params["choices"] = ", ".join(str(c) for c in params["choices"])
     return template % params
 
 
-def render_lighthouse_section() -> str:
-    from torchtitan_ft.lighthouse.cli import build_parser
-
-    parser = build_parser()
-    out = ["| flag | default | meaning |", "|---|---|---|"]
+def _flag_rows(parser: argparse.ArgumentParser) -> list[str]:
+    """One table row per flag of ``parser``: flags, default, meaning."""
+    rows = []
     for action in parser._actions:  # argparse has no public accessor for its actions
         if isinstance(action, argparse._HelpAction) or not action.option_strings:
             continue
@@ -248,8 +264,133 @@ def render_lighthouse_section() -> str:
                 "; "
             )
         flags = ", ".join(f"`{s}`" for s in action.option_strings)
-        out.append(f"| {flags} | {_cell(default)} | {_cell(meaning)} |")
+        rows.append(f"| {flags} | {_cell(default)} | {_cell(meaning)} |")
+    return rows
+
+
+def render_lighthouse_section() -> str:
+    """The flag tables of ``torchft_lighthouse`` and of its ``status`` subcommand."""
+    from torchtitan_ft.lighthouse.cli import PROG, build_parser, build_status_parser
+
+    status = build_status_parser()
+    out = ["| flag | default | meaning |", "|---|---|---|", *_flag_rows(build_parser())]
+    out += [
+        "",
+        f"`{PROG} status` {_cell(_lower_first(status.description or ''))}",
+        "",
+        "| flag | default | meaning |",
+        "|---|---|---|",
+        *_flag_rows(status),
+    ]
     return "\n".join(out) + "\n"
+
+
+TORCHFT_LIGHTHOUSE_FLAGS = (
+    "-h",
+    "--help",
+    "--version",
+    "--bind",
+    "--min_replicas",
+    "--join_timeout_ms",
+    "--quorum_tick_ms",
+    "--heartbeat_timeout_ms",
+)
+"""The flags of torchft 0.2.0's ``torchft_lighthouse`` (its ``--help``)."""
+
+TORCHFT_ENV = {
+    "TORCHFT_LIGHTHOUSE": "read; fills in an unset argument",
+    "TORCHFT_MANAGER_PORT": "read; fills in an unset argument",
+    "TORCHFT_TIMEOUT_SEC": "read; overrides the argument",
+    "TORCHFT_QUORUM_TIMEOUT_SEC": "read; overrides the argument",
+    "TORCHFT_CONNECT_TIMEOUT_SEC": "read; overrides the argument",
+    "TORCHFT_QUORUM_RETRIES": "read; overrides the argument",
+}
+"""The ``TORCHFT_*`` variables torchft 0.2.0's ``Manager`` reads, and how it uses each."""
+
+
+def render_torchft_flags() -> str:
+    """Every ``torchft_lighthouse`` flag and subcommand against torchft 0.2.0's."""
+    from torchtitan_ft.lighthouse.cli import build_parser, build_status_parser
+
+    out = ["| torchtitan_ft | torchft 0.2.0 | default |", "|---|---|---|"]
+    for prefix, parser in (("", build_parser()), ("status ", build_status_parser())):
+        for action in parser._actions:  # argparse has no public accessor for its actions
+            if not action.option_strings or (prefix and isinstance(action, argparse._HelpAction)):
+                continue
+            ours = ", ".join(f"`{prefix}{s}`" for s in action.option_strings)
+            theirs = [s for s in action.option_strings if s in TORCHFT_LIGHTHOUSE_FLAGS]
+            torchft = ", ".join(f"`{s}`" for s in theirs) if theirs and not prefix else "ours"
+            if action.required:
+                default = "required"
+            elif action.default in (None, argparse.SUPPRESS):
+                default = ""
+            else:
+                default = f"`{action.default}`"
+            out.append(f"| {ours} | {torchft} | {_cell(default)} |")
+    return "\n".join(out) + "\n"
+
+
+def _setting_default(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds():g} s"
+    if isinstance(value, Enum):
+        value = value.value
+    if isinstance(value, str):
+        return f"`{json.dumps(value)}`"
+    return f"`{value!r}`"
+
+
+def render_env_section() -> str:
+    """The ``TORCHFT_*`` variables the Manager reads: the setting each gives, its default (the
+    setting's value with neither argument nor variable), torchft 0.2.0's use, and what it sets."""
+    from torchtitan_ft.manager import settings
+
+    defaults = settings.resolve_manager_settings(env={})
+    docs = field_docstrings(SETTINGS_SOURCE.read_text(), "ManagerSettings")
+    out = [
+        "| variable | `Manager` setting | default | torchft 0.2.0 | what it sets |",
+        "|---|---|---|---|---|",
+    ]
+    for var, name in settings._ENV_SETTINGS.items():  # the settings module's own table
+        default = _setting_default(getattr(defaults, name).value)
+        meaning = _markdown(docs.get(name, "")) or "(undocumented)"
+        torchft = TORCHFT_ENV.get(var, "not read (ours)")
+        out.append(f"| `{var}` | `{name}` | {default} | {torchft} | {_cell(meaning)} |")
+    return "\n".join(out) + "\n"
+
+
+BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
+    "docs/lighthouse.md": {"lighthouse-flags": render_lighthouse_section},
+    "docs/torchft_mapping.md": {
+        "manager-env": render_env_section,
+        "lighthouse-flags": render_torchft_flags,
+    },
+}
+"""The generated tables of pages otherwise written by hand: page -> block name -> renderer."""
+
+
+def splice(text: str, name: str, body: str) -> str:
+    """``text`` with the lines between block ``name``'s BEGIN and END markers set to ``body``.
+
+    Raises LookupError when the markers are missing or out of order."""
+    begin = re.search(rf"^<!-- BEGIN GENERATED {re.escape(name)}\b[^\n]*-->\n", text, re.M)
+    end = re.search(rf"^<!-- END GENERATED {re.escape(name)} -->$", text, re.M)
+    if begin is None or end is None or end.start() < begin.end():
+        raise LookupError(
+            f"markers of generated block {name!r} not found: a line '<!-- BEGIN GENERATED "
+            f"{name} ... -->', then the table, then '<!-- END GENERATED {name} -->'"
+        )
+    return text[: begin.end()] + body + text[end.start() :]
+
+
+def render_page(relpath: str) -> str:
+    """The hand-written page ``relpath`` with its generated blocks rendered anew."""
+    text = (ROOT / relpath).read_text()
+    for name, renderer in BLOCKS[relpath].items():
+        text = splice(text, name, renderer())
+    return text
 
 
 def render() -> str:
@@ -259,22 +400,27 @@ def render() -> str:
     )
 
 
+def render_all() -> dict[Path, str]:
+    """Every generated file's full text: docs/configuration.md and the pages of :data:`BLOCKS`."""
+    return {OUTPUT: render(), **{ROOT / page: render_page(page) for page in BLOCKS}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--check", action="store_true", help="exit 1 if the committed file is stale"
-    )
+    parser.add_argument("--check", action="store_true", help="exit 1 if a generated doc is stale")
     args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        current = OUTPUT.read_text() if OUTPUT.exists() else ""
-        if current != text:
-            print(f"{OUTPUT.relative_to(ROOT)} is stale; run: {COMMAND}", file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.write_text(text)
-    print(f"wrote {OUTPUT.relative_to(ROOT)}")
-    return 0
+    stale = 0
+    for path, text in render_all().items():
+        current = path.read_text() if path.exists() else ""
+        if current == text:
+            continue
+        if args.check:
+            print(f"{path.relative_to(ROOT)} is stale; run: {COMMAND}", file=sys.stderr)
+            stale = 1
+        else:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(ROOT)}")
+    return stale
 
 
 if __name__ == "__main__":

@@ -43,6 +43,42 @@ def test_configuration_md_is_current(gen: ModuleType) -> None:
     )
 
 
+@pytest.mark.parametrize("page", ["docs/lighthouse.md", "docs/torchft_mapping.md"])
+def test_generated_tables_are_current(gen: ModuleType, page: str) -> None:
+    assert (ROOT / page).read_text() == gen.render_page(page), (
+        f"a generated table of {page} is stale (a lighthouse flag or a TORCHFT_* variable "
+        "changed); regenerate it with: python scripts/gen_config_docs.py"
+    )
+
+
+def test_splice_replaces_only_between_the_markers(gen: ModuleType) -> None:
+    text = "hand\n<!-- BEGIN GENERATED t: note -->\nold\n<!-- END GENERATED t -->\nhand\n"
+    assert gen.splice(text, "t", "new\n") == text.replace("old\n", "new\n")
+    with pytest.raises(LookupError, match="'other'"):
+        gen.splice(text, "other", "new\n")
+    swapped = "<!-- END GENERATED t -->\n<!-- BEGIN GENERATED t -->\n"
+    with pytest.raises(LookupError):
+        gen.splice(swapped, "t", "new\n")
+
+
+def test_generated_tables_list_every_variable_flag_and_subcommand(gen: ModuleType) -> None:
+    from torchtitan_ft.lighthouse.cli import build_parser, build_status_parser
+    from torchtitan_ft.manager import settings
+
+    env = gen.render_env_section()
+    for var in settings._ENV_SETTINGS:
+        assert f"| `{var}` |" in env, var
+    assert env.count("| `TORCHFT_") == len(settings._ENV_SETTINGS)
+    mapping, flags = gen.render_torchft_flags(), gen.render_lighthouse_section()
+    for prefix, parser in (("", build_parser()), ("status ", build_status_parser())):
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag in ("-h", "--help"):
+                    continue
+                assert f"`{prefix}{flag}`" in mapping, (prefix, flag)
+                assert f"| `{flag}`" in flags, (prefix, flag)
+
+
 def test_every_config_field_has_a_docstring(gen: ModuleType) -> None:
     missing = gen.undocumented_fields()
     assert not missing, (
