@@ -1,12 +1,18 @@
-"""The docs stay true to the code: the generated configuration reference is current, every
-config field and lighthouse flag is documented, links resolve, and the configuration
-mistakes a user can make stop the job with one line naming the key."""
+"""The docs stay true to the code: the generated configuration reference and tables are
+current, every config field and lighthouse flag is documented, links resolve, the code blocks
+of the README and docs parse (Python compiles and its imports exist, a ``Manager(...)`` binds
+to the real signature, bash passes ``bash -n``), the commands name files, modules and flags
+that exist, and the configuration mistakes a user can make stop the job with one line naming
+the key."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.util
+import inspect
 import re
+import subprocess
 import textwrap
 from pathlib import Path
 from types import ModuleType
@@ -205,3 +211,170 @@ def test_every_default_is_a_valid_config() -> None:
     validate_fault_tolerance(ft)
     enabled = dataclasses.replace(ft, enable=True, group_size=1)
     validate_fault_tolerance(enabled)  # the default timeouts are in the required order
+
+
+# ------------------------------------------------------------ code blocks of README and docs
+
+DOC_PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+_FENCE = re.compile(r"^(\s*)(```+)([\w-]*)\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """A fenced code block: its language, its text (dedented) and where it starts."""
+
+    lang: str
+    text: str
+    where: str
+
+
+def fenced_blocks(path: Path) -> list[Block]:
+    blocks: list[Block] = []
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        opening = _FENCE.match(lines[i])
+        if opening is None:
+            i += 1
+            continue
+        indent, ticks, lang = opening.groups()
+        start = i + 1
+        i = start
+        while i < len(lines) and lines[i].strip() != ticks:
+            i += 1
+        assert i < len(lines), f"{path.name}:{start}: code block never closed"
+        body = [line.removeprefix(indent) for line in lines[start:i]]
+        blocks.append(Block(lang, "\n".join(body) + "\n", f"{path.relative_to(ROOT)}:{start}"))
+        i += 1
+    return blocks
+
+
+def _blocks(*langs: str) -> list[Block]:
+    return [b for page in DOC_PAGES for b in fenced_blocks(page) if b.lang in langs]
+
+
+def _ids(blocks: list[Block]) -> list[str]:
+    return [b.where for b in blocks]
+
+
+def test_fenced_blocks_are_found() -> None:
+    text = "a\n```python\nx = 1\n```\n  ```bash\n  ls\n  ```\n"
+    path = DOCS / "_probe.md"
+    try:
+        path.write_text(text)
+        blocks = fenced_blocks(path)
+    finally:
+        path.unlink()
+    assert [(b.lang, b.text) for b in blocks] == [("python", "x = 1\n"), ("bash", "ls\n")]
+
+
+PYTHON_BLOCKS = _blocks("python")
+SHELL_BLOCKS = _blocks("bash", "sh")
+
+
+@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=_ids(PYTHON_BLOCKS))
+def test_python_blocks_compile_and_import(block: Block) -> None:
+    tree = ast.parse(block.text, block.where)  # a SyntaxError names the block
+    compile(tree, block.where, "exec")
+    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    exec(compile(ast.Module(imports, []), block.where, "exec"), {})  # the names it imports exist
+
+
+def _manager_calls(tree: ast.AST) -> list[ast.Call]:
+    return [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and (
+            (isinstance(n.func, ast.Name) and n.func.id == "Manager")
+            or (isinstance(n.func, ast.Attribute) and n.func.attr == "Manager")
+        )
+    ]
+
+
+def test_manager_examples_bind_to_the_signature() -> None:
+    """Every ``Manager(...)`` of a Python block names only arguments the Manager takes, and
+    every one it requires (a required one left out is a TypeError when the example is run)."""
+    from torchtitan_ft import Manager
+
+    signature = inspect.signature(Manager)
+    calls = [(b, c) for b in PYTHON_BLOCKS for c in _manager_calls(ast.parse(b.text))]
+    assert calls, "the README's Manager example is gone"
+    for block, call in calls:
+        args = [object() for _ in call.args]
+        kwargs = {k.arg: object() for k in call.keywords if k.arg is not None}
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as e:
+            pytest.fail(f"{block.where}: Manager(...) does not bind to its signature: {e}")
+
+
+@pytest.mark.parametrize("block", SHELL_BLOCKS, ids=_ids(SHELL_BLOCKS))
+def test_shell_blocks_parse(block: Block, tmp_path: Path) -> None:
+    script = tmp_path / "block.sh"
+    script.write_text(block.text)
+    result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, f"{block.where}: {result.stderr}"
+
+
+def _doc_texts() -> list[tuple[str, str]]:
+    return [(str(p.relative_to(ROOT)), p.read_text()) for p in DOC_PAGES]
+
+
+_REPO_PATH = re.compile(r"(?<![\w/.-])(?:\./)?((?:scripts|examples|benchmarks|configs)/[\w./-]*\w)")
+_SCRIPT = re.compile(r"(?<![\w/.-])\./(\w+\.sh)\b")
+_MODULE = re.compile(r"python3? -m ((?:benchmarks|torchtitan_ft)(?:\.\w+)+)")
+
+
+def test_commands_name_files_and_modules_that_exist() -> None:
+    missing = []
+    for name, text in _doc_texts():
+        code = "\n".join(
+            [b.text for b in fenced_blocks(ROOT / name) if b.lang in ("bash", "sh", "")]
+            + re.findall(r"`([^`\n]+)`", text)
+        )
+        paths = [m[1] for m in _REPO_PATH.finditer(code) if code[m.end() : m.end() + 1] != "*"]
+        for path in paths + _SCRIPT.findall(code):  # a glob (configs/debug*.toml) is left out
+            if not (ROOT / path).exists():
+                missing.append(f"{name}: {path}")
+        for module in _MODULE.findall(code):
+            path = ROOT / Path(*module.split("."))
+            if not (path.with_suffix(".py").exists() or (path / "__main__.py").exists()):
+                missing.append(f"{name}: python -m {module}")
+    assert not missing, f"commands in the docs name what does not exist: {missing}"
+
+
+_LIGHTHOUSE_COMMAND = re.compile(r"torchft_lighthouse((?: +[^\s`&|;#]+)*)")
+
+
+def test_lighthouse_commands_use_flags_the_parser_has() -> None:
+    from torchtitan_ft.lighthouse.cli import build_parser, build_status_parser
+
+    known = {
+        "": {s for a in build_parser()._actions for s in a.option_strings},
+        "status": {s for a in build_status_parser()._actions for s in a.option_strings},
+    }
+    unknown = []
+    for name, text in _doc_texts():
+        for args in _LIGHTHOUSE_COMMAND.findall(text):
+            words = [w.strip("[]") for w in args.split()]
+            sub = "status" if words[:1] == ["status"] else ""
+            for word in words:
+                flag = word.split("=")[0]
+                if flag.startswith("--") and flag not in known[sub]:
+                    unknown.append(f"{name}: torchft_lighthouse {sub} {flag}")
+    assert not unknown, f"lighthouse flags the parser does not have: {unknown}"
+
+
+MISSPELT_ON_PURPOSE = {"replica_ids"}
+"""operations.md's example of the error a misspelt flag gets."""
+
+
+def test_fault_tolerance_flags_name_config_fields(gen: ModuleType) -> None:
+    fields = {f.name for f in gen.config_fields()} | MISSPELT_ON_PURPOSE
+    unknown = []
+    for name, text in _doc_texts():
+        for flag in re.findall(r"--fault_tolerance\.(?:no-)?([a-z_]+)\b(?!-)", text):
+            if flag not in fields:
+                unknown.append(f"{name}: --fault_tolerance.{flag}")
+    assert not unknown, f"flags of no [fault_tolerance] field: {unknown}"
