@@ -1,4 +1,8 @@
-"""``LighthouseClient``: quorum requests, heartbeats and the held-open heartbeat stream."""
+"""The lighthouse's clients: ``LighthouseClient`` (blocking: quorum requests, over a held-open
+``QuorumStream`` with a fallback to unary ``Quorum`` against torchft's lighthouse, heartbeats,
+the ``GoneMembers`` long poll of the hung-peer watch, and the held-open heartbeat stream,
+``HeartbeatStream``) and ``AsyncLighthouseClient`` (the same quorum requests on the
+ManagerServer's event loop), with the retry rule for an unreachable lighthouse they share."""
 
 from __future__ import annotations
 

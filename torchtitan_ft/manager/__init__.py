@@ -4,9 +4,12 @@ rank 0 also runs the group's ManagerServer, ``server.py``).
 Bottom to top: ``decisions``, ``identity``, ``outage``, ``settings`` and ``rounds`` make
 decisions without I/O (functions of their inputs, plus the small state of
 ``decisions.QuorumGate`` and ``rounds.GroupRounds``); ``stats`` holds the counters;
+``steptimes`` turns a rank's step timings into the group's for the straggler report;
 ``client``/``server`` speak ``torchft.ManagerService``; ``rendezvous`` (start-up),
 ``collectives``, ``healing`` and ``quorum`` (the quorum thread) hold one rank's state;
-``manager`` is the façade a training loop calls. torchft 0.2.0's names are importable here.
+``hung`` watches for hung peers on a thread of its own while a step's collectives run, and
+``linkprobe`` times the group's link to the lighthouse; ``manager`` is the façade a training
+loop calls. torchft 0.2.0's names are importable here.
 """
 
 from torchtitan_ft.manager.client import (

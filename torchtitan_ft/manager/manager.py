@@ -10,15 +10,20 @@ field                                                           written on
 ==============================================================  ===============================
 ``_step``, ``_batches_committed``, ``_commit_failures``,        the training thread
 ``_discarded_steps``, ``_samples_per_batch``,
-``_identity``, ``_quorum``'s futures, ``_collectives``'
-pending futures
+``_identity``, ``_retries_this_step``, ``_participated``,
+``_hung_armed``, ``_step_timer``'s timings, ``_quorum``'s
+futures, ``_collectives``' pending futures
 ``_quorum.result``, ``.participation``, ``.healing``,           the quorum thread (``healing``
 ``._quorum_id``; ``_heal``'s received state, receive time and   and ``_heal`` are reset by
 served flag                                                     ``start_quorum`` first)
 ``_collectives.usable``                                         the quorum thread, the training
                                                                 thread, a failed allreduce's
-                                                                callback
+                                                                callback, the hung-peer watch
+                                                                thread (``_hung``, through
+                                                                ``_abort_hung_step``)
 ``_collectives``' error, ``_counters``                          any thread, under their locks
+                                                                (the hung-peer watch thread's
+                                                                ``report_error`` included)
 everything else                                                 ``__init__`` only
 ==============================================================  ===============================
 """

@@ -14,8 +14,10 @@ The fragment index moves on only when a sync commits, so a failed fragment is re
 next cycle, and every replica (healed with the same count) picks the same one. LocalSGD and
 plain DiLoCo are the case ``F = 1, tau = 0``: quorum, sync and apply after step ``H``.
 
-``SyncSchedule.actions`` answers "what now?" for any position; the strategies in
-``local_sgd.py`` only carry the answer out.
+``SyncSchedule.actions`` answers "what now?" for any position, and the strategies in
+``local_sgd.py`` carry the answer out, except with DiLoCo's ``outer_overlap`` (the outer round
+applied one cycle late): then ``overlap.delayed_actions`` answers instead, from the cycle length
+of this schedule.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""TorchTitan's own ``Trainer`` with the FT replica axis plugged in; runs in every trainer rank
-(docs/titan.md, "How it plugs in")."""
+"""TorchTitan 0.2.2's own ``Trainer`` with the FT replica axis plugged in; runs in every trainer
+rank on 0.2.2 (docs/titan.md, "How it plugs in"). 0.3.0's is ``releases/v0_3/trainer.py``; both
+mix in the same hooks (``trainer_hooks.ReplicaAxisHooks``)."""
 
 import contextlib
 import functools

@@ -1,10 +1,18 @@
-"""Which TorchTitan release this process trains with, and the one place per release that holds
-the code that differs between them (docs/titan.md, "TorchTitan releases"):
+"""Which TorchTitan release this process trains with, and where the code that differs between
+releases lives (docs/titan.md, "TorchTitan releases"):
 
-* :mod:`~torchtitan_ft.titan.releases.v0_2`: TorchTitan 0.2.2 (TOML configs, ``JobConfig``,
-  ``TrainSpec``); the rest of ``titan/`` is written against it and stays release-neutral;
+* :mod:`~torchtitan_ft.titan.releases.v0_2`: what differs on TorchTitan 0.2.2 (TOML configs,
+  ``JobConfig``, ``TrainSpec``) beyond ``titan/`` itself, which was written against 0.2.2: its
+  0.2.2 parse (``config_cli``), trainer (``titan/trainer.py``) and entry point (``train``) are
+  there, not here;
 * :mod:`~torchtitan_ft.titan.releases.v0_3`: TorchTitan 0.3.0 (``--module``/``--config`` config
-  registries, tyro, ``Trainer.Config`` dataclasses that ``build()`` their components).
+  registries, tyro, ``Trainer.Config`` dataclasses that ``build()`` their components), with its
+  own parse, TOML reader, trainer and entry point, and TorchTitan's own trainers on a CPU;
+* :mod:`~torchtitan_ft.titan.releases.commands`: run_train.sh's choice of trainer module on
+  0.3.0 (a 0.2.x ``TRAIN_FILE`` stops with one line giving the 0.3.0 form).
+
+The rest of ``titan/`` (replica axis, healing, data ledger, semi-sync, metrics, the trainer
+hooks both releases mix in) does not look at the release.
 
 The release is chosen by what is installed (``importlib.metadata``), never configured;
 ``python -m torchtitan_ft.titan.releases`` prints its name (run_train.sh reads it).
