@@ -286,7 +286,6 @@ def render_lighthouse_section() -> str:
 
 
 TORCHFT_LIGHTHOUSE_FLAGS = (
-    "-h",
     "--help",
     "--version",
     "--bind",
@@ -295,7 +294,8 @@ TORCHFT_LIGHTHOUSE_FLAGS = (
     "--quorum_tick_ms",
     "--heartbeat_timeout_ms",
 )
-"""The flags of torchft 0.2.0's ``torchft_lighthouse`` (its ``--help``)."""
+"""The flags of torchft 0.2.0's ``torchft_lighthouse`` (its ``--help``; the same set as
+tests/test_torchft_mapping.py's, which tests/test_docs.py checks)."""
 
 TORCHFT_ENV = {
     "TORCHFT_LIGHTHOUSE": "read; fills in an unset argument",
@@ -305,28 +305,30 @@ TORCHFT_ENV = {
     "TORCHFT_CONNECT_TIMEOUT_SEC": "read; overrides the argument",
     "TORCHFT_QUORUM_RETRIES": "read; overrides the argument",
 }
-"""The ``TORCHFT_*`` variables torchft 0.2.0's ``Manager`` reads, and how it uses each."""
+"""The ``TORCHFT_*`` variables torchft 0.2.0's ``Manager`` reads, and how it uses each
+(tests/test_docs.py checks the names against torchft 0.2.0's source)."""
 
 
 def render_torchft_flags() -> str:
-    """Every ``torchft_lighthouse`` flag and subcommand against torchft 0.2.0's."""
+    """Every ``torchft_lighthouse`` flag and subcommand, in the page's order of columns: torchft
+    0.2.0's flag (or "ours only"), ours, the default."""
     from torchtitan_ft.lighthouse.cli import build_parser, build_status_parser
 
-    out = ["| torchtitan_ft | torchft 0.2.0 | default |", "|---|---|---|"]
+    out = ["| torchft 0.2.0 | torchtitan_ft | default |", "|---|---|---|"]
     for prefix, parser in (("", build_parser()), ("status ", build_status_parser())):
         for action in parser._actions:  # argparse has no public accessor for its actions
             if not action.option_strings or (prefix and isinstance(action, argparse._HelpAction)):
                 continue
             ours = ", ".join(f"`{prefix}{s}`" for s in action.option_strings)
             theirs = [s for s in action.option_strings if s in TORCHFT_LIGHTHOUSE_FLAGS]
-            torchft = ", ".join(f"`{s}`" for s in theirs) if theirs and not prefix else "ours"
+            torchft = f"`{theirs[-1]}`" if theirs and not prefix else "ours only"
             if action.required:
                 default = "required"
             elif action.default in (None, argparse.SUPPRESS):
                 default = ""
             else:
                 default = f"`{action.default}`"
-            out.append(f"| {ours} | {torchft} | {_cell(default)} |")
+            out.append(f"| {torchft} | {ours} | {_cell(default)} |")
     return "\n".join(out) + "\n"
 
 

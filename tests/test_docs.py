@@ -85,6 +85,19 @@ def test_generated_tables_list_every_variable_flag_and_subcommand(gen: ModuleTyp
                 assert f"| `{flag}`" in flags, (prefix, flag)
 
 
+def test_generated_torchft_columns_agree_with_torchft(gen: ModuleType) -> None:
+    """The generator's lists of torchft 0.2.0's lighthouse flags and of the ``TORCHFT_*``
+    variables its Manager reads are those tests/test_torchft_mapping.py finds."""
+    from tests import test_torchft_mapping as mapping
+    from torchtitan_ft.manager import settings
+
+    assert set(gen.TORCHFT_LIGHTHOUSE_FLAGS) == mapping.TORCHFT_LIGHTHOUSE_FLAGS
+    if not (mapping.TORCHFT / "manager.py").exists():
+        pytest.skip("scripts/install_reference.sh not run")
+    read_here = set(settings._ENV_SETTINGS)
+    assert set(gen.TORCHFT_ENV) == mapping._reference_env_vars() & read_here
+
+
 def test_every_config_field_has_a_docstring(gen: ModuleType) -> None:
     missing = gen.undocumented_fields()
     assert not missing, (
