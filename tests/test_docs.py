@@ -16,6 +16,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -293,33 +294,37 @@ def test_python_blocks_compile_and_import(block: Block) -> None:
     exec(compile(ast.Module(imports, []), block.where, "exec"), {})  # the names it imports exist
 
 
-def _manager_calls(tree: ast.AST) -> list[ast.Call]:
+def _package_calls(tree: ast.Module) -> list[tuple[str, ast.Call, Any]]:
+    """The calls of names the block imports from torchtitan_ft: the name, the call, and what
+    the name is."""
+    imported: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torchtitan_ft"):
+            module = importlib.import_module(node.module or "")
+            for alias in node.names:
+                imported[alias.asname or alias.name] = getattr(module, alias.name)
     return [
-        n
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Call)
-        and (
-            (isinstance(n.func, ast.Name) and n.func.id == "Manager")
-            or (isinstance(n.func, ast.Attribute) and n.func.attr == "Manager")
-        )
+        (node.func.id, node, imported[node.func.id])
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in imported
     ]
 
 
-def test_manager_examples_bind_to_the_signature() -> None:
-    """Every ``Manager(...)`` of a Python block names only arguments the Manager takes, and
-    every one it requires (a required one left out is a TypeError when the example is run)."""
-    from torchtitan_ft import Manager
-
-    signature = inspect.signature(Manager)
-    calls = [(b, c) for b in PYTHON_BLOCKS for c in _manager_calls(ast.parse(b.text))]
-    assert calls, "the README's Manager example is gone"
-    for block, call in calls:
+def test_calls_in_python_blocks_bind_to_the_signatures() -> None:
+    """Every call of a torchtitan_ft name in a Python block (the README's ``Manager(...)``
+    among them) passes only arguments the callee takes, and every one it requires: a required
+    one left out would be a TypeError when the example is run."""
+    calls = [(b, *c) for b in PYTHON_BLOCKS for c in _package_calls(ast.parse(b.text))]
+    assert any(name == "Manager" for _, name, _, _ in calls), "the README's Manager example is gone"
+    for block, name, call, target in calls:
         args = [object() for _ in call.args]
         kwargs = {k.arg: object() for k in call.keywords if k.arg is not None}
         try:
-            signature.bind(*args, **kwargs)
+            inspect.signature(target).bind(*args, **kwargs)
         except TypeError as e:
-            pytest.fail(f"{block.where}: Manager(...) does not bind to its signature: {e}")
+            pytest.fail(f"{block.where}: {name}(...) does not bind: {e}")
 
 
 @pytest.mark.parametrize("block", SHELL_BLOCKS, ids=_ids(SHELL_BLOCKS))
