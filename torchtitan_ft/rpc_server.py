@@ -183,10 +183,12 @@ class ServerThread:
         """Whether the loop's thread is alive."""
         return self._thread is not None and self._thread.is_alive()
 
-    def wait(self) -> None:
-        """Blocks until the loop has stopped (returns at once if it never started)."""
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the loop has stopped (returns at once if it never started), or for
+        ``timeout`` seconds at most; True once it has stopped."""
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
+        return not self.running()
 
 
 def grpc_server(

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -15,6 +16,7 @@ from tests.lighthouse._helpers import ask_all, free_port, free_port_pair, get, w
 from torchtitan_ft.lighthouse import LighthouseClient
 from torchtitan_ft.lighthouse.cli import AUTH_TOKEN_ENV, main, resolve_auth_token
 from torchtitan_ft.lighthouse.summary import status_url
+from torchtitan_ft.testing.processes import LighthouseProcess
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -74,6 +76,10 @@ def run(*args: str) -> subprocess.CompletedProcess:
         (
             ["--min_replicas", "1", "--straggler_min_excluded_ms", "-1"],
             "--straggler_min_excluded_ms must be >= 0",
+        ),
+        (
+            ["--min_replicas", "1", "--exit_when_idle_ms", "-1"],
+            "--exit_when_idle_ms must be >= 0 (0: never), got -1",
         ),
     ],
 )
@@ -282,3 +288,19 @@ def test_status_command_names_an_unreachable_server(capsys) -> None:
     with pytest.raises(SystemExit) as e:
         main(["status", "--lighthouse", "127.0.0.1:1", "--status", f"127.0.0.1:{port}"])
     assert "cannot reach the lighthouse's status server at http://127.0.0.1:" in str(e.value.code)
+
+
+@pytest.mark.multiprocess
+def test_exit_when_idle_ends_the_lighthouse_once_the_job_is_over() -> None:
+    """Never served: it waits on; served once, then no group for --exit_when_idle_ms: exit 0."""
+    lighthouse = LighthouseProcess(1, heartbeat_timeout_ms=300)
+    lighthouse.args.append("--exit_when_idle_ms=600")
+    lighthouse.start()
+    try:
+        time.sleep(1.5)  # more than the idle time, before any quorum
+        assert lighthouse.proc.poll() is None
+        quorum = LighthouseClient(lighthouse.address).quorum("r", timedelta(seconds=10))
+        assert [m.replica_id for m in quorum.participants] == ["r"]
+        assert lighthouse.proc.wait(timeout=20) == 0
+    finally:
+        lighthouse.stop()

@@ -1,11 +1,13 @@
-"""``torchft_lighthouse``: runs a lighthouse until interrupted.
+"""``torchft_lighthouse``: runs a lighthouse until interrupted (or, with ``--exit_when_idle_ms``,
+until its job is over).
 
 Flags and defaults match torchft's (``--bind``, ``--min_replicas``, ``--join_timeout_ms``,
 ``--quorum_tick_ms``, ``--heartbeat_timeout_ms``); ``--status_bind``, ``--auth_token`` and
 ``--version`` are ours. Bad values exit with code 2 and one line naming the flag.
 
-``torchft_lighthouse status --lighthouse ADDR`` (ours) prints a running lighthouse's status page
-as text instead (``lighthouse.summary``).
+``--exit_when_idle_ms`` (ours) ends a lighthouse that a launcher starts beside the groups once
+the job is over (``lighthouse.lifetime``). ``torchft_lighthouse status --lighthouse ADDR``
+(ours) prints a running lighthouse's status page as text instead (``lighthouse.summary``).
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import os
 import resource
 import signal
 import sys
+import time
 from collections.abc import Mapping
 from typing import NoReturn
 
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, check_token
-from torchtitan_ft.lighthouse import summary
+from torchtitan_ft.lighthouse import lifetime, summary
 from torchtitan_ft.lighthouse.exclusion import ExclusionOptions, StragglerPolicy
 from torchtitan_ft.lighthouse.history import DEFAULT_CAPACITY
 from torchtitan_ft.lighthouse.server import LighthouseServer, validate_options
@@ -202,6 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
         "/events; about 30 bytes each plus their reasons' text (>= 1; default: %(default)s)",
     )
     p.add_argument(
+        "--exit_when_idle_ms",
+        type=int,
+        default=0,
+        help="exit (status 0) once a quorum has been issued and then no replica group has been "
+        "healthy for this many ms: for a lighthouse started beside the groups as one "
+        "application (torchtitan_ft.torchx), which ends only when all its processes do. Longer "
+        "than a group's restart, or a job whose every group restarts at once loses its "
+        "lighthouse (0, the default: run until interrupted)",
+    )
+    p.add_argument(
         "--log_level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -334,6 +347,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"{flag} must be >= {least}, got {value}")
     if args.history_events < 1:
         parser.error(f"--history_events must be >= 1, got {args.history_events}")
+    if args.exit_when_idle_ms < 0:
+        parser.error(f"--exit_when_idle_ms must be >= 0 (0: never), got {args.exit_when_idle_ms}")
     exclusion = ExclusionOptions(
         policy=args.straggler_policy,
         min_excluded_s=args.straggler_min_excluded_ms / 1000,
@@ -390,10 +405,28 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(e))
     signal.signal(signal.SIGTERM, lambda *_: server.shutdown())
     try:
-        server.wait()
+        if args.exit_when_idle_ms:
+            _serve_until_idle(server, args.exit_when_idle_ms / 1000)
+        else:
+            server.wait()
     except KeyboardInterrupt:
         server.shutdown()
     sys.exit(0)
+
+
+def _serve_until_idle(server: LighthouseServer, idle_s: float) -> None:
+    """Serves until ``lifetime.should_exit`` says the job is over, then shuts down (or until
+    the server stops on a signal)."""
+    idle = lifetime.Idle()
+    look_every_s = min(1.0, idle_s / 4)
+    while not server.wait(look_every_s):
+        seen = server.run_in_loop(lambda: (server.state.quorum is not None, server.state.healthy()))
+        now = time.monotonic()
+        idle = lifetime.look(idle, seen[0], len(seen[1]), now)
+        if lifetime.should_exit(idle, now, idle_s):
+            logger.info("no replica group for %.1f s after the job's quorums: exiting", idle_s)
+            server.shutdown()
+            return
 
 
 if __name__ == "__main__":

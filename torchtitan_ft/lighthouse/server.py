@@ -395,9 +395,10 @@ class LighthouseServer:
         """Stops serving; waiting requests fail with UNAVAILABLE. Idempotent."""
         self._thread.stop(self._stop)
 
-    def wait(self) -> None:
-        """Blocks until shutdown (used by the CLI)."""
-        self._thread.wait()
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until shutdown, or for ``timeout`` seconds at most (used by the CLI); True
+        once the server has stopped."""
+        return self._thread.wait(timeout)
 
     async def _start(self) -> None:
         """Starts the gRPC server, the status server and the tick."""

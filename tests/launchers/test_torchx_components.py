@@ -1,0 +1,93 @@
+"""The TorchX components as application definitions (no scheduler): one role per replica group
+with torchft's ports, ids and restarts; the TorchTitan component's lighthouse role; the
+environment passed through, the job token never."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchtitan_ft import torchx as components
+from torchtitan_ft.auth import AUTH_TOKEN_ENV
+
+TOKEN = "s3cr3t-token-value"
+
+
+def test_hsdp_has_torchfts_roles(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://lh:29510")
+    app = components.hsdp("--lr", "0.1", replicas=3, workers_per_replica=2, script="train.py")
+    assert [r.name for r in app.roles] == ["replica_0", "replica_1", "replica_2"]
+    for i, role in enumerate(app.roles):
+        assert role.entrypoint == "torchrun"
+        assert role.args == [
+            f"--master_port={29600 + i}",
+            "--nnodes=1",
+            "--nproc_per_node=2",
+            "--max_restarts=10",
+            "train.py",
+            "--lr",
+            "0.1",
+        ]
+        assert role.env["REPLICA_GROUP_ID"] == str(i)
+        assert role.env["NUM_REPLICA_GROUPS"] == "3"
+        assert role.env["TORCHFT_LIGHTHOUSE"] == "http://lh:29510"
+        assert role.max_retries == 0
+
+
+def test_titan_has_a_lighthouse_role_that_ends_with_the_job() -> None:
+    app = components.titan(
+        "--training.steps=5", replicas=2, workers_per_replica=2, lighthouse_port=29700,
+        min_replicas=2, lighthouse_idle_exit_ms=5000,
+    )  # fmt: skip
+    lighthouse, *groups = app.roles
+    assert lighthouse.entrypoint == "torchft_lighthouse"
+    assert "--min_replicas=2" in lighthouse.args
+    assert "--exit_when_idle_ms=5000" in lighthouse.args
+    for i, role in enumerate(groups):
+        assert role.args == components.titan_group_args(i, 2, ["--training.steps=5"])
+        assert role.env["TORCHFT_LIGHTHOUSE"] == "http://localhost:29700"
+        assert (role.env["NGPU"], role.env["MAX_RESTARTS"]) == ("2", "10")
+
+
+def test_titan_with_a_lighthouse_apart_has_no_lighthouse_role() -> None:
+    app = components.titan(lighthouse="http://lh.example:29510")
+    assert [r.name for r in app.roles] == ["replica_0", "replica_1"]
+    assert {r.env["TORCHFT_LIGHTHOUSE"] for r in app.roles} == {"http://lh.example:29510"}
+
+
+def test_environment_passes_through_but_never_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(AUTH_TOKEN_ENV, TOKEN)
+    monkeypatch.setenv("TORCHFT_QUORUM_TIMEOUT_SEC", "90")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0")
+    for app in (components.hsdp(), components.titan()):
+        assert TOKEN not in repr(app)
+        for role in app.roles:
+            assert role.env["TORCHFT_QUORUM_TIMEOUT_SEC"] == "90"
+            assert role.env["GLOO_SOCKET_IFNAME"] == "ib0"
+            assert AUTH_TOKEN_ENV not in role.env
+
+
+@pytest.mark.parametrize("component", [components.hsdp, components.titan])
+def test_a_token_in_env_is_refused(component) -> None:
+    with pytest.raises(ValueError, match=AUTH_TOKEN_ENV):
+        component(env={AUTH_TOKEN_ENV: TOKEN})
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"replicas": 0}, "replicas must be >= 1, got 0"),
+        ({"workers_per_replica": 0}, "workers_per_replica must be >= 1, got 0"),
+        ({"max_restarts": -1}, "max_restarts must be >= 0, got -1"),
+    ],
+)
+def test_bad_counts_are_named(kwargs: dict, named: str) -> None:
+    for component in (components.hsdp, components.titan):
+        with pytest.raises(ValueError, match=named):
+            component(**kwargs)
+
+
+def test_titan_min_replicas_above_the_group_count_is_named() -> None:
+    with pytest.raises(
+        ValueError, match=r"min_replicas must be between 1 and replicas \(2\), got 3"
+    ):
+        components.titan(replicas=2, min_replicas=3)
