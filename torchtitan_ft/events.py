@@ -79,6 +79,10 @@ class EventKind(StrEnum):
     """The lighthouse took this group back into the quorum (it is fast again, or the others
     need it for ``min_replicas``); it heals from the others if it is behind. Fields:
     ``relative_speed``."""
+    OVERSIZED_TIMEOUT = "oversized_timeout"
+    """A timeout far above what the job needs (``timeouts.oversized``; judged once, on the
+    first steps): what a peer that hangs would cost. Fields: ``timeout`` (its name),
+    ``seconds``, ``step_seconds`` (the median measured step)."""
     FAULT = "fault"
     """The first error recorded in a step (the step will not commit). Fields: ``error`` (the
     exception's type name), ``message``, ``collective`` (raised by an allreduce)."""
