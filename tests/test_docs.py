@@ -43,6 +43,14 @@ def test_configuration_md_is_current(gen: ModuleType) -> None:
     )
 
 
+def test_timeouts_md_tables_are_current(gen: ModuleType) -> None:
+    committed = (DOCS / "timeouts.md").read_text()
+    assert committed == gen.render_timeouts_md(committed), (
+        "docs/timeouts.md's tables are stale (torchtitan_ft/timeouts.py changed); regenerate "
+        "them with: python scripts/gen_config_docs.py"
+    )
+
+
 def test_every_config_field_has_a_docstring(gen: ModuleType) -> None:
     missing = gen.undocumented_fields()
     assert not missing, (
@@ -138,6 +146,18 @@ _ENABLED = ["--fault_tolerance.enable", "--fault_tolerance.group_size=2"]
             "",
             [*_ENABLED, "--fault_tolerance.process_group_timeout_ms=120000"],
             ["raise fault_tolerance.step_timeout_ms to at least 120000"],
+        ),
+        # a quorum timeout below the process-group timeout (it started, then failed as "no
+        # quorum from the lighthouse")
+        (
+            "",
+            [
+                *_ENABLED,
+                "--fault_tolerance.process_group_timeout_ms=30000",
+                "--fault_tolerance.quorum_timeout_ms=5000",
+                "--fault_tolerance.connect_timeout_ms=5000",
+            ],
+            ["quorum_timeout_ms=5000", "process_group_timeout_ms=30000", "at least 30000"],
         ),
     ],
 )
