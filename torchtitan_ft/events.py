@@ -48,7 +48,9 @@ class EventKind(StrEnum):
     QUORUM = "quorum"
     """This rank got a quorum with a new id, or its role changed. Fields: ``quorum_id``,
     ``replica_ids`` (the members, in replica-rank order), ``participants`` (groups averaging
-    gradients this step), ``max_step`` (the highest member step), ``role`` (a :class:`Role`)."""
+    gradients this step), ``max_step`` (the highest member step), ``role`` (a :class:`Role`),
+    ``asked_at`` (Unix time at which this rank asked for the quorum: the wait is ``time``
+    minus it)."""
     COMMIT = "commit"
     """The step committed; ``step`` is the committed step count after it. Fields:
     ``participants``."""
