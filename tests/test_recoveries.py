@@ -153,6 +153,21 @@ def test_a_heal_without_a_restart() -> None:
     assert found.heal is not None and found.heal.rate_mb_s == 0.0
 
 
+def test_a_first_process_that_heals_at_its_first_quorum_joins() -> None:
+    events = [
+        ev(1.0, EventKind.START, OLD, process_started=0.5),
+        quorum(3.0, OLD, [OTHER, OLD], "healing", asked=2.0),
+        ev(3.1, EventKind.HEAL_START, OLD, to_step=4, source_replica_rank=0,
+           source_address="http://a:1"),
+        ev(4.0, EventKind.HEAL_END, OLD, 4, outcome="applied", seconds=0.9, bytes=10),
+        quorum(5.0, OLD, [OTHER, OLD], "participant"),
+        commit(6.0, OLD, 5),
+    ]  # fmt: skip
+    (found,) = recoveries(events)
+    assert found.kind is RecoveryKind.JOIN
+    assert found.phases == {"quorum": 1.0, "heal": 1.0, "first_commit": 2.0}
+
+
 def test_a_job_without_failures_has_no_recoveries() -> None:
     events = [quorum(1.0, OTHER, [OTHER], "participant"), commit(2.0, OTHER, 1)]
     assert recoveries(events) == []

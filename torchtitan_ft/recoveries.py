@@ -16,7 +16,8 @@ phases between milestones the stream records, in order:
 * ``heal``: until the received state was applied (``heal_end``);
 * ``first_commit``: until its first commit as a participant.
 
-A heal without a restart has only the last three, from its healing quorum's request. A
+A heal without a restart (and a group's first process that heals at its first quorum, a
+``join``) has only the last three, from its healing quorum's request. A
 milestone earlier than the one before it (torchrun may restart the process before the others
 notice) counts as reached at that one, so the phase is 0 and the time is the earlier phase's:
 the phases of a recovery add up to its total exactly. A recovery whose group never committed
@@ -48,6 +49,9 @@ class RecoveryKind(StrEnum):
     """A new process of the group, after the previous one stopped."""
     HEAL = "heal"
     """A running group that fell behind received a donor's state."""
+    JOIN = "join"
+    """A group's first process healed at its first quorum (it started after the others, or
+    ``init_sync`` made it load the first group's state): start-up, not a failure."""
 
 
 class Noticed(StrEnum):
@@ -230,9 +234,21 @@ def recoveries(events: Iterable[Event]) -> list[Recovery]:
                         first_heal,
                     )
                 )  # fmt: skip
-            for heal_start in heals:
-                out.append(_healed(events, own, name, heal_start))
+            joined = i == 0 and _heals_at(first_quorum, heals[:1], own)
+            for j, heal_start in enumerate(heals):
+                kind = RecoveryKind.JOIN if joined and j == 0 else RecoveryKind.HEAL
+                out.append(_healed(events, own, name, heal_start, kind))
     return sorted(out, key=lambda r: r.started)
+
+
+def _heals_at(quorum: Event | None, heals: Sequence[Event], own: Sequence[Event]) -> bool:
+    """Whether the first of ``heals`` follows ``quorum`` with no other quorum between."""
+    if quorum is None or not heals:
+        return False
+    between = [
+        e for e in own if e.kind is EventKind.QUORUM and quorum.time < e.time < heals[0].time
+    ]
+    return quorum.get("role") == Role.HEALING.value and not between
 
 
 def _asked(quorum: Event | None) -> float | None:
@@ -283,7 +299,9 @@ def _replacement(
     )
 
 
-def _healed(events: Sequence[Event], own: Sequence[Event], name: str, start: Event) -> Recovery:
+def _healed(
+    events: Sequence[Event], own: Sequence[Event], name: str, start: Event, kind: RecoveryKind
+) -> Recovery:
     quorum = next(
         (
             e
@@ -305,7 +323,7 @@ def _healed(events: Sequence[Event], own: Sequence[Event], name: str, start: Eve
     return Recovery(
         replica=name,
         replica_id=start.replica_id,
-        kind=RecoveryKind.HEAL,
+        kind=kind,
         started=asked,
         total_s=round(sum(phases.values()), 6),
         phases=phases,
