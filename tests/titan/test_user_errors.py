@@ -67,6 +67,7 @@ def test_unreachable_lighthouse_stops_the_group_with_one_line(tmp_path: Path) ->
         "--fault_tolerance.group_size=1",
         "--fault_tolerance.connect_timeout_ms=2000",
         "--fault_tolerance.quorum_timeout_ms=3000",
+        "--fault_tolerance.process_group_timeout_ms=3000",  # <= quorum_timeout_ms
         TORCHFT_LIGHTHOUSE=f"http://127.0.0.1:{port}",
     )
     assert result.returncode == 2, result.stderr[-3000:]
