@@ -545,12 +545,16 @@ class MethodRun:
             **extra,
         }
 
-    def _common_args(self) -> list[str]:
+    def _common_args(self, ft: bool = True) -> list[str]:
+        """``ft``: TorchTitan's own timeout 1 s above the process group's, as the FT timeouts'
+        order requires (docs/timeouts.md); else (native HSDP, whose failure detection it is)
+        equal to it."""
+        train_timeout_s = self.opts.process_group_timeout_ms // 1000 + (1 if ft else 0)
         return [
             str(ROOT / "run_train.sh"),
             "--training.steps=1000000",
             f"--job.dump_folder={self.folder / 'dump'}",
-            f"--comm.train_timeout_seconds={self.opts.process_group_timeout_ms // 1000}",
+            f"--comm.train_timeout_seconds={train_timeout_s}",
         ]
 
     def _group_launch(self, g: int, lighthouse: Lighthouse, host: netns.Host | None) -> Launch:
@@ -580,7 +584,7 @@ class MethodRun:
     def _native_launch(self) -> Launch:
         opts = self.opts
         argv = [
-            *self._common_args(),
+            *self._common_args(ft=False),
             "--fault_tolerance.no-enable",
             f"--parallelism.data_parallel_replicate_degree={opts.groups}",
             f"--parallelism.data_parallel_shard_degree={opts.ranks}",

@@ -10,13 +10,15 @@ Sources (nothing is written by hand in the output):
 * the lighthouse CLI, ``torchtitan_ft.lighthouse.cli.build_parser()`` and
   ``build_status_parser()`` (the ``status`` subcommand): every flag, its default and its help
   text;
+* docs/timeouts.md's tables: ``torchtitan_ft.timeouts.TIMEOUTS`` and ``RELATIONS``;
 * the Manager's ``TORCHFT_*`` variables, ``torchtitan_ft.manager.settings``: each variable and
   the setting it gives (``_ENV_SETTINGS``), the setting's docstring in ``ManagerSettings``, and
   its default, as ``resolve_manager_settings`` resolves it with no argument and no variable.
 
-docs/configuration.md is written whole. In docs/lighthouse.md and docs/torchft_mapping.md only
-the text between a ``<!-- BEGIN GENERATED <name> ... -->`` line and its ``<!-- END GENERATED
-<name> -->`` line is written (:data:`BLOCKS`); the rest of those pages is written by hand.
+docs/configuration.md is written whole. In docs/lighthouse.md, docs/timeouts.md and
+docs/torchft_mapping.md only the text between a ``<!-- BEGIN GENERATED <name> ... -->`` line
+and its ``<!-- END GENERATED <name> -->`` line is written (:data:`BLOCKS`); the rest of those
+pages is written by hand.
 
 Usage::
 
@@ -363,8 +365,58 @@ def render_env_section() -> str:
     return "\n".join(out) + "\n"
 
 
+def _seconds(value: float) -> str:
+    return f"{value * 1000:g} ms" if value < 1 else f"{value:g} s"
+
+
+_CHECKED = {
+    "start": "Checked at start by the TorchTitan preflight, on the fields and the `TORCHFT_*` "
+    "variables of unset fields, and by the `Manager`, on its arguments or variables and its "
+    "process group's timeout",
+    "titan": "Checked at start by the TorchTitan preflight",
+    "nowhere": "Not checked: the two values live in different processes",
+}
+
+
+def render_timeout_tables() -> str:
+    """docs/timeouts.md's generated part: every timeout, then every relation."""
+    from torchtitan_ft.timeouts import RELATIONS, TIMEOUTS
+
+    out = [
+        "## Which timeout governs what",
+        "",
+        "| timeout | default | set with | bounds |",
+        "|---|---|---|---|",
+    ]
+    for t in TIMEOUTS:
+        out.append(
+            f"| {t.title} | {_seconds(t.default_s)} | {_cell(t.set_with)} | {_cell(t.bounds)} |"
+        )
+    out += [
+        "",
+        "## Required order",
+        "",
+        "Each relation below must hold, and holds for the defaults. A violation found at start "
+        "stops the job (TorchTitan: every rank, before any process group, exit status 2) or "
+        "the `Manager`'s constructor (`ValueError`) with one line naming the relation, both "
+        "values as they were set, and values that satisfy it, e.g.:",
+        "",
+        "```",
+        "torchtitan_ft: config error: timeouts out of order: fault_tolerance.quorum_timeout_ms="
+        "5000 must be >= fault_tolerance.process_group_timeout_ms=30000 (quorum_timeout_ms >= "
+        "process_group_timeout_ms): ...; raise fault_tolerance.quorum_timeout_ms to at least "
+        "30000, or lower fault_tolerance.process_group_timeout_ms to at most 5000",
+        "```",
+        "",
+    ]
+    for i, r in enumerate(RELATIONS, 1):
+        out.append(f"{i}. **`{r.formula()}`**: {r.why}. {_CHECKED[r.checked_at.value]}.")
+    return "\n".join(out) + "\n"
+
+
 BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
     "docs/lighthouse.md": {"lighthouse-flags": render_lighthouse_section},
+    "docs/timeouts.md": {"timeouts": render_timeout_tables},
     "docs/torchft_mapping.md": {
         "manager-env": render_env_section,
         "lighthouse-flags": render_torchft_flags,

@@ -50,11 +50,13 @@ def test_configuration_md_is_current(gen: ModuleType) -> None:
     )
 
 
-@pytest.mark.parametrize("page", ["docs/lighthouse.md", "docs/torchft_mapping.md"])
+@pytest.mark.parametrize(
+    "page", ["docs/lighthouse.md", "docs/timeouts.md", "docs/torchft_mapping.md"]
+)
 def test_generated_tables_are_current(gen: ModuleType, page: str) -> None:
     assert (ROOT / page).read_text() == gen.render_page(page), (
-        f"a generated table of {page} is stale (a lighthouse flag or a TORCHFT_* variable "
-        "changed); regenerate it with: python scripts/gen_config_docs.py"
+        f"a generated table of {page} is stale (a lighthouse flag, a TORCHFT_* variable or "
+        "torchtitan_ft/timeouts.py changed); regenerate it with: python scripts/gen_config_docs.py"
     )
 
 
@@ -194,6 +196,18 @@ _ENABLED = ["--fault_tolerance.enable", "--fault_tolerance.group_size=2"]
             "",
             [*_ENABLED, "--fault_tolerance.process_group_timeout_ms=120000"],
             ["raise fault_tolerance.step_timeout_ms to at least 120000"],
+        ),
+        # a quorum timeout below the process-group timeout (it started, then failed as "no
+        # quorum from the lighthouse")
+        (
+            "",
+            [
+                *_ENABLED,
+                "--fault_tolerance.process_group_timeout_ms=30000",
+                "--fault_tolerance.quorum_timeout_ms=5000",
+                "--fault_tolerance.connect_timeout_ms=5000",
+            ],
+            ["quorum_timeout_ms=5000", "process_group_timeout_ms=30000", "at least 30000"],
         ),
     ],
 )

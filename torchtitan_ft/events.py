@@ -48,7 +48,9 @@ class EventKind(StrEnum):
     QUORUM = "quorum"
     """This rank got a quorum with a new id, or its role changed. Fields: ``quorum_id``,
     ``replica_ids`` (the members, in replica-rank order), ``participants`` (groups averaging
-    gradients this step), ``max_step`` (the highest member step), ``role`` (a :class:`Role`)."""
+    gradients this step), ``max_step`` (the highest member step), ``role`` (a :class:`Role`),
+    ``asked_at`` (Unix time at which this rank asked for the quorum: the wait is ``time``
+    minus it)."""
     COMMIT = "commit"
     """The step committed; ``step`` is the committed step count after it. Fields:
     ``participants``."""
@@ -79,6 +81,10 @@ class EventKind(StrEnum):
     """The lighthouse took this group back into the quorum (it is fast again, or the others
     need it for ``min_replicas``); it heals from the others if it is behind. Fields:
     ``relative_speed``."""
+    OVERSIZED_TIMEOUT = "oversized_timeout"
+    """A timeout far above what the job needs (``timeouts.oversized``; judged once, on the
+    first steps): what a peer that hangs would cost. Fields: ``timeout`` (its name),
+    ``seconds``, ``step_seconds`` (the median measured step)."""
     FAULT = "fault"
     """The first error recorded in a step (the step will not commit). Fields: ``error`` (the
     exception's type name), ``message``, ``collective`` (raised by an allreduce)."""

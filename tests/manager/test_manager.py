@@ -25,6 +25,7 @@ import pytest
 import torch
 from torch.distributed import ReduceOp
 
+from torchtitan_ft import timeouts
 from torchtitan_ft.events import EVENTS_DIR_ENV, EventKind, read_events
 from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.lighthouse.exclusion import Exclusion, ExclusionOptions, StragglerPolicy
@@ -207,6 +208,33 @@ def test_commit_advances_step_and_batches(lighthouse: LighthouseServer, tmp_path
         assert events[1]["role"] == "participant" and events[1]["participants"] == 1
         assert events[1]["replica_ids"] == [manager.replica_id]
         assert [(e.step, e["participants"]) for e in events[2:]] == [(1, 1), (2, 1), (3, 1)]
+    finally:
+        manager.shutdown()
+
+
+def test_timeouts_far_above_the_step_are_reported_once(
+    lighthouse: LighthouseServer, tmp_path: Path
+) -> None:
+    """Steps of milliseconds, timeouts of 700 s (> 10x the step and > 600 s): one
+    ``oversized_timeout`` event each, after the first steps; none again later."""
+    long = timedelta(seconds=700)
+    manager = _manager(
+        lighthouse, "slow", events_dir=tmp_path, timeout=long, quorum_timeout=long,
+        connect_timeout=timedelta(seconds=30),
+    )  # fmt: skip
+    try:
+        for _ in range(2 + timeouts.OVERSIZE_STEPS + 3):
+            manager.start_quorum()
+            manager.allreduce(torch.ones(2)).wait()
+            assert manager.should_commit()
+        found = [e for e in read_events(tmp_path) if e.kind is EventKind.OVERSIZED_TIMEOUT]
+        assert [(e["timeout"], e["seconds"]) for e in found] == [
+            ("step_timeout_ms", 700.0),
+            ("quorum_timeout_ms", 700.0),
+        ]
+        assert all(0 < e["step_seconds"] < 70 for e in found)
+        # judged at the first step after the first OVERSIZE_STEPS measured ones
+        assert {e.step for e in found} == {1 + timeouts.OVERSIZE_STEPS}
     finally:
         manager.shutdown()
 

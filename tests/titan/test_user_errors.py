@@ -35,7 +35,9 @@ def test_lighthouse_port_in_use_is_exactly_one_line() -> None:
     )
 
 
-def _run_train(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _run_train(
+    tmp_path: Path, *args: str, timeout_s: float = 180, **env: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(ROOT / "run_train.sh"), f"--job.dump_folder={tmp_path}", *args],
         cwd=ROOT,
@@ -48,7 +50,7 @@ def _run_train(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedPr
         },
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout_s,
     )
 
 
@@ -65,6 +67,7 @@ def test_unreachable_lighthouse_stops_the_group_with_one_line(tmp_path: Path) ->
         "--fault_tolerance.group_size=1",
         "--fault_tolerance.connect_timeout_ms=2000",
         "--fault_tolerance.quorum_timeout_ms=3000",
+        "--fault_tolerance.process_group_timeout_ms=3000",  # <= quorum_timeout_ms
         TORCHFT_LIGHTHOUSE=f"http://127.0.0.1:{port}",
     )
     assert result.returncode == 2, result.stderr[-3000:]
@@ -125,6 +128,29 @@ def test_bad_torchft_env_var_through_run_train_sh_is_one_line(tmp_path: Path) ->
         "got 'abc'"
     ]
     assert not [line for line in lines if "Traceback" in line]
+
+
+@pytest.mark.multiprocess
+def test_timeouts_out_of_order_through_run_train_sh_stop_before_training(tmp_path: Path) -> None:
+    """A quorum timeout below the process-group timeout started, and failed at the first
+    quorum as "no quorum from the lighthouse" (issue 37): now every rank stops at start with
+    one line, before any process group (no lighthouse runs: none is reached)."""
+    result = _run_train(
+        tmp_path,
+        "--fault_tolerance.replica_id=0",
+        "--fault_tolerance.process_group_timeout_ms=30000",
+        "--fault_tolerance.quorum_timeout_ms=5000",
+        "--fault_tolerance.connect_timeout_ms=5000",
+        timeout_s=400,  # torchrun and the imports: 160 s measured on a loaded 2-core machine
+        NGPU="1",
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = (result.stdout + result.stderr).splitlines()
+    (line,) = [line for line in lines if line.startswith("[rank0]")]
+    assert line.startswith("[rank0]:torchtitan_ft: config error: timeouts out of order: "), line
+    for value in ("quorum_timeout_ms=5000", "process_group_timeout_ms=30000", "at least 30000"):
+        assert value in line, line
+    assert not [line for line in lines if "Traceback" in line or "step:" in line]
 
 
 @pytest.mark.parametrize(

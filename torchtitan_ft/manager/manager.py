@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 import torch
 from torch.distributed import ReduceOp
 
+from torchtitan_ft import timeouts
 from torchtitan_ft.checkpoint import CheckpointTransport
 from torchtitan_ft.events import EventKind, EventWriter, open_event_writer, this_process_started
 from torchtitan_ft.lighthouse.client import LighthouseClient
@@ -65,6 +66,7 @@ from torchtitan_ft.manager.settings import (
     Source,
     overridden_message,
     resolve_manager_settings,
+    timeout_values,
 )
 from torchtitan_ft.manager.stats import Counters, ManagerStats
 from torchtitan_ft.manager.steptimes import StepTimer
@@ -187,7 +189,8 @@ class Manager:
             outage"). Argument > ``TORCHFT_LIGHTHOUSE_OUTAGE`` > ``"previous_quorum"``.
 
     Raises:
-        ValueError: bad settings (see ``settings``), ``min_replica_size < 1``.
+        ValueError: bad settings (see ``settings``), ``min_replica_size < 1``, timeouts out
+            of the order ``timeouts.RELATIONS`` requires (with ``pg``'s own timeout).
         AddressInUseError: the ManagerServer's port is taken; the message says where it was set.
     """
 
@@ -257,6 +260,8 @@ class Manager:
             lighthouse_outage=lighthouse_outage,
             default_store_host=hostname,
         )
+        pg_timeout = pg.get_timeout() if isinstance(pg, ProcessGroup) else None
+        timeouts.check_order(timeout_values(settings, pg_timeout))
         auth_token = settings.auth_token.value
         timeout = settings.timeout.value
         connect_timeout = settings.connect_timeout.value
@@ -285,6 +290,15 @@ class Manager:
         self._participated = False
         """This group contributed its own tensors to the step's allreduces."""
         self._step_timer = StepTimer()
+        self._oversize = timeouts.OversizeWatch(
+            {
+                timeouts.Key.STEP: timeout.total_seconds(),
+                timeouts.Key.QUORUM: self._quorum_timeout.total_seconds(),
+                timeouts.Key.CONNECT: connect_timeout.total_seconds(),
+                **({timeouts.Key.PROCESS_GROUP: pg_timeout.total_seconds()} if pg_timeout else {}),
+            }
+        )
+        """Warns once when a timeout is far above the measured step."""
         """Times each step and its compute part for the lighthouse's straggler report."""
         self._samples_per_batch: int | None = settings.samples_per_batch.value
 
@@ -443,12 +457,26 @@ class Manager:
         ``samples_per_batch``) and discarded steps, the heals that ended since (its
         ManagerServer merges the group's ranks')."""
         progress = self._step_timer.start(self._step, time.monotonic()) or pb.GroupProgress()
+        for timing in progress.steps:
+            self._judge_timeouts(timing.step_seconds)
         progress.batches_committed = self._batches_committed
         if self._samples_per_batch is not None:
             progress.samples_committed = self._batches_committed * self._samples_per_batch
         progress.discarded_steps = self._discarded_steps
         progress.heals.extend(self._heal.take_reports())
         return progress
+
+    def _judge_timeouts(self, step_seconds: float) -> None:
+        """Once, after the first steps: a warning and an event per timeout far above the
+        measured step (``timeouts.OversizeWatch``)."""
+        for found in self._oversize.step(step_seconds) or ():
+            self._log(logging.WARNING, found.message())
+            self._events.emit(
+                EventKind.OVERSIZED_TIMEOUT,
+                timeout=timeouts.BY_KEY[found.key].title.strip("`"),
+                seconds=found.seconds,
+                step_seconds=round(found.step_s, 6),
+            )
 
     def wait_quorum(self) -> None:
         """Blocks until this step's quorum, reconfiguration and heal transfer are done.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -161,6 +162,7 @@ class QuorumThread:
         collectives; phase 2 (the heal transfer) runs while they proceed, so neither a donor
         nor a healing replica waits for the transfer before its allreduce. Errors other than
         the quorum RPC's are recorded, not raised."""
+        asked_at = time.time()
         try:
             with profiled("torchft::manager::_client::_quorum"):
                 result = self._client._quorum(
@@ -191,7 +193,7 @@ class QuorumThread:
                 min_replica_size=self._min_replica_size,
             )
             self.healing = request.allow_heal and result.heal
-            self._announce(result)
+            self._announce(result, asked_at)
             self._collectives.usable = True
             if result.quorum_id != self._quorum_id and not self._reconfigure(result):
                 self._collectives.usable = False
@@ -208,7 +210,9 @@ class QuorumThread:
             except Exception as e:  # recorded: a failed heal discards the step; next quorum retries
                 self._collectives.report_error(e)
 
-    def _announce(self, result: QuorumResult) -> None:
+    def _announce(self, result: QuorumResult, asked_at: float) -> None:
+        """A ``QUORUM`` event when the quorum id or this group's role changed (``asked_at``:
+        Unix time at which this rank asked for it)."""
         role = quorum_role(self.participation.rank, self.healing)
         if self._announced == (result.quorum_id, role.value):
             return
@@ -220,6 +224,7 @@ class QuorumThread:
             participants=self.participation.world_size,
             max_step=result.max_step,
             role=role,
+            asked_at=round(asked_at, 6),
         )
 
     def _announce_speed(self, result: QuorumResult) -> None:

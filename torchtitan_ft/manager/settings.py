@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Generic, TypeVar
 from urllib.parse import urlsplit
 
+from torchtitan_ft import timeouts
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, resolve_token
 from torchtitan_ft.events import EVENTS_DIR_ENV
 from torchtitan_ft.manager.outage import LighthouseOutage
@@ -347,6 +348,27 @@ def resolve_timeouts(
             "connect_timeout",
         ),
     )
+
+
+def timeout_values(
+    settings: ManagerSettings, pg_timeout: timedelta | None
+) -> dict[timeouts.Key, timeouts.Value]:
+    """The Manager's timeouts as they were set (argument, variable or default), and its
+    process group's timeout when known, for ``timeouts.check_order``."""
+    args = {"timeout": "step", "quorum_timeout": "quorum", "connect_timeout": "connect"}
+    values = {}
+    for name, key in args.items():
+        resolved: Resolved[timedelta] = getattr(settings, name)
+        setting = f"env {resolved.env_var}" if resolved.env_var else f"Manager({name})"
+        note = "(default)" if resolved.source is Source.DEFAULT else ""
+        values[timeouts.Key(key)] = timeouts.seconds_value(
+            resolved.value.total_seconds(), setting, note
+        )
+    if pg_timeout is not None:
+        values[timeouts.Key.PROCESS_GROUP] = timeouts.seconds_value(
+            pg_timeout.total_seconds(), "the process group's timeout"
+        )
+    return values
 
 
 def resolve_manager_settings(

@@ -320,7 +320,7 @@ def train_worker(cfg: WorkerConfig) -> None:
         replica=cfg.replica,
         lighthouse_addr=cfg.lighthouse_addr,
         timeout_s=cfg.timeout_s,
-        quorum_timeout_s=30.0,
+        quorum_timeout_s=max(30.0, cfg.timeout_s),  # >= the process group timeout
         group_rank=cfg.group_rank,
         group_world_size=cfg.group_world_size,
         store_port=cfg.store_port or None,

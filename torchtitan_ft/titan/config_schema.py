@@ -80,7 +80,9 @@ class FaultTolerance(TitanFaultTolerance):
     Timeout of one cross-replica collective, in milliseconds. Default 10000. A dead peer that
     is not detected by a connection error is detected after this long, and the step is
     discarded. Lower = faster failover, but too low aborts slow healthy steps. Must not exceed
-    ``step_timeout_ms``. Applies when ``enable``.
+    ``step_timeout_ms`` or ``quorum_timeout_ms``, and must be below TorchTitan's
+    ``comm.train_timeout_seconds`` and ``comm.init_timeout_seconds`` (docs/timeouts.md).
+    Applies when ``enable``.
     """
 
     replica_id: int = 0
@@ -156,7 +158,8 @@ class FaultTolerance(TitanFaultTolerance):
     milliseconds. Default 60000 (torchft's ``quorum_timeout``). Unset, the
     ``TORCHFT_QUORUM_TIMEOUT_SEC`` env var (seconds) applies if set (the field wins when set).
     It should exceed the lighthouse's ``--join_timeout_ms`` when replacements must be waited
-    for. Must be >= ``connect_timeout_ms``. Applies when ``enable``.
+    for. Must be >= ``connect_timeout_ms`` and ``process_group_timeout_ms``. Applies when
+    ``enable``.
     """
 
     connect_timeout_ms: int = 60000

@@ -14,7 +14,6 @@ import os
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from datetime import timedelta
 from typing import Any
 
 from torchtitan_ft.manager.settings import (
@@ -23,6 +22,7 @@ from torchtitan_ft.manager.settings import (
     is_lighthouse_url,
 )
 from torchtitan_ft.semi_sync.config import QuorumMode, SyncMethod, check_quorum_mode
+from torchtitan_ft.timeouts import Key, Value, check_order, config_value, seconds_value
 from torchtitan_ft.titan.compute_dtype import choose_param_dtype, probe_cpu
 from torchtitan_ft.titan.config_schema import (
     SECTION,
@@ -124,7 +124,7 @@ def _check_enabled_relations(ft: Any, job_config: Any) -> None:
         f"{SECTION}.min_replica_size={ft.min_replica_size} must be <= "
         f"{SECTION}.group_size={ft.group_size}",
     )
-    check_timeout_order(ft)
+    check_timeout_order(ft, job_config)
     check_lighthouse_addr(ft)
     _require(
         not ft.retry_inflight_allreduce,
@@ -208,23 +208,56 @@ def check_lighthouse_addr(ft: Any, env: Mapping[str, str] | None = None) -> None
         )
 
 
-def check_timeout_order(ft: Any) -> None:
-    """Timeouts must nest: a collective fails before the step gives up, a connection attempt
-    before the quorum request does. The error says which value to raise."""
-    if ft.process_group_timeout_ms > ft.step_timeout_ms:
-        raise ConfigError(
-            f"{SECTION}.process_group_timeout_ms={ft.process_group_timeout_ms} exceeds "
-            f"{SECTION}.step_timeout_ms={ft.step_timeout_ms}: a failed collective must be "
-            f"detected before the step times out; raise {SECTION}.step_timeout_ms to at least "
-            f"{ft.process_group_timeout_ms} (or lower process_group_timeout_ms)"
+def timeout_values(
+    ft: Any, job_config: Any = None, env: Mapping[str, str] | None = None
+) -> dict[Key, Value]:
+    """The timeouts of this job, as the user set them, for ``timeouts.check_order``: the
+    ``fault_tolerance`` fields; with ``env``, a ``TORCHFT_*`` variable in place of a field the
+    user did not set (``config_schema.ENV_OVERRIDABLE``, as the Manager resolves them); with
+    ``job_config``, TorchTitan's ``comm.train_timeout_seconds`` and ``init_timeout_seconds``."""
+    from torchtitan_ft.manager.settings import Source, resolve_timeouts
+
+    values = {
+        Key.PROCESS_GROUP: config_value("process_group_timeout_ms", ft.process_group_timeout_ms),
+        Key.STEP: config_value("step_timeout_ms", ft.step_timeout_ms),
+        Key.QUORUM: config_value("quorum_timeout_ms", ft.quorum_timeout_ms),
+        Key.CONNECT: config_value("connect_timeout_ms", ft.connect_timeout_ms),
+    }
+    if env is not None:
+        args = manager_timeouts(ft)
+        resolved = resolve_timeouts(
+            env,
+            timeout=args["timeout"],
+            quorum_timeout=args["quorum_timeout"],
+            connect_timeout=args["connect_timeout"],
         )
-    if ft.connect_timeout_ms > ft.quorum_timeout_ms:
-        raise ConfigError(
-            f"{SECTION}.connect_timeout_ms={ft.connect_timeout_ms} exceeds "
-            f"{SECTION}.quorum_timeout_ms={ft.quorum_timeout_ms}: connecting is part of a "
-            f"quorum request; raise {SECTION}.quorum_timeout_ms to at least "
-            f"{ft.connect_timeout_ms} (or lower connect_timeout_ms)"
-        )
+        keyed = ((Key.STEP, "step_timeout_ms"), (Key.QUORUM, "quorum_timeout_ms"))
+        keyed += ((Key.CONNECT, "connect_timeout_ms"),)
+        for (key, field), value in zip(keyed, resolved, strict=True):
+            if value.source is Source.ENV:
+                values[key] = seconds_value(
+                    value.value.total_seconds(),
+                    f"env {value.env_var}",
+                    f"(as {SECTION}.{field} is not set)",
+                )
+    comm = getattr(job_config, "comm", None)
+    if comm is not None:
+        for key, name in (
+            (Key.TITAN_TRAIN, "train_timeout_seconds"),
+            (Key.TITAN_INIT, "init_timeout_seconds"),
+        ):
+            values[key] = seconds_value(getattr(comm, name), f"comm.{name}")
+    return values
+
+
+def check_timeout_order(ft: Any, job_config: Any = None) -> None:
+    """Raise :class:`ConfigError` naming the first relation of ``timeouts.RELATIONS`` that the
+    fields (and, with ``job_config``, TorchTitan's ``comm`` timeouts) break, and values that
+    satisfy it."""
+    try:
+        check_order(timeout_values(ft, job_config))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def validate_job_config(job_config: Any) -> None:
@@ -311,40 +344,17 @@ def check_manager_env(job_config: Any, env: Mapping[str, str] | None = None) -> 
         validate_env(env)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    check_effective_timeout_order(ft, env)
+    check_effective_timeout_order(ft, env, job_config)
 
 
-def check_effective_timeout_order(ft: Any, env: Mapping[str, str]) -> None:
+def check_effective_timeout_order(ft: Any, env: Mapping[str, str], job_config: Any = None) -> None:
     """:func:`check_timeout_order` on the timeouts the Manager will use, where a ``TORCHFT_*``
     variable stands in for a field the user did not set (``config_schema.ENV_OVERRIDABLE``);
     the error names the variable."""
-    from torchtitan_ft.manager.settings import Source, resolve_timeouts
-
-    args = manager_timeouts(ft)
-    timeout, quorum, connect = resolve_timeouts(
-        env,
-        timeout=args["timeout"],
-        quorum_timeout=args["quorum_timeout"],
-        connect_timeout=args["connect_timeout"],
-    )
-
-    def named(field: str, value: Any) -> str:
-        if value.source is Source.ENV:
-            return f"env {value.env_var}={env[value.env_var]} (as {SECTION}.{field} is not set)"
-        return f"{SECTION}.{field}={getattr(ft, field)}"
-
-    pg_ms = ft.process_group_timeout_ms
-    if timedelta(milliseconds=pg_ms) > timeout.value:
-        raise ConfigError(
-            f"{named('step_timeout_ms', timeout)} is shorter than {SECTION}."
-            f"process_group_timeout_ms={pg_ms}: a failed collective must be detected before "
-            "the step times out"
-        )
-    if connect.value > quorum.value:
-        raise ConfigError(
-            f"{named('connect_timeout_ms', connect)} exceeds "
-            f"{named('quorum_timeout_ms', quorum)}: connecting is part of a quorum request"
-        )
+    try:
+        check_order(timeout_values(ft, job_config, env))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_model_fragments(job_config: Any) -> None:
