@@ -293,6 +293,8 @@ class ConnectionGuard:
         peers: who authenticated (fed by a ``MarkingInterceptor`` on the server).
         name: names the server in the log and the thread.
         period_s: how often it looks.
+        on_listed: called (on the guard's thread) after each look with the peers of the
+            connections open at that look, and the monotonic time it began.
     """
 
     def __init__(
@@ -302,12 +304,14 @@ class ConnectionGuard:
         peers: AuthenticatedPeers,
         name: str,
         period_s: float = PERIOD_S,
+        on_listed: Callable[[frozenset[str], float], None] | None = None,
     ) -> None:
         self._port = port
         self._policy = policy
         self._peers = peers
         self._name = name
         self._period_s = period_s
+        self._on_listed = on_listed
         self._first_seen: dict[int, float] = {}
         self._sockets: PeerCache = {}
         self._stop = threading.Event()
@@ -338,7 +342,7 @@ class ConnectionGuard:
                 failing = True
 
     def look(self) -> None:
-        """One pass: list the connections, close those the policy picks."""
+        """One pass: list the connections, close those the policy picks, report the rest."""
         listed_at = time.monotonic()
         open_now = server_connections(self._port, self._sockets)
         self._first_seen = {c.inode: self._first_seen.get(c.inode, listed_at) for c in open_now}
@@ -354,6 +358,9 @@ class ConnectionGuard:
                 continue  # its first call arrived meanwhile
             if close_connection(by_inode[connection.inode]):
                 self._count(reason)
+                del by_inode[connection.inode]
+        if self._on_listed is not None:
+            self._on_listed(frozenset(c.peer for c in by_inode.values()), listed_at)
 
     def _count(self, reason: Reason) -> None:
         if sum(self.closed.values()) == 0:

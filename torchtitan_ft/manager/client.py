@@ -60,8 +60,8 @@ class ManagerClient:
     the session the server returns with the first answer, which this client keeps and presents
     on the rank's later ``_quorum`` and ``should_commit`` calls (so the rank keeps its binding
     when the channel reconnects). Make a rank's calls through one client; a new client (a
-    restarted process) takes the rank back only when the rank's old client has stopped
-    asking (``ManagerServer``'s ``rebind_grace``).
+    restarted process) takes the rank back only once the old client's connection has closed
+    (``manager/rounds.py``); closing a client closes its connection.
 
     Raises:
         TimeoutError: the server was not reachable within ``connect_timeout``.
