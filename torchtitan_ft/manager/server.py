@@ -82,6 +82,7 @@ from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.rpc_server import (
     CannotListen,
     Malformed,
+    Rpc,
     ServerThread,
     countable_descriptors,
     descriptor_limit,
@@ -105,8 +106,6 @@ _RETRY_BACKOFF_S = (0.1, 1.0)  # first, max
 _KILL_EXIT_FALLBACK_S = 1.0
 
 SERVICE = "torchft.ManagerService"
-GUARDED_METHODS = ("Quorum", "ShouldCommit", "CheckpointMetadata", "Kill")
-"""What needs the job token when one is set: everything the service has."""
 _IDLE_CONNECTION_MS = 60 * 60 * 1000
 """A connection with no call for an hour is closed. Much longer than the lighthouse's 30 s: a
 torchft client's vote must come on the connection of its Quorum call (ours also presents its
@@ -352,11 +351,11 @@ class ManagerServer:
         authenticated = AuthenticatedPeers()
         name = f"the manager server of replica {self._replica_id!r}"
         server = grpc_server(
-            self._handler(),
+            SERVICE,
+            self._rpcs(),
             max_connections=cap,
             idle_connection_ms=_IDLE_CONNECTION_MS,
             auth_token=self._auth_token,
-            guarded_methods=[f"/{SERVICE}/{name}" for name in GUARDED_METHODS],
             server_name=name,
             authenticated=authenticated,
         )
@@ -440,25 +439,29 @@ class ManagerServer:
         self._blocking.run(run)
         return await fut
 
-    def _handler(self) -> grpc.GenericRpcHandler:
-        """``torchft.ManagerService``, with requests parsed by ``rpc_server.parser``."""
-        methods = {
-            "Quorum": (self.quorum, pb.ManagerQuorumRequest),
-            "ShouldCommit": (self.should_commit, pb.ShouldCommitRequest),
-            "CheckpointMetadata": (self.checkpoint_metadata, pb.CheckpointMetadataRequest),
-            "Kill": (self.kill, pb.KillRequest),
-        }
-        return grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                name: grpc.unary_unary_rpc_method_handler(
-                    method,
-                    request_deserializer=parser(request_type),
-                    response_serializer=lambda response: response.SerializeToString(),
-                )
-                for name, (method, request_type) in methods.items()
-            },
-        )
+    def _rpcs(self) -> list[Rpc]:
+        """``torchft.ManagerService``'s RPC table, requests parsed by ``rpc_server.parser``:
+        every RPC needs the job token when one is set (``Kill`` is refused without one)."""
+
+        def unary(method: Callable[..., Any], request_type: type) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(
+                method,
+                request_deserializer=parser(request_type),
+                response_serializer=lambda response: response.SerializeToString(),
+            )
+
+        return [
+            Rpc("Quorum", unary(self.quorum, pb.ManagerQuorumRequest), needs_token=True),
+            Rpc(
+                "ShouldCommit", unary(self.should_commit, pb.ShouldCommitRequest), needs_token=True
+            ),
+            Rpc(
+                "CheckpointMetadata",
+                unary(self.checkpoint_metadata, pb.CheckpointMetadataRequest),
+                needs_token=True,
+            ),
+            Rpc("Kill", unary(self.kill, pb.KillRequest), needs_token=True),
+        ]
 
     # ------------------------------------------------------------------------------ validation
 
