@@ -114,12 +114,14 @@ def test_every_rpc_answers_only_with_the_token(channels, service, method) -> Non
 def test_a_table_must_name_every_rpc_of_the_proto_once() -> None:
     handler = grpc.unary_unary_rpc_method_handler(lambda request, context: None)
     names = ["Quorum", "ShouldCommit", "CheckpointMetadata", "Kill"]
-    rows = [Rpc(name, handler, needs_token=True) for name in names]
-    _, guarded = rpc_table("torchft.ManagerService", [*rows[:3], Rpc("Kill", handler, False)])
-    assert guarded == [f"/torchft.ManagerService/{n}" for n in names[:3]]
+    rows = [Rpc(name, handler, needs_token=True, needs_group_key=False) for name in names]
+    kill = Rpc("Kill", handler, needs_token=False, needs_group_key=True)
+    _, token, key = rpc_table("torchft.ManagerService", [*rows[:3], kill])
+    assert token == [f"/torchft.ManagerService/{n}" for n in names[:3]]
+    assert key == ["/torchft.ManagerService/Kill"]
     with pytest.raises(ValueError, match=r"has \['CheckpointMetadata', 'Quorum', 'ShouldC"):
         rpc_table("torchft.ManagerService", rows[:3])
     with pytest.raises(ValueError, match="give every RPC of the proto one row"):
-        rpc_table("torchft.ManagerService", [*rows, Rpc("Extra", handler, True)])
+        rpc_table("torchft.ManagerService", [*rows, Rpc("Extra", handler, True, False)])
     with pytest.raises(ValueError, match=r"'torchft.Nope' is not a service of torchft\.proto"):
         rpc_table("torchft.Nope", rows)

@@ -27,7 +27,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 from grpc import aio
 
-from torchtitan_ft.auth import TokenInterceptor
+from torchtitan_ft.auth import GroupKeyInterceptor, TokenInterceptor
 from torchtitan_ft.connection_guard import AuthenticatedPeers, MarkingInterceptor
 from torchtitan_ft.netaddr import bind_problem, port_in_use, split_host_port
 from torchtitan_ft.proto import torchft_pb2 as pb
@@ -77,11 +77,17 @@ class Rpc:
     needs_token: bool
     """Whether a call must carry the job token when the server has one (``UNAUTHENTICATED``
     otherwise, before its request is parsed: ``auth.TokenInterceptor``)."""
+    needs_group_key: bool
+    """Whether a call must also carry the replica group's key when the server has one (the
+    calls that act for one of the group's ranks: ``auth.GroupKeyInterceptor``)."""
 
 
-def rpc_table(service: str, rpcs: Sequence[Rpc]) -> tuple[grpc.GenericRpcHandler, list[str]]:
+def rpc_table(
+    service: str, rpcs: Sequence[Rpc]
+) -> tuple[grpc.GenericRpcHandler, list[str], list[str]]:
     """The generic handler of ``service`` (``torchft.LighthouseService``) for ``rpcs``, and
-    the full names (``/torchft.LighthouseService/Quorum``) of those that need the token.
+    the full names (``/torchft.LighthouseService/Quorum``) of those that need the token, and
+    of those that need the group key.
 
     Raises ValueError unless ``rpcs`` names every RPC of the service in the proto once and
     nothing else: an RPC added to the proto cannot be served without a row saying whether it
@@ -98,7 +104,11 @@ def rpc_table(service: str, rpcs: Sequence[Rpc]) -> tuple[grpc.GenericRpcHandler
             f"{in_proto}: give every RPC of the proto one row"
         )
     handler = grpc.method_handlers_generic_handler(service, {rpc.name: rpc.handler for rpc in rpcs})
-    return handler, [f"/{service}/{rpc.name}" for rpc in rpcs if rpc.needs_token]
+    return (
+        handler,
+        [f"/{service}/{rpc.name}" for rpc in rpcs if rpc.needs_token],
+        [f"/{service}/{rpc.name}" for rpc in rpcs if rpc.needs_group_key],
+    )
 
 
 def server_options(max_connections: int, idle_connection_ms: int) -> list[tuple[str, int]]:
@@ -238,21 +248,26 @@ def grpc_server(
     server_name: str,
     authenticated: AuthenticatedPeers,
     on_refused: Callable[[], None] = lambda: None,
+    group_key: str | None = None,
 ) -> aio.Server:
     """A grpc.aio server of ``service`` with the RPC table ``rpcs`` (``rpc_table``) and the
     limits of ``server_options``, not yet listening (see ``listen``).
 
     With ``auth_token`` set, calls to the RPCs that need it must carry it
     (``auth.TokenInterceptor``, which names the server ``server_name`` and calls
-    ``on_refused`` per refused call). The peer of every call that reaches its handler is
-    marked in ``authenticated``, for the server's ``connection_guard.ConnectionGuard``.
+    ``on_refused`` per refused call). With ``group_key`` set, calls to the RPCs that need it
+    must carry it too (``auth.GroupKeyInterceptor``). The peer of every call that reaches its
+    handler is marked in ``authenticated``, for the server's
+    ``connection_guard.ConnectionGuard``.
     """
-    handler, guarded_methods = rpc_table(service, rpcs)
+    handler, need_token, need_key = rpc_table(service, rpcs)
     interceptors: list[aio.ServerInterceptor] = []
     if auth_token is not None:
         interceptors.append(
-            TokenInterceptor(auth_token, guarded_methods, server_name, on_refused=on_refused)
+            TokenInterceptor(auth_token, need_token, server_name, on_refused=on_refused)
         )
+    if group_key is not None:
+        interceptors.append(GroupKeyInterceptor(group_key, need_key, server_name))
     interceptors.append(MarkingInterceptor(authenticated))
     server = aio.server(
         interceptors=interceptors, options=server_options(max_connections, idle_connection_ms)

@@ -12,6 +12,7 @@ own connection); the stranger is one more client, or raw bytes on a channel of i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
 import socket
 import subprocess
@@ -25,6 +26,7 @@ import grpc
 import pytest
 
 from tests._sockets import idle_connections
+from torchtitan_ft.auth import GROUP_KEY_METADATA, group_key
 from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.manager import ManagerClient, ManagerServer, QuorumResult
 from torchtitan_ft.manager.server import connection_cap
@@ -46,6 +48,7 @@ class Group:
         lighthouse: LighthouseServer,
         world_size: int,
         token: str | None,
+        group_key: str | None = None,
     ) -> None:
         self.token = token
         self.server = ManagerServer(
@@ -58,11 +61,14 @@ class Group:
             heartbeat_interval=timedelta(milliseconds=100),
             connect_timeout=T,
             auth_token=token,
+            group_key=group_key,
         )
-        self.ranks = [self.client(token) for _ in range(world_size)]
+        self.ranks = [self.client(token, group_key) for _ in range(world_size)]
 
-    def client(self, token: str | None) -> ManagerClient:
-        return ManagerClient(self.server.address(), connect_timeout=T, auth_token=token)
+    def client(self, token: str | None, group_key: str | None = None) -> ManagerClient:
+        return ManagerClient(
+            self.server.address(), connect_timeout=T, auth_token=token, group_key=group_key
+        )
 
     def quorum(self, step: int) -> list[QuorumResult]:
         """Every rank joins the quorum of ``step`` with metadata ``real-<rank>-<step>``."""
@@ -141,8 +147,8 @@ def lighthouse() -> Iterator[LighthouseServer]:
 def group(lighthouse) -> Iterator[Callable[..., Group]]:
     groups: list[Group] = []
 
-    def make(world_size: int = 2, token: str | None = None) -> Group:
-        groups.append(Group(lighthouse, world_size, token))
+    def make(world_size: int = 2, token: str | None = None, group_key: str | None = None) -> Group:
+        groups.append(Group(lighthouse, world_size, token, group_key))
         return groups[-1]
 
     yield make
@@ -204,6 +210,72 @@ def test_a_kill_with_the_token_reaches_the_handler(group) -> None:
     g = group(world_size=1, token=TOKEN)
     error = _raw(g.server, "Kill", b"\xff", (("authorization", f"Bearer {TOKEN}"),))
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
+
+
+# ------------------------------------------------------------------------------- group key
+
+KEY_A, KEY_B = group_key("launcher-secret", "A"), group_key("launcher-secret", "B")
+
+
+@pytest.mark.parametrize("caller_key", [None, KEY_B, KEY_A[:-1]], ids=["none", "B", "truncated"])
+def test_with_a_group_key_a_token_holder_of_another_group_cannot_act_for_it(
+    group, caller_key
+) -> None:
+    """Group A's ranks got KEY_A at launch; a process of group B holds the job token and
+    KEY_B. Its Quorum and ShouldCommit calls for A's ranks are refused before they reach the
+    rounds (so it cannot even be held for a rank); it still reads A's checkpoint metadata,
+    as a healer of group B must."""
+    g = group(token=TOKEN, group_key=KEY_A)
+    g.quorum(step=1)
+    other = g.client(TOKEN, caller_key)
+    try:
+        for call in (
+            lambda: _ask(other, 1, 10**6, EVIL),
+            lambda: other.should_commit(1, 1, True, T),
+        ):
+            with pytest.raises(RuntimeError, match=r"UNAUTHENTICATED: .*group key") as refused:
+                call()
+            assert "TORCHFT_GROUP_KEY" in str(refused.value)
+        assert _held_ranks(g.server) == [] and _waiting_ranks(g.server) == []
+        assert other._checkpoint_metadata(1, T) == "real-1-1"
+    finally:
+        other.close()
+    assert g.commit(1, True, True) == [True, True]
+    assert [r.max_step for r in g.quorum(step=2)] == [2, 2]
+    assert g.ranks[0]._checkpoint_metadata(1, T) == "real-1-2"
+
+
+def test_our_client_sends_the_group_key_only_on_calls_acting_for_a_rank() -> None:
+    """A healer's CheckpointMetadata and the lighthouse's Kill go to other groups' servers:
+    they must not carry this group's key (a server recording every call's metadata)."""
+    seen: dict[str, dict[str, str]] = {}
+
+    class Recorder(grpc.GenericRpcHandler):
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+            seen[details.method.rpartition("/")[2]] = dict(details.invocation_metadata)
+            return grpc.unary_unary_rpc_method_handler(lambda request, context: b"")
+
+    server = grpc.server(futures.ThreadPoolExecutor(2), handlers=[Recorder()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    client = ManagerClient(f"http://127.0.0.1:{port}", T, auth_token=TOKEN, group_key=KEY_A)
+    try:
+        with contextlib.suppress(Exception):  # an empty answer is no quorum
+            _ask(client, 0, 1, "m")
+        client.should_commit(0, 1, True, T)
+        client._checkpoint_metadata(0, T)
+        client.kill("test")
+    finally:
+        client.close()
+        server.stop(None)
+    has_key = {method: GROUP_KEY_METADATA in md for method, md in seen.items()}
+    assert has_key == {
+        "Quorum": True,
+        "ShouldCommit": True,
+        "CheckpointMetadata": False,
+        "Kill": False,
+    }
+    assert all(md["authorization"] == f"Bearer {TOKEN}" for md in seen.values())
 
 
 # ----------------------------------------------------------------- attack 1: a forged vote

@@ -238,7 +238,8 @@ class _Service:
         )
 
     def rpcs(self) -> list[Rpc]:
-        """The service's RPC table: every RPC needs the job token when one is set."""
+        """The service's RPC table: every RPC needs the job token when one is set (and no
+        group key: the lighthouse serves every group)."""
         return [
             Rpc(
                 "Quorum",
@@ -248,6 +249,7 @@ class _Service:
                     response_serializer=_identity,
                 ),
                 needs_token=True,
+                needs_group_key=False,
             ),
             Rpc(
                 "QuorumStream",
@@ -257,6 +259,7 @@ class _Service:
                     response_serializer=_identity,
                 ),
                 needs_token=True,
+                needs_group_key=False,
             ),
             Rpc(
                 "Heartbeat",
@@ -266,6 +269,7 @@ class _Service:
                     response_serializer=_identity,
                 ),
                 needs_token=True,
+                needs_group_key=False,
             ),
             Rpc(
                 "HeartbeatStream",
@@ -275,6 +279,7 @@ class _Service:
                     response_serializer=_identity,
                 ),
                 needs_token=True,
+                needs_group_key=False,
             ),
             Rpc(
                 "GoneMembers",
@@ -284,6 +289,7 @@ class _Service:
                     response_serializer=pb.LighthouseGoneResponse.SerializeToString,
                 ),
                 needs_token=True,
+                needs_group_key=False,
             ),
             Rpc(
                 "LinkProbe",
@@ -293,6 +299,7 @@ class _Service:
                     response_serializer=pb.LinkProbeResponse.SerializeToString,
                 ),
                 needs_token=True,
+                needs_group_key=False,
             ),
         ]
 

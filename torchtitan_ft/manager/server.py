@@ -50,7 +50,7 @@ import grpc
 from grpc import aio
 
 from torchtitan_ft.addresses import AddressProblem, Advertised, QuorumAddressCheck
-from torchtitan_ft.auth import RefusalLog, check_token, peer_host
+from torchtitan_ft.auth import RefusalLog, check_token, peer_host, resolve_group_key
 from torchtitan_ft.connection_guard import AuthenticatedPeers, ConnectionGuard, GuardPolicy
 from torchtitan_ft.lighthouse.client import AsyncLighthouseClient, LighthouseClient
 from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum
@@ -220,6 +220,11 @@ class ManagerServer:
             group's previous quorum while that is sound (``outage.previous_quorum_round``;
             docs/lighthouse.md, "A lighthouse outage"), ``WAIT`` waits for it as torchft 0.2.0
             does.
+        group_key: this replica group's key, a secret only its own ranks received at launch
+            (``auth.group_key``). When set, ``Quorum`` and ``ShouldCommit`` must also carry it
+            (UNAUTHENTICATED otherwise; ``ManagerClient`` sends it), so a process of another
+            group that holds the job token cannot act for this group's ranks. Default
+            ``None``: ``$TORCHFT_GROUP_KEY`` if set, else none.
 
     Raises:
         ValueError: an argument is out of range.
@@ -241,6 +246,7 @@ class ManagerServer:
         quorum_retries: int = 0,
         auth_token: str | None = None,
         lighthouse_outage: LighthouseOutage = LighthouseOutage.PREVIOUS_QUORUM,
+        group_key: str | None = None,
     ) -> None:
         if not replica_id:
             raise ValueError("replica_id must be a non-empty string")
@@ -255,6 +261,7 @@ class ManagerServer:
                 f"lighthouse_outage must be a LighthouseOutage, got {lighthouse_outage!r}"
             )
         check_token(auth_token, "auth_token")
+        self._group_key = resolve_group_key(group_key)
 
         self._replica_id = replica_id
         self._lighthouse_addr = lighthouse_addr
@@ -356,6 +363,7 @@ class ManagerServer:
             max_connections=cap,
             idle_connection_ms=_IDLE_CONNECTION_MS,
             auth_token=self._auth_token,
+            group_key=self._group_key,
             server_name=name,
             authenticated=authenticated,
         )
@@ -450,17 +458,28 @@ class ManagerServer:
                 response_serializer=lambda response: response.SerializeToString(),
             )
 
+        # Quorum and ShouldCommit act for one of the group's ranks: the group's key too.
+        # CheckpointMetadata: other groups' healers; Kill: the lighthouse.
         return [
-            Rpc("Quorum", unary(self.quorum, pb.ManagerQuorumRequest), needs_token=True),
             Rpc(
-                "ShouldCommit", unary(self.should_commit, pb.ShouldCommitRequest), needs_token=True
+                "Quorum",
+                unary(self.quorum, pb.ManagerQuorumRequest),
+                needs_token=True,
+                needs_group_key=True,
+            ),
+            Rpc(
+                "ShouldCommit",
+                unary(self.should_commit, pb.ShouldCommitRequest),
+                needs_token=True,
+                needs_group_key=True,
             ),
             Rpc(
                 "CheckpointMetadata",
                 unary(self.checkpoint_metadata, pb.CheckpointMetadataRequest),
                 needs_token=True,
+                needs_group_key=False,
             ),
-            Rpc("Kill", unary(self.kill, pb.KillRequest), needs_token=True),
+            Rpc("Kill", unary(self.kill, pb.KillRequest), needs_token=True, needs_group_key=False),
         ]
 
     # ------------------------------------------------------------------------------ validation
