@@ -8,7 +8,16 @@ from datetime import timedelta
 import pytest
 import torch
 
-from torchtitan_ft.auth import AUTH_TOKEN_ENV, bearer, check_token, presents
+from torchtitan_ft.auth import (
+    AUTH_TOKEN_ENV,
+    GROUP_KEY_ENV,
+    bearer,
+    check_token,
+    group_key,
+    presents,
+    presents_key,
+    resolve_group_key,
+)
 from torchtitan_ft.checkpoint import HTTPTransport
 from torchtitan_ft.lighthouse import LighthouseClient, LighthouseServer
 from torchtitan_ft.manager.server import ManagerServer
@@ -97,3 +106,26 @@ def test_torchft_style_clients_take_the_token_from_the_env(monkeypatch) -> None:
     finally:
         donor.shutdown(wait=False)
         lighthouse.shutdown()
+
+
+# ------------------------------------------------------------------------------ group keys
+
+
+def test_a_group_key_is_derived_per_group_and_secret_and_can_be_presented() -> None:
+    keys = {group_key(secret, group) for secret in ("s1", "s2") for group in ("A", "B")}
+    assert len(keys) == 4
+    assert group_key("s1", "A") == group_key("s1", "A")
+    for key in keys:
+        check_token(key, "group_key")  # visible ASCII: gRPC metadata carries it as it is
+        assert len(key) == 43
+        assert presents_key(key, key) and presents_key(key.encode(), key)
+        assert not presents_key(key[:-1], key) and not presents_key(None, key)
+
+
+def test_the_group_key_comes_from_the_argument_else_the_environment() -> None:
+    assert resolve_group_key("given", {GROUP_KEY_ENV: "env"}) == "given"
+    assert resolve_group_key(None, {GROUP_KEY_ENV: "env"}) == "env"
+    assert resolve_group_key(None, {GROUP_KEY_ENV: ""}) is None
+    assert resolve_group_key(None, {}) is None
+    with pytest.raises(ValueError, match=r"\$TORCHFT_GROUP_KEY may hold only visible ASCII"):
+        resolve_group_key(None, {GROUP_KEY_ENV: "key\n"})

@@ -481,3 +481,10 @@ def test_goodput_names_a_process_that_trained_its_own_line() -> None:
     assert second_lines([*records, healed, fresh]) == [
         {"group": 2, "pid": 3, "step": 1, "job_step": 4}
     ]
+
+
+@pytest.mark.timeout(300)
+def test_group_restart_prints_how_long_a_restarted_group_took() -> None:
+    out = _benchmark("benchmarks.group_restart", "--trials", "1", timeout=270)
+    assert out["world_size"] == 2 and len(out["back_s"]) == 1
+    assert out["back_s"][0] > 0 and out["back_s_max"] == out["back_s"][0]

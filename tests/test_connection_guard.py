@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from torchtitan_ft import connection_guard
 from torchtitan_ft.connection_guard import (
     UNAUTHENTICATED_LIFE_S,
+    AuthenticatedPeers,
     Connection,
+    ConnectionGuard,
     GuardPolicy,
     Reason,
     connections_to_close,
@@ -130,6 +133,41 @@ def test_strangers_are_closed_and_the_jobs_client_keeps_its_connection() -> None
         for s in strangers:
             s.close()
         server.shutdown()
+
+
+def test_a_look_reports_the_open_peers_only_when_it_examined_every_socket(monkeypatch) -> None:
+    """What a ManagerServer takes as a rank's connection closed: a real listener and client
+    socket; a look that could not duplicate a socket (descriptors exhausted) reports nothing,
+    and a closed connection is missing from the next complete look."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    reports: list[tuple[frozenset[str], float]] = []
+    guard = ConnectionGuard(
+        port, POLICY, AuthenticatedPeers(), "test", on_listed=lambda *r: reports.append(r)
+    )
+    peer = grpc_peer(client.getsockname())
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(connection_guard.os, "dup", _no_descriptor_left)
+            guard.look()
+        assert reports == []
+        before = time.monotonic()
+        guard.look()
+        assert reports[-1][0] == {peer} and reports[-1][1] >= before
+        client.close()
+        accepted.close()
+        guard.look()
+        assert reports[-1][0] == frozenset()
+    finally:
+        client.close()
+        accepted.close()
+        listener.close()
+
+
+def _no_descriptor_left(fd: int) -> int:
+    raise OSError(24, "Too many open files")
 
 
 def test_the_operations_doc_states_the_tested_bound_and_life() -> None:

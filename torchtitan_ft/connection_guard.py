@@ -220,11 +220,14 @@ None: what ``server_connections`` learnt about each socket (a socket's inode sta
 while it is open, so only new sockets cost more than an ``fstat``)."""
 
 
-def server_connections(port: int, cache: PeerCache | None = None) -> list[OpenConnection]:
+def server_connections(
+    port: int, cache: PeerCache | None = None, unexamined: list[int] | None = None
+) -> list[OpenConnection]:
     """This process's TCP sockets connected on local ``port`` (the server's accepted
     connections; the listening socket has no peer). Linux only (``/proc/self/fd``). With
     ``cache``, sockets already in it are not asked again, and it is left holding the sockets
-    seen now."""
+    seen now. A socket it could not examine (no descriptor left to duplicate it) is missing
+    from the answer and, with ``unexamined``, appended there: the listing is then incomplete."""
     known = {} if cache is None else cache
     seen: PeerCache = {}
     found = []
@@ -238,6 +241,10 @@ def server_connections(port: int, cache: PeerCache | None = None) -> list[OpenCo
             continue
         key = (fd, info.st_ino)
         peer = known[key] if key in known else _peer_on_port(fd, port)
+        if peer is _UNEXAMINED:
+            if unexamined is not None:
+                unexamined.append(fd)
+            continue  # not cached: asked again next time
         seen[key] = peer
         if peer is not None:
             found.append(OpenConnection(fd, info.st_ino, peer))
@@ -247,11 +254,15 @@ def server_connections(port: int, cache: PeerCache | None = None) -> list[OpenCo
     return found
 
 
+_UNEXAMINED = "unexamined"
+"""What ``_peer_on_port`` answers for a socket it could not duplicate."""
+
+
 def _peer_on_port(fd: int, port: int) -> str | None:
     try:
         dup = os.dup(fd)
     except OSError:
-        return None
+        return _UNEXAMINED
     with socket.socket(fileno=dup) as s:
         try:
             if s.family not in (socket.AF_INET, socket.AF_INET6):
@@ -293,6 +304,9 @@ class ConnectionGuard:
         peers: who authenticated (fed by a ``MarkingInterceptor`` on the server).
         name: names the server in the log and the thread.
         period_s: how often it looks.
+        on_listed: called (on the guard's thread) after each look that examined every socket
+            with the peers of the connections open at that look, and the monotonic time it
+            began (a connection missing there has closed).
     """
 
     def __init__(
@@ -302,12 +316,14 @@ class ConnectionGuard:
         peers: AuthenticatedPeers,
         name: str,
         period_s: float = PERIOD_S,
+        on_listed: Callable[[frozenset[str], float], None] | None = None,
     ) -> None:
         self._port = port
         self._policy = policy
         self._peers = peers
         self._name = name
         self._period_s = period_s
+        self._on_listed = on_listed
         self._first_seen: dict[int, float] = {}
         self._sockets: PeerCache = {}
         self._stop = threading.Event()
@@ -338,9 +354,10 @@ class ConnectionGuard:
                 failing = True
 
     def look(self) -> None:
-        """One pass: list the connections, close those the policy picks."""
+        """One pass: list the connections, close those the policy picks, report the rest."""
         listed_at = time.monotonic()
-        open_now = server_connections(self._port, self._sockets)
+        unexamined: list[int] = []
+        open_now = server_connections(self._port, self._sockets, unexamined)
         self._first_seen = {c.inode: self._first_seen.get(c.inode, listed_at) for c in open_now}
         self._peers.forget_closed((c.peer for c in open_now), listed_at)
         authenticated = self._peers.snapshot()
@@ -354,6 +371,9 @@ class ConnectionGuard:
                 continue  # its first call arrived meanwhile
             if close_connection(by_inode[connection.inode]):
                 self._count(reason)
+                del by_inode[connection.inode]
+        if self._on_listed is not None and not unexamined:
+            self._on_listed(frozenset(c.peer for c in by_inode.values()), listed_at)
 
     def _count(self, reason: Reason) -> None:
         if sum(self.closed.values()) == 0:

@@ -1,6 +1,8 @@
 """What the job's gRPC servers (the lighthouse and the ManagerServer) share: the thread that
 hosts a server's event loop, the server itself (connection limits, job-token interceptor, the
-marking of authenticated peers for its ``connection_guard``, request parsing), the diagnosis
+marking of authenticated peers for its ``connection_guard``, request parsing), its table of
+RPCs (``Rpc``: each with its handler and whether it needs the job token, checked against the
+proto's service so that no RPC is left out), the diagnosis
 of an address it cannot listen on, and the filter for grpc.aio's spurious event-loop errors.
 Each server picks its own connection cap from the descriptors it may use
 (``descriptor_limit``, ``countable_descriptors``) and its own idle timeout.
@@ -17,16 +19,18 @@ import concurrent.futures
 import logging
 import resource
 import threading
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 from grpc import aio
 
-from torchtitan_ft.auth import TokenInterceptor
+from torchtitan_ft.auth import GroupKeyInterceptor, TokenInterceptor
 from torchtitan_ft.connection_guard import AuthenticatedPeers, MarkingInterceptor
 from torchtitan_ft.netaddr import bind_problem, port_in_use, split_host_port
+from torchtitan_ft.proto import torchft_pb2 as pb
 
 M = TypeVar("M", bound=Message)
 R = TypeVar("R")
@@ -60,6 +64,51 @@ def parser(cls: type[M]) -> Callable[[bytes], M | Malformed]:
             return Malformed(cls.__name__, e)
 
     return parse
+
+
+@dataclass(frozen=True)
+class Rpc:
+    """One row of a server's RPC table: the only place that says what an RPC runs and who may
+    call it."""
+
+    name: str
+    """The method's name in the proto's service (``Quorum``)."""
+    handler: grpc.RpcMethodHandler
+    needs_token: bool
+    """Whether a call must carry the job token when the server has one (``UNAUTHENTICATED``
+    otherwise, before its request is parsed: ``auth.TokenInterceptor``)."""
+    needs_group_key: bool
+    """Whether a call must also carry the replica group's key when the server has one (the
+    calls that act for one of the group's ranks: ``auth.GroupKeyInterceptor``)."""
+
+
+def rpc_table(
+    service: str, rpcs: Sequence[Rpc]
+) -> tuple[grpc.GenericRpcHandler, list[str], list[str]]:
+    """The generic handler of ``service`` (``torchft.LighthouseService``) for ``rpcs``, and
+    the full names (``/torchft.LighthouseService/Quorum``) of those that need the token, and
+    of those that need the group key.
+
+    Raises ValueError unless ``rpcs`` names every RPC of the service in the proto once and
+    nothing else: an RPC added to the proto cannot be served without a row saying whether it
+    needs the token."""
+    package, _, name = service.rpartition(".")
+    descriptor = pb.DESCRIPTOR.services_by_name.get(name)
+    if descriptor is None or pb.DESCRIPTOR.package != package:
+        raise ValueError(f"{service!r} is not a service of torchft.proto")
+    in_proto = sorted(method.name for method in descriptor.methods)
+    in_table = sorted(rpc.name for rpc in rpcs)
+    if in_table != in_proto:
+        raise ValueError(
+            f"the RPC table of {service} has {in_table}, and the proto's service has "
+            f"{in_proto}: give every RPC of the proto one row"
+        )
+    handler = grpc.method_handlers_generic_handler(service, {rpc.name: rpc.handler for rpc in rpcs})
+    return (
+        handler,
+        [f"/{service}/{rpc.name}" for rpc in rpcs if rpc.needs_token],
+        [f"/{service}/{rpc.name}" for rpc in rpcs if rpc.needs_group_key],
+    )
 
 
 def server_options(max_connections: int, idle_connection_ms: int) -> list[tuple[str, int]]:
@@ -192,30 +241,35 @@ class ServerThread:
 
 
 def grpc_server(
-    handler: grpc.GenericRpcHandler,
+    service: str,
+    rpcs: Sequence[Rpc],
     *,
     max_connections: int,
     idle_connection_ms: int,
     auth_token: str | None,
-    guarded_methods: Collection[str],
     server_name: str,
     authenticated: AuthenticatedPeers,
     on_refused: Callable[[], None] = lambda: None,
+    group_key: str | None = None,
 ) -> aio.Server:
-    """A grpc.aio server for ``handler`` with the limits of ``server_options``, not yet
-    listening (see ``listen``).
+    """A grpc.aio server of ``service`` with the RPC table ``rpcs`` (``rpc_table``) and the
+    limits of ``server_options``, not yet listening (see ``listen``).
 
-    With ``auth_token`` set, calls to ``guarded_methods`` (full names,
-    ``/package.Service/Method``) must carry it (``auth.TokenInterceptor``, which names the
-    server ``server_name`` and calls ``on_refused`` per refused call). The peer of every call
-    that reaches its handler is marked in ``authenticated``, for the server's
+    With ``auth_token`` set, calls to the RPCs that need it must carry it
+    (``auth.TokenInterceptor``, which names the server ``server_name`` and calls
+    ``on_refused`` per refused call). With ``group_key`` set, calls to the RPCs that need it
+    must carry it too (``auth.GroupKeyInterceptor``). The peer of every call that reaches its
+    handler is marked in ``authenticated``, for the server's
     ``connection_guard.ConnectionGuard``.
     """
+    handler, need_token, need_key = rpc_table(service, rpcs)
     interceptors: list[aio.ServerInterceptor] = []
     if auth_token is not None:
         interceptors.append(
-            TokenInterceptor(auth_token, guarded_methods, server_name, on_refused=on_refused)
+            TokenInterceptor(auth_token, need_token, server_name, on_refused=on_refused)
         )
+    if group_key is not None:
+        interceptors.append(GroupKeyInterceptor(group_key, need_key, server_name))
     interceptors.append(MarkingInterceptor(authenticated))
     server = aio.server(
         interceptors=interceptors, options=server_options(max_connections, idle_connection_ms)

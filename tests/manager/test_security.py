@@ -12,6 +12,7 @@ own connection); the stranger is one more client, or raw bytes on a channel of i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
 import socket
 import subprocess
@@ -25,6 +26,7 @@ import grpc
 import pytest
 
 from tests._sockets import idle_connections
+from torchtitan_ft.auth import GROUP_KEY_METADATA, group_key
 from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.manager import ManagerClient, ManagerServer, QuorumResult
 from torchtitan_ft.manager.server import connection_cap
@@ -36,9 +38,6 @@ T = timedelta(seconds=10)
 """Deadline of every call that should succeed: far beyond what one costs on a busy machine."""
 SERVICE = "/torchft.ManagerService"
 EVIL = "http://stranger.example:1/checkpoint"
-GRACE = timedelta(seconds=5)
-"""The servers' ``rebind_grace`` unless a test says otherwise: far beyond the spread of the
-real ranks' calls on a busy machine, and below ``T``."""
 
 
 class Group:
@@ -49,7 +48,7 @@ class Group:
         lighthouse: LighthouseServer,
         world_size: int,
         token: str | None,
-        rebind_grace: timedelta,
+        group_key: str | None = None,
     ) -> None:
         self.token = token
         self.server = ManagerServer(
@@ -62,12 +61,14 @@ class Group:
             heartbeat_interval=timedelta(milliseconds=100),
             connect_timeout=T,
             auth_token=token,
-            rebind_grace=rebind_grace,
+            group_key=group_key,
         )
-        self.ranks = [self.client(token) for _ in range(world_size)]
+        self.ranks = [self.client(token, group_key) for _ in range(world_size)]
 
-    def client(self, token: str | None) -> ManagerClient:
-        return ManagerClient(self.server.address(), connect_timeout=T, auth_token=token)
+    def client(self, token: str | None, group_key: str | None = None) -> ManagerClient:
+        return ManagerClient(
+            self.server.address(), connect_timeout=T, auth_token=token, group_key=group_key
+        )
 
     def quorum(self, step: int) -> list[QuorumResult]:
         """Every rank joins the quorum of ``step`` with metadata ``real-<rank>-<step>``."""
@@ -146,10 +147,8 @@ def lighthouse() -> Iterator[LighthouseServer]:
 def group(lighthouse) -> Iterator[Callable[..., Group]]:
     groups: list[Group] = []
 
-    def make(
-        world_size: int = 2, token: str | None = None, rebind_grace: timedelta = GRACE
-    ) -> Group:
-        groups.append(Group(lighthouse, world_size, token, rebind_grace))
+    def make(world_size: int = 2, token: str | None = None, group_key: str | None = None) -> Group:
+        groups.append(Group(lighthouse, world_size, token, group_key))
         return groups[-1]
 
     yield make
@@ -213,6 +212,72 @@ def test_a_kill_with_the_token_reaches_the_handler(group) -> None:
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
 
 
+# ------------------------------------------------------------------------------- group key
+
+KEY_A, KEY_B = group_key("launcher-secret", "A"), group_key("launcher-secret", "B")
+
+
+@pytest.mark.parametrize("caller_key", [None, KEY_B, KEY_A[:-1]], ids=["none", "B", "truncated"])
+def test_with_a_group_key_a_token_holder_of_another_group_cannot_act_for_it(
+    group, caller_key
+) -> None:
+    """Group A's ranks got KEY_A at launch; a process of group B holds the job token and
+    KEY_B. Its Quorum and ShouldCommit calls for A's ranks are refused before they reach the
+    rounds (so it cannot even be held for a rank); it still reads A's checkpoint metadata,
+    as a healer of group B must."""
+    g = group(token=TOKEN, group_key=KEY_A)
+    g.quorum(step=1)
+    other = g.client(TOKEN, caller_key)
+    try:
+        for call in (
+            lambda: _ask(other, 1, 10**6, EVIL),
+            lambda: other.should_commit(1, 1, True, T),
+        ):
+            with pytest.raises(RuntimeError, match=r"UNAUTHENTICATED: .*group key") as refused:
+                call()
+            assert "TORCHFT_GROUP_KEY" in str(refused.value)
+        assert _held_ranks(g.server) == [] and _waiting_ranks(g.server) == []
+        assert other._checkpoint_metadata(1, T) == "real-1-1"
+    finally:
+        other.close()
+    assert g.commit(1, True, True) == [True, True]
+    assert [r.max_step for r in g.quorum(step=2)] == [2, 2]
+    assert g.ranks[0]._checkpoint_metadata(1, T) == "real-1-2"
+
+
+def test_our_client_sends_the_group_key_only_on_calls_acting_for_a_rank() -> None:
+    """A healer's CheckpointMetadata and the lighthouse's Kill go to other groups' servers:
+    they must not carry this group's key (a server recording every call's metadata)."""
+    seen: dict[str, dict[str, str]] = {}
+
+    class Recorder(grpc.GenericRpcHandler):
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+            seen[details.method.rpartition("/")[2]] = dict(details.invocation_metadata)
+            return grpc.unary_unary_rpc_method_handler(lambda request, context: b"")
+
+    server = grpc.server(futures.ThreadPoolExecutor(2), handlers=[Recorder()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    client = ManagerClient(f"http://127.0.0.1:{port}", T, auth_token=TOKEN, group_key=KEY_A)
+    try:
+        with contextlib.suppress(Exception):  # an empty answer is no quorum
+            _ask(client, 0, 1, "m")
+        client.should_commit(0, 1, True, T)
+        client._checkpoint_metadata(0, T)
+        client.kill("test")
+    finally:
+        client.close()
+        server.stop(None)
+    has_key = {method: GROUP_KEY_METADATA in md for method, md in seen.items()}
+    assert has_key == {
+        "Quorum": True,
+        "ShouldCommit": True,
+        "CheckpointMetadata": False,
+        "Kill": False,
+    }
+    assert all(md["authorization"] == f"Bearer {TOKEN}" for md in seen.values())
+
+
 # ----------------------------------------------------------------- attack 1: a forged vote
 
 
@@ -244,26 +309,35 @@ def test_forged_vote_is_refused_and_the_real_vote_counts(group, token) -> None:
 
 
 @pytest.mark.parametrize("token", [None, TOKEN])
-def test_a_restarted_rank_takes_its_rank_over_after_the_grace(group, token) -> None:
+def test_a_restarted_rank_takes_its_rank_over_once_its_old_connection_closed(group, token) -> None:
     """A restarted process (a new client: a new connection and no session) cannot vote for
-    its rank at once; its Quorum call takes the rank over once the rest of the group has joined
-    and the grace has passed, with its own checkpoint metadata, and the old client's session
-    is dead."""
-    grace = timedelta(milliseconds=500)
-    g = group(token=token, rebind_grace=grace)
+    its rank at once; its Quorum call is held while the old client's connection is open, and
+    takes the rank over, with its own checkpoint metadata, once it has closed (as a dead
+    process's does); the old client's session is dead."""
+    g = group(token=token)
     g.quorum(step=1)
     old, g.ranks[1] = g.ranks[1], g.client(token)
     try:
         with pytest.raises(RuntimeError, match=r"PERMISSION_DENIED.*process restarted"):
             g.ranks[1].should_commit(1, 1, True, timedelta(seconds=1))
-        start = time.monotonic()
-        assert [r.max_step for r in g.quorum(step=2)] == [2, 2]
-        assert time.monotonic() - start >= grace.total_seconds()
+        with futures.ThreadPoolExecutor(1) as pool:
+            rounds = pool.submit(g.quorum, 2)
+            _wait_until(lambda: _held_ranks(g.server) == [1])
+            time.sleep(1.0)  # the connection guard looks 4 times: the old connection is open
+            assert _held_ranks(g.server) == [1] and not rounds.done()
+            sessions = dict(old._sessions)
+            old.close()
+            assert [r.max_step for r in rounds.result(timeout=30)] == [2, 2]
         assert g.ranks[0]._checkpoint_metadata(1, T) == "real-1-2"
-        with pytest.raises(RuntimeError, match="PERMISSION_DENIED"):
-            old.should_commit(1, 2, True, timedelta(seconds=1))
+        stale = g.client(token)
+        stale._sessions = sessions  # the old client's session, on a connection of its own
+        try:
+            with pytest.raises(RuntimeError, match="PERMISSION_DENIED"):
+                stale.should_commit(1, 2, True, timedelta(seconds=1))
+        finally:
+            stale.close()
         assert g.commit(2, True, True) == [True, True]
-        # The new client holds the rank now: its next quorum waits for no grace.
+        # The new client holds the rank now: its next quorum waits for nothing.
         assert [r.max_step for r in g.quorum(step=3)] == [3, 3]
         assert g.commit(3, True, True) == [True, True]
     finally:
@@ -271,37 +345,57 @@ def test_a_restarted_rank_takes_its_rank_over_after_the_grace(group, token) -> N
 
 
 def test_two_ranks_restarted_at_once_take_their_ranks_over(group) -> None:
-    """Each restarted rank's held call counts as "called" for the other's grace, so neither
-    waits for the other's old client."""
-    g = group(world_size=3, rebind_grace=timedelta(milliseconds=300))
+    """Two of three ranks restart at once: neither waits for the other."""
+    g = group(world_size=3)
     g.quorum(step=1)
-    old = g.ranks[1:]
+    for client in g.ranks[1:]:
+        client.close()
     g.ranks[1:] = [g.client(None), g.client(None)]
-    try:
-        assert [r.max_step for r in g.quorum(step=2)] == [2, 2, 2]
-        assert [g.ranks[0]._checkpoint_metadata(r, T) for r in (1, 2)] == ["real-1-2", "real-2-2"]
-        assert g.commit(2, True, True, True) == [True, True, True]
-    finally:
-        for client in old:
-            client.close()
+    assert [r.max_step for r in g.quorum(step=2)] == [2, 2, 2]
+    assert [g.ranks[0]._checkpoint_metadata(r, T) for r in (1, 2)] == ["real-1-2", "real-2-2"]
+    assert g.commit(2, True, True, True) == [True, True, True]
 
 
 def test_a_client_that_reconnects_keeps_its_rank_by_its_session(group) -> None:
     """The rank's client on a new connection (here a new client given the old one's sessions,
-    as a channel that reconnects keeps them) votes at once and joins the next quorum without
-    waiting for the grace."""
-    grace = timedelta(seconds=8)
-    g = group(rebind_grace=grace)
+    as a channel that reconnects keeps them) votes at once and joins the next quorum."""
+    g = group()
     g.quorum(step=1)
     reconnected = g.client(None)
     reconnected._sessions = dict(g.ranks[1]._sessions)
     g.ranks[1].close()
     g.ranks[1] = reconnected
     assert g.commit(1, True, True) == [True, True]
-    start = time.monotonic()
     assert [r.max_step for r in g.quorum(step=2)] == [2, 2]
-    assert time.monotonic() - start < grace.total_seconds()
     assert g.ranks[0]._checkpoint_metadata(1, T) == "real-1-2"
+
+
+@pytest.mark.parametrize("step_s", [1.0, pytest.param(10.0, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("token", [None, TOKEN])
+def test_a_caller_who_claims_every_rank_at_once_takes_none_over(group, token, step_s) -> None:
+    """Issue 40: after the real ranks voted, a caller opens two new connections and asks for
+    the quorum as rank 0 and as rank 1 at once, with its own checkpoint metadata, while the
+    real ranks compute a step of ``step_s``. Both calls are held and then refused when the real
+    ranks join; the real ranks keep their records and votes."""
+    g = group(token=token)
+    g.quorum(step=1)
+    assert g.commit(1, True, True) == [True, True]
+    callers = [g.client(token), g.client(token)]
+    with futures.ThreadPoolExecutor(2) as pool:
+        try:
+            forged = [pool.submit(_ask, c, r, 10**6, EVIL) for r, c in enumerate(callers)]
+            _wait_until(lambda: _held_ranks(g.server) == [0, 1])
+            time.sleep(step_s)
+            assert _held_ranks(g.server) == [0, 1] and _waiting_ranks(g.server) == []
+            assert [r.max_step for r in g.quorum(step=2)] == [2, 2]
+            for call in forged:
+                with pytest.raises(RuntimeError, match="PERMISSION_DENIED"):
+                    call.result(timeout=30)
+        finally:
+            for c in callers:
+                c.close()
+    assert [g.ranks[0]._checkpoint_metadata(r, T) for r in (0, 1)] == ["real-0-2", "real-1-2"]
+    assert g.commit(2, True, True) == [True, True]
 
 
 # -------------------------------------------------------------- attack 2: a forged quorum

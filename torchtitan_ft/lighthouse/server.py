@@ -43,6 +43,7 @@ from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.rpc_server import (
     CannotListen,
     Malformed,
+    Rpc,
     ServerThread,
     countable_descriptors,
     descriptor_limit,
@@ -55,14 +56,6 @@ from torchtitan_ft.rpc_server import (
 logger = logging.getLogger(__name__)
 
 SERVICE = "torchft.LighthouseService"
-METHODS = (
-    "Quorum",
-    "QuorumStream",
-    "Heartbeat",
-    "HeartbeatStream",
-    "GoneMembers",
-    "LinkProbe",
-)
 
 _IDLE_CONNECTION_MS = 30_000
 """A connection with no call for this long is closed; clients reconnect when they next call.
@@ -244,42 +237,71 @@ class _Service:
             interval_ms=round(opts.link_probe_interval_s * 1000),
         )
 
-    def handler(self) -> grpc.GenericRpcHandler:
-        return grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                "Quorum": grpc.unary_unary_rpc_method_handler(
+    def rpcs(self) -> list[Rpc]:
+        """The service's RPC table: every RPC needs the job token when one is set (and no
+        group key: the lighthouse serves every group)."""
+        return [
+            Rpc(
+                "Quorum",
+                grpc.unary_unary_rpc_method_handler(
                     self.quorum,
                     request_deserializer=parser(pb.LighthouseQuorumRequest),
                     response_serializer=_identity,
                 ),
-                "QuorumStream": grpc.stream_stream_rpc_method_handler(
+                needs_token=True,
+                needs_group_key=False,
+            ),
+            Rpc(
+                "QuorumStream",
+                grpc.stream_stream_rpc_method_handler(
                     self.quorum_stream,
                     request_deserializer=parser(pb.LighthouseQuorumRequest),
                     response_serializer=_identity,
                 ),
-                "Heartbeat": grpc.unary_unary_rpc_method_handler(
+                needs_token=True,
+                needs_group_key=False,
+            ),
+            Rpc(
+                "Heartbeat",
+                grpc.unary_unary_rpc_method_handler(
                     self.heartbeat,
                     request_deserializer=parser(pb.LighthouseHeartbeatRequest),
                     response_serializer=_identity,
                 ),
-                "HeartbeatStream": grpc.stream_unary_rpc_method_handler(
+                needs_token=True,
+                needs_group_key=False,
+            ),
+            Rpc(
+                "HeartbeatStream",
+                grpc.stream_unary_rpc_method_handler(
                     self.heartbeat_stream,
                     request_deserializer=parser(pb.LighthouseHeartbeatRequest),
                     response_serializer=_identity,
                 ),
-                "GoneMembers": grpc.unary_unary_rpc_method_handler(
+                needs_token=True,
+                needs_group_key=False,
+            ),
+            Rpc(
+                "GoneMembers",
+                grpc.unary_unary_rpc_method_handler(
                     self.gone_members,
                     request_deserializer=parser(pb.LighthouseGoneRequest),
                     response_serializer=pb.LighthouseGoneResponse.SerializeToString,
                 ),
-                "LinkProbe": grpc.unary_unary_rpc_method_handler(
+                needs_token=True,
+                needs_group_key=False,
+            ),
+            Rpc(
+                "LinkProbe",
+                grpc.unary_unary_rpc_method_handler(
                     self.link_probe,
                     request_deserializer=parser(pb.LinkProbeRequest),
                     response_serializer=pb.LinkProbeResponse.SerializeToString,
                 ),
-            },
-        )
+                needs_token=True,
+                needs_group_key=False,
+            ),
+        ]
 
 
 class LighthouseServer:
@@ -405,11 +427,11 @@ class LighthouseServer:
         grpc_connections, status_connections = connection_limits(descriptor_limit())
         authenticated = AuthenticatedPeers()
         server = grpc_server(
-            _Service(self.state).handler(),
+            SERVICE,
+            _Service(self.state).rpcs(),
             max_connections=grpc_connections,
             idle_connection_ms=_IDLE_CONNECTION_MS,
             auth_token=self._auth_token,
-            guarded_methods=[f"/{SERVICE}/{name}" for name in METHODS],
             server_name="the lighthouse",
             authenticated=authenticated,
             on_refused=self._count_unauthenticated,

@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from torchtitan_ft.auth import grpc_metadata, resolve_token
+from torchtitan_ft.auth import GROUP_KEY_METADATA, grpc_metadata, resolve_group_key, resolve_token
 from torchtitan_ft.lighthouse.client import CHANNEL_OPTIONS, grpc_target
 from torchtitan_ft.manager.decisions import QuorumResult
 from torchtitan_ft.manager.rounds import NEW_SESSION, SESSION_METADATA
@@ -55,26 +55,40 @@ class ManagerClient:
             ignores it. Default ``None``: ``$TORCHFT_AUTH_TOKEN`` if set, else none. Every
             rank uses the ``auth_token`` its ``Manager`` resolved, the same one the group's
             ManagerServer checks.
+        group_key: the replica group's key (``ManagerServer``'s ``group_key``), sent only
+            on the calls that act for a rank (``_quorum``, ``should_commit``), never on
+            ``_checkpoint_metadata`` or ``kill``, which go to other groups' servers too.
+            Default ``None``: ``$TORCHFT_GROUP_KEY`` if set, else none.
 
     A server binds each group rank to the client of its Quorum call: to its connection, and to
     the session the server returns with the first answer, which this client keeps and presents
     on the rank's later ``_quorum`` and ``should_commit`` calls (so the rank keeps its binding
     when the channel reconnects). Make a rank's calls through one client; a new client (a
-    restarted process) takes the rank back only when the rank's old client has stopped
-    asking (``ManagerServer``'s ``rebind_grace``).
+    restarted process) takes the rank back only once the old client's connection has closed
+    (``manager/rounds.py``); closing a client closes its connection.
 
     Raises:
         TimeoutError: the server was not reachable within ``connect_timeout``.
-        ValueError: ``auth_token`` is not a token a server could check (``auth.check_token``).
+        ValueError: ``auth_token`` or ``group_key`` is not a token a server could check
+            (``auth.check_token``).
     """
 
     def __init__(
-        self, addr: str, connect_timeout: timedelta, auth_token: str | None = None
+        self,
+        addr: str,
+        connect_timeout: timedelta,
+        auth_token: str | None = None,
+        group_key: str | None = None,
     ) -> None:
         auth_token = resolve_token(auth_token)
+        group_key = resolve_group_key(group_key)
         self._addr = addr
         self._connect_timeout = connect_timeout
         self._metadata = list(grpc_metadata(auth_token))
+        self._rank_metadata = self._metadata + (
+            [(GROUP_KEY_METADATA, group_key)] if group_key is not None else []
+        )
+        """What the calls acting for a rank carry: the token and the group key."""
         self._sessions: dict[int, str] = {}
         """group rank -> the session the server gave it."""
         self._channel = grpc.insecure_channel(grpc_target(addr), options=_OPTIONS)
@@ -114,7 +128,7 @@ class ManagerClient:
             progress=progress,
         )
         session = self._sessions.get(group_rank, NEW_SESSION)
-        metadata = [*self._metadata, (SESSION_METADATA, session)]
+        metadata = [*self._rank_metadata, (SESSION_METADATA, session)]
         try:
             response, call = self._call(
                 "Quorum", self._stub.Quorum.with_call, request, timeout, metadata
@@ -139,7 +153,7 @@ class ManagerClient:
         request = pb.ShouldCommitRequest(
             should_commit=should_commit, group_rank=group_rank, step=step
         )
-        metadata = self._metadata
+        metadata = self._rank_metadata
         if (session := self._sessions.get(group_rank)) is not None:
             metadata = [*metadata, (SESSION_METADATA, session)]
         response = self._call("ShouldCommit", self._stub.ShouldCommit, request, timeout, metadata)

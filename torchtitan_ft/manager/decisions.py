@@ -187,7 +187,7 @@ def impostor_refusal(
         f"client got there, and this call came from {peer} without that session; only the "
         f"rank's own client may {action} for it (another process is using this group rank, or "
         "the rank's process restarted: a new process takes the rank over with its next Quorum "
-        "call, once the rest of the group has joined and the grace has passed)"
+        "call, once the old process's connection has closed)"
     )
 
 

@@ -19,15 +19,18 @@ The rules (docs/operations.md, "Security", for why a rank is bound to its client
   counted is refused (``Refused``) unless it comes from the same client (connection, or a
   session it presented), where it replaces the first (a client's retry). A call for a recorded
   rank that does not match the record is *held* (``Held``), not counted: if the rank's holder
-  joins the round, the held call is refused (``retry``). Only once every rank of the group has
-  called (counted or held) and ``rebind_grace`` seconds have passed without the holder does the
-  earliest held call for the rank *take it over* (a restarted process: a new connection and no
-  session): it is counted, and if the round succeeds it gets the record and a new session. The
-  call that makes the round full gets ``Ask``: the server asks the lighthouse once for the
-  whole group (the highest step, shrink-only if any rank asks, the most commit failures), and
-  a new round opens for the next calls. Every other counted call gets ``Waiting``. A call that
-  gives up before its round is full is taken back (``withdraw``), so the round no longer counts
-  or holds it; once full, a round cannot lose a rank.
+  joins the round, the held call is refused (``retry``). The earliest held call for the rank
+  *takes it over* (a restarted process: a new connection and no session) only on evidence
+  that the holder is gone: ``connections_listed`` reports that the record's connection has
+  closed (a process that exits or is killed closes its connections). Nothing a caller does
+  itself is such evidence: claiming every rank of the group at once takes none over while the
+  ranks' clients stay connected. A call that takes a rank over is counted, and if the round
+  succeeds it gets the record and a new session. The call that makes the round full gets
+  ``Ask``: the server asks the lighthouse once for the whole group (the highest step,
+  shrink-only if any rank asks, the most commit failures), and a new round opens for the next
+  calls. Every other counted call gets ``Waiting``. A call that gives up before its round is
+  full is taken back (``withdraw``), so the round no longer counts or holds it; once full, a
+  round cannot lose a rank.
 - **Finishing a quorum round.** ``finish_quorum`` names the ranks whose answer succeeded: their
   checkpoint metadata, connection and session are recorded at that moment, before any waiting
   call is answered. A call that presented its rank's session keeps it; any other call that
@@ -62,8 +65,6 @@ trailing metadata, presented by the rank's ``ManagerClient`` on its Quorum and S
 calls. torchft's client neither reads nor sends it."""
 NEW_SESSION = "new"
 """What a client that takes sessions presents before it has one (never a session itself)."""
-REBIND_GRACE_S = 5.0
-"""The default ``rebind_grace`` (see ``GroupRounds``)."""
 
 
 def random_session() -> str:
@@ -114,6 +115,9 @@ class Record:
     """The connection of its Quorum call."""
     session: str | None = None
     """The rank's session; None if its client takes none (it is then bound to ``peer``)."""
+    recorded_at: float = 0.0
+    """When it was recorded (the server's monotonic clock): a listing of the open connections
+    made later that lacks ``peer`` shows the connection closed."""
 
     def matches(self, peer: str, session: str | None) -> bool:
         """Whether a call from connection ``peer`` presenting ``session`` is this rank's."""
@@ -146,12 +150,10 @@ class Refused:
 @dataclass(frozen=True)
 class Held:
     """The call is for a rank recorded to another client: it is not counted. Call ``retry``
-    at ``until``, or sooner when the forming round changes (a call joins or gives up)."""
+    when the forming round changes (a call joins or gives up) or ``connections_listed``
+    reports a holder gone."""
 
     round: int
-    until: float | None
-    """When it takes the rank over if the holder has not joined by then; None: not every rank
-    of the group has called yet, so the grace has not started."""
     bound_peer: str
     """The connection of the rank's record."""
 
@@ -214,11 +216,6 @@ class _QuorumRound:
     calls: dict[int, Joined] = field(default_factory=dict)
     held: list[Joined] = field(default_factory=list)
     """Calls for recorded ranks that do not match the record, in the order they came."""
-    complete_since: float | None = None
-    """Since when every rank of the group has a call here, counted or held (None: not yet)."""
-
-    def complete(self, world_size: int) -> bool:
-        return len(self.calls.keys() | {call.group_rank for call in self.held}) == world_size
 
 
 @dataclass
@@ -230,26 +227,17 @@ class _CommitRound:
 
 class GroupRounds:
     """The quorum and commit rounds of one replica group's ``world_size`` ranks (see the
-    module doc). ``replica_id`` only names the group in reasons.
-
-    Args:
-        rebind_grace: seconds a held call waits, once every rank of the group has called,
-            for the rank's holder before it takes the rank over.
-        new_session: makes each new session (default ``random_session``).
-    """
+    module doc). ``replica_id`` only names the group in reasons; ``new_session`` makes each new
+    session (default ``random_session``)."""
 
     def __init__(
         self,
         replica_id: str,
         world_size: int,
-        rebind_grace: float = REBIND_GRACE_S,
         new_session: Callable[[], str] = random_session,
     ) -> None:
-        if rebind_grace < 0:
-            raise ValueError(f"rebind_grace must be >= 0 seconds, got {rebind_grace}")
         self._replica_id = replica_id
         self._world_size = world_size
-        self._rebind_grace = rebind_grace
         self._new_session = new_session
         self._numbers = itertools.count()
         self._forming = _QuorumRound(next(self._numbers))
@@ -259,12 +247,13 @@ class GroupRounds:
         """Commit rounds not yet full, by step."""
         self.records: dict[int, Record] = {}
         """group rank -> what its last successful quorum left behind."""
+        self.gone: set[int] = set()
+        """The recorded ranks whose record's connection has closed (``connections_listed``)."""
 
     # ---------------------------------------------------------------------------- quorum
 
-    def join(self, call: Joined, now: float) -> Refused | Held | Waiting | Ask:
-        """Counts or holds ``call`` in the forming quorum round at time ``now`` (see the
-        module doc)."""
+    def join(self, call: Joined) -> Refused | Held | Waiting | Ask:
+        """Counts or holds ``call`` in the forming quorum round (see the module doc)."""
         rnd, rank = self._forming, call.group_rank
         waiting = rnd.calls.get(rank)
         if waiting is not None and not _same_client(waiting, call):
@@ -277,31 +266,40 @@ class GroupRounds:
                     break
             else:
                 rnd.held.append(call)
-            self._note_complete(now)
-            return self.retry(call, rnd.number, now)
+            return self.retry(call, rnd.number)
         rnd.held = [held for held in rnd.held if held.group_rank != rank]  # now refused
-        return self._count(call, now)
+        return self._count(call)
 
-    def retry(self, call: Joined, round: int, now: float) -> Refused | Held | Waiting | Ask:
-        """Decides again about ``call``, held in quorum round ``round``, at time ``now``."""
+    def retry(self, call: Joined, round: int) -> Refused | Held | Waiting | Ask:
+        """Decides again about ``call``, held in quorum round ``round``."""
         rnd, rank = self._forming, call.group_rank
         record = self.records[rank]
         if rnd.number != round or not any(held is call for held in rnd.held):
             # The rank's holder joined (or the call gave up, or a retry replaced it).
             return self._refused("join the quorum", rank, record.peer, call.peer)
         first = next(held for held in rnd.held if held.group_rank == rank)
-        if rnd.complete_since is None or first is not call:
-            return Held(round, None, record.peer)
-        until = rnd.complete_since + self._rebind_grace
-        if now < until:
-            return Held(round, until, record.peer)
+        if rank not in self.gone or first is not call:
+            return Held(round, record.peer)
         rnd.held = [held for held in rnd.held if held.group_rank != rank]
-        return self._count(call, now)
+        return self._count(call)
 
-    def _count(self, call: Joined, now: float) -> Waiting | Ask:
+    def connections_listed(self, open_peers: Collection[str], listed_at: float) -> bool:
+        """The server's open connections at time ``listed_at``: a rank recorded before then
+        whose connection is not among them has lost its holder. Returns whether that is news
+        for a rank the forming round holds a call for (the held calls should ``retry``)."""
+        still_open = set(open_peers)
+        news = False
+        for rank, record in self.records.items():
+            if rank in self.gone or record.recorded_at >= listed_at:
+                continue
+            if record.peer not in still_open:
+                self.gone.add(rank)
+                news = news or any(held.group_rank == rank for held in self._forming.held)
+        return news
+
+    def _count(self, call: Joined) -> Waiting | Ask:
         rnd = self._forming
         rnd.calls[call.group_rank] = call
-        self._note_complete(now)
         if len(rnd.calls) < self._world_size:
             return Waiting(rnd.number, len(rnd.calls))
         self._asked[rnd.number] = rnd
@@ -314,13 +312,6 @@ class GroupRounds:
             shrink_only=any(c.shrink_only for c in calls),
             commit_failures=max(c.commit_failures for c in calls),
         )
-
-    def _note_complete(self, now: float) -> None:
-        rnd = self._forming
-        if not rnd.complete(self._world_size):
-            rnd.complete_since = None
-        elif rnd.complete_since is None:
-            rnd.complete_since = now
 
     def joining(self) -> list[int]:
         """The group ranks the forming quorum round counts so far, ascending."""
@@ -338,12 +329,11 @@ class GroupRounds:
         if rnd.calls.get(call.group_rank) is call:
             del rnd.calls[call.group_rank]
         rnd.held = [held for held in rnd.held if held is not call]
-        if not rnd.complete(self._world_size):
-            rnd.complete_since = None
 
-    def finish_quorum(self, round: int, succeeded: Collection[int]) -> dict[int, str]:
-        """The lighthouse part of quorum round ``round`` is over; the ranks in ``succeeded``
-        got their answer, and their records are now the calls the round counted. Returns the
+    def finish_quorum(self, round: int, succeeded: Collection[int], now: float) -> dict[int, str]:
+        """The lighthouse part of quorum round ``round`` is over at time ``now``; the ranks in
+        ``succeeded`` got their answer, and their records are now the calls the round counted
+        (recorded at ``now``). Returns the
         session of each of those ranks whose call takes sessions, for its answer."""
         rnd = self._asked.pop(round)
         sessions: dict[int, str] = {}
@@ -355,7 +345,8 @@ class GroupRounds:
                 kept = old.session if old is not None else None
                 session = kept if _same_session(kept, call.session) else self._new_session()
                 sessions[rank] = session
-            self.records[rank] = Record(call.checkpoint_metadata, call.peer, session)
+            self.records[rank] = Record(call.checkpoint_metadata, call.peer, session, now)
+            self.gone.discard(rank)
         return sessions
 
     def checkpoint_metadata(self, group_rank: int) -> Found | Waiting | Unknown:

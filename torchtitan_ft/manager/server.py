@@ -20,8 +20,8 @@ Quorum call and to a session (``rounds.SESSION_METADATA``) sent back in that cal
 metadata, which our ``ManagerClient`` presents on its later calls. Another client cannot join
 the same round as that rank, its vote for the rank is refused (PERMISSION_DENIED), and its
 Quorum call for the rank between rounds is held: refused if the rank's client joins that round,
-and counted in its place (a restarted rank taking it over) only once the rest of the group has
-joined and ``rebind_grace`` has passed without it. A rank's checkpoint metadata (where healers
+and counted in its place (a restarted rank taking it over) only once the connection guard's
+listing shows the rank's recorded connection closed. A rank's checkpoint metadata (where healers
 fetch its state) is recorded only from the Quorum call the round counted for it, when that
 round succeeds. A healer that asks for a rank's metadata while the rank's first round is still
 with the lighthouse waits for that round.
@@ -50,7 +50,7 @@ import grpc
 from grpc import aio
 
 from torchtitan_ft.addresses import AddressProblem, Advertised, QuorumAddressCheck
-from torchtitan_ft.auth import RefusalLog, check_token, peer_host
+from torchtitan_ft.auth import RefusalLog, check_token, peer_host, resolve_group_key
 from torchtitan_ft.connection_guard import AuthenticatedPeers, ConnectionGuard, GuardPolicy
 from torchtitan_ft.lighthouse.client import AsyncLighthouseClient, LighthouseClient
 from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum
@@ -66,7 +66,6 @@ from torchtitan_ft.manager.outage import (
     previous_quorum_round,
 )
 from torchtitan_ft.manager.rounds import (
-    REBIND_GRACE_S,
     SESSION_METADATA,
     Ask,
     Ballot,
@@ -83,6 +82,7 @@ from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.rpc_server import (
     CannotListen,
     Malformed,
+    Rpc,
     ServerThread,
     countable_descriptors,
     descriptor_limit,
@@ -106,8 +106,6 @@ _RETRY_BACKOFF_S = (0.1, 1.0)  # first, max
 _KILL_EXIT_FALLBACK_S = 1.0
 
 SERVICE = "torchft.ManagerService"
-GUARDED_METHODS = ("Quorum", "ShouldCommit", "CheckpointMetadata", "Kill")
-"""What needs the job token when one is set: everything the service has."""
 _IDLE_CONNECTION_MS = 60 * 60 * 1000
 """A connection with no call for an hour is closed. Much longer than the lighthouse's 30 s: a
 torchft client's vote must come on the connection of its Quorum call (ours also presents its
@@ -222,13 +220,11 @@ class ManagerServer:
             group's previous quorum while that is sound (``outage.previous_quorum_round``;
             docs/lighthouse.md, "A lighthouse outage"), ``WAIT`` waits for it as torchft 0.2.0
             does.
-        rebind_grace: how long a Quorum call for a joined rank from a client that is not the
-            rank's (a new connection without the rank's session: a restarted process, or a
-            stranger) waits, once every other rank of the group has joined, for the rank's own
-            client before it takes the rank over. Shorter lets a restarted rank back sooner;
-            longer keeps a slow but live rank from losing its place to another caller. It must
-            stay well below the ranks' quorum timeout (the group's other ranks wait through it).
-            Default 5 s.
+        group_key: this replica group's key, a secret only its own ranks received at launch
+            (``auth.group_key``). When set, ``Quorum`` and ``ShouldCommit`` must also carry it
+            (UNAUTHENTICATED otherwise; ``ManagerClient`` sends it), so a process of another
+            group that holds the job token cannot act for this group's ranks. Default
+            ``None``: ``$TORCHFT_GROUP_KEY`` if set, else none.
 
     Raises:
         ValueError: an argument is out of range.
@@ -250,7 +246,7 @@ class ManagerServer:
         quorum_retries: int = 0,
         auth_token: str | None = None,
         lighthouse_outage: LighthouseOutage = LighthouseOutage.PREVIOUS_QUORUM,
-        rebind_grace: timedelta = timedelta(seconds=REBIND_GRACE_S),
+        group_key: str | None = None,
     ) -> None:
         if not replica_id:
             raise ValueError("replica_id must be a non-empty string")
@@ -264,9 +260,8 @@ class ManagerServer:
             raise ValueError(
                 f"lighthouse_outage must be a LighthouseOutage, got {lighthouse_outage!r}"
             )
-        if rebind_grace < timedelta(0):
-            raise ValueError(f"rebind_grace must be >= 0, got {rebind_grace}")
         check_token(auth_token, "auth_token")
+        self._group_key = resolve_group_key(group_key)
 
         self._replica_id = replica_id
         self._lighthouse_addr = lighthouse_addr
@@ -279,7 +274,7 @@ class ManagerServer:
         self._outage_mode = lighthouse_outage
 
         # Only touched on the event-loop thread.
-        self._rounds = GroupRounds(replica_id, world_size, rebind_grace.total_seconds())
+        self._rounds = GroupRounds(replica_id, world_size)
         self._round_ends: dict[int, asyncio.Future[Any]] = {}
         """round number -> what its waiting calls get (created by the first to wait)."""
         self._forming_changed: asyncio.Future[None] | None = None
@@ -363,11 +358,12 @@ class ManagerServer:
         authenticated = AuthenticatedPeers()
         name = f"the manager server of replica {self._replica_id!r}"
         server = grpc_server(
-            self._handler(),
+            SERVICE,
+            self._rpcs(),
             max_connections=cap,
             idle_connection_ms=_IDLE_CONNECTION_MS,
             auth_token=self._auth_token,
-            guarded_methods=[f"/{SERVICE}/{name}" for name in GUARDED_METHODS],
+            group_key=self._group_key,
             server_name=name,
             authenticated=authenticated,
         )
@@ -380,7 +376,9 @@ class ManagerServer:
         await server.start()
         self._server = server
         self._lighthouse_quorums = AsyncLighthouseClient(self._lighthouse_addr, self._auth_token)
-        self._guard = ConnectionGuard(port, GuardPolicy.for_cap(cap), authenticated, name)
+        self._guard = ConnectionGuard(
+            port, GuardPolicy.for_cap(cap), authenticated, name, on_listed=self._listed
+        )
         self._guard.start()
         return port
 
@@ -394,6 +392,17 @@ class ManagerServer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._lighthouse_quorums is not None:
             await self._lighthouse_quorums.close()
+
+    def _listed(self, peers: frozenset[str], listed_at: float) -> None:
+        """The guard's listing of this server's open connections (on the guard's thread):
+        held Quorum calls decide again when it shows a rank's holder gone."""
+
+        def apply() -> None:
+            if self._rounds.connections_listed(peers | {LOCAL_PEER}, listed_at):
+                self._changed()
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped
+            self._loop.call_soon_threadsafe(apply)
 
     def _new_future(self) -> asyncio.Future[Any]:
         fut = self._loop.create_future()
@@ -438,25 +447,40 @@ class ManagerServer:
         self._blocking.run(run)
         return await fut
 
-    def _handler(self) -> grpc.GenericRpcHandler:
-        """``torchft.ManagerService``, with requests parsed by ``rpc_server.parser``."""
-        methods = {
-            "Quorum": (self.quorum, pb.ManagerQuorumRequest),
-            "ShouldCommit": (self.should_commit, pb.ShouldCommitRequest),
-            "CheckpointMetadata": (self.checkpoint_metadata, pb.CheckpointMetadataRequest),
-            "Kill": (self.kill, pb.KillRequest),
-        }
-        return grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                name: grpc.unary_unary_rpc_method_handler(
-                    method,
-                    request_deserializer=parser(request_type),
-                    response_serializer=lambda response: response.SerializeToString(),
-                )
-                for name, (method, request_type) in methods.items()
-            },
-        )
+    def _rpcs(self) -> list[Rpc]:
+        """``torchft.ManagerService``'s RPC table, requests parsed by ``rpc_server.parser``:
+        every RPC needs the job token when one is set (``Kill`` is refused without one)."""
+
+        def unary(method: Callable[..., Any], request_type: type) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(
+                method,
+                request_deserializer=parser(request_type),
+                response_serializer=lambda response: response.SerializeToString(),
+            )
+
+        # Quorum and ShouldCommit act for one of the group's ranks: the group's key too.
+        # CheckpointMetadata: other groups' healers; Kill: the lighthouse.
+        return [
+            Rpc(
+                "Quorum",
+                unary(self.quorum, pb.ManagerQuorumRequest),
+                needs_token=True,
+                needs_group_key=True,
+            ),
+            Rpc(
+                "ShouldCommit",
+                unary(self.should_commit, pb.ShouldCommitRequest),
+                needs_token=True,
+                needs_group_key=True,
+            ),
+            Rpc(
+                "CheckpointMetadata",
+                unary(self.checkpoint_metadata, pb.CheckpointMetadataRequest),
+                needs_token=True,
+                needs_group_key=False,
+            ),
+            Rpc("Kill", unary(self.kill, pb.KillRequest), needs_token=True, needs_group_key=False),
+        ]
 
     # ------------------------------------------------------------------------------ validation
 
@@ -485,18 +509,16 @@ class ManagerServer:
         return self._round_ends[round]
 
     def _changed(self) -> None:
-        """The forming quorum round changed: held calls decide again."""
+        """The forming quorum round changed, or a holder is gone: held calls decide again."""
         fut, self._forming_changed = self._forming_changed, None
         if fut is not None:
             fut.set_result(None)
 
-    async def _hold(self, held: Held) -> None:
-        """Waits until ``held.until``, or until the forming quorum round changes."""
+    async def _hold(self) -> None:
+        """Waits until the forming quorum round changes or a holder is gone (``_changed``)."""
         if self._forming_changed is None:
             self._forming_changed = self._new_future()
-        timeout = None if held.until is None else max(held.until - time.monotonic(), 0.0)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._forming_changed), timeout)
+        await asyncio.shield(self._forming_changed)
 
     def _end_round(self, round: int, outcome: Any) -> None:
         """Wakes the calls waiting for ``round`` with ``outcome`` (an exception: raised)."""
@@ -535,26 +557,26 @@ class ManagerServer:
             init_sync=request.init_sync,
             progress=request.progress if request.HasField("progress") else None,
         )
-        decision = self._rounds.join(call, time.monotonic())
+        decision = self._rounds.join(call)
         self._changed()
         held = None
         while isinstance(decision, Held):
             held = decision
             try:
-                await self._hold(held)
+                await self._hold()
             except BaseException:  # cancelled: the caller gave up
                 self._rounds.withdraw(held.round, call)
                 self._changed()
                 raise
-            decision = self._rounds.retry(call, held.round, time.monotonic())
+            decision = self._rounds.retry(call, held.round)
             if not isinstance(decision, Held):  # counted (or refused): the round changed
                 self._changed()
         if isinstance(decision, Refused):
             await self._refuse(context, "join the quorum", group_rank, decision)
         if held is not None:
             logger.warning(
-                "replica %s: group rank %d taken over by the connection %s: the rank's client "
-                "(connection %s) did not join within rebind_grace after the rest of the group",
+                "replica %s: group rank %d taken over by the connection %s: the connection of "
+                "the rank's client (%s) has closed",
                 self._replica_id,
                 group_rank,
                 call.peer,
@@ -647,7 +669,7 @@ class ManagerServer:
         finally:  # also when cancelled by shutdown, or on an unexpected error
             answers = outcome.answers if isinstance(outcome, _QuorumOutcome) else {}
             succeeded = [c.group_rank for c, a in answers.items() if isinstance(a, QuorumResult)]
-            sessions = self._rounds.finish_quorum(ask.round, succeeded)
+            sessions = self._rounds.finish_quorum(ask.round, succeeded, time.monotonic())
             if isinstance(outcome, _QuorumOutcome):
                 issued = {ask.calls[rank]: session for rank, session in sessions.items()}
                 outcome = dataclasses.replace(outcome, sessions=issued)
