@@ -12,9 +12,10 @@ ranks, so a dead rank or group comes back alone and the other groups never resta
   ``torchx run -s local_cwd torchtitan_ft.torchx:titan --replicas 2 -- --training.steps 20``.
 
 Both pass the submitting environment's ``TORCHFT_*`` variables and ``GLOO_SOCKET_IFNAME`` to
-every role, except the job token ``TORCHFT_AUTH_TOKEN``: it never enters an application
-definition (TorchX prints those, and schedulers record them); the roles inherit it from the
-environment of the job's own processes (docs/launchers.md, "The job token").
+every role, except the job token ``TORCHFT_AUTH_TOKEN`` and a group key ``TORCHFT_GROUP_KEY``:
+they never enter an application definition (TorchX prints those, and schedulers record them);
+the roles inherit them from the environment of the job's own processes (docs/launchers.md,
+"The job token").
 
 Not torchft's: no Rust logging variables (``RUST_BACKTRACE``, ``CLICOLOR_FORCE``: there is no
 Rust here), and a bad count raises ``ValueError`` where torchft asserts.
@@ -30,7 +31,7 @@ from typing import Dict, List, Optional
 
 import torchx.specs as specs
 
-from torchtitan_ft.auth import AUTH_TOKEN_ENV
+from torchtitan_ft.auth import AUTH_TOKEN_ENV, GROUP_KEY_ENV
 
 LIGHTHOUSE_PORT = 29510
 """The lighthouse's default port, torchft's."""
@@ -38,6 +39,9 @@ MASTER_PORT_BASE = 29600
 """torchrun's ``--master_port`` of group ``i`` under :func:`hsdp` is this plus ``i``."""
 PASSED_ENV_PREFIX = "TORCHFT_"
 PASSED_ENV = ("GLOO_SOCKET_IFNAME",)
+SECRET_ENV = (AUTH_TOKEN_ENV, GROUP_KEY_ENV)
+"""Never put into an application definition: the job token, and a group's key (which is also
+one group's own, not every role's)."""
 IDLE_EXIT_MS = 60_000
 """:func:`titan`'s lighthouse role ends by default this long after the last group left: longer
 than a group's restart, so that only a finished job, or one whose every group stays away for a
@@ -56,23 +60,24 @@ def _check_counts(replicas: int, workers_per_replica: int, max_restarts: int) ->
 
 def passed_env(environ: Dict[str, str]) -> Dict[str, str]:
     """The variables of ``environ`` every role gets: ``TORCHFT_*`` and ``GLOO_SOCKET_IFNAME``,
-    never the job token."""
+    never :data:`SECRET_ENV`."""
     return {
         k: v
         for k, v in environ.items()
-        if (k.startswith(PASSED_ENV_PREFIX) or k in PASSED_ENV) and k != AUTH_TOKEN_ENV
+        if (k.startswith(PASSED_ENV_PREFIX) or k in PASSED_ENV) and k not in SECRET_ENV
     }
 
 
 def _group_env(
     replica_id: int, replicas: int, lighthouse: str, env: Optional[Dict[str, str]]
 ) -> Dict[str, str]:
-    if env and AUTH_TOKEN_ENV in env:
-        raise ValueError(
-            f"env sets {AUTH_TOKEN_ENV}: the job token must not be part of an application "
-            "definition (TorchX prints it, schedulers record it); export it in the environment "
-            "the job is submitted from instead (docs/launchers.md)"
-        )
+    for secret in SECRET_ENV:
+        if env and secret in env:
+            raise ValueError(
+                f"env sets {secret}: a secret must not be part of an application definition "
+                "(TorchX prints it, schedulers record it); export it in the environment the "
+                "job is submitted from instead (docs/launchers.md)"
+            )
     return {
         **passed_env(dict(os.environ)),
         "TORCHFT_LIGHTHOUSE": lighthouse,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from torchtitan_ft import torchx as components
-from torchtitan_ft.auth import AUTH_TOKEN_ENV
+from torchtitan_ft.auth import AUTH_TOKEN_ENV, GROUP_KEY_ENV
 
 TOKEN = "s3cr3t-token-value"
 
@@ -56,6 +56,7 @@ def test_titan_with_a_lighthouse_apart_has_no_lighthouse_role() -> None:
 
 def test_environment_passes_through_but_never_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(AUTH_TOKEN_ENV, TOKEN)
+    monkeypatch.setenv(GROUP_KEY_ENV, TOKEN + "-key")
     monkeypatch.setenv("TORCHFT_QUORUM_TIMEOUT_SEC", "90")
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0")
     for app in (components.hsdp(), components.titan()):
@@ -63,13 +64,14 @@ def test_environment_passes_through_but_never_the_token(monkeypatch: pytest.Monk
         for role in app.roles:
             assert role.env["TORCHFT_QUORUM_TIMEOUT_SEC"] == "90"
             assert role.env["GLOO_SOCKET_IFNAME"] == "ib0"
-            assert AUTH_TOKEN_ENV not in role.env
+            assert AUTH_TOKEN_ENV not in role.env and GROUP_KEY_ENV not in role.env
 
 
 @pytest.mark.parametrize("component", [components.hsdp, components.titan])
-def test_a_token_in_env_is_refused(component) -> None:
-    with pytest.raises(ValueError, match=AUTH_TOKEN_ENV):
-        component(env={AUTH_TOKEN_ENV: TOKEN})
+@pytest.mark.parametrize("secret", [AUTH_TOKEN_ENV, GROUP_KEY_ENV])
+def test_a_secret_in_env_is_refused(component, secret: str) -> None:
+    with pytest.raises(ValueError, match=secret):
+        component(env={secret: TOKEN})
 
 
 @pytest.mark.parametrize(
