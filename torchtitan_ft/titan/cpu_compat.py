@@ -33,7 +33,7 @@ def cuda_available() -> bool:
 
 
 def install() -> None:
-    """Fix TorchTitan's modules as they are imported, whoever imports them (fixes 1-3, and 4
+    """Fix TorchTitan's modules as they are imported, whoever imports them (fixes 1-3 and 5, and 4
     for llama3): an import hook, so installing it imports nothing. Idempotent;
     ``torchtitan_ft.titan`` calls it on import. A module imported before it was installed is
     not fixed (see :func:`apply_before_torchtitan_import`)."""
