@@ -90,9 +90,13 @@ if [ -n "${LOCAL_ADDR:-}" ]; then
         node+=(--rdzv-conf "is_host=$is_host")
     fi
 fi
+# TorchTitan colours its step lines whatever its output is: none when this script's output is
+# not a terminal (a log file, a pipe); a later --metrics.no-disable_color_printing wins.
+color_args=()
+if [ ! -t 1 ]; then color_args=(--metrics.disable_color_printing); fi
 PYTORCH_ALLOC_CONF="expandable_segments:True" \
 exec "$PYTHON" -m torchtitan_ft.titan.launch \
     --nnodes="$NNODES" --nproc_per_node="$NGPU" --max-restarts="$MAX_RESTARTS" \
     --rdzv_backend c10d --rdzv_endpoint="$RDZV_ENDPOINT" ${node[@]+"${node[@]}"} \
     --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
-    -m "${train_module[@]}" ${config_args[@]+"${config_args[@]}"} "$@"
+    -m "${train_module[@]}" ${config_args[@]+"${config_args[@]}"} ${color_args[@]+"${color_args[@]}"} "$@"

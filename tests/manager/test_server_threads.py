@@ -3,7 +3,9 @@ checks), and the in-process client of group rank 0."""
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -124,3 +126,31 @@ def test_the_in_process_client_raises_what_the_grpc_client_raises() -> None:
     finally:
         server.shutdown()
         lighthouse.shutdown()
+
+
+def test_the_in_process_client_names_the_lighthouse_even_when_its_loop_is_starved() -> None:
+    """Group rank 0's call names the unreachable lighthouse, not its own deadline, even when
+    the server's event loop wakes only after both the lighthouse request's budget and the
+    call's deadline have passed (a trainer starved of CPU, or its GIL, on a busy machine): the
+    handler that asks the lighthouse answers with the request's failure however late it runs.
+    Here the loop is blocked from before the budget's end (1.5 s of the 2 s timeout) until
+    after the deadline."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = _server(f"http://127.0.0.1:{port}", "starved")
+    local = LocalManagerClient(server, server.address())
+    loop = server._loop
+    try:
+        loop.call_soon_threadsafe(loop.call_later, 1.2, time.sleep, 1.6)
+        with pytest.raises(QuorumTimeoutError) as raised:
+            local._quorum(
+                group_rank=0,
+                step=0,
+                checkpoint_metadata="",
+                shrink_only=False,
+                timeout=timedelta(seconds=2),
+            )
+        assert f"no quorum from the lighthouse at http://127.0.0.1:{port}" in str(raised.value)
+    finally:
+        server.shutdown()

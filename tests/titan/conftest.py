@@ -26,6 +26,8 @@ def _job_budget(request: pytest.FixtureRequest):
     for run in _jobs.RUNS:
         if run.proc.poll() is None:
             run.sigkill()
+        if isinstance(run, _jobs.TrainRun):  # a core it left goes to its dump folder
+            run.collect_core()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -25,9 +25,10 @@ SMALL_CPU = (
     "--training.mixed_precision_param=float32",
     "--debug.seed=42",
     "--validator.no-enable",
-    "--metrics.disable_color_printing",
 )
-"""debug_ft_cpu.toml's shape on top of the registry's llama3_debugmodel (batch 8 x 2048)."""
+"""debug_ft_cpu.toml's shape on top of the registry's llama3_debugmodel (batch 8 x 2048).
+Without its ``metrics.disable_color_printing``: run_train.sh turns TorchTitan's colours off
+when its output is not a terminal, as here."""
 
 FT = (
     "--fault_tolerance.enable",
@@ -79,6 +80,7 @@ def test_killed_replica_group_heals_to_identical_state(tmp_path: Path, ranks: in
     swap = SPMD_TYPES_ON_CPU.format(ranks=ranks)  # only where FSDP spans 2+ ranks
     for run in (job.survivor, job.killed, job.restarted):
         assert (swap in run.output) is (ranks > 1), run.output[-4000:]
+        assert "\x1b[" not in run.output  # no colour codes: the output is a pipe
     assert_job_loss_logged_per_commit(tmp_path, job)  # reads tb/<time>/replica_<id>
     for replica in (0, 1):
         # The survivor and the restarted run train more than PROFILE_EVERY iterations each.

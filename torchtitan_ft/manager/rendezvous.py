@@ -154,7 +154,10 @@ def open_store(host: str, port: int, *, host_it: bool, timeout: timedelta) -> TC
         except OSError as e:  # address in use: someone (torchrun's agent) already serves it
             if port == 0:
                 raise
-            logger.info("TCPStore %s:%d already served (%s); connecting as a client", host, port, e)
+            # torchrun's agent store, or TorchTitan's own process group's: as expected
+            logger.debug(
+                "TCPStore %s:%d already served (%s); connecting as a client", host, port, e
+            )
     return TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timeout)
 
 

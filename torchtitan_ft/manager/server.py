@@ -103,6 +103,10 @@ T = TypeVar("T")
 _ERROR_MARGIN_S = 1.0
 _ERROR_MARGIN_SHARE = 0.25
 _RETRY_BACKOFF_S = (0.1, 1.0)  # first, max
+# An in-process call whose handler asks the lighthouse waits for that request's own answer
+# (``_LocalContext.answered_by``) up to this long past its deadline: a net for a request that
+# hangs, not a deadline a working one meets (it ends before the call's deadline).
+_LOCAL_NET_S = 30.0
 _KILL_EXIT_FALLBACK_S = 1.0
 
 SERVICE = "torchft.ManagerService"
@@ -594,6 +598,8 @@ class ManagerServer:
                 remaining = context.time_remaining() or 0.0
             budget = max(remaining - min(_ERROR_MARGIN_S, _ERROR_MARGIN_SHARE * remaining), 0.0)
             self._spawn(self._run_lighthouse_quorum(decision, budget))
+            if isinstance(context, _LocalContext):  # this call ends with the request it made
+                context.answered_by(asyncio.get_running_loop().time() + budget)
         end = self._round_end(decision.round)
         try:
             outcome: _QuorumOutcome = await asyncio.shield(end)
@@ -974,6 +980,18 @@ class _LocalContext:
         self._deadline = deadline
         self._metadata = () if session is None else ((SESSION_METADATA, session),)
         self.trailing: tuple[tuple[str, str], ...] = ()
+        self.guard: asyncio.Timeout | None = None
+        """The call's deadline on the server's loop (``_guarded``); None until it starts."""
+
+    def answered_by(self, when: float) -> None:
+        """The handler will answer by itself, by loop time ``when`` (the end of the lighthouse
+        request it made, which ends before the deadline): the guard moves to ``_LOCAL_NET_S``
+        after the later of ``when`` and the deadline, so that it fires only if that request
+        hangs. However late a starved loop runs, the caller then gets the request's own error
+        (e.g. "no quorum from the lighthouse at ...") rather than the deadline, whose timer a
+        loop waking after both would otherwise run before the failure's callbacks."""
+        if self.guard is not None and (at := self.guard.when()) is not None:
+            self.guard.reschedule(max(at, when) + _LOCAL_NET_S)
 
     def time_remaining(self) -> float:
         return max(self._deadline - time.monotonic(), 0.0)
@@ -1067,7 +1085,7 @@ class LocalManagerClient:
         timeout: timedelta,
     ) -> Any:
         handling = handler(request, context)
-        call = _within(timeout.total_seconds(), handling)
+        call = _guarded(context, timeout.total_seconds(), handling)
         try:
             future = asyncio.run_coroutine_threadsafe(call, self._server._loop)
         except RuntimeError:  # the server's loop is closed: neither coroutine will run
@@ -1091,8 +1109,9 @@ class LocalManagerClient:
             raise TimeoutError(text) from None
 
 
-async def _within(timeout_s: float, coro: Coroutine[Any, Any, T]) -> T:
-    """``coro``'s result, or ``TimeoutError`` after ``timeout_s``: ``asyncio.wait_for`` without
-    its extra task (one event-loop turn less on a quorum's path)."""
-    async with asyncio.timeout(timeout_s):
+async def _guarded(context: _LocalContext, timeout_s: float, coro: Coroutine[Any, Any, T]) -> T:
+    """``coro``'s result, or ``TimeoutError`` after ``timeout_s`` (later where the handler
+    says it answers by itself, ``_LocalContext.answered_by``): ``asyncio.wait_for`` without its
+    extra task (one event-loop turn less on a quorum's path)."""
+    async with asyncio.timeout(timeout_s) as context.guard:
         return await coro

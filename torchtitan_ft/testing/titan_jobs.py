@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -45,11 +46,30 @@ _FATAL = re.compile(r"Fatal Python error|terminate called|Traceback \(most recen
 C++ abort, a Python traceback."""
 
 
-def first_fatal_lines(lines: Sequence[str], head: int) -> list[str]:
+_CURRENT_THREAD = re.compile(r"Current thread 0x[0-9a-fA-F]+ \(most recent call first\)")
+_FRAME = re.compile(r"^(\[[^\]]*\]:)?\s+(File \"|<no Python frame>)")
+
+
+def first_fatal_lines(lines: Sequence[str], head: int, shown_from: int | None = None) -> list[str]:
     """The first ``head`` lines of ``lines`` from where the first fatal error or traceback
-    begins (:data:`_FATAL`); none if there is none."""
-    start = next((i for i, line in enumerate(lines) if _FATAL.search(line)), None)
-    return [] if start is None else list(lines[start : start + head])
+    begins (:data:`_FATAL`); none if there is none. When that is a faulthandler dump (a fatal
+    signal: "Fatal Python error: Aborted", "Segmentation fault"), the stack of the thread that
+    crashed ("Current thread ...") follows where it comes later, after other threads' stacks.
+    Only lines before ``shown_from`` count (a log's tail shown anyway)."""
+    end = len(lines) if shown_from is None else shown_from
+    start = next((i for i, line in enumerate(lines[:end]) if _FATAL.search(line)), None)
+    if start is None:
+        return []
+    found = list(lines[start : min(start + head, end)])
+    if "Fatal Python error" not in lines[start]:
+        return found
+    current = next((i for i in range(start, end) if _CURRENT_THREAD.search(lines[i])), None)
+    if current is None or current < start + head:
+        return found
+    stop = current + 1
+    while stop < end and _FRAME.search(lines[stop]):
+        stop += 1
+    return [*found, "[... the crashing thread:]\n", *lines[current:stop]]
 
 
 def rank_log_errors(folder: Path, head: int = 40) -> str:
@@ -62,6 +82,38 @@ def rank_log_errors(folder: Path, head: int = 40) -> str:
         if lines:
             found.append(f"[{log}]\n{''.join(lines)}")
     return "".join(found)
+
+
+CORE_PATTERN_FILE = Path("/proc/sys/kernel/core_pattern")
+_CORES_ON = 'ulimit -c unlimited 2>/dev/null; exec "$0" "$@"'
+"""A command prefix (``bash -c _CORES_ON``) that lets the processes under it leave a core."""
+
+
+def core_file_name(core_pattern: str) -> str | None:
+    """The name of the core that a process which crashes leaves in its working directory,
+    from the kernel's ``core_pattern``, when that is a plain file name ("core"; the kernel
+    may append ".<pid>"); None for a path, a template (%p, ...) or a pipe to a crash handler,
+    where a run's cores are not looked for. Pure."""
+    pattern = core_pattern.strip()
+    if not pattern or any(c in pattern for c in "/%|"):
+        return None
+    return pattern
+
+
+def native_stack(core: Path, executable: str, timeout: float = 120.0) -> str:
+    """The native stack of the thread that crashed, from ``core`` with ``gdb -batch`` (a
+    line saying why not where gdb is missing or fails)."""
+    try:
+        result = subprocess.run(
+            ["gdb", "-batch", "-nx", "-q", "-ex", "bt 40", executable, str(core)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"(no native stack from {core}: {e})\n"
+    frames = [line for line in result.stdout.splitlines(keepends=True) if line.startswith("#")]
+    return "".join(frames) or f"(gdb found no stack in {core}: {result.stderr[-500:]})\n"
 
 
 RUNS: list[TrainRun] = []
@@ -142,7 +194,7 @@ class LoggedProcess:
         thread fills a tail and hides the signal and the crashing thread)."""
         tail_from = max(len(self.lines) - lines, 0)
         where = f"[whole log: {self.log_file}]\n" if self.log_file is not None else ""
-        first = first_fatal_lines(self.lines[:tail_from], head)
+        first = first_fatal_lines(self.lines, head, shown_from=tail_from)
         if not first:
             return where + self.tail(lines)
         return f"{where}{''.join(first)}[...]\n{self.tail(lines)}"
@@ -206,7 +258,11 @@ class TrainRun(LoggedProcess):
     host). Its Managers write their event streams to :attr:`events_dir`, a folder of its own
     under ``dump_folder`` (a restarted group's run, in the same dump folder, gets another),
     and torchrun every rank's output to :attr:`rank_logs` (the console shows ``log_rank``'s
-    only): a failure report shows the fatal errors found there (:meth:`excerpt`)."""
+    only): a failure report shows the fatal errors found there (:meth:`excerpt`). Where the
+    kernel writes a crashing process's core to its working directory (``core_pattern`` a
+    plain name, :func:`core_file_name`), the run's processes may leave one: the report moves
+    it into ``dump_folder`` and adds the crashed thread's native stack (:meth:`collect_core`).
+    """
 
     def __init__(
         self,
@@ -220,6 +276,10 @@ class TrainRun(LoggedProcess):
         prefix: Sequence[str] = (),
     ) -> None:
         number = next(_RUN_NUMBERS)
+        self.started_at = time.time()
+        self.core_name = core_file_name(CORE_PATTERN_FILE.read_text())
+        self.core = dump_folder / f"run{number}_core"
+        """Where :meth:`collect_core` puts a core this run's processes left."""
         self.events_dir = dump_folder / "events" / f"run{number}"
         self.rank_logs = dump_folder / f"run{number}_ranks"
         # One OpenMP thread per process (torchrun does this itself for NGPU > 1): on 2 shared
@@ -234,8 +294,10 @@ class TrainRun(LoggedProcess):
             "PET_LOG_DIR": str(self.rank_logs),  # torchrun's --log-dir
             **(env or {}),
         }
+        cores_on = ["bash", "-c", _CORES_ON] if self.core_name is not None else []
         command = [
             *prefix,
+            *cores_on,
             str(ROOT / "run_train.sh"),
             "--training.steps",
             str(steps),
@@ -250,7 +312,24 @@ class TrainRun(LoggedProcess):
         own logs (a rank other than ``log_rank`` that dies shows nowhere else)."""
         errors = rank_log_errors(self.rank_logs, head)
         own = super().excerpt(lines, head)
-        return f"{own}[fatal errors in the ranks' logs]\n{errors}" if errors else own
+        if errors:
+            own += f"[fatal errors in the ranks' logs]\n{errors}"
+        if self.collect_core():
+            stack = native_stack(self.core, os.path.realpath(sys.executable))
+            own += f"[native stack of the crashed thread, from {self.core}]\n{stack}"
+        return own
+
+    def collect_core(self) -> bool:
+        """Moves a core that a process of this run left in the working directory since the
+        run started (:func:`core_file_name`) to :attr:`core`; whether there is one there."""
+        if self.core_name is not None and not self.core.exists():
+            for core in sorted(ROOT.glob(f"{self.core_name}*")):
+                if core.name.split(".")[0] == self.core_name and core.is_file():
+                    with contextlib.suppress(OSError):
+                        if core.stat().st_mtime >= self.started_at:
+                            shutil.move(core, self.core)
+                            break
+        return self.core.exists()
 
     def events(self, kind: EventKind, rank: int = 0) -> list[Event]:
         """The events of ``kind`` that group rank ``rank`` wrote, in time order."""

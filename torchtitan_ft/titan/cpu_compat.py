@@ -1,6 +1,6 @@
 """Runtime fixes that make TorchTitan 0.2.2 run on a CPU-only torch (gloo), applied in every
 trainer process as TorchTitan's modules are imported; TorchTitan stays unedited (docs/titan.md,
-"TorchTitan on a CPU-only torch", fixes 1-4)."""
+"TorchTitan on a CPU-only torch", fixes 1-5)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def cuda_available() -> bool:
 
 
 def install() -> None:
-    """Fix TorchTitan's modules as they are imported, whoever imports them (fixes 1-3, and 4
+    """Fix TorchTitan's modules as they are imported, whoever imports them (fixes 1-3 and 5, and 4
     for llama3): an import hook, so installing it imports nothing. Idempotent;
     ``torchtitan_ft.titan`` calls it on import. A module imported before it was installed is
     not fixed (see :func:`apply_before_torchtitan_import`)."""
@@ -119,11 +119,41 @@ def _exec_with_sum_reduction(module: ModuleType, execute: Execute) -> None:
     module.disable_fsdp_gradient_division = disable_division_then_sum
 
 
+class _Namespace:
+    """``target``'s attributes, but for the ``overrides`` given."""
+
+    def __init__(self, target: Any, **overrides: Any) -> None:
+        self._target = target
+        self.__dict__.update(overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+def _exec_with_cpu_profiler(module: ModuleType, execute: Execute) -> None:
+    """Fix 5: TorchTitan 0.2.2's ``maybe_enable_profiling`` asks torch's profiler for the
+    activities ``[CPU, None]`` when there is no GPU, which it refuses ("TypeError: Expected
+    ProfilerActivity or dict, got NoneType"): the module's ``torch`` becomes torch with a
+    ``profiler.profile`` that leaves the None out (torch itself is unchanged)."""
+    execute(module)
+    if cuda_available():
+        return
+    import torch
+
+    def profile(*args: Any, activities: Iterable[Any] | None = None, **kwargs: Any) -> Any:
+        if activities is not None:
+            activities = [activity for activity in activities if activity is not None]
+        return torch.profiler.profile(*args, activities=activities, **kwargs)
+
+    module.torch = _Namespace(torch, profiler=_Namespace(torch.profiler, profile=profile))
+
+
 _FIXES: dict[str, Callable[[ModuleType, Execute], None]] = {
     _DEVICE_TYPE_MODULE: _exec_with_cpu_device_type,
     "torchtitan.components.metrics": _exec_with_rss_memory_monitor,
     "torchtitan.distributed.utils": _exec_with_gloo_barrier,
     "torchtitan.models.llama3.infra.parallelize": _exec_with_sum_reduction,
+    "torchtitan.tools.profiling": _exec_with_cpu_profiler,
 }
 """TorchTitan modules that need a fix, and how each is executed."""
 

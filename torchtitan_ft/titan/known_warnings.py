@@ -23,6 +23,11 @@ HARMLESS_WARNINGS = (
     # where bf16 is not native, or training.mixed_precision_param = "float32") it disables
     # itself, which leaves the model in float32: what was asked for.
     r"In CPU autocast, but the target dtype is not supported",
+    # TorchTitan 0.3.0 initialises a sharded model's parameters with DTensor random ops. torch
+    # keeps one random stream across the ranks of a mesh on CUDA-like devices only; on a CPU
+    # mesh each rank fills its shards from its own CPU generator (seeded alike). The initial
+    # values then differ from a GPU run's; training is unaffected.
+    r"DTensor random operators may not have complete support on cpu device mesh",
 )
 """Python warnings (regular expressions matched at the message's start) that are ignored."""
 
@@ -42,6 +47,21 @@ class KnownLogRecords(logging.Filter):
         if message.startswith("Error running lspci"):
             # lspci only finds an NVIDIA H100's exact name for TorchTitan's peak-FLOPS table;
             # there is no GPU to name here.
+            return False
+        if message.startswith("initial_load_model_only=True has no effect without"):
+            # TorchTitan 0.3.0 warns about its own checkpoint defaults (initial_load_model_only
+            # on, no initial_load_path) on every checkpointer it builds: with no path, nothing
+            # is loaded at start but the run's own checkpoints, as asked.
+            return False
+        if message.startswith("model.safetensors.index.json not found"):
+            # The debug model's hf_assets_path holds its tokenizer only; the index is read
+            # for a checkpoint saved in HuggingFace format, which without it is one file
+            # (what a debug model needs).
+            return False
+        if message.startswith("CUDA graph capture is only supported on NVIDIA CUDA"):
+            # TorchTitan 0.3.0 captures the step in CUDA graphs unless
+            # training.disable_cuda_graphs; on CPU it runs the step eagerly, as every CPU
+            # run does.
             return False
         if _NCCL_ENV.match(message):
             # torchrun's agent sets TORCH_NCCL_ASYNC_ERROR_HANDLING=1 for every worker, and

@@ -1,7 +1,9 @@
 """torchrun for ``run_train.sh``, the agent of one replica group's trainer processes:
 ``python -m torchtitan_ft.titan.launch [torchrun arguments]``.
 
-It is ``python -m torch.distributed.run`` in every respect but two. A failed worker's error
+It is ``python -m torch.distributed.run`` in every respect but three. The workers' store
+port is one that nothing takes between torchrun's pick and group rank 0's bind
+(:mod:`torchtitan_ft.titan.store_port`). A failed worker's error
 file that is not JSON (empty: the worker was killed while writing it) counts as no error file,
 where torchrun's agent would die of the ``JSONDecodeError`` and never restart the group
 (:func:`tolerate_torn_error_files`). When the failed workers
@@ -30,6 +32,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from torchtitan_ft.titan import store_port
 
 USER_ERROR_EXIT = 2
 """Exit status of a worker stopped by a mistake it explained in one line: a bad configuration,
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     # variable (manager.settings.PER_ROUND_STORE_ENV, not imported here: that package
     # imports the whole Manager into the torchrun agent).
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    store_port.install()  # that store's port: one nothing else takes before rank 0 binds it
     with contextlib.ExitStack() as stack:
         if replacement(worker_args(argv)) == "zygote":
             argv = stack.enter_context(zygote_workers(argv))

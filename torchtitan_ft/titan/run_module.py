@@ -16,7 +16,8 @@ does not know (``step_timeout_ms``, ``hostname``, ...), so the trainer is given 
 ``[fault_tolerance]`` schema as its custom config module (``--job.custom_config_module``, unless
 the command line or the TOML names one of its own). TorchTitan's trainer builds torchft's
 Manager from its own fields only; the pre-flight says in one line which of the fields the user
-set it leaves unused.
+set it leaves unused, and in another when it trains DiLoCo as one fragment where the config
+asks for several (the model's train spec has no ``fragment_fn``).
 """
 
 from __future__ import annotations
@@ -90,6 +91,56 @@ def unused_fields_line(
         f"fault_tolerance.{{{', '.join(unused)}}} (torchft's defaults and TORCHFT_* variables "
         f"apply instead); leave TRAIN_FILE unset ({PROJECT_TRAINER}) to train with them"
     )
+
+
+def setting(args: Sequence[str], toml: Mapping[str, Any], section: str, name: str) -> Any:
+    """``section.name`` as the trainer reads it: the last ``--section.name=V`` (or ``...name
+    V``) of ``args``, else the TOML's value, else None. Pure."""
+    value = None
+    tomls = toml.get(section)
+    if isinstance(tomls, dict):
+        value = tomls.get(name)
+    flags = {f"--{section}.{name}", f"--{section.replace('_', '-')}.{name.replace('_', '-')}"}
+    for i, arg in enumerate(args):
+        key, sep, given = arg.partition("=")
+        if key in flags:
+            value = given if sep else (args[i + 1] if i + 1 < len(args) else value)
+    return value
+
+
+def one_fragment_line(
+    module: str, model: str, semi_sync_method: Any, num_fragments: Any, has_fragment_fn: bool
+) -> str | None:
+    """The line saying that TorchTitan's FT trainer ``module`` trains DiLoCo over the whole
+    model where ``num_fragments`` > 1 asks for Streaming DiLoCo: it splits a model only with
+    the ``fragment_fn`` of its train spec, and drops ``num_fragments`` without a word when
+    there is none (llama3's; llama3_ft's has one). None when that is not the case. Pure."""
+    try:
+        fragments = int(num_fragments if num_fragments is not None else 1)
+    except ValueError:
+        return None  # the trainer's parser reports it
+    if module not in NEEDS_TORCHFT or has_fragment_fn or fragments <= 1:
+        return None
+    if str(semi_sync_method or "").lower() != "diloco":
+        return None
+    return (
+        f"torchtitan_ft: TRAIN_FILE={module} trains model {model!r} with DiLoCo as one "
+        f"fragment, not fault_tolerance.num_fragments={fragments}: TorchTitan's FT trainer "
+        f"splits a model only with its train spec's fragment_fn, and {model!r}'s has none; "
+        f"leave TRAIN_FILE unset ({PROJECT_TRAINER}) to train {fragments} fragments"
+    )
+
+
+def _has_fragment_fn(model: str) -> bool:
+    """Whether TorchTitan's train spec of ``model`` has a ``fragment_fn`` (True for a name it
+    does not know: its trainer reports that)."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    try:
+        spec = get_train_spec(model)
+    except ValueError:
+        return True
+    return getattr(spec, "fragment_fn", None) is not None
 
 
 def _titan_ft_fields() -> set[str]:
@@ -172,9 +223,18 @@ def main(argv: list[str] | None = None) -> None:
         # Here, once per group (run_train.sh's pre-flight), not in every rank: importing
         # TorchTitan before sys.argv is set (below) would hide the trainer's arguments.
         if module in NEEDS_TORCHFT:
-            line = unused_fields_line(module, fields_set(rest, _toml_of(rest)), _titan_ft_fields())
+            toml = _toml_of(rest)
+            line = unused_fields_line(module, fields_set(rest, toml), _titan_ft_fields())
             if line:
                 print(line, file=sys.stderr, flush=True)
+            model = setting(rest, toml, "model", "name") or "llama3"  # TorchTitan's default
+            semi_sync = setting(rest, toml, "fault_tolerance", "semi_sync_method")
+            fragments = setting(rest, toml, "fault_tolerance", "num_fragments")
+            if str(semi_sync or "").lower() == "diloco":  # the train spec is looked up only then
+                split = _has_fragment_fn(model)
+                line = one_fragment_line(module, model, semi_sync, fragments, split)
+                if line:
+                    print(line, file=sys.stderr, flush=True)
         return
     if not args or args[0].startswith("-"):
         _refuse("usage: python -m torchtitan_ft.titan.run_module MODULE [trainer args...]")

@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     from torchtitan_ft.titan.train import _config_error, _user_error, run_trainer
 
     args = list(sys.argv[1:] if argv is None else argv)
+    quiet_known_warnings()  # before the first config is built: its checks warn
     try:
         others = trainer_class is None and titan_trainer.wants_titan_trainer(args)
     except ConfigError as e:
@@ -134,7 +135,6 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         titan_trainer.main(args)
         return
     init_logger()
-    quiet_known_warnings()
     register_datasets()
     cls = trainer_class or FaultTolerantTrainer
     try:
