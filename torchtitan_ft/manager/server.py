@@ -534,6 +534,7 @@ class ManagerServer:
             checkpoint_metadata=request.checkpoint_metadata,
             init_sync=request.init_sync,
             progress=request.progress if request.HasField("progress") else None,
+            reconfigure_handle=request.reconfigure_handle,
         )
         decision = self._rounds.join(call, time.monotonic())
         self._changed()
@@ -628,6 +629,7 @@ class ManagerServer:
                     group_progress(call.progress for call in ask.calls.values()),
                     self._prober.take(),
                 ),
+                reconfigure_handles=ask.reconfigure_handles,
                 budget_s=budget_s,
                 outage=outage,
             )
@@ -690,6 +692,7 @@ class ManagerServer:
         shrink_only: bool,
         commit_failures: int,
         progress: pb.GroupProgress | None,
+        reconfigure_handles: tuple[str, ...],
         budget_s: float,
         outage: OutageRound,
     ) -> tuple[Quorum, GroupSpeed | None]:
@@ -723,6 +726,7 @@ class ManagerServer:
                     data=data,
                     commit_failures=commit_failures,
                     progress=progress,
+                    reconfigure_handles=reconfigure_handles,
                 )
                 if outage.quorum is None:
                     quorum, speeds = await asked
@@ -997,6 +1001,7 @@ class LocalManagerClient:
         commit_failures: int = 0,
         init_sync: bool = True,
         progress: pb.GroupProgress | None = None,
+        reconfigure_handle: str = "",
     ) -> QuorumResult:
         """As ``ManagerClient._quorum``."""
         request = pb.ManagerQuorumRequest(
@@ -1007,6 +1012,7 @@ class LocalManagerClient:
             init_sync=init_sync,
             commit_failures=commit_failures,
             progress=progress,
+            reconfigure_handle=reconfigure_handle,
         )
         context = _LocalContext(
             time.monotonic() + timeout.total_seconds(), self._sessions.get(group_rank)
