@@ -35,6 +35,9 @@ if [ -f "$stamp" ] && installed_here; then
 fi
 echo "install: installing torchtitan_ft with TorchTitan $version and their dependencies into $("$py" -c 'import sys; print(sys.prefix)')" >&2
 # torch first, pinned: an unpinned torch would pull a multi-GB CUDA build from the registry.
+# 2.13.0, the oldest supported release, as a CPU build (about 180 MB; the 2.14.1 and 2.15.0
+# wheels are CUDA builds of over 5 GB installed): the default tier runs on it (README,
+# "Tested versions").
 "$py" -m pip install --quiet "torch==2.13.0"
 "$py" -m pip install --quiet -e "$root[dev,demo]" "torchtitan==$version"
 mkdir -p "$stamp_dir"

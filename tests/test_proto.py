@@ -1,4 +1,5 @@
-"""The committed protobuf stubs match torchft.proto, and the wire names match torchft 0.2.0."""
+"""The committed protobuf stubs match torchft.proto, and the wire names match torchft 0.2.0's
+and torchft-nightly 2026.10.26's (its reconfigure handles)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def test_services_and_field_numbers_match_the_wire_protocol() -> None:
         "shrink_only": 6,
         "data": 7,
         "commit_failures": 8,
+        "reconfigure_handles": 9,  # torchft-nightly 2026.10.26
     }
     assert fields["Quorum"] == {"quorum_id": 1, "participants": 2, "created": 3}
     assert fields["ManagerQuorumRequest"] == {
@@ -51,7 +53,8 @@ def test_services_and_field_numbers_match_the_wire_protocol() -> None:
         "shrink_only": 4,
         "init_sync": 5,
         "commit_failures": 6,
-        "progress": 7,  # torchtitan_ft extension (straggler report)
+        "reconfigure_handle": 7,  # torchft-nightly 2026.10.26
+        "progress": 16,  # torchtitan_ft extension (straggler report)
     }
     assert fields["ManagerQuorumResponse"] == {
         "quorum_id": 1,
@@ -67,5 +70,6 @@ def test_services_and_field_numbers_match_the_wire_protocol() -> None:
         "heal": 11,
         "commit_failures": 12,
         "replica_ids": 13,
-        "speed": 14,  # torchtitan_ft extension (straggler report)
+        "reconfigure_handles": 14,  # torchft-nightly 2026.10.26
+        "speed": 16,  # torchtitan_ft extension (straggler report)
     }

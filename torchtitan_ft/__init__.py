@@ -2,6 +2,7 @@
 ``process_group/`` (every rank of a replica group; the ManagerServer on group rank 0),
 ``checkpoint/`` (live healing), ``semi_sync/`` and ``titan/`` (the trainer), torchft's
 training-loop wrappers ``ddp``, ``optim`` and ``data``, and its ``parameter_server``.
+Importing it refuses an unsupported torch (``torch_version``).
 
 The public names of torchft 0.2.0 are importable from here (``from torchtitan_ft import Manager``)
 and from their modules; see docs/torchft_mapping.md. Attributes load lazily so that the
@@ -17,6 +18,10 @@ import os
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from torchtitan_ft._lazy import lazy_exports
+from torchtitan_ft.torch_version import check_installed_torch
+
+# An unsupported torch stops here, in one line, before any module uses its internals.
+check_installed_torch()
 
 _PUBLIC = {
     "LighthouseServer": "torchtitan_ft.lighthouse",

@@ -135,3 +135,23 @@ def test_our_manager_server_uses_torchft_lighthouse_and_torchft_client() -> None
         lighthouse.shutdown()
     assert (result.replica_rank, result.max_step, result.store_address) == (0, 7, "127.0.0.1:29501")
     assert result.replica_ids[0].startswith("ours")
+
+
+def test_reconfigure_handles_pass_our_lighthouse_where_torchft_0_2_0s_drops_them() -> None:
+    """torchft-nightly's QuorumMember field 9: our lighthouse issues it back in the quorum;
+    torchft 0.2.0's does not know it and issues the member without it."""
+    issued = {}
+    for name, server in [
+        ("ours", LighthouseServer(bind="127.0.0.1:0", min_replicas=1)),
+        ("torchft", torchft.LighthouseServer(bind="127.0.0.1:0", min_replicas=1)),
+    ]:
+        try:
+            client = LighthouseClient(server.address())
+            quorum, _ = client.quorum_with_speeds(
+                "r", T, world_size=2, reconfigure_handles=["h0", "h1"]
+            )
+            client.close()
+        finally:
+            server.shutdown()
+        issued[name] = quorum.participants[0].reconfigure_handles
+    assert issued == {"ours": ("h0", "h1"), "torchft": ()}

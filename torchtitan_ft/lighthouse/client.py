@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -124,9 +125,12 @@ class LighthouseClient:
         data: dict[str, Any] | None = None,
         commit_failures: int = 0,
         progress: pb.GroupProgress | None = None,
+        reconfigure_handles: Sequence[str] = (),
     ) -> tuple[Quorum, dict[str, GroupSpeed]]:
-        """``quorum``, sending the group's recent step timings (``progress``) and returning
-        the groups' speeds as the lighthouse judges them too (none from torchft's lighthouse).
+        """``quorum``, sending the group's recent step timings (``progress``) and its ranks'
+        process-group handles (``reconfigure_handles``, group-rank order; torchft 0.2.0's
+        lighthouse drops them), and returning the groups' speeds as the lighthouse judges them
+        too (none from torchft's lighthouse).
         """
         request = _quorum_request(
             replica_id,
@@ -138,6 +142,7 @@ class LighthouseClient:
             data=data,
             commit_failures=commit_failures,
             progress=progress,
+            reconfigure_handles=reconfigure_handles,
         )
         deadline = time.monotonic() + timeout.total_seconds()
         while (remaining := deadline - time.monotonic()) > 0:
@@ -274,6 +279,7 @@ class AsyncLighthouseClient:
         data: dict[str, Any] | None = None,
         commit_failures: int = 0,
         progress: pb.GroupProgress | None = None,
+        reconfigure_handles: Sequence[str] = (),
     ) -> tuple[Quorum, dict[str, GroupSpeed]]:
         """As ``LighthouseClient.quorum_with_speeds``."""
         request = _quorum_request(
@@ -286,6 +292,7 @@ class AsyncLighthouseClient:
             data=data,
             commit_failures=commit_failures,
             progress=progress,
+            reconfigure_handles=reconfigure_handles,
         )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout.total_seconds()
@@ -405,6 +412,7 @@ def _quorum_request(
     data: dict[str, Any] | None,
     commit_failures: int,
     progress: pb.GroupProgress | None,
+    reconfigure_handles: Sequence[str],
 ) -> pb.LighthouseQuorumRequest:
     member = QuorumMember(
         replica_id=replica_id,
@@ -415,6 +423,7 @@ def _quorum_request(
         shrink_only=shrink_only,
         data=data,
         commit_failures=commit_failures,
+        reconfigure_handles=tuple(reconfigure_handles),
     )
     return pb.LighthouseQuorumRequest(requester=member.to_proto(), progress=progress)
 

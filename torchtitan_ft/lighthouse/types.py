@@ -30,6 +30,9 @@ class QuorumMember:
         data: user data sent with the request (JSON-serializable), or None.
         commit_failures: consecutive failed commits it reports; a positive count makes the
             lighthouse issue a new quorum id.
+        reconfigure_handles: one opaque process-group handle per group rank, in group-rank
+            order (torchft-nightly's reconfigurable process groups); empty when the group's
+            ranks sent none. The lighthouse passes them through unchanged.
     """
 
     replica_id: str
@@ -42,6 +45,7 @@ class QuorumMember:
     shrink_only: bool = False
     data: dict[str, Any] | None = field(default=None, compare=True)
     commit_failures: int = 0
+    reconfigure_handles: tuple[str, ...] = ()
 
     def to_proto(self) -> pb.QuorumMember:
         return pb.QuorumMember(
@@ -53,6 +57,7 @@ class QuorumMember:
             shrink_only=self.shrink_only,
             data=json.dumps(self.data) if self.data is not None else "",
             commit_failures=self.commit_failures,
+            reconfigure_handles=self.reconfigure_handles,
         )
 
     @classmethod
@@ -78,6 +83,7 @@ class QuorumMember:
             shrink_only=msg.shrink_only,
             data=data,
             commit_failures=msg.commit_failures,
+            reconfigure_handles=tuple(msg.reconfigure_handles),
         )
 
 

@@ -111,12 +111,16 @@ class ManagerClient:
         commit_failures: int = 0,
         init_sync: bool = True,
         progress: pb.GroupProgress | None = None,
+        reconfigure_handle: str = "",
     ) -> QuorumResult:
         """Joins this step's quorum round; returns this group rank's view of the quorum.
 
         Same argument order as torchft 0.2.0's ``ManagerClient._quorum``; prefer keywords.
         ``progress``: this rank's recent step timings, for the straggler report (a torchft
-        0.2.0 server ignores them).
+        0.2.0 server ignores them). ``reconfigure_handle``: this rank's process-group handle
+        (torchft-nightly's ``get_reconfigure_handle``), "" for none; the answer's
+        ``reconfigure_handles`` are then its cross-group group's (a torchft 0.2.0 server
+        ignores it and answers none).
         """
         request = pb.ManagerQuorumRequest(
             group_rank=group_rank,
@@ -126,6 +130,7 @@ class ManagerClient:
             init_sync=init_sync,
             commit_failures=commit_failures,
             progress=progress,
+            reconfigure_handle=reconfigure_handle,
         )
         session = self._sessions.get(group_rank, NEW_SESSION)
         metadata = [*self._rank_metadata, (SESSION_METADATA, session)]

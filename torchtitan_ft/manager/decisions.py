@@ -51,6 +51,9 @@ class QuorumResult:
     """Highest ``commit_failures`` reported by any member."""
     replica_ids: list[str] = field(hash=False)
     """Member replica ids in replica-rank order."""
+    reconfigure_handles: list[str] = field(default_factory=list, hash=False)
+    """The process-group handles of this group rank's cross-group group, one per member in
+    replica-rank order (``cross_group_handles``); empty when a member sent none for it."""
     speed: GroupSpeed | None = None
     """This group's speed as the lighthouse judges it (the straggler report); None from a
     torchft 0.2.0 lighthouse or manager server."""
@@ -68,6 +71,7 @@ class QuorumResult:
             heal=self.heal,
             commit_failures=self.commit_failures,
             replica_ids=self.replica_ids,
+            reconfigure_handles=self.reconfigure_handles,
             speed=self.speed.to_proto() if self.speed is not None else None,
         )
         # proto3 ``optional``: presence must be explicit, also when the value is 0.
@@ -95,6 +99,7 @@ class QuorumResult:
             heal=msg.heal,
             commit_failures=msg.commit_failures,
             replica_ids=list(msg.replica_ids),
+            reconfigure_handles=list(msg.reconfigure_handles),
             speed=GroupSpeed.from_proto(msg.speed) if msg.HasField("speed") else None,
         )
 
@@ -159,7 +164,21 @@ def compute_quorum_results(
         heal=src is not None,
         commit_failures=max(m.commit_failures for m in members),
         replica_ids=replica_ids,
+        reconfigure_handles=cross_group_handles(members, group_rank),
     )
+
+
+def cross_group_handles(members: list[QuorumMember], group_rank: int) -> list[str]:
+    """Group rank ``group_rank``'s handle of each member of ``members`` (in their order): the
+    handles a torchft-nightly process group reconfigures with, its own at its replica rank.
+    Empty unless every member sent a non-empty handle for that rank (a torchft 0.2.0 member or
+    a group whose ranks sent none has no place in such a group; a partial list would seat the
+    wrong ranks)."""
+    handles = [
+        m.reconfigure_handles[group_rank] if group_rank < len(m.reconfigure_handles) else ""
+        for m in members
+    ]
+    return handles if all(handles) else []
 
 
 def _must_recover(

@@ -91,6 +91,8 @@ class Joined:
     """Whether the rank heals at step 0 (its answer depends on it; the round does not)."""
     progress: pb.GroupProgress | None = None
     """The rank's recent step timings, passed on to the lighthouse (straggler report)."""
+    reconfigure_handle: str = ""
+    """The rank's process-group handle (torchft-nightly's clients); "" for none."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,6 +130,12 @@ def _same_session(a: str | None, b: str | None) -> bool:
     if a is None or b is None or NEW_SESSION in (a, b):
         return False
     return hmac.compare_digest(a.encode(), b.encode())
+
+
+def _handles(calls: Mapping[int, Joined]) -> tuple[str, ...]:
+    """``Ask.reconfigure_handles`` of a full round's ``calls``."""
+    handles = tuple(calls[rank].reconfigure_handle for rank in sorted(calls))
+    return handles if all(handles) else ()
 
 
 def _same_client(a: Joined, b: Joined) -> bool:
@@ -181,6 +189,9 @@ class Ask:
     """Whether any rank asked for a shrink-only quorum."""
     commit_failures: int
     """The most consecutive commit failures any rank reported."""
+    reconfigure_handles: tuple[str, ...] = ()
+    """The ranks' process-group handles in group-rank order, sent to the lighthouse as the
+    member's; empty unless every rank sent one (a partial list would seat the wrong ranks)."""
 
 
 @dataclass(frozen=True)
@@ -311,6 +322,7 @@ class GroupRounds:
             step=max(c.step for c in calls),
             shrink_only=any(c.shrink_only for c in calls),
             commit_failures=max(c.commit_failures for c in calls),
+            reconfigure_handles=_handles(rnd.calls),
         )
 
     def joining(self) -> list[int]:

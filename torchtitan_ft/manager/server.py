@@ -560,6 +560,7 @@ class ManagerServer:
             checkpoint_metadata=request.checkpoint_metadata,
             init_sync=request.init_sync,
             progress=request.progress if request.HasField("progress") else None,
+            reconfigure_handle=request.reconfigure_handle,
         )
         decision = self._rounds.join(call)
         self._changed()
@@ -656,6 +657,7 @@ class ManagerServer:
                     group_progress(call.progress for call in ask.calls.values()),
                     self._prober.take(),
                 ),
+                reconfigure_handles=ask.reconfigure_handles,
                 budget_s=budget_s,
                 outage=outage,
             )
@@ -718,6 +720,7 @@ class ManagerServer:
         shrink_only: bool,
         commit_failures: int,
         progress: pb.GroupProgress | None,
+        reconfigure_handles: tuple[str, ...],
         budget_s: float,
         outage: OutageRound,
     ) -> tuple[Quorum, GroupSpeed | None]:
@@ -751,6 +754,7 @@ class ManagerServer:
                     data=data,
                     commit_failures=commit_failures,
                     progress=progress,
+                    reconfigure_handles=reconfigure_handles,
                 )
                 if outage.quorum is None:
                     quorum, speeds = await asked
@@ -1037,6 +1041,7 @@ class LocalManagerClient:
         commit_failures: int = 0,
         init_sync: bool = True,
         progress: pb.GroupProgress | None = None,
+        reconfigure_handle: str = "",
     ) -> QuorumResult:
         """As ``ManagerClient._quorum``."""
         request = pb.ManagerQuorumRequest(
@@ -1047,6 +1052,7 @@ class LocalManagerClient:
             init_sync=init_sync,
             commit_failures=commit_failures,
             progress=progress,
+            reconfigure_handle=reconfigure_handle,
         )
         context = _LocalContext(
             time.monotonic() + timeout.total_seconds(), self._sessions.get(group_rank)
