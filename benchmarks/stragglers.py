@@ -71,7 +71,7 @@ from torchtitan_ft.testing import netns
 from torchtitan_ft.testing.cpulimit import CpuLimit
 from torchtitan_ft.testing.mlp import BATCH_SIZE, WorkerConfig, spawn_rank
 from torchtitan_ft.testing.processes import descendants
-from torchtitan_ft.titan.releases.job import FaultTolerance, TitanJob, command
+from torchtitan_ft.titan.releases.job import FtGroup, TitanJob, command
 
 WARMUP_STEPS = StragglerOptions().window + 3
 """Steps before the limits: the lighthouse holds a full window of every group's steady-state
@@ -134,7 +134,7 @@ def _spawn_titan(
         dump_folder=folder / f"titan_{i}",
         steps=100000,
         config_file=ROOT / "configs" / "debug_ft_cpu.toml",
-        ft=FaultTolerance(replica_id=i, group_size=args.groups, lighthouse=lighthouse),
+        ft=FtGroup(replica_id=i, group_size=args.groups, lighthouse=lighthouse),
         events_dir=events,
         env={"LOG_RANK": "0"},
     )

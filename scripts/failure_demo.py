@@ -75,7 +75,7 @@ from torchtitan_ft.events import EventKind, HealOutcome, read_events
 from torchtitan_ft.testing.chaos import commit_log_path, longest_gap, read_commit_log
 from torchtitan_ft.testing.processes import LighthouseProcess, descendants, free_port
 from torchtitan_ft.titan import releases
-from torchtitan_ft.titan.releases.job import FaultTolerance, TitanJob, command
+from torchtitan_ft.titan.releases.job import FtGroup, TitanJob, command
 
 ROOT = Path(__file__).resolve().parents[1]
 LIGHTHOUSE_KILL = "lighthouse SIGKILL"
@@ -224,7 +224,7 @@ class TitanGroup:
             dump_folder=self.args.out / f"dump_group{self.replica}_{number}",
             steps=self.args.steps,
             config_file=ROOT / "configs" / "debug_ft_cpu.toml",
-            ft=FaultTolerance(
+            ft=FtGroup(
                 replica_id=self.replica,
                 group_size=self.args.groups,
                 lighthouse=self.lighthouse,

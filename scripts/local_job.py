@@ -31,7 +31,7 @@ from pathlib import Path
 
 from torchtitan_ft.lighthouse import LighthouseClient
 from torchtitan_ft.titan import releases
-from torchtitan_ft.titan.releases.job import FaultTolerance, TitanJob, command
+from torchtitan_ft.titan.releases.job import FtGroup, TitanJob, command
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUPS = 2
@@ -93,7 +93,7 @@ def main() -> None:
                 module="llama3",
                 config="llama3_debugmodel",
                 ngpu=args.ngpu,
-                ft=FaultTolerance(replica_id=replica, group_size=GROUPS, lighthouse=addr),
+                ft=FtGroup(replica_id=replica, group_size=GROUPS, lighthouse=addr),
                 flags=tuple(extra),
                 env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
             )

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from torchtitan_ft.titan.releases import Release, installed
-from torchtitan_ft.titan.releases.job import RUN_TRAIN, FaultTolerance, TitanJob, command
+from torchtitan_ft.titan.releases.job import RUN_TRAIN, FtGroup, TitanJob, command
 
 TOML = Path("/configs/debug_ft_cpu.toml")
-FT = FaultTolerance(
+FT = FtGroup(
     replica_id=1,
     group_size=3,
     lighthouse="http://127.0.0.1:4000",
@@ -91,7 +91,7 @@ def test_the_config_as_each_release_names_it(
 def test_the_job_s_own_environment_wins_and_the_prefix_goes_first() -> None:
     job = TitanJob(
         ngpu=2,
-        ft=FaultTolerance(replica_id=0),
+        ft=FtGroup(replica_id=0),
         train_file="torchtitan_ft.testing.titan_dump",
         env={"OMP_NUM_THREADS": "4", "NGPU": "3"},
         prefix=("ip", "netns", "exec", "h0"),

@@ -38,7 +38,7 @@ DUMP_FOLDER_FLAG = {Release.V0_2: "--job.dump_folder", Release.V0_3: "--dump_fol
 
 
 @dataclass(frozen=True)
-class FaultTolerance:
+class FtGroup:
     """The replica group's place in a fault-tolerant job: ``--fault_tolerance.enable`` and
     the fields below (None: the config's value; docs/configuration.md has each field)."""
 
@@ -93,7 +93,7 @@ class TitanJob:
     """The config's name (``CONFIG``), as ``module``."""
     ngpu: int = 1
     """Processes of the job on this machine (``NGPU``; on a CPU, gloo processes)."""
-    ft: FaultTolerance | None = None
+    ft: FtGroup | None = None
     """The replica group's fault-tolerance fields; None: none passed (the config's)."""
     events_dir: Path | None = None
     """Where the group's Managers write their event streams (``TORCHFT_EVENTS_DIR``)."""
