@@ -4,7 +4,9 @@ the code that differs between them (docs/titan.md, "TorchTitan releases"):
 * :mod:`~torchtitan_ft.titan.releases.v0_2`: TorchTitan 0.2.2 (TOML configs, ``JobConfig``,
   ``TrainSpec``); the rest of ``titan/`` is written against it and stays release-neutral;
 * :mod:`~torchtitan_ft.titan.releases.v0_3`: TorchTitan 0.3.0 (``--module``/``--config`` config
-  registries, tyro, ``Trainer.Config`` dataclasses that ``build()`` their components).
+  registries, tyro, ``Trainer.Config`` dataclasses that ``build()`` their components);
+* :mod:`~torchtitan_ft.titan.releases.job`: a job this project's tools launch, spelled as
+  either release's ``run_train.sh`` command (the releases' command-line differences).
 
 The release is chosen by what is installed (``importlib.metadata``), never configured;
 ``python -m torchtitan_ft.titan.releases`` prints its name (run_train.sh reads it).
