@@ -71,6 +71,7 @@ from torchtitan_ft.testing import netns
 from torchtitan_ft.testing.cpulimit import CpuLimit
 from torchtitan_ft.testing.mlp import BATCH_SIZE, WorkerConfig, spawn_rank
 from torchtitan_ft.testing.processes import descendants
+from torchtitan_ft.titan.releases.job import FtGroup, TitanJob, command
 
 WARMUP_STEPS = StragglerOptions().window + 3
 """Steps before the limits: the lighthouse holds a full window of every group's steady-state
@@ -129,24 +130,16 @@ def _tree(pid: int) -> list[int]:
 def _spawn_titan(
     args: argparse.Namespace, i: int, lighthouse: str, folder: Path, events: Path
 ) -> _Job:
-    env = {
-        **os.environ,
-        "NGPU": "1",
-        "LOG_RANK": "0",
-        "PYTHON": sys.executable,
-        "OMP_NUM_THREADS": "1",
-        "CONFIG_FILE": str(ROOT / "configs" / "debug_ft_cpu.toml"),
-        "TORCHFT_LIGHTHOUSE": lighthouse,
-        "TORCHFT_EVENTS_DIR": str(events),
-    }
-    command = [
-        str(ROOT / "run_train.sh"),
-        *("--training.steps", "100000", "--job.dump_folder", str(folder / f"titan_{i}")),
-        f"--fault_tolerance.replica_id={i}",
-        f"--fault_tolerance.group_size={args.groups}",
-    ]
+    job = TitanJob(
+        dump_folder=folder / f"titan_{i}",
+        steps=100000,
+        config_file=ROOT / "configs" / "debug_ft_cpu.toml",
+        ft=FtGroup(replica_id=i, group_size=args.groups, lighthouse=lighthouse),
+        events_dir=events,
+        env={"LOG_RANK": "0"},
+    )
     with (folder / f"titan_{i}.log").open("wb") as log:
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = command(job).popen(stdout=log, stderr=subprocess.STDOUT)
     return _Job(proc)
 
 

@@ -66,6 +66,8 @@ from typing import Any
 
 from benchmarks import machine
 from torchtitan_ft.testing.netns import INTERFACE, Host, HostNetwork, limit_unavailable_reason
+from torchtitan_ft.titan.releases import Release, installed, installed_version
+from torchtitan_ft.titan.releases.job import TitanJob, command
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP_TAG = "time_metrics/end_to_end(s)"
@@ -85,9 +87,7 @@ release other than this Python's."""
 
 def release_python(release: str | None) -> str:
     """The Python that runs ``release``'s jobs (None: this one's)."""
-    from torchtitan_ft.titan import releases
-
-    if release is None or release == releases.installed_version():
+    if release is None or release == installed_version():
         return sys.executable
     python = RELEASE_PYTHONS[release]
     if not python.exists():
@@ -95,23 +95,6 @@ def release_python(release: str | None) -> str:
             f"--releases {release}: no {python} (scripts/install_torchtitan_env.sh {release})"
         )
     return str(python)
-
-
-DUMP_FOLDER_FLAG = {"0.2.2": "--job.dump_folder", "0.3.0": "--dump_folder"}
-"""The dump-folder flag of each release (0.3.0 moved it out of ``[job]``)."""
-
-
-def _release_args(release: str, config: str) -> tuple[dict[str, str], str]:
-    """(environment, dump-folder flag) that run ``configs/<config>`` on ``release``: the TOML
-    file as ``CONFIG_FILE`` on both (on 0.3.0 over the registry config its ``[model]`` names,
-    as ``--job.config_file``)."""
-    return {"CONFIG_FILE": str(ROOT / "configs" / config)}, DUMP_FOLDER_FLAG[release]
-
-
-def _installed() -> str:
-    from torchtitan_ft.titan import releases
-
-    return releases.installed().value
 
 
 def _launch(
@@ -124,36 +107,21 @@ def _launch(
     host: Host | None = None,
     release: str | None = None,
 ) -> Any:
-    """``run_train.sh`` (inside ``host`` when given, else here) with ``release``'s Python."""
-    release_env, dump_flag = _release_args(release or _installed(), config)
-    full_env = {
-        **os.environ,
-        "NGPU": str(ngpu),
-        "LOG_RANK": "0",
-        "PYTHON": release_python(release),
-        "OMP_NUM_THREADS": "1",
-        **release_env,
-        **env,
-    }
-    command = [
-        *(host.command([]) if host is not None else []),
-        str(ROOT / "run_train.sh"),
-        "--training.steps",
-        str(steps),
-        dump_flag,
-        str(dump),
-        "--metrics.enable_tensorboard",
-        "--metrics.log_freq=1",
-        *args,
-    ]
-    return subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    """``run_train.sh`` of ``configs/<config>`` (inside ``host`` when given, else here) with
+    ``release``'s Python (None: this one's): the TOML file as ``CONFIG_FILE`` on both releases
+    (on 0.3.0 over the registry config its ``[model]`` names)."""
+    job = TitanJob(
+        dump_folder=dump,
+        steps=steps,
+        config_file=ROOT / "configs" / config,
+        ngpu=ngpu,
+        python=release_python(release),
+        flags=("--metrics.enable_tensorboard", "--metrics.log_freq=1", *args),
+        env={"LOG_RANK": "0", **env},
+        prefix=tuple(host.command([])) if host is not None else (),
     )
+    named = None if release is None else Release(release)
+    return command(job, named).popen(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _finish(proc: Any, timeout: float) -> None:
@@ -466,7 +434,7 @@ def main(argv: list[str] | None = None) -> dict:
         return links_main(args, parser)
 
     work = Path(tempfile.mkdtemp(prefix="titan_step_"))
-    chosen = args.releases or [_installed()]
+    chosen = args.releases or [installed().value]
     kinds = [(rel, dtype, job) for rel in chosen for dtype in args.dtypes for job in JOBS]
     steps: dict[tuple[str, str, str], list[float]] = {kind: [] for kind in kinds}
     cpu_s: dict[tuple[str, str, str], float] = dict.fromkeys(kinds, 0.0)

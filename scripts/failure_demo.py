@@ -36,6 +36,8 @@ At the end it writes to ``--out``:
 * ``summary.txt`` (also printed): steps committed, failures survived, stall after each failure,
   heal time (restart to healed) and heal transfer size and time, the lighthouse's downtime and
   the first commit after it came back;
+* ``summary.json``: the same verdict as data (``summary_data``): each fault injected, whether
+  the job committed after it, the step a killed group's restart healed to, the problems;
 * ``faults.json``: the faults injected and the restarts, with times and the job's step;
 * the logs: ``lighthouse.log``, one log per replica-group process, and the event streams;
 * with ``--page_snapshots``, ``page/<n>_<moment>.html`` (the lighthouse's status page as
@@ -69,9 +71,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchtitan_ft.events import EVENTS_DIR_ENV, EventKind, HealOutcome, read_events
+from torchtitan_ft.events import EventKind, HealOutcome, read_events
 from torchtitan_ft.testing.chaos import commit_log_path, longest_gap, read_commit_log
 from torchtitan_ft.testing.processes import LighthouseProcess, descendants, free_port
+from torchtitan_ft.titan import releases
+from torchtitan_ft.titan.releases.job import FtGroup, TitanJob, command
 
 ROOT = Path(__file__).resolve().parents[1]
 LIGHTHOUSE_KILL = "lighthouse SIGKILL"
@@ -216,28 +220,23 @@ class TitanGroup:
         number = len(self.incarnations)
         log = self.args.out / f"group{self.replica}_{number}.log"
         events = events_folder(self.args.out, self.replica, number)
-        env = {
-            **os.environ,
-            "NGPU": "1",
-            "PYTHON": sys.executable,
-            "OMP_NUM_THREADS": "1",
-            "CONFIG_FILE": str(ROOT / "configs" / "debug_ft_cpu.toml"),
-            "TORCHFT_LIGHTHOUSE": self.lighthouse,
-            "MASTER_ADDR": "127.0.0.1",
-            EVENTS_DIR_ENV: str(events),
-        }
-        cmd = [
-            str(ROOT / "run_train.sh"),
-            f"--fault_tolerance.replica_id={self.replica}",
-            f"--fault_tolerance.group_size={self.args.groups}",
-            f"--fault_tolerance.min_replica_size={self.args.min_replicas}",
-            # a survivor short of min_replicas waits this long for the restarted group
-            f"--fault_tolerance.quorum_timeout_ms={int(self.args.recovery_timeout_s * 1000)}",
-            f"--training.steps={self.args.steps}",
-            f"--job.dump_folder={self.args.out / f'dump_group{self.replica}_{number}'}",
-        ]
+        job = TitanJob(
+            dump_folder=self.args.out / f"dump_group{self.replica}_{number}",
+            steps=self.args.steps,
+            config_file=ROOT / "configs" / "debug_ft_cpu.toml",
+            ft=FtGroup(
+                replica_id=self.replica,
+                group_size=self.args.groups,
+                lighthouse=self.lighthouse,
+                min_replica_size=self.args.min_replicas,
+                # a survivor short of min_replicas waits this long for the restarted group
+                quorum_timeout_ms=int(self.args.recovery_timeout_s * 1000),
+            ),
+            events_dir=events,
+            env={"MASTER_ADDR": "127.0.0.1"},
+        )
         with open(log, "wb") as f:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+            self.proc = command(job).popen(stdout=f, stderr=subprocess.STDOUT)
         self.incarnations.append(Incarnation(self.replica, number, time.time(), log, events))
 
     def alive(self) -> bool:
@@ -638,6 +637,38 @@ def problems(demo: Demo) -> list[str]:
     )
 
 
+def summary_data(demo: Demo) -> dict[str, Any]:
+    """What ``summary.json`` holds: the run's setting, the faults scheduled and, per fault
+    injected, whether the job committed after it (``survived``) and, for a group SIGKILLed,
+    the step its restarted process healed to (None: no heal seen); ``problems`` as the exit
+    status judges them (empty: exit 0)."""
+    commits = demo.commits()
+    faults = []
+    for e in (e for e in demo.actions if e.kind in FAILURES):
+        fault = {
+            "kind": e.kind,
+            "replica": e.replica,
+            "step": e.step,
+            "time_s": round(e.time - demo.started, 3),
+            "survived": any(p.time > e.time for p in commits),
+        }
+        if e.kind == "SIGKILL":
+            later = [x for x in demo.groups[e.replica].incarnations if x.started >= e.time]
+            heals = later[0].heals if later else []
+            fault["healed_to_step"] = heals[0].step if heals else None
+        faults.append(fault)
+    return {
+        "model": demo.args.model,
+        "torchtitan": releases.installed_version() if demo.args.model == "titan" else None,
+        "groups": demo.args.groups,
+        "steps": demo.args.steps,
+        "steps_committed": max((p.step for p in commits), default=0),
+        "faults_scheduled": list(demo.args.faults),
+        "faults": faults,
+        "problems": problems(demo),
+    }
+
+
 def _size(megabytes: float) -> str:
     return f"{megabytes:.1f} MB" if megabytes >= 1 else f"{megabytes * 1e3:.1f} kB"
 
@@ -886,6 +917,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.refresh()
     summary = summarize(demo)
     (args.out / "summary.txt").write_text(summary + "\n")
+    (args.out / "summary.json").write_text(json.dumps(summary_data(demo), indent=1) + "\n")
     (args.out / "faults.json").write_text(
         json.dumps([e.__dict__ for e in demo.actions], indent=1) + "\n"
     )

@@ -2,7 +2,8 @@
 TorchTitan's llama3 debug model with fault tolerance on CPU, on the TorchTitan release this
 Python has (``torchtitan_ft.titan.releases``; ``./run_local.sh`` installs 0.3.0 unless
 ``TORCHTITAN_VERSION=0.2.2``): on 0.3.0 the registry's ``llama3_debugmodel`` in the shape of
-0.2.2's ``configs/debug_ft_cpu.toml``, on 0.2.2 that file (each release's ``local_job``).
+0.2.2's ``configs/debug_ft_cpu.toml``, on 0.2.2 that file (one ``TitanJob`` of
+``torchtitan_ft.titan.releases.job``, spelled for the release).
 
 Each replica group is its own ``run_train.sh`` (torchrun) job. Every line starts with one prefix
 naming its source: a trainer's log lines with the trainer's ``[replica=<id> rank=<r>
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from torchtitan_ft.lighthouse import LighthouseClient
 from torchtitan_ft.titan import releases
+from torchtitan_ft.titan.releases.job import FtGroup, TitanJob, command
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUPS = 2
@@ -85,24 +87,19 @@ def main() -> None:
             flush=True,
         )
         for replica in range(GROUPS):
-            config_env, train_args = release.module.local_job(
-                ROOT,
-                [f"--fault_tolerance.replica_id={replica}",
-                 f"--fault_tolerance.group_size={GROUPS}", f"--training.steps={args.steps}",
-                 *extra],
-            )  # fmt: skip
-            env = {
-                **os.environ,
-                **config_env,
-                "PYTHON": sys.executable,  # run_train.sh trains on this Python's release
-                "NGPU": str(args.ngpu),
-                "TORCHFT_LIGHTHOUSE": addr,
-                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-            }
-            proc = subprocess.Popen(
-                [str(ROOT / "run_train.sh"), *train_args],
-                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )  # fmt: skip
+            job = TitanJob(
+                steps=args.steps,
+                config_file=ROOT / "configs" / "debug_ft_cpu.toml",
+                module="llama3",
+                config="llama3_debugmodel",
+                ngpu=args.ngpu,
+                ft=FtGroup(replica_id=replica, group_size=GROUPS, lighthouse=addr),
+                flags=tuple(extra),
+                env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+            )
+            proc = command(job, release).popen(
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
             groups.append(proc)
             prefixed = functools.partial(one_prefix, replica)
             threading.Thread(target=relay, args=(proc, prefixed), daemon=True).start()

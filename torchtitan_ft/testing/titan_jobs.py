@@ -28,14 +28,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from torchtitan_ft.events import EVENTS_DIR_ENV, Event, EventKind, read_events
+from torchtitan_ft.events import Event, EventKind, read_events
 from torchtitan_ft.testing.processes import descendants
-from torchtitan_ft.titan import releases
-
-ON_0_3 = releases.installed() is releases.Release.V0_3
-"""These tests run on TorchTitan 0.3.0 (tests/titan030, in the venv of
-``scripts/install_torchtitan_env.sh 0.3.0``), not 0.2.2."""
-DUMP_FOLDER_FLAG = "--dump_folder" if ON_0_3 else "--job.dump_folder"
+from torchtitan_ft.titan.releases.job import TitanJob
+from torchtitan_ft.titan.releases.job import command as titan_command
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -282,30 +278,23 @@ class TrainRun(LoggedProcess):
         """Where :meth:`collect_core` puts a core this run's processes left."""
         self.events_dir = dump_folder / "events" / f"run{number}"
         self.rank_logs = dump_folder / f"run{number}_ranks"
-        # One OpenMP thread per process (torchrun does this itself for NGPU > 1): on 2 shared
-        # cores a 2-thread process spin-waits behind other jobs.
-        full_env = {
-            **os.environ,
-            EVENTS_DIR_ENV: str(self.events_dir),
-            "NGPU": str(ngpu),
-            "LOG_RANK": log_rank,
-            "PYTHON": sys.executable,
-            "OMP_NUM_THREADS": "1",
-            "PET_LOG_DIR": str(self.rank_logs),  # torchrun's --log-dir
-            **(env or {}),
-        }
         cores_on = ["bash", "-c", _CORES_ON] if self.core_name is not None else []
-        command = [
-            *prefix,
-            *cores_on,
-            str(ROOT / "run_train.sh"),
-            "--training.steps",
-            str(steps),
-            DUMP_FOLDER_FLAG,
-            str(dump_folder),
-            *args,
-        ]
-        super().__init__(name, command, full_env, log_file=dump_folder / f"run{number}.log")
+        job = TitanJob(
+            dump_folder=dump_folder,
+            steps=steps,
+            ngpu=ngpu,
+            events_dir=self.events_dir,
+            flags=args,
+            env={
+                "LOG_RANK": log_rank,
+                "PET_LOG_DIR": str(self.rank_logs),  # torchrun's --log-dir
+                **(env or {}),
+            },
+            prefix=(*prefix, *cores_on),
+        )
+        launch = titan_command(job)
+        log_file = dump_folder / f"run{number}.log"
+        super().__init__(name, launch.argv, launch.environ(), log_file=log_file)
 
     def excerpt(self, lines: int = 150, head: int = 40) -> str:
         """:meth:`LoggedProcess.excerpt`, then the start of every fatal error in the ranks'

@@ -9,7 +9,9 @@ releases lives (docs/titan.md, "TorchTitan releases"):
   registries, tyro, ``Trainer.Config`` dataclasses that ``build()`` their components), with its
   own parse, TOML reader, trainer and entry point, and TorchTitan's own trainers on a CPU;
 * :mod:`~torchtitan_ft.titan.releases.commands`: run_train.sh's choice of trainer module on
-  0.3.0 (a 0.2.x ``TRAIN_FILE`` stops with one line giving the 0.3.0 form).
+  0.3.0 (a 0.2.x ``TRAIN_FILE`` stops with one line giving the 0.3.0 form);
+* :mod:`~torchtitan_ft.titan.releases.job`: a job this project's tools launch, spelled as
+  either release's ``run_train.sh`` command (the releases' command-line differences).
 
 The rest of ``titan/`` (replica axis, healing, data ledger, semi-sync, metrics, the trainer
 hooks both releases mix in) does not look at the release.

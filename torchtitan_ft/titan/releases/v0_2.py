@@ -5,7 +5,6 @@ command-line parse, ``FaultTolerantTrainer``, ``train.main``) is 0.2.2's own sha
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,7 +14,6 @@ from torchtitan.config import JobConfig as JobConfigBase
 __all__ = [
     "FaultToleranceBase",
     "JobConfigBase",
-    "local_job",
     "meta_model",
     "trainer_class",
     "wait_for_checkpoint_save",
@@ -51,11 +49,3 @@ def wait_for_checkpoint_save(checkpointer: Any) -> None:
     """Block until TorchTitan's ``CheckpointManager`` finished its async save, if one runs."""
     if checkpointer.enable and getattr(checkpointer, "save_future", None) is not None:
         checkpointer._async_wait()
-
-
-def local_job(root: Path, group_flags: list[str]) -> tuple[dict[str, str], list[str]]:
-    """``./run_local.sh``'s replica group (``scripts/local_job.py``) on 0.2.2: the environment
-    and the arguments of its ``run_train.sh``, the llama3 debug model with fault tolerance on
-    CPU (``configs/debug_ft_cpu.toml`` under ``root``) and ``group_flags`` (the group's and
-    the user's flags)."""
-    return {"CONFIG_FILE": str(root / "configs" / "debug_ft_cpu.toml")}, list(group_flags)

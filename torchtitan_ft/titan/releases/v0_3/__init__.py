@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +20,6 @@ from torchtitan.trainer import Trainer
 __all__ = [
     "FaultToleranceBase",
     "JobConfigBase",
-    "local_job",
     "main",
     "meta_model",
     "trainer_class",
@@ -71,15 +69,3 @@ def trainer_class() -> type:
 def wait_for_checkpoint_save(checkpointer: Any) -> None:
     """Block until TorchTitan's checkpoint manager finished its async save, if one runs."""
     checkpointer.maybe_wait_for_saving()
-
-
-def local_job(root: Path, group_flags: list[str]) -> tuple[dict[str, str], list[str]]:
-    """``./run_local.sh``'s replica group (``scripts/local_job.py``) on 0.3.0: the environment
-    and the arguments of its ``run_train.sh``, the registry's ``llama3`` ``llama3_debugmodel``
-    overridden by 0.2.2's local-job config (``configs/debug_ft_cpu.toml`` under ``root``, which
-    ``run_train.sh`` passes as ``--job.config_file``) and ``group_flags`` (the group's and the
-    user's flags)."""
-    config_file = str(root / "configs" / "debug_ft_cpu.toml")
-    return {"MODULE": "llama3", "CONFIG": "llama3_debugmodel", "CONFIG_FILE": config_file}, list(
-        group_flags
-    )
