@@ -45,7 +45,7 @@ Methods, in this order, under the same schedule (times after launch):
   ranks ``g * ranks`` on) in a cgroup of the per-group quota, as the FT groups: a cgroup weighs
   as one process against the machine's other processes, so the split matters under load.
 
-Faults (``testing.chaos.fault_schedule``: seeded, exponential intervals of mean
+Faults (``testing.faults.fault_schedule``: seeded, exponential intervals of mean
 ``--mean-interval``, kinds in shuffled rounds): SIGKILL of one rank; SIGSTOP of one rank for
 ``--hang-s`` (longer than the process-group timeout), then SIGCONT; a group's link down for
 ``--link-down-s``; the lighthouse SIGKILLed and restarted after ``--lighthouse-down-s``; a group
@@ -95,14 +95,9 @@ from benchmarks import machine
 from benchmarks._reference import REFERENCE_DIR, RUNTIME_DEPS_DIR
 from torchtitan_ft.events import EVENTS_DIR_ENV, EventKind, read_events
 from torchtitan_ft.testing import netns
-from torchtitan_ft.testing.chaos import (
-    Fault,
-    FaultKind,
-    fault_schedule,
-    ledger_check,
-    time_to_samples,
-)
 from torchtitan_ft.testing.cpulimit import CpuLimit
+from torchtitan_ft.testing.faults import DEFAULT_KINDS, Fault, FaultKind, fault_schedule
+from torchtitan_ft.testing.goodput_accounting import ledger_check, time_to_samples
 from torchtitan_ft.testing.processes import descendants, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1190,7 +1185,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--kinds",
         nargs="+",
         choices=[k.value for k in FaultKind],
-        default=[k.value for k in FaultKind],
+        default=[k.value for k in DEFAULT_KINDS if k is not FaultKind.LIGHTHOUSE_GROUP_AWAY],
     )
     p.add_argument(
         "--methods", nargs="+", choices=[m.value for m in Method], default=[m.value for m in Method]
