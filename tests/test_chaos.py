@@ -112,7 +112,6 @@ def _all_participating(job: MlpJob) -> int | None:
 def _run_chaos(chaos: Chaos, rng: random.Random) -> int:
     """Runs the schedule; returns the last step all groups committed together."""
     job = chaos.job
-    job.lighthouse.start()
     for replica in range(GROUPS):
         job.start(replica)
     schedule = fault_schedule(

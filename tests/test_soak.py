@@ -155,7 +155,6 @@ def _run(
                 raise AssertionError(f"over the {RUN_BUDGET_S}s budget waiting for {what}: {done}")
             time.sleep(0.05)
 
-    job.lighthouse.start()
     for r in range(GROUPS):
         job.start(r)
     wait_for(lambda: len(_participating(job, first_usage)) == GROUPS, "all groups together")
