@@ -113,7 +113,11 @@ class MlpJob(contextlib.AbstractContextManager["MlpJob"]):
         )
 
     def __enter__(self) -> MlpJob:
-        self.lighthouse.start()
+        try:
+            self.lighthouse.start()
+        except BaseException:  # a lighthouse that never listened still runs: end it
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -219,7 +223,10 @@ class MlpJob(contextlib.AbstractContextManager["MlpJob"]):
         the state when the heal starts is not killed (``{"donor": None}``). Link faults need
         network hosts, which these groups do not have: ``ValueError``."""
         if wait is None:
-            wait = lambda ready, what: wait_until(what, ready, 120.0)  # noqa: E731
+
+            def wait(ready: Callable[[], Any], what: str) -> Any:
+                return wait_until(what, ready, 120.0)
+
         did: dict[str, Any] = {}
         if kind is FaultKind.SIGSTOP:
             self.hang(victims[0])
