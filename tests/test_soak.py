@@ -123,13 +123,14 @@ def _run(
     schedule = fault_schedule(
         SEED,
         start_s=0.0,
-        end_s=1e6,
+        end_s=10.0 * count,  # about 3.7 faults per count at these intervals
         mean_interval_s=2.0,
         min_interval_s=1.0,
         groups=GROUPS,
         ranks=1,
         kinds=kinds,
     )[:count]
+    assert len(schedule) == count, f"the schedule drew {len(schedule)} of {count} faults"
     started = time.monotonic()
     last = {"progress": time.monotonic(), "step": -1}
     done: list[dict[str, Any]] = []
