@@ -72,7 +72,9 @@ from pathlib import Path
 from typing import Any
 
 from torchtitan_ft.events import EventKind, HealOutcome, read_events
-from torchtitan_ft.testing.chaos import commit_log_path, longest_gap, read_commit_log
+from torchtitan_ft.testing.commit_log import commit_log_path, longest_gap, read_commit_log
+from torchtitan_ft.testing.faults import FaultKind, fault_victims
+from torchtitan_ft.testing.mlp_job import MlpJob
 from torchtitan_ft.testing.processes import LighthouseProcess, descendants, free_port
 from torchtitan_ft.titan import releases
 from torchtitan_ft.titan.releases.job import FtGroup, TitanJob, command
@@ -81,13 +83,13 @@ ROOT = Path(__file__).resolve().parents[1]
 LIGHTHOUSE_KILL = "lighthouse SIGKILL"
 LIGHTHOUSE_RESTART = "lighthouse restart"
 FAILURES = ("SIGKILL", "SIGSTOP", LIGHTHOUSE_KILL)
-FAULTS = ("sigkill", "sigstop", "lighthouse")
-"""What ``--faults`` may name: SIGKILL and restart a group, SIGSTOP (hang) a group for
-``--hang_s``, SIGKILL and restart the lighthouse."""
-DEFAULT_FAULTS = ["sigkill", "sigstop", "lighthouse", "sigkill"]
+FAULTS = (FaultKind.SIGKILL, FaultKind.SIGSTOP, FaultKind.LIGHTHOUSE)
+"""What ``--faults`` may name (``testing.faults.FaultKind``): SIGKILL and restart a group,
+SIGSTOP (hang) a group for ``--hang_s``, SIGKILL and restart the lighthouse."""
+DEFAULT_FAULTS = [FaultKind.SIGKILL, FaultKind.SIGSTOP, FaultKind.LIGHTHOUSE, FaultKind.SIGKILL]
 
 
-def schedule(faults: list[str]) -> list[tuple[str, float]]:
+def schedule(faults: list[FaultKind]) -> list[tuple[FaultKind, float]]:
     """(fault, fraction of ``--steps`` the job reached when it hits): evenly spaced, from
     1/(n+2) to n/(n+2) for n faults (the default four: 17, 33, 50 and 67 %)."""
     return [(fault, (i + 1) / (len(faults) + 2)) for i, fault in enumerate(faults)]
@@ -273,52 +275,34 @@ class TitanGroup:
 
 
 class MlpGroup:
-    """One replica group as one process of the tiny-MLP harness (``torchtitan_ft.testing.mlp``)."""
+    """One replica group of the demo's MLP job (``testing.mlp_job.MlpJob``: a process of the
+    tiny-MLP harness per incarnation, with its commit log and event stream)."""
 
-    def __init__(self, replica: int, args: argparse.Namespace, lighthouse: str) -> None:
+    def __init__(self, replica: int, job: MlpJob) -> None:
         self.replica = replica
-        self.args = args
-        self.lighthouse = lighthouse
-        self.proc: Any = None
+        self.job = job
         self.incarnations: list[Incarnation] = []
 
     def start(self) -> None:
-        from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank
-
-        number = len(self.incarnations)
-        log = commit_log_path(self.args.out, self.replica, number)
-        events = events_folder(self.args.out, self.replica, number)
-        cfg = WorkerConfig(
-            lighthouse_addr=self.lighthouse,
-            replica=self.replica,
-            out_path=str(self.args.out / f"group{self.replica}_{number}.pt"),
-            min_replica_size=self.args.min_replicas,
-            stop_step=self.args.steps,
-            stop_participants=self.args.groups,
-            max_iterations=1_000_000,
-            step_sleep_s=0.05,
-            timeout_s=5.0,
-            shared_batches=True,
-            commit_log=str(log),
-            events_dir=str(events),
-        )
-        self.proc = spawn_rank(cfg)
+        self.job.start(self.replica)
+        number = self.job.incarnations[self.replica]
+        log = commit_log_path(self.job.commit_logs, self.replica, number)
+        events = self.job.events_of(self.replica, number)
         self.incarnations.append(Incarnation(self.replica, number, time.time(), log, events))
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.is_alive()
+        return self.job.alive(self.replica)
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.is_alive():
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.join(10)
+        if self.alive():
+            self.job.kill(self.replica)
         self._ended("SIGKILL")
 
     def hang(self) -> None:
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.job.hang(self.replica)
 
     def resume(self) -> None:
-        os.kill(self.proc.pid, signal.SIGCONT)
+        self.job.resume(self.replica)
 
     def _ended(self, reason: str) -> None:
         inc = self.incarnations[-1]
@@ -331,8 +315,9 @@ class MlpGroup:
             records = read_commit_log(inc.log, inc.replica, inc.number)
             # the loss on a fixed evaluation batch: the training batches are random per step
             inc.losses = [Point(r.time, r.step, loss=r.eval_loss) for r in records if r.committed]
-        if self.proc is not None and not self.proc.is_alive():
-            self._ended(f"exit {self.proc.exitcode}")
+        proc = self.job.current.get(self.replica)
+        if proc is not None and not proc.is_alive():
+            self._ended(f"exit {proc.exitcode}")
 
 
 def _chromium(chromium: str, out: Path, *args: str) -> str:
@@ -369,8 +354,21 @@ class Demo:
             state_dir=str(args.out / "lighthouse_state"),
         )
         self.snapshots = 0
-        cls = TitanGroup if args.model == "titan" else MlpGroup
-        self.groups = [cls(r, args, self.lighthouse.address) for r in range(args.groups)]
+        self.groups: list[TitanGroup | MlpGroup]
+        if args.model == "titan":
+            self.groups = [TitanGroup(r, args, self.lighthouse.address) for r in range(args.groups)]
+        else:
+            job = MlpJob(
+                args.out,
+                self.lighthouse,
+                stop_participants=args.groups,
+                min_replica_size=args.min_replicas,
+                step_sleep_s=0.05,
+                timeout_s=5.0,
+                shared_batches=True,
+            )
+            job.stop_at(args.steps)
+            self.groups = [MlpGroup(r, job) for r in range(args.groups)]
         self.actions: list[Action] = []
         self.started = time.time()
         self.last_print = 0.0
@@ -399,6 +397,18 @@ class Demo:
             if not inc.commits or inc.commits[-1].participants != self.args.groups:
                 return False
         return True
+
+    def holders(self) -> list[int]:
+        """Groups up whose current process committed the job's step (or the one before): they
+        hold the job's state."""
+        step = self.job_step()
+        return [
+            g.replica
+            for g in self.groups
+            if g.alive()
+            and g.incarnations[-1].commits
+            and g.incarnations[-1].commits[-1].step >= step - 1
+        ]
 
     def done(self) -> bool:
         return all(not g.alive() for g in self.groups)
@@ -461,7 +471,7 @@ class Demo:
             if self.job_step() > 0.9 * args.steps:
                 print(f"  skipping {kind}: the job is nearly done", flush=True)
                 continue
-            if kind == "lighthouse":
+            if kind is FaultKind.LIGHTHOUSE:
                 self.snapshot("before_lighthouse")  # the figures a restart must keep
                 # Same port: the groups keep retrying the address they were given.
                 self.act(LIGHTHOUSE_KILL, None)
@@ -474,10 +484,15 @@ class Demo:
                 )
                 self.snapshot("after_lighthouse")
                 continue
-            victim = rng.choice([r for r in range(args.groups) if r != last_victim])
+            wanted = rng.choice([r for r in range(args.groups) if r != last_victim])
+            victims = fault_victims(kind, (wanted,), self.holders(), args.groups)
+            if victims is None:
+                print(f"  skipping {kind}: no other group holds the job's state", flush=True)
+                continue
+            (victim,) = victims
             last_victim = victim
             group = self.groups[victim]
-            if kind == "sigkill":
+            if kind is FaultKind.SIGKILL:
                 self.act("SIGKILL", victim)
                 group.kill()
                 time.sleep(args.restart_delay_s)
@@ -837,9 +852,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--faults",
         nargs="+",
+        type=FaultKind,
         choices=FAULTS,
         default=DEFAULT_FAULTS,
-        help="the faults, in order, evenly spaced over the steps (default: %(default)s)",
+        help="the faults, in order, evenly spaced over the steps (default: "
+        + " ".join(DEFAULT_FAULTS)
+        + ")",
     )
     p.add_argument("--seed", type=int, default=0, help="schedule seed (default: %(default)s)")
     p.add_argument("--port", type=int, default=0, help="lighthouse port (default: a free one)")
@@ -904,7 +922,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for old in [*args.out.glob("*.log"), *args.out.glob("*.jsonl"), *args.out.glob("*.pt")]:
         old.unlink()
-    for folder in ("events", "lighthouse_state", "page"):
+    for folder in ("events", "commit_logs", "lighthouse_state", "page"):
         shutil.rmtree(args.out / folder, ignore_errors=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     demo = Demo(args)

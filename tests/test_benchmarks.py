@@ -328,7 +328,7 @@ def test_link_cpu_prints_both_bucket_settings() -> None:
 
 
 def _torchft_record(group: int, step: int, committed: bool, participating: bool, drawn: int):
-    from benchmarks.goodput import Record
+    from benchmarks._goodput_accounts import Record
 
     return Record(
         group=group,
@@ -350,7 +350,7 @@ def _torchft_record(group: int, step: int, committed: bool, participating: bool,
 def test_goodput_gathers_torchft_participants_per_step() -> None:
     """torchft's groups know how many took part in a step, not which: the benchmark gathers
     them from every group's own record."""
-    from benchmarks.goodput import fill_participants
+    from benchmarks._goodput_accounts import fill_participants
 
     records = [
         _torchft_record(0, 5, True, True, 5),
@@ -382,7 +382,7 @@ def test_goodput_gathers_torchft_participants_per_step() -> None:
 def test_goodput_checks_torchft_batches_exactly_once(
     rows: list[tuple[int, bool, bool, int]], lost: int, duplicated: int
 ) -> None:
-    from benchmarks.goodput import drawn_batches_check
+    from benchmarks._goodput_accounts import drawn_batches_check
 
     records = [_torchft_record(g, 0, c, p, d) for g, c, p, d in rows]
     check = drawn_batches_check(records)
@@ -393,7 +393,7 @@ def test_goodput_checks_torchft_batches_exactly_once(
 def test_goodput_says_why_torchft_batches_were_lost() -> None:
     """Each lost batch by what its records show: read in a step that did not commit, in a
     committed step the group healed in, or read by no record (a resume ahead)."""
-    from benchmarks.goodput import drawn_batches_check
+    from benchmarks._goodput_accounts import drawn_batches_check
 
     rows = [(0, True, False, 1), (0, False, True, 2), (0, True, True, 3), (0, True, True, 6)]
     check = drawn_batches_check([_torchft_record(g, 0, c, p, d) for g, c, p, d in rows])
@@ -409,7 +409,7 @@ def _summed(group: int, step: int, param_sum: float, lr: float, healed: bool = F
 def test_goodput_finds_the_step_torchft_groups_part_at() -> None:
     """The first committed step whose groups' weights differ, with each group's learning rate
     and heal: the step a healing group applied another learning rate than its donor."""
-    from benchmarks.goodput import first_divergence
+    from benchmarks._goodput_accounts import first_divergence
 
     together = [_summed(g, s, 10.0 + s, 8e-4) for s in (1, 2) for g in (0, 1)]
     assert first_divergence(together) is None
@@ -439,7 +439,7 @@ def test_goodput_torchft_replica_id_names_its_group() -> None:
 
 def test_goodput_reads_records_on_from_where_it_stopped(tmp_path: Path) -> None:
     """Whole lines only: a line being written is taken once it ends."""
-    from benchmarks.goodput import RecordReader
+    from benchmarks._goodput_accounts import RecordReader
 
     line = {"step": 1, "committed": True, "consumed": [1], "participants": [0]}
     line |= {"loss": 2.0, "rss_mb": 1.0, "fds": 3}
@@ -456,7 +456,7 @@ def test_goodput_reads_records_on_from_where_it_stopped(tmp_path: Path) -> None:
 def test_goodput_names_a_process_that_trained_its_own_line() -> None:
     """A replacement that heals commits at the job's step; one that commits below it started
     a second line of steps."""
-    from benchmarks.goodput import second_lines
+    from torchtitan_ft.testing.goodput_accounting import second_lines
 
     records = [_torchft_record(0, s, True, True, s) for s in (1, 2, 3)]
     healed = _torchft_record(1, 4, True, False, 10)
@@ -465,7 +465,7 @@ def test_goodput_names_a_process_that_trained_its_own_line() -> None:
     fresh.pid = 3
     assert second_lines([*records, healed]) == []
     assert second_lines([*records, healed, fresh]) == [
-        {"group": 2, "pid": 3, "step": 1, "job_step": 4}
+        {"group": 2, "pid": 3, "step": 1, "job_step": 4, "time": 11.0}
     ]
 
 

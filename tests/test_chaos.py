@@ -5,12 +5,15 @@ Each replica group is one rank of the tiny-MLP harness
 (``torchtitan_ft.testing.mlp.train_worker``: Manager +
 DDP + OptimizerWrapper + Adam, gloo, HTTP healing) with ``shared_batches`` (the batch depends
 on the step only, so equal progress means equal samples) and a commit log (one JSON line per
-iteration: step, committed, participants, state hash, losses). The lighthouse is a
+iteration: step, committed, participants, state hash, losses), in the project's one MLP job
+(``testing.mlp_job.MlpJob``, which also injects the faults). The lighthouse is a
 subprocess on a fixed port so it can be SIGKILLed and restarted there.
 
-The failure schedule is drawn from a seeded RNG (victims, trigger steps, downtimes); failures
-are triggered by progress (the job's committed step), one at a time, each once every group is
-back and participating, so at least ``MIN_REPLICAS`` groups are always alive.
+The faults' order and victims are one round of ``testing.faults.fault_schedule`` (seeded:
+:data:`KINDS`), their trigger steps and downtimes from a seeded RNG; failures are triggered by
+progress (the job's committed step), one at a time, each once every group is back and
+participating (``faults.fault_victims`` keeps a holder of the state), so at least
+``MIN_REPLICAS`` groups are always alive.
 
 Invariants, checked while the job runs (every 0.1 s, over every iteration logged so far) and
 again at the end, over every iteration of every process (including killed ones):
@@ -30,25 +33,25 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from torchtitan_ft.testing.chaos import (
+from torchtitan_ft.testing.commit_log import (
     Record,
-    commit_log_path,
     longest_gap,
     progress_times,
     read_commit_log,
-    read_commit_logs,
     state_divergence,
     step_regressions,
 )
+from torchtitan_ft.testing.faults import FaultKind, fault_schedule, fault_victims
 from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank
+from torchtitan_ft.testing.mlp_job import FaultPauses, MlpJob
 from torchtitan_ft.testing.processes import LighthouseProcess
 
 SEED = int(os.environ.get("CHAOS_SEED", "20261121"))
@@ -63,63 +66,35 @@ TIMEOUT_S = 5.0
 """Manager/collective timeout of the workers: bounds the stall of a hang."""
 RUN_BUDGET_S = 150.0
 STEPS_AFTER_LAST_EVENT = 8
+KINDS = [FaultKind.SIGKILL] * 3 + [FaultKind.SIGSTOP, FaultKind.LIGHTHOUSE]
+"""One round of the schedule: three kills, a hang and a lighthouse restart, in a seeded order."""
 
 
-class Job:
-    """The lighthouse subprocess and the replica-group processes of one chaos run."""
+@dataclass
+class Chaos:
+    """The job of one chaos run and what was done to it: (time, kind, victims) per fault."""
 
-    def __init__(self, tmp_path: Path, min_replica_size: int) -> None:
-        self.min_replica_size = min_replica_size
-        self.dir = tmp_path / "logs"
-        self.dir.mkdir()
-        self.lighthouse_log = open(tmp_path / "lighthouse.log", "w")  # noqa: SIM115
-        self.lighthouse = LighthouseProcess(MIN_REPLICAS, log=self.lighthouse_log)
-        self.procs: dict[int, Any] = {}
-        self.incarnations: dict[int, int] = {}
-        self.events: list[tuple[float, str]] = []
-
-    def spawn(self, replica: int) -> None:
-        incarnation = self.incarnations.get(replica, -1) + 1
-        self.incarnations[replica] = incarnation
-        cfg = WorkerConfig(
-            lighthouse_addr=self.lighthouse.address,
-            replica=replica,
-            out_path=str(self.dir / f"r{replica}_i{incarnation}.pt"),
-            min_replica_size=self.min_replica_size,
-            stop_step=1_000_000,  # stopped by the test
-            max_iterations=1_000_000,
-            step_sleep_s=0.0,
-            timeout_s=TIMEOUT_S,
-            shared_batches=True,
-            commit_log=str(commit_log_path(self.dir, replica, incarnation)),
-        )
-        self.procs[replica] = spawn_rank(cfg)
-
-    def records(self) -> list[Record]:
-        return read_commit_logs(self.dir)
-
-    def latest(self, replica: int) -> list[Record]:
-        inc = self.incarnations[replica]
-        return read_commit_log(commit_log_path(self.dir, replica, inc), replica, inc)
-
-    def close(self) -> None:
-        for proc in self.procs.values():  # only our own children, by pid
-            if proc.is_alive():
-                os.kill(proc.pid, signal.SIGCONT)
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.join(5)
-        self.lighthouse.kill()
-        self.lighthouse_log.close()
+    job: MlpJob
+    faults: list[tuple[float, FaultKind, tuple[int, ...]]] = field(default_factory=list)
 
 
 @pytest.fixture(params=[1, MIN_REPLICAS], ids=lambda n: f"min_replica_size={n}")
-def job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Job]:
-    j = Job(tmp_path, min_replica_size=request.param)
-    yield j
-    j.close()
+def chaos(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Chaos]:
+    log = open(tmp_path / "lighthouse.log", "w")  # noqa: SIM115 (closed by the job)
+    job = MlpJob(
+        tmp_path,
+        LighthouseProcess(MIN_REPLICAS, log=log),
+        stop_participants=GROUPS,
+        min_replica_size=request.param,
+        step_sleep_s=0.0,
+        timeout_s=TIMEOUT_S,
+        shared_batches=True,
+    )
+    with job:
+        yield Chaos(job)
 
 
-def _all_participating(job: Job) -> int | None:
+def _all_participating(job: MlpJob) -> int | None:
     """The step at which every current process last committed with all groups taking part,
     if each one's latest iteration is such a commit."""
     steps = set()
@@ -134,13 +109,23 @@ def _all_participating(job: Job) -> int | None:
     return min(steps)
 
 
-def _run_chaos(job: Job, rng: random.Random) -> int:
+def _run_chaos(chaos: Chaos, rng: random.Random) -> int:
     """Runs the schedule; returns the last step all groups committed together."""
-    job.lighthouse.start()
+    job = chaos.job
     for replica in range(GROUPS):
-        job.spawn(replica)
-    schedule = ["sigkill", "sigkill", "sigkill", "sigstop", "lighthouse"]
-    rng.shuffle(schedule)
+        job.start(replica)
+    # only the order and the victims: the times are the trigger steps below (end_s bounds the
+    # draw at about 70 faults, of which the first round is taken)
+    schedule = fault_schedule(
+        SEED,
+        start_s=0.0,
+        end_s=100.0,
+        mean_interval_s=1.0,
+        min_interval_s=1.0,
+        groups=GROUPS,
+        ranks=1,
+        kinds=KINDS,
+    )[: len(KINDS)]
     started = time.monotonic()
     last_progress = (time.monotonic(), -1)
 
@@ -154,7 +139,7 @@ def _run_chaos(job: Job, rng: random.Random) -> int:
             records = job.records()
             # the invariants, live (re-checked over everything at the end)
             broken = state_divergence(records) + step_regressions(records)
-            assert not broken, f"{broken}; events: {job.events}"
+            assert not broken, f"{broken}; faults: {chaos.faults}"
             progress = progress_times(records)
             best = progress[-1][1] if progress else -1
             if best > last_progress[1]:
@@ -162,34 +147,28 @@ def _run_chaos(job: Job, rng: random.Random) -> int:
             elif progress and now - last_progress[0] > STALL_BOUND_S:
                 raise AssertionError(
                     f"no step committed for {STALL_BOUND_S}s (step {best}) while waiting "
-                    f"for {what}; events: {job.events}"
+                    f"for {what}; faults: {chaos.faults}"
                 )
             if now - started > RUN_BUDGET_S:
-                raise AssertionError(f"run over budget waiting for {what}; events: {job.events}")
+                raise AssertionError(f"run over budget waiting for {what}; faults: {chaos.faults}")
             time.sleep(0.1)
 
     step = wait_for(lambda: _all_participating(job), "all groups to train together")
-    for kind in schedule:
+    for fault in schedule:
         target = step + rng.randint(3, 8)
-        wait_for(lambda t=target: (s := _all_participating(job)) is not None and s >= t, kind)
-        victim = rng.randrange(GROUPS)
-        job.events.append((time.time(), kind if kind == "lighthouse" else f"{kind} r{victim}"))
-        if kind == "sigkill":
-            os.kill(job.procs[victim].pid, signal.SIGKILL)
-            job.procs[victim].join(10)
-            time.sleep(rng.uniform(0.2, 1.0))
-            job.spawn(victim)
-        elif kind == "sigstop":
-            os.kill(job.procs[victim].pid, signal.SIGSTOP)
-            # Longer than the collective timeout and the heartbeat timeout: survivors stuck in
-            # an allreduce with it time out, and the lighthouse evicts it.
-            time.sleep(TIMEOUT_S + 1.5)
-            os.kill(job.procs[victim].pid, signal.SIGCONT)
-        else:
-            job.lighthouse.kill()
-            time.sleep(rng.uniform(0.3, 1.0))
-            job.lighthouse.start()
-        step = wait_for(lambda: _all_participating(job), f"recovery from {kind}")
+        wait_for(lambda t=target: (s := _all_participating(job)) is not None and s >= t, fault.kind)
+        victims = fault_victims(fault.kind, fault.groups, job.participating(), GROUPS)
+        assert victims is not None, f"every group takes part, yet {fault} may not fire"
+        chaos.faults.append((time.time(), fault.kind, victims))
+        # a hang longer than the collective and heartbeat timeouts: survivors stuck in an
+        # allreduce with it time out, and the lighthouse evicts it
+        pauses = FaultPauses(
+            hang_s=TIMEOUT_S + 1.5,
+            restart_delay_s=rng.uniform(0.2, 1.0),
+            lighthouse_down_s=rng.uniform(0.3, 1.0),
+        )
+        job.inject(fault.kind, victims, pauses)
+        step = wait_for(lambda: _all_participating(job), f"recovery from {fault.kind}")
     final = step + STEPS_AFTER_LAST_EVENT
 
     def reached_final() -> int | None:
@@ -227,12 +206,13 @@ def _baseline_eval_loss(tmp_path: Path, steps: int) -> float:
 
 @pytest.mark.multiprocess
 def test_chaos_kill_hang_lighthouse_restart_keeps_replicas_identical(
-    tmp_path: Path, job: Job
+    tmp_path: Path, chaos: Chaos
 ) -> None:
     rng = random.Random(SEED)
     t0 = time.time()
-    final_step = _run_chaos(job, rng)
+    final_step = _run_chaos(chaos, rng)
     t_end = time.time()
+    job = chaos.job
     job.close()
     records = job.records()
 
@@ -240,24 +220,23 @@ def test_chaos_kill_hang_lighthouse_restart_keeps_replicas_identical(
     assert step_regressions(records) == []
     progress = progress_times(records)
     stalls = []
-    for i, (at, what) in enumerate(job.events):
-        until = job.events[i + 1][0] if i + 1 < len(job.events) else t_end
-        stalls.append((what, round(longest_gap(progress, at, until), 2)))
+    for i, (at, kind, victims) in enumerate(chaos.faults):
+        until = chaos.faults[i + 1][0] if i + 1 < len(chaos.faults) else t_end
+        stalls.append((f"{kind} {victims}", round(longest_gap(progress, at, until), 2)))
     print(
         f"chaos: {progress[-1][1]} steps committed in {t_end - t0:.0f}s; stall per event: {stalls}"
     )
     assert all(stall < STALL_BOUND_S for _, stall in stalls), stalls
     assert longest_gap(progress, progress[0][0], t_end) < STALL_BOUND_S
     # every kind of failure happened, and restarted groups healed and committed again
-    assert sum(1 for _, what in job.events if what.startswith("sigkill")) == 3
+    assert sum(1 for _, kind, _ in chaos.faults if kind is FaultKind.SIGKILL) == 3
     for replica, last in job.incarnations.items():
         for inc in range(1, last + 1):  # every replacement healed, then took part
             mine = [r for r in records if (r.replica, r.incarnation) == (replica, inc)]
             commits = [r for r in mine if r.committed]
             assert commits and not commits[0].participating and commits[0].step > 1, mine[:3]
             assert commits[-1].participating
-    (stopped_at, stopped) = next((at, w) for at, w in job.events if w.startswith("sigstop"))
-    victim = int(stopped.split(" r")[1])
+    (stopped_at, (victim,)) = next((at, v) for at, k, v in chaos.faults if k is FaultKind.SIGSTOP)
     survivors_alone = [
         r
         for r in records

@@ -6,14 +6,16 @@ faults, the lighthouse restarted while a group is away and two groups killed tog
 60 s, still too long for it): three
 replica groups of the tiny-MLP harness (``torchtitan_ft.testing.mlp``, ``shared_batches``: a
 step's batch depends on the step only) train under :data:`FAULTS` faults drawn by
-``testing.chaos.fault_schedule`` (seeded) from SIGKILL of a group, SIGSTOP past the collective
+``testing.faults.fault_schedule`` (seeded) from SIGKILL of a group, SIGSTOP past the collective
 and heartbeat timeouts, the lighthouse SIGKILLed and restarted while a group is away (the
 group is killed with it and its replacement asks the restarted lighthouse first: the
 lighthouse's ``--state_dir`` keeps the last quorum, so its state guard makes the replacement
 heal instead of starting a second line of steps), two groups killed together, and a group
-killed and then its donor killed as soon as it starts healing. The test plays the launcher: a
-killed group's process is started again at once (its replacement heals). A fault waits until
-enough groups are up that one survives it. Network faults need the namespace hosts
+killed and then its donor killed as soon as it starts healing. The job and its injectors are
+``testing.mlp_job.MlpJob``'s, which plays the launcher: a killed group's process is started
+again at once (its replacement heals). A fault waits until enough groups hold the job's state
+that one survives it (``testing.faults.fault_victims``), and a donor is killed only while
+another group holds the state. Network faults need the namespace hosts
 and TorchTitan: ``test_goodput_soak_titan``.
 
 Asserted, from the commit logs and the event streams (never log wording):
@@ -37,26 +39,20 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from torchtitan_ft.events import EventKind, read_events
-from torchtitan_ft.testing.chaos import (
-    FaultKind,
-    commit_log_path,
-    fault_schedule,
+from torchtitan_ft.testing.commit_log import (
     longest_gap,
     progress_times,
-    read_commit_log,
-    read_commit_logs,
     state_divergence,
     step_regressions,
 )
-from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank
+from torchtitan_ft.testing.faults import FaultKind, fault_schedule, fault_victims
+from torchtitan_ft.testing.mlp_job import FaultPauses, MlpJob
 from torchtitan_ft.testing.processes import LighthouseProcess
 
 SEED = int(os.environ.get("SOAK_SEED", "27"))
@@ -65,7 +61,7 @@ FAULTS = 8
 KINDS = [
     FaultKind.SIGKILL,
     FaultKind.SIGSTOP,
-    FaultKind.LIGHTHOUSE,
+    FaultKind.LIGHTHOUSE_GROUP_AWAY,
     FaultKind.TWO_GROUPS,
     FaultKind.DONOR_KILL,
 ]
@@ -98,109 +94,43 @@ def _usage(pid: int) -> tuple[float, int] | None:
     return rss_kb / 1024, fds
 
 
-class SoakJob:
-    def __init__(self, tmp_path: Path) -> None:
-        self.dir = tmp_path / "logs"
-        self.dir.mkdir()
-        self.events_dir = tmp_path / "events"
-        self.lighthouse_log = open(tmp_path / "lighthouse.log", "w")  # noqa: SIM115
-        self.lighthouse = LighthouseProcess(
-            1,
-            heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
-            log=self.lighthouse_log,
-            state_dir=str(tmp_path / "lighthouse_state"),
-        )
-        self.procs: dict[int, Any] = {}
-        self.incarnations: dict[int, int] = {}
-        self.faults: list[tuple[float, str]] = []
-        self.first_usage: dict[int, tuple[float, int]] = {}
-
-    def spawn(self, replica: int) -> None:
-        inc = self.incarnations.get(replica, -1) + 1
-        self.incarnations[replica] = inc
-        cfg = WorkerConfig(
-            lighthouse_addr=self.lighthouse.address,
-            replica=replica,
-            out_path=str(self.dir / f"r{replica}_i{inc}.pt"),
-            stop_step=1_000_000,
-            max_iterations=1_000_000,
-            timeout_s=TIMEOUT_S,
-            shared_batches=True,
-            commit_log=str(commit_log_path(self.dir, replica, inc)),
-            events_dir=str(self.events_dir / f"r{replica}_i{inc}"),
-            step_sleep_s=0.02,
-        )
-        self.procs[replica] = spawn_rank(cfg)
-
-    def kill(self, replica: int) -> None:
-        proc = self.procs[replica]
-        os.kill(proc.pid, signal.SIGCONT)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(10)
-
-    def records_now(self) -> list:
-        return read_commit_logs(self.dir)
-
-    def latest(self, replica: int) -> list:
-        inc = self.incarnations[replica]
-        return read_commit_log(commit_log_path(self.dir, replica, inc), replica, inc)
-
-    def participating(self, since: float = 0.0) -> list[int]:
-        """Groups whose current process's last iteration (after ``since``, a time) was a commit
-        it took part in."""
-        out = []
-        for r in range(GROUPS):
-            latest = self.latest(r)
-            if (
-                latest
-                and latest[-1].committed
-                and latest[-1].participating
-                and (latest[-1].time > since)
-            ):
-                out.append(r)
-                pid = self.procs[r].pid
-                if pid not in self.first_usage and (usage := _usage(pid)) is not None:
-                    self.first_usage[pid] = usage
-        return out
-
-    def participating_more_than(self, n: int) -> list[int] | None:
-        up = self.participating()
-        return up if len(up) > n else None
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.is_alive():
-                os.kill(proc.pid, signal.SIGCONT)
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.join(5)
-        self.lighthouse.kill()
-        self.lighthouse_log.close()
+def _soak_job(tmp_path: Path) -> MlpJob:
+    log = open(tmp_path / "lighthouse.log", "w")  # noqa: SIM115 (closed by the job)
+    lighthouse = LighthouseProcess(
+        1,
+        heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
+        log=log,
+        state_dir=str(tmp_path / "lighthouse_state"),
+    )
+    return MlpJob(
+        tmp_path, lighthouse, stop_participants=GROUPS, timeout_s=TIMEOUT_S, shared_batches=True
+    )
 
 
-def _donor_of_first_heal(job: SoakJob, replica: int, since: float) -> int | None:
-    folder = job.events_dir / f"r{replica}_i{job.incarnations[replica]}"
-    events = [e for e in read_events(folder) if e.time > since] if folder.exists() else []
-    heal = next((e for e in events if e.kind is EventKind.HEAL_START), None)
-    if heal is None:
-        return None
-    quorum = [e for e in events if e.kind is EventKind.QUORUM and e.time <= heal.time][-1]
-    donor_id = quorum["replica_ids"][heal["source_replica_rank"]]
-    return int(donor_id.removeprefix("replica_").split(":")[0])
+def _participating(job: MlpJob, first_usage: dict[int, tuple[float, int]]) -> list[int]:
+    """``job.participating()``, noting each participating process's first usage."""
+    up = job.participating()
+    for replica in up:
+        pid = job.current[replica].pid
+        if pid not in first_usage and (usage := _usage(pid)) is not None:
+            first_usage[pid] = usage
+    return up
 
 
 def _run(
-    job: SoakJob, count: int, kinds: list[FaultKind]
+    job: MlpJob, count: int, kinds: list[FaultKind], first_usage: dict[int, tuple[float, int]]
 ) -> tuple[list[dict[str, Any]], float, int]:
     schedule = fault_schedule(
         SEED,
         start_s=0.0,
-        end_s=1e6,
+        end_s=10.0 * count,  # about 3.7 faults per count at these intervals
         mean_interval_s=2.0,
         min_interval_s=1.0,
         groups=GROUPS,
         ranks=1,
         kinds=kinds,
     )[:count]
+    assert len(schedule) == count, f"the schedule drew {len(schedule)} of {count} faults"
     started = time.monotonic()
     last = {"progress": time.monotonic(), "step": -1}
     done: list[dict[str, Any]] = []
@@ -210,7 +140,7 @@ def _run(
             value = predicate()
             if value is not None and value is not False:
                 return value
-            records = job.records_now()
+            records = job.records()
             broken = state_divergence(records) + step_regressions(records)
             assert not broken, f"{broken}; faults so far: {done}"
             progress = progress_times(records)
@@ -226,53 +156,29 @@ def _run(
                 raise AssertionError(f"over the {RUN_BUDGET_S}s budget waiting for {what}: {done}")
             time.sleep(0.05)
 
-    job.lighthouse.start()
     for r in range(GROUPS):
-        job.spawn(r)
-    wait_for(lambda: len(job.participating()) == GROUPS, "all groups to train together")
+        job.start(r)
+    wait_for(lambda: len(_participating(job, first_usage)) == GROUPS, "all groups together")
     t0 = time.monotonic()
+    pauses = FaultPauses(hang_s=HANG_S)
     for fault in schedule:
         wait_for(lambda f=fault: time.monotonic() - t0 >= f.at_s, f"{fault.kind}'s time")
-        needed = 2 if fault.kind is FaultKind.TWO_GROUPS else 1
-        # one group must survive the fault: at least needed + 1 taking part
-        up = wait_for(lambda n=needed: job.participating_more_than(n), f"{needed + 1} groups up")
-        victims = [g for g in (*fault.groups, *range(GROUPS)) if g in up]
-        victims = list(dict.fromkeys(victims))[:needed]
-        entry = {"kind": str(fault.kind), "victims": victims, "time": time.time()}
+        # a holder of the job's state must survive the fault (faults.fault_victims)
+        victims = wait_for(
+            lambda f=fault: fault_victims(
+                f.kind, f.groups, _participating(job, first_usage), GROUPS
+            ),
+            f"enough groups up for {fault.kind}",
+        )
+        entry = {"kind": str(fault.kind), "victims": list(victims), "time": time.time()}
         done.append(entry)
-        if fault.kind is FaultKind.SIGSTOP:
-            pid = job.procs[victims[0]].pid
-            os.kill(pid, signal.SIGSTOP)
-            time.sleep(HANG_S)
-            os.kill(pid, signal.SIGCONT)
-        elif fault.kind is FaultKind.LIGHTHOUSE:
-            # a group away across the restart: its replacement's first quorum is the restarted
-            # lighthouse's, which knows the job's step from its --state_dir
-            job.lighthouse.kill()
-            job.kill(victims[0])
-            job.spawn(victims[0])
-            time.sleep(0.5)
-            job.lighthouse.start()
-        else:
-            for v in victims:
-                job.kill(v)
-            for v in victims:
-                job.spawn(v)
-            if fault.kind is FaultKind.DONOR_KILL:
-                since = entry["time"]
-                donor = wait_for(
-                    lambda v=victims[0], s=since: _donor_of_first_heal(job, v, s),
-                    "the replacement's heal",
-                )
-                job.kill(donor)
-                job.spawn(donor)
-                entry["donor"] = donor
+        entry.update(job.inject(fault.kind, victims, pauses, wait_for))
     after_last = time.time()
     wait_for(
         lambda: len(job.participating(since=after_last)) == GROUPS,
         "all groups back after the last fault",
     )
-    final = max(r.step for r in job.records_now() if r.committed) + 5
+    final = max(r.step for r in job.records() if r.committed) + 5
     wait_for(
         lambda: all(
             (lst := job.latest(r)) and lst[-1].participating and lst[-1].step >= final
@@ -289,7 +195,7 @@ def test_soak_mlp_eight_mixed_faults(tmp_path: Path) -> None:
     _soak(tmp_path, FAULTS, KINDS)
 
 
-REDUCED_KINDS = [FaultKind.LIGHTHOUSE, FaultKind.TWO_GROUPS]
+REDUCED_KINDS = [FaultKind.LIGHTHOUSE_GROUP_AWAY, FaultKind.TWO_GROUPS]
 """The short soak: the lighthouse restarted while a group is away, then two groups killed
 together."""
 
@@ -301,14 +207,12 @@ def test_soak_mlp_reduced_lighthouse_restart_while_a_group_is_away(tmp_path: Pat
 
 
 def _soak(tmp_path: Path, count: int, kinds: list[FaultKind]) -> None:
-    job = SoakJob(tmp_path)
-    try:
-        faults, t_end, final_step = _run(job, count, kinds)
-        end_usage = {pid: _usage(pid) for pid in job.first_usage}
-        alive = {p.pid for p in job.procs.values() if p.is_alive()}
-    finally:
-        job.close()
-    records = job.records_now()
+    first_usage: dict[int, tuple[float, int]] = {}
+    with _soak_job(tmp_path) as job:
+        faults, t_end, final_step = _run(job, count, kinds, first_usage)
+        end_usage = {pid: _usage(pid) for pid in first_usage}
+        alive = {p.pid for p in job.current.values() if p.is_alive()}
+    records = job.records()
     print("soak faults:", json.dumps(faults))
 
     assert len(faults) == count
@@ -341,7 +245,7 @@ def _soak(tmp_path: Path, count: int, kinds: list[FaultKind]) -> None:
     assert len({r.hash for rs in current for r in rs if r.step == at}) == 1, at
     # no leak in the processes that lived through the run
     grown = {
-        pid: (end[0] - job.first_usage[pid][0], end[1] - job.first_usage[pid][1])
+        pid: (end[0] - first_usage[pid][0], end[1] - first_usage[pid][1])
         for pid, end in end_usage.items()
         if end is not None and pid in alive
     }

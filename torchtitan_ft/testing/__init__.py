@@ -11,11 +11,13 @@ Processes and jobs:
 - :mod:`torchtitan_ft.testing.mlp`: the tiny-MLP harness, a replica-group rank training a tiny
   MLP with the whole FT loop as its own process (the multi-process tests, the chaos test,
   ``scripts/failure_demo.py --model mlp``);
-- :mod:`torchtitan_ft.testing.mlp_job`: a job of those MLP groups under a lighthouse process
-  that a test or a benchmark kills and restarts, and the cleanup that leaves no process behind;
-- :mod:`torchtitan_ft.testing.chaos`: invariants over that harness's per-step records
-  (identical states, no step regression, progress gaps), and the seeded fault schedule of
-  ``benchmarks.goodput`` and the soak tests with the accounting over their records;
+- :mod:`torchtitan_ft.testing.mlp_job`: the one job of such groups under a lighthouse process
+  (spawn, replace, inject faults, read, stop, clean up);
+- :mod:`torchtitan_ft.testing.commit_log`: that harness's per-step records and the invariants
+  over them (identical states, no step regression, progress gaps);
+- :mod:`torchtitan_ft.testing.faults`: the fault kinds, the seeded schedule and the rule for
+  which groups a fault may take;
+- :mod:`torchtitan_ft.testing.goodput_accounting`: ``benchmarks.goodput``'s pure accounting;
 - :mod:`torchtitan_ft.testing.titan_jobs`: ``run_train.sh`` runs of the tests, waited for
   within the test's own timeout, with their logs in the report when a test fails;
 - :mod:`torchtitan_ft.testing.titan_dump`: a ``TRAIN_FILE`` that trains as

@@ -1,73 +1,19 @@
-"""The goodput benchmark's and the soak tests' pure parts: the seeded fault schedule and the
-accounting over per-step records (``torchtitan_ft.testing.chaos``)."""
+"""The goodput benchmark's accounting (``torchtitan_ft.testing.goodput_accounting``), on
+hand-built records."""
 
 from __future__ import annotations
 
-import itertools
+from dataclasses import dataclass
 
 import pytest
 
-from torchtitan_ft.testing.chaos import (
-    FaultKind,
-    fault_schedule,
+from torchtitan_ft.testing.goodput_accounting import (
+    faults_losing_state,
     ledger_check,
+    second_lines,
+    state_losses,
     time_to_samples,
 )
-
-ALL = list(FaultKind)
-
-
-def _schedule(seed: int = 1, **overrides: object) -> list:
-    kwargs: dict = {
-        "start_s": 10.0,
-        "end_s": 1000.0,
-        "mean_interval_s": 30.0,
-        "min_interval_s": 5.0,
-        "groups": 3,
-        "ranks": 2,
-        "kinds": ALL,
-    }
-    kwargs.update(overrides)
-    return fault_schedule(seed, **kwargs)
-
-
-def test_schedule_is_reproducible_and_seed_dependent() -> None:
-    assert _schedule(7) == _schedule(7)
-    assert _schedule(7) != _schedule(8)
-
-
-def test_schedule_spacing_window_and_victims() -> None:
-    faults = _schedule()
-    times = [f.at_s for f in faults]
-    assert times == sorted(times)
-    assert times[0] > 10.0 and times[-1] <= 1000.0
-    assert all(b - a >= 5.0 - 1e-3 for a, b in itertools.pairwise(times))
-    # mean interval 30 s over 990 s: about 33 faults
-    assert 20 <= len(faults) <= 50
-    for f in faults:
-        assert len(f.groups) == (2 if f.kind is FaultKind.TWO_GROUPS else 1)
-        assert len(set(f.groups)) == len(f.groups)
-        assert all(0 <= g < 3 for g in f.groups) and 0 <= f.rank < 2
-
-
-def test_every_kind_appears_in_each_round() -> None:
-    faults = _schedule(end_s=10.0 + 30.0 * 40)
-    first_round = [f.kind for f in faults[: len(ALL)]]
-    assert sorted(first_round) == sorted(ALL)
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        ({"kinds": []}, "at least one"),
-        ({"groups": 1}, ">= 2 groups"),
-        ({"min_interval_s": 0.0}, "min_interval_s"),
-        ({"min_interval_s": 40.0}, "min_interval_s"),
-    ],
-)
-def test_schedule_refuses_bad_arguments(overrides: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        _schedule(**overrides)
 
 
 @pytest.mark.parametrize(
@@ -115,3 +61,58 @@ def test_time_to_samples(points: list, target: int, rollback: bool, expected: fl
 )
 def test_ledger_check(finals: dict, expected: dict) -> None:
     assert ledger_check(finals, groups=2) == expected
+
+
+@dataclass
+class _R:
+    time: float
+    pid: int
+    group: int | None
+    step: int
+    committed: bool = True
+
+
+def test_second_lines_and_state_losses() -> None:
+    records = [
+        _R(1.0, 10, 0, 5),
+        _R(1.1, 11, 1, 5),
+        _R(2.0, 10, 0, 6),
+        # a replacement that healed commits at the job's step: no second line
+        _R(3.0, 12, 2, 6),
+        # every holder gone: two processes start over from step 1, a third heals from them
+        _R(10.0, 13, 0, 1),
+        _R(10.1, 14, 1, 1),
+        _R(11.0, 13, 0, 2),
+        _R(12.0, 15, 2, 2),
+        # an uncommitted iteration is no commit
+        _R(12.5, 16, 2, 0, committed=False),
+    ]
+    lines = second_lines(records)
+    assert [(line["pid"], line["step"], line["job_step"]) for line in lines] == [
+        (13, 1, 6),
+        (14, 1, 6),
+        (15, 2, 6),
+    ]
+    (loss,) = state_losses(lines)
+    assert loss == {"time": 10.0, "job_step": 6, "to_step": 1, "groups": [0, 1, 2]}
+    # the new line passes the old one, then loses its state again: a second loss
+    later = [*records, _R(20.0, 13, 0, 9), _R(30.0, 17, 1, 0)]
+    assert [(x["time"], x["job_step"]) for x in state_losses(second_lines(later))] == [
+        (10.0, 6),
+        (30.0, 9),
+    ]
+    assert state_losses([]) == []
+
+
+@pytest.mark.parametrize(
+    ("fault_times", "loss_times", "expected"),
+    [
+        ([1.0, 5.0, 9.0], [], set()),
+        ([1.0, 5.0, 9.0], [6.0], {1}),  # the last fault before the loss
+        ([1.0, 5.0, 9.0], [6.0, 9.5], {1, 2}),
+        ([1.0, 5.0], [0.5], set()),  # before any fault: nobody's
+        ([1.0, 5.0], [5.0], {1}),
+    ],
+)
+def test_faults_losing_state(fault_times: list, loss_times: list, expected: set) -> None:
+    assert faults_losing_state(fault_times, [{"time": t} for t in loss_times]) == expected
