@@ -20,6 +20,7 @@ from tests.titan.test_ft_e2e import MAX_ALONE, STEPS, assert_groups_identical
 from tests.titan030.test_ft_e2e import FT, NO_ACTIVATION_CHECKPOINTING, SMALL_CPU
 from torchtitan_ft.events import Event, EventKind, HealOutcome, read_events
 from torchtitan_ft.testing.processes import free_port
+from torchtitan_ft.testing.titan_dump import ready_path
 from torchtitan_ft.testing.titan_jobs import remaining
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +86,9 @@ def test_torchx_job_restarts_a_killed_rank_inside_its_group(tmp_path: Path) -> N
         _wait_for("group 1's commits before the kill", group1_committed, proc, log)
         (started,) = [e for e in _group(read_events(events_dir), 1) if e.kind is EventKind.START]
         os.kill(started["pid"], signal.SIGKILL)
+        # The survivor waits for the restarted group's ready file after MAX_ALONE steps alone
+        # (titan_dump), so that the two train together again after the heal.
+        ready_path(tmp_path, 1, 0).unlink(missing_ok=True)
 
         def group1_restarted() -> bool:
             starts = [e for e in _group(read_events(events_dir), 1) if e.kind is EventKind.START]
