@@ -68,4 +68,5 @@ def test_services_and_field_numbers_match_the_wire_protocol() -> None:
         "commit_failures": 12,
         "replica_ids": 13,
         "speed": 14,  # torchtitan_ft extension (straggler report)
+        "state_loss": 20,  # torchtitan_ft extension (state loss)
     }

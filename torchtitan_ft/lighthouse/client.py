@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import queue
@@ -17,7 +18,7 @@ from grpc import aio
 
 from torchtitan_ft.auth import grpc_metadata, resolve_token
 from torchtitan_ft.deadlines import DEADLINES
-from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum, QuorumMember
+from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum, QuorumMember, StateLoss
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
 
@@ -417,7 +418,10 @@ def _quorum_request(
 
 def _quorum_answer(response: pb.LighthouseQuorumResponse) -> tuple[Quorum, dict[str, GroupSpeed]]:
     speeds = {s.replica_id: GroupSpeed.from_proto(s) for s in response.speeds}
-    return Quorum.from_proto(response.quorum), speeds
+    quorum = Quorum.from_proto(response.quorum)
+    if response.HasField("state_loss"):
+        quorum = dataclasses.replace(quorum, state_loss=StateLoss.from_proto(response.state_loss))
+    return quorum, speeds
 
 
 def _no_quorum(addr: str, timeout: timedelta) -> TimeoutError:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from torchtitan_ft.addresses import AddressProblem, Severity
-from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum, QuorumMember
+from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum, QuorumMember, StateLoss
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 # ---------------------------------------------------------------------------- quorum results
@@ -54,6 +54,9 @@ class QuorumResult:
     speed: GroupSpeed | None = None
     """This group's speed as the lighthouse judges it (the straggler report); None from a
     torchft 0.2.0 lighthouse or manager server."""
+    state_loss: StateLoss | None = None
+    """The job's state loss the lighthouse reported with the quorum (docs/lighthouse.md,
+    "State loss"); None: none, or a torchft 0.2.0 lighthouse or manager server."""
 
     def to_proto(self) -> pb.ManagerQuorumResponse:
         msg = pb.ManagerQuorumResponse(
@@ -69,6 +72,7 @@ class QuorumResult:
             commit_failures=self.commit_failures,
             replica_ids=self.replica_ids,
             speed=self.speed.to_proto() if self.speed is not None else None,
+            state_loss=self.state_loss.to_proto() if self.state_loss is not None else None,
         )
         # proto3 ``optional``: presence must be explicit, also when the value is 0.
         if self.recover_src_replica_rank is not None:
@@ -96,6 +100,9 @@ class QuorumResult:
             commit_failures=msg.commit_failures,
             replica_ids=list(msg.replica_ids),
             speed=GroupSpeed.from_proto(msg.speed) if msg.HasField("speed") else None,
+            state_loss=(
+                StateLoss.from_proto(msg.state_loss) if msg.HasField("state_loss") else None
+            ),
         )
 
 
@@ -159,6 +166,7 @@ def compute_quorum_results(
         heal=src is not None,
         commit_failures=max(m.commit_failures for m in members),
         replica_ids=replica_ids,
+        state_loss=quorum.state_loss,
     )
 
 
