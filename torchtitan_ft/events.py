@@ -79,6 +79,13 @@ class EventKind(StrEnum):
     """The lighthouse took this group back into the quorum (it is fast again, or the others
     need it for ``min_replicas``); it heals from the others if it is behind. Fields:
     ``relative_speed``."""
+    STATE_LOST = "state_lost"
+    """The lighthouse reports the job's state lost: the quorum's members are all behind the
+    job's highest step and every member that held it is gone (docs/lighthouse.md, "State
+    loss"). Once per loss in a process. Fields: ``lost_step`` (the step no member holds),
+    ``holders`` (the last quorum's members, gone or restarted), ``max_step`` (the quorum's
+    highest step, where training goes on), ``on_state_loss`` (``"stop"``: the process exits
+    with status 3; ``"from_scratch"``: it trains on)."""
     FAULT = "fault"
     """The first error recorded in a step (the step will not commit). Fields: ``error`` (the
     exception's type name), ``message``, ``collective`` (raised by an allreduce)."""
