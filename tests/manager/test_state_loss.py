@@ -30,10 +30,16 @@ def _get(url: str) -> str:
         return response.read().decode()
 
 
-def _lost_job(tmp_path: Path, on_state_loss: str) -> tuple[MlpJob, LighthouseProcess]:
+def _lost_job(
+    tmp_path: Path, on_state_loss: str, min_replicas: int
+) -> tuple[MlpJob, LighthouseProcess]:
     log = (tmp_path / "lighthouse.log").open("a")
     lighthouse = LighthouseProcess(
-        1, join_timeout_ms=500, heartbeat_timeout_ms=1000, log=log, status_port=free_port()
+        min_replicas,
+        join_timeout_ms=500,
+        heartbeat_timeout_ms=1000,
+        log=log,
+        status_port=free_port(),
     )
     job = MlpJob(tmp_path, lighthouse, stop_participants=2, on_state_loss=on_state_loss)
     return job, lighthouse
@@ -94,7 +100,7 @@ def _state_lost_events(job: MlpJob, pids: set[int]) -> dict[str, Event]:
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_a_lost_state_is_declared_and_stop_stops_every_group(tmp_path: Path) -> None:
-    job, lighthouse = _lost_job(tmp_path, "stop")
+    job, lighthouse = _lost_job(tmp_path, "stop", min_replicas=1)
     with job:
         reached = _kill_every_holder(job)
         fresh = [job.spawn(r, f"fresh{r}") for r in range(2, 4)]
@@ -126,7 +132,9 @@ def test_a_lost_state_is_declared_and_stop_stops_every_group(tmp_path: Path) -> 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_from_scratch_trains_on_from_step_0_having_said_so(tmp_path: Path) -> None:
-    job, lighthouse = _lost_job(tmp_path, "from_scratch")
+    # Two fresh groups form the first quorum after the loss together (min_replicas=2): one
+    # alone could train past the lost step before the other starts, which ends the loss.
+    job, lighthouse = _lost_job(tmp_path, "from_scratch", min_replicas=2)
     with job:
         reached = _kill_every_holder(job)
         fresh = [job.spawn(r, f"fresh{r}") for r in range(2, 4)]
@@ -139,10 +147,8 @@ def test_from_scratch_trains_on_from_step_0_having_said_so(tmp_path: Path) -> No
         events = _state_lost_events(job, {p.pid for p in fresh})
         assert len(events) == 2
         assert all(e["on_state_loss"] == "from_scratch" for e in events.values())
-        # The first fresh group's quorum is at step 0; one that starts later may join the
-        # other's line (its quorum's max_step) and heal to it. Each trains on from its
-        # quorum's step, after the event, without a gap.
-        assert min(e["max_step"] for e in events.values()) == 0
+        # Each trains on from its quorum's step (0), after the event, without a gap.
+        assert [e["max_step"] for e in events.values()] == [0, 0]
         commits = job.commits()
         for rid, event in events.items():
             steps = [c.step for c in commits[rid]]
