@@ -112,7 +112,10 @@ def test_a_lost_state_is_declared_and_stop_stops_every_group(tmp_path: Path) -> 
         # The quorum before the kill asked at the last committed step or the one before.
         assert reached - 1 <= loss["lost_step"] <= reached
         assert loss["lost_step"] >= STEPS_BEFORE_KILL - 1
-        assert len(loss["holders"]) == 2
+        # Both killed groups, or group 0 alone when it asked a last quorum between the kills.
+        assert loss["holders"] and all(
+            h.split(":")[0] in ("replica_0", "replica_1") for h in loss["holders"]
+        )
         assert seen["status"]["state_losses"] == 1 == len(seen["events"]) == seen["counter"]
         events = _state_lost_events(job, {p.pid for p in fresh})
         assert len(events) == 2
