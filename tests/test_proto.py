@@ -72,4 +72,5 @@ def test_services_and_field_numbers_match_the_wire_protocol() -> None:
         "replica_ids": 13,
         "reconfigure_handles": 14,  # torchft-nightly 2026.10.26
         "speed": 16,  # torchtitan_ft extension (straggler report)
+        "state_loss": 20,  # torchtitan_ft extension (state loss)
     }

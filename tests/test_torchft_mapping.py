@@ -234,6 +234,7 @@ def test_manager_takes_torchfts_arguments_in_its_order_and_ours_by_keyword_only(
         "events_dir",
         "samples_per_batch",
         "lighthouse_outage",
+        "on_state_loss",
     ]
 
 

@@ -85,6 +85,13 @@ class EventKind(StrEnum):
     """A timeout far above what the job needs (``timeouts.oversized``; judged once, on the
     first steps): what a peer that hangs would cost. Fields: ``timeout`` (its name),
     ``seconds``, ``step_seconds`` (the median measured step)."""
+    STATE_LOST = "state_lost"
+    """The lighthouse reports the job's state lost: the quorum's members are all behind the
+    job's highest step and every member that held it is gone (docs/lighthouse.md, "State
+    loss"). Once per loss in a process. Fields: ``lost_step`` (the step no member holds),
+    ``holders`` (the last quorum's members, gone or restarted), ``max_step`` (the quorum's
+    highest step, where training goes on), ``on_state_loss`` (``"stop"``: the process exits
+    with status 3; ``"from_scratch"``: it trains on)."""
     FAULT = "fault"
     """The first error recorded in a step (the step will not commit). Fields: ``error`` (the
     exception's type name), ``message``, ``collective`` (raised by an allreduce)."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from torchtitan_ft.lighthouse.decision import (
+    HOLDER_WAIT_HEARTBEATS,
     DecisionOptions,
     Pending,
     decide,
@@ -15,8 +16,9 @@ from torchtitan_ft.lighthouse.decision import (
     newcomer_ahead,
     next_gone_check,
     next_quorum_id,
+    state_guard,
 )
-from torchtitan_ft.lighthouse.types import QuorumMember
+from torchtitan_ft.lighthouse.types import QuorumMember, StateLoss
 
 OPTS = DecisionOptions(min_replicas=2, join_timeout=10.0, heartbeat_timeout=5.0)
 NOW = 100.0
@@ -388,3 +390,87 @@ def test_a_hung_rank_makes_its_group_gone_and_unhealthy() -> None:
     one = DecisionOptions(min_replicas=1, join_timeout=10.0, heartbeat_timeout=5.0)
     decision = decide(pending, seen, (member("a"), member("b")), NOW, one)
     assert decision.members == (member("a"),), decision.reason
+
+
+WINDOW = HOLDER_WAIT_HEARTBEATS * OPTS.heartbeat_timeout
+"""How long the state guard waits for a holder after it was last heard from (15 s)."""
+
+
+@pytest.mark.parametrize(
+    ("name", "previous", "askers", "heard", "waiting", "lost"),
+    [
+        # A fresh job: no previous quorum, nothing to guard.
+        ("fresh job at step 0", None, {"a": 0, "b": 0}, {}, (), None),
+        # The askers are at the job's highest step: nothing is lost.
+        ("an asker holds the step", {"a": 40, "c": 40}, {"a": 40, "b": 0}, {}, (), None),
+        # Behind, c (the holder) heartbeats but has not asked: wait for it.
+        ("holder alive", {"a": 38, "c": 40}, {"a": 0, "b": 0}, {"c": NOW - 1}, ("c",), None),
+        # Behind, c's stream ended 5 s ago (a stream a living process reconnects, or a
+        # dead one): it may come back within the wait, so no second line starts meanwhile.
+        (
+            "holder's stream ended within the wait",
+            {"c": 40},
+            {"a": 0},
+            {"c": NOW - 5},
+            ("c",),
+            None,
+        ),
+        # ... and after the wait the state is lost.
+        ("holder gone past the wait", {"c": 40}, {"a": 0}, {"c": NOW - WINDOW}, (), (40, ("c",))),
+        # A holder without any record (forgotten) is not waited for.
+        ("holder forgotten", {"c": 40}, {"a": 0}, {}, (), (40, ("c",))),
+        # Two groups died together, then the last holder: both gone, lost.
+        (
+            "every holder gone",
+            {"b": 0, "c": 71},
+            {"a": 0, "d": 0},
+            {"b": NOW - 20, "c": NOW - 16},
+            (),
+            (71, ("b", "c")),
+        ),
+        # One of two holders comes back (heard 1 s ago): wait for it, not a loss.
+        (
+            "a holder returns within the wait",
+            {"b": 71, "c": 71},
+            {"a": 0},
+            {"b": NOW - 30, "c": NOW - 1},
+            ("c",),
+            None,
+        ),
+        # The holder's process restarted with the same id and asks at step 0: its state is
+        # gone, nothing to wait for.
+        ("the holder restarted", {"c": 40}, {"a": 0, "c": 0}, {"c": NOW}, (), (40, ("c",))),
+    ],
+)
+def test_state_guard(
+    name: str,
+    previous: dict[str, int] | None,
+    askers: dict[str, int],
+    heard: dict[str, float],
+    waiting: tuple[str, ...],
+    lost: tuple[int, tuple[str, ...]] | None,
+) -> None:
+    candidates = [Pending(QuorumMember(replica_id=r, step=s), NOW - 1) for r, s in askers.items()]
+    prev = (
+        tuple(QuorumMember(replica_id=r, step=s) for r, s in previous.items())
+        if previous is not None
+        else None
+    )
+    guard = state_guard(candidates, askers.keys(), heard, prev, NOW, OPTS)
+    assert guard.waiting == waiting, name
+    assert guard.lost == (StateLoss(*lost) if lost is not None else None), name
+
+
+def test_a_quorum_issued_with_the_state_lost_says_so() -> None:
+    """``decide`` issues the quorum behind the lost step, its ``state_loss`` set; waiting for
+    a holder, it issues nothing and names it."""
+    previous = (QuorumMember(replica_id="c", step=40),)
+    pending = {r: Pending(QuorumMember(replica_id=r, step=0), 80.0) for r in "ab"}
+    beats = {"a": 99.0, "b": 99.0}
+    lost = decide(pending, beats, previous, NOW, OPTS, heard={**beats, "c": NOW - WINDOW})
+    assert [m.replica_id for m in lost.members or ()] == ["a", "b"]
+    assert lost.state_loss == StateLoss(40, ("c",))
+    assert "step 40 is LOST" in lost.reason
+    waiting = decide(pending, beats, previous, NOW, OPTS, heard={**beats, "c": NOW - 2})
+    assert waiting.members is None and waiting.state_loss is None
+    assert "state guard" in waiting.reason and "(c)" in waiting.reason

@@ -18,6 +18,7 @@ from torchtitan_ft.manager.settings import (
     resolve_manager_settings,
     store_key_prefix,
 )
+from torchtitan_ft.manager.state_loss import OnStateLoss
 
 _ENV = {
     "TORCHFT_LIGHTHOUSE": "http://env-lh:1",
@@ -204,6 +205,7 @@ def test_bad_env_var_is_an_error_even_when_an_argument_overrides_it(var, bad, ma
         "lighthouse_addr": "http://127.0.0.1:1",
         "samples_per_batch": 8,
         "lighthouse_outage": "wait",
+        "on_state_loss": "stop",
     }
     with pytest.raises(ValueError, match=match):
         resolve_manager_settings(env={var: bad}, **arguments)
@@ -276,3 +278,29 @@ def test_lighthouse_outage_argument_then_env_then_previous_quorum(arg, env, expe
 def test_a_bad_lighthouse_outage_argument_names_the_choices() -> None:
     with pytest.raises(ValueError, match="lighthouse_outage must be one of 'wait', 'previous_q"):
         resolve_manager_settings(env={}, lighthouse_outage="stall")
+
+
+@pytest.mark.parametrize(
+    ("arg", "env", "expected"),
+    [
+        ("stop", {"TORCHFT_ON_STATE_LOSS": "from_scratch"}, OnStateLoss.STOP),
+        (OnStateLoss.FROM_SCRATCH, {}, OnStateLoss.FROM_SCRATCH),
+        (None, {"TORCHFT_ON_STATE_LOSS": "from_scratch"}, OnStateLoss.FROM_SCRATCH),
+        (None, {"TORCHFT_ON_STATE_LOSS": ""}, OnStateLoss.STOP),
+        (None, {}, OnStateLoss.STOP),
+    ],
+)
+def test_on_state_loss_argument_then_env_then_stop(arg, env, expected) -> None:
+    settings = resolve_manager_settings(env=env, on_state_loss=arg)
+    assert settings.on_state_loss.value is expected
+    assert f"on_state_loss={settings.on_state_loss.describe()}" in settings.describe()
+    assert settings.record()["on_state_loss"]["value"] == expected.value
+
+
+@pytest.mark.parametrize(
+    ("arg", "env", "origin"),
+    [("restart", {}, "on_state_loss"), (None, {"TORCHFT_ON_STATE_LOSS": "go"}, "env var")],
+)
+def test_a_bad_on_state_loss_names_the_choices(arg, env, origin) -> None:
+    with pytest.raises(ValueError, match=f"{origin}.* must be one of 'stop', 'from_scratch'"):
+        resolve_manager_settings(env=env, on_state_loss=arg)

@@ -19,6 +19,7 @@ from torchtitan_ft.manager.settings import (
     overridden_message,
     resolve_manager_settings,
 )
+from torchtitan_ft.manager.state_loss import OnStateLoss
 from torchtitan_ft.titan.config import ConfigError, FaultTolerance, parse_job
 from torchtitan_ft.titan.config_cli import explicit_fields
 from torchtitan_ft.titan.config_schema import ENV_OVERRIDABLE, manager_timeouts
@@ -66,6 +67,7 @@ ENV = {
     "TORCHFT_CONNECT_TIMEOUT_SEC": "20",
     "TORCHFT_QUORUM_RETRIES": "3",
     "TORCHFT_LIGHTHOUSE_OUTAGE": "wait",
+    "TORCHFT_ON_STATE_LOSS": "from_scratch",
 }
 
 
@@ -82,12 +84,14 @@ def test_a_variable_applies_when_the_field_is_not_set() -> None:
     assert settings.connect_timeout.value == timedelta(seconds=20)
     assert settings.quorum_retries.value == 3
     assert settings.lighthouse_outage.value is LighthouseOutage.WAIT
+    assert settings.on_state_loss.value is OnStateLoss.FROM_SCRATCH
     for name in (
         "timeout",
         "quorum_timeout",
         "connect_timeout",
         "quorum_retries",
         "lighthouse_outage",
+        "on_state_loss",
     ):
         assert getattr(settings, name).source is Source.ENV
     assert settings.overridden == ()

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchtitan_ft.titan.launch import USER_ERROR_EXIT, _explained
+from torchtitan_ft.manager import state_loss
+from torchtitan_ft.titan.launch import STATE_LOST_EXIT, USER_ERROR_EXIT, _explained
 
 
 def _launch(tmp_path: Path, exit_code: int) -> subprocess.CompletedProcess[str]:
@@ -37,9 +38,9 @@ def test_config_error_exit_adds_nothing_to_the_workers_line(tmp_path: Path) -> N
 
 @pytest.mark.multiprocess
 def test_other_failures_keep_torchruns_report(tmp_path: Path) -> None:
-    result = _launch(tmp_path, 3)
+    result = _launch(tmp_path, 4)
     assert result.returncode != 0
-    assert "failed (exitcode: 3)" in result.stderr
+    assert "failed (exitcode: 4)" in result.stderr
     assert "ChildFailedError" in result.stderr
 
 
@@ -50,17 +51,24 @@ def _failure(exitcode: int, timestamp: int) -> SimpleNamespace:
 @pytest.mark.parametrize(
     ("failures", "explained"),
     [
-        ([_failure(2, 1)], True),
-        ([_failure(2, 1), _failure(2, 2)], True),
-        ([_failure(2, 1), _failure(-15, 2)], True),  # torchrun stopped the other rank
-        ([_failure(-15, 1), _failure(2, 2)], False),  # something else stopped it first
-        ([_failure(2, 1), _failure(1, 2)], False),  # another rank crashed
-        ([_failure(1, 1)], False),
-        ([], False),
+        ([_failure(2, 1)], 2),
+        ([_failure(2, 1), _failure(2, 2)], 2),
+        ([_failure(2, 1), _failure(-15, 2)], 2),  # torchrun stopped the other rank
+        ([_failure(-15, 1), _failure(2, 2)], None),  # something else stopped it first
+        ([_failure(2, 1), _failure(1, 2)], None),  # another rank crashed
+        ([_failure(1, 1)], None),
+        ([], None),
+        ([_failure(3, 1), _failure(3, 2)], 3),  # the job's state was lost (on_state_loss)
+        ([_failure(3, 1), _failure(-15, 2)], 3),
+        ([_failure(3, 1), _failure(2, 2)], None),  # two different stories
     ],
 )
-def test_which_failures_count_as_explained(failures: list, explained: bool) -> None:
-    assert _explained(failures) is explained
+def test_which_failures_count_as_explained(failures: list, explained: int | None) -> None:
+    assert _explained(failures) == explained
+
+
+def test_the_launcher_and_the_manager_agree_on_the_state_lost_status() -> None:
+    assert STATE_LOST_EXIT == state_loss.STATE_LOST_EXIT
 
 
 def test_an_empty_error_file_counts_as_none(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ ManagerServer's event loop), with the retry rule for an unreachable lighthouse t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import queue
@@ -22,7 +23,7 @@ from grpc import aio
 
 from torchtitan_ft.auth import grpc_metadata, resolve_token
 from torchtitan_ft.deadlines import DEADLINES
-from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum, QuorumMember
+from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum, QuorumMember, StateLoss
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
 
@@ -430,7 +431,10 @@ def _quorum_request(
 
 def _quorum_answer(response: pb.LighthouseQuorumResponse) -> tuple[Quorum, dict[str, GroupSpeed]]:
     speeds = {s.replica_id: GroupSpeed.from_proto(s) for s in response.speeds}
-    return Quorum.from_proto(response.quorum), speeds
+    quorum = Quorum.from_proto(response.quorum)
+    if response.HasField("state_loss"):
+        quorum = dataclasses.replace(quorum, state_loss=StateLoss.from_proto(response.state_loss))
+    return quorum, speeds
 
 
 def _no_quorum(addr: str, timeout: timedelta) -> TimeoutError:

@@ -16,13 +16,17 @@ The rules, in order:
    while the candidates are not a strict majority of the healthy replicas (split-brain guard),
    or while some healthy replica has not asked and the earliest candidate joined less than
    ``join_timeout`` ago. It also waits while every candidate is behind the previous quorum's
-   highest step and a member of that quorum that has not asked may still hold the state: its
-   heartbeat stream is open and it was heard from within ``HOLDER_WAIT_HEARTBEATS`` heartbeat
-   timeouts (state guard, not in torchft). Issued, the candidates would train on from an older
-   state, a second line of steps that the member's return throws away (seen in the soak test:
-   fresh replacements trained from step 0 while the one group with the state sat out a
-   collective timeout, or its heartbeat lagged on a loaded machine). A member whose stream
-   ended (its process is gone) or that stayed silent longer is not waited for. A restarted
+   highest step and a member of that quorum that has not asked may still hold the state: it
+   was heard from within ``HOLDER_WAIT_HEARTBEATS`` heartbeat timeouts, its heartbeat stream
+   open or ended (state guard, not in torchft; ``state_guard``). Issued, the candidates would
+   train on from an older state, a second line of steps that the member's return throws away
+   (seen in the soak test: fresh replacements trained from step 0 while the one group with the
+   state sat out a collective timeout, or its heartbeat lagged on a loaded machine; in
+   ``benchmarks.goodput``, a holder away for a few seconds). A stream that ended is waited for
+   too: a process that lives reconnects it within a heartbeat interval; a dead one never does.
+   Once every such member stayed silent that long, the state is *lost*: the quorum is issued
+   with a ``StateLoss`` (``Decision.state_loss``) that the lighthouse records and sends to the
+   groups, which stop or train on as their operator chose, never silently. A restarted
    lighthouse knows the previous quorum from ``--state_dir`` (``last_quorum``: members it has
    not heard from since count as heard from at the restart); without one the guard cannot
    act until it has issued a quorum.
@@ -36,12 +40,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from torchtitan_ft.lighthouse.types import QuorumMember
+from torchtitan_ft.lighthouse.types import QuorumMember, StateLoss
 
 HOLDER_WAIT_HEARTBEATS = 3
-"""The state guard waits for a silent member of the previous quorum this many heartbeat
-timeouts after it was last heard from (a lagging heartbeat, a short hang); then the askers go
-on without it."""
+"""The state guard waits for a member of the previous quorum that may hold the job's state
+this many heartbeat timeouts after it was last heard from, whether its heartbeat stream is
+open (a lagging heartbeat, a short hang) or ended (a stream that a living process reconnects);
+then the state counts as lost (15 s at the default 5 s heartbeat timeout). Shorter declares a
+loss sooner after a correlated failure, at the risk of declaring one while a holder is merely
+slow to come back."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,8 @@ class Decision:
 
     round_kind: RoundKind | None = None
     """How the round completed; None when not ready."""
+    state_loss: StateLoss | None = None
+    """Set when the quorum is issued although the job's state is lost (``state_guard``)."""
 
     @property
     def log_as(self) -> str:
@@ -200,59 +209,87 @@ def decide(
             f"them in {opts.join_timeout - waited:.1f}s (join timeout)",
             log_key=f"waiting for {len(stragglers)} straggler(s) of {len(candidates)} asker(s)",
         )
-    holders = state_holders(
+    guard = state_guard(
         candidates, pending.keys(), heartbeats if heard is None else heard, previous, now, opts
     )
-    if holders:
+    if guard.waiting:
+        names = ", ".join(guard.waiting)
         return Decision(
             None,
-            f"waiting: the askers are behind the job's state and {len(holders)} replica(s) "
-            f"that may hold it have not asked ({', '.join(holders)}); issuing without them "
+            f"waiting: the askers are behind the job's state and {len(guard.waiting)} "
+            f"replica(s) that may hold it have not asked ({names}); issuing without them "
             "would train on from an older state (state guard, not in torchft)",
-            log_key=f"state guard: waiting for {', '.join(holders)}",
+            log_key=f"state guard: waiting for {names}",
+        )
+    lost = ""
+    if guard.lost is not None:
+        lost = (
+            f"; the job's state at step {guard.lost.lost_step} is LOST: no member holds it "
+            f"and its holders ({', '.join(guard.lost.holders) or 'unknown'}) stayed away "
+            f"{HOLDER_WAIT_HEARTBEATS} heartbeat timeouts"
         )
     if not stragglers:
         return Decision(
             _members(candidates),
-            f"quorum: all {len(candidates)} eligible healthy replicas asked",
+            f"quorum: all {len(candidates)} eligible healthy replicas asked{lost}",
             round_kind=RoundKind.FULL,
+            state_loss=guard.lost,
         )
     return Decision(
         _members(candidates),
         f"quorum: join timeout passed, issuing without {len(stragglers)} healthy replica(s) "
-        "that did not ask",
+        f"that did not ask{lost}",
         round_kind=RoundKind.JOIN_TIMEOUT,
+        state_loss=guard.lost,
     )
 
 
-def state_holders(
+@dataclass(frozen=True)
+class Guard:
+    """What the state guard found (``state_guard``)."""
+
+    waiting: tuple[str, ...] = ()
+    """Members that may still hold the job's state, sorted: the quorum waits for them."""
+    lost: StateLoss | None = None
+    """Set when no member holds the state and none may come back with it."""
+
+
+def state_guard(
     candidates: list[Pending],
     asked: Iterable[str],
-    heartbeats: Mapping[str, float],
+    heard: Mapping[str, float],
     previous: tuple[QuorumMember, ...] | None,
     now: float,
     opts: DecisionOptions,
-) -> list[str]:
-    """Members of the previous quorum that have not asked and may hold the job's latest state,
-    when every candidate is behind that quorum's highest step (sorted; empty: nothing to wait
-    for). May hold: its heartbeat stream is open (its process lives) and it was heard from
-    within ``HOLDER_WAIT_HEARTBEATS`` heartbeat timeouts (it is in a collective timeout, or its
-    heartbeat lags on a loaded machine). ``heartbeats``: when each was last heard from. A
-    restarted lighthouse knows the previous quorum only from ``--state_dir``
-    (``last_quorum``); without it, it cannot tell (docs/operations.md, "State guard")."""
+) -> Guard:
+    """The state guard: whether a quorum of ``candidates`` must wait for a member of the
+    previous quorum that may hold the job's latest state, or would be issued with the state
+    lost.
+
+    It acts only when every candidate is behind the previous quorum's highest step (the job's
+    highest step this lighthouse knows). The *holders* are then the members of the previous
+    quorum that have not asked (one that asks behind that step lost its state: a restarted
+    process). A holder *may come back* when it was heard from (``heard``: when each was last
+    heard from, its heartbeat or the end of its stream) within ``HOLDER_WAIT_HEARTBEATS``
+    heartbeat timeouts: the quorum waits for it. When none may come back, the state is lost:
+    ``Guard.lost`` names the step and the previous quorum's members (each gone, or back
+    behind that step). A holder without a ``heard`` record was silent long enough to be
+    forgotten (or its stream ended before a restart of this lighthouse). Nothing to guard:
+    no previous quorum (a fresh job, or a restarted lighthouse without ``--state_dir``), no
+    candidate, or a candidate at the highest step (docs/lighthouse.md, "State guard" and
+    "State loss")."""
     if previous is None or not candidates:
-        return []
-    if max(p.member.step for p in candidates) >= max(m.step for m in previous):
-        return []
+        return Guard()
+    high = max(m.step for m in previous)
+    if max(p.member.step for p in candidates) >= high:
+        return Guard()
     window = HOLDER_WAIT_HEARTBEATS * opts.heartbeat_timeout
     waiting = set(asked)
-    return sorted(
-        m.replica_id
-        for m in previous
-        if m.replica_id not in waiting
-        and m.replica_id in heartbeats
-        and now - heartbeats[m.replica_id] < window
-    )
+    holders = sorted(m.replica_id for m in previous if m.replica_id not in waiting)
+    may_return = tuple(rid for rid in holders if rid in heard and now - heard[rid] < window)
+    if may_return:
+        return Guard(waiting=may_return)
+    return Guard(lost=StateLoss(high, tuple(sorted(m.replica_id for m in previous))))
 
 
 def newcomer_ahead(

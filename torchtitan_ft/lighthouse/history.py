@@ -78,6 +78,10 @@ class EventKind(StrEnum):
     """The straggler policy left a group out of the quorum."""
     READMITTED = "readmitted"
     """The straggler policy took a group back."""
+    STATE_LOST = "state_lost"
+    """The job's state is lost: a quorum was issued whose members are all behind the job's
+    highest step, after every member that held it was gone for the holder wait
+    (``decision.state_guard``); the reason names the step and the holders. Group: ""."""
 
 
 _KINDS = list(EventKind)

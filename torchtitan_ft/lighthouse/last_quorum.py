@@ -7,7 +7,7 @@ a restart gets a new one all the same, so every group rebuilds its process group
 restart without it (lighthouse.md, "Restart safety").
 
 A lighthouse that restarts without it knows no previous quorum: its state guard
-(``decision.state_holders``) cannot act until it has issued one, so fresh replacements asking
+(``decision.state_guard``) cannot act until it has issued one, so fresh replacements asking
 alone at step 0 could train a second line of steps while the one group holding the job's state
 is silent for a moment (in a collective timeout, stopped). Restored, the guard waits for that
 group as before; members not heard from since the restart count as heard from at the restart

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from torchtitan_ft.lighthouse.decision import (
+    HOLDER_WAIT_HEARTBEATS,
     Decision,
     DecisionOptions,
     Pending,
@@ -56,7 +57,7 @@ from torchtitan_ft.lighthouse.last_quorum import (
     write_due,
 )
 from torchtitan_ft.lighthouse.stragglers import Change, SpeedBook, StragglerOptions
-from torchtitan_ft.lighthouse.types import Quorum, QuorumMember
+from torchtitan_ft.lighthouse.types import Quorum, QuorumMember, StateLoss
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,8 @@ class Metrics:
     """Times it took a left-out group back."""
     link_probe_bytes: int = 0
     """Payload bytes of the groups' link probes, both ways (their cost to the lighthouse)."""
+    state_losses: int = 0
+    """Times the state guard declared the job's state lost (``decision.state_guard``)."""
 
     def observe_decision(self, seconds: float) -> None:
         self.decision_count += 1
@@ -179,6 +182,13 @@ class LighthouseState:
         self._written_at = 0.0
         self._ended: set[str] = set()
         """Members of the previous quorum whose heartbeat stream ended since it was issued."""
+        self._ended_at: dict[str, float] = {}
+        """When each of them ended in this run: the state guard waits for it from there."""
+        self.state_loss: StateLoss | None = None
+        """The job's state loss, from its declaration until a quorum reaches the lost step
+        again; sent with every quorum meanwhile (docs/lighthouse.md, "State loss")."""
+        self.state_loss_at: float | None = None
+        """When it was declared (wall seconds)."""
         self._restored_at: float | None = None
         """When a quorum of an earlier run was restored, until this run issues its own."""
         if last_quorum is not None and (record := last_quorum.load()) is not None:
@@ -238,6 +248,7 @@ class LighthouseState:
         self._lost.discard(replica_id)
         if replica_id in self._previous_ids:
             self._ended.add(replica_id)
+            self._ended_at[replica_id] = self._clock()
         if replica_id in self.asked:
             self._stream_ended.add(replica_id)
             self.history.record(
@@ -451,13 +462,16 @@ class LighthouseState:
             heartbeats = {rid: t for rid, t in heartbeats.items() if rid not in excluded}
             if previous is not None:
                 previous = tuple(m for m in previous if m.replica_id not in excluded) or None
-        heard = None
+        # The state guard counts a member whose stream ended as heard from at its end.
+        heard = {**self._ended_at, **heartbeats}
         if self._restored_at is not None and self.previous is not None:
-            heard = heard_since_restart(
+            heard = self._ended_at | heard_since_restart(
                 (m.replica_id for m in self.previous), self._ended, heartbeats, self._restored_at
             )
         decision = decide(self.pending, heartbeats, previous, self._clock(), self.opts, heard)
         self.metrics.observe_decision(time.perf_counter() - start)
+        if decision.state_loss is not None:
+            self._declare_state_loss(decision.state_loss)
         if decision.members is not None:
             self._issue(decision.members, decision.round_kind or RoundKind.FULL)
         self._set_reason(decision)
@@ -478,6 +492,18 @@ class LighthouseState:
         msg.quorum.participants.extend(self._wire[m.replica_id] for m in members)
         msg.quorum.created.FromDatetime(created)
         msg.speeds.extend(speed.to_proto() for speed in self.speeds.views(self.excluded()))
+        if self.state_loss is not None:
+            if max(m.step for m in members) < self.state_loss.lost_step:
+                msg.state_loss.CopyFrom(self.state_loss.to_proto())
+            else:
+                logger.info(
+                    "lighthouse: quorum %d is at step %d, the lost step %d or past it: the "
+                    "state loss is over",
+                    new_id,
+                    max(m.step for m in members),
+                    self.state_loss.lost_step,
+                )
+                self.state_loss = self.state_loss_at = None
         payload = msg.SerializeToString()
         for m in members:
             rid = m.replica_id
@@ -495,8 +521,24 @@ class LighthouseState:
         self.quorum_issued_at = self._clock()
         self.metrics.quorums_issued += 1
         self._ended.clear()
+        self._ended_at.clear()
         self._restored_at = None
         self._persist()
+
+    def _declare_state_loss(self, loss: StateLoss) -> None:
+        """Records the job's state loss (history, counter, one ERROR line); the quorums issued
+        from now on carry it until one reaches the lost step again."""
+        self.state_loss, self.state_loss_at = loss, self._wall()
+        self.metrics.state_losses += 1
+        holders = ", ".join(loss.holders) or "unknown"
+        reason = (
+            f"the job's state at step {loss.lost_step} is lost: every member that held it "
+            f"({holders}) is gone and none came back within {HOLDER_WAIT_HEARTBEATS} heartbeat "
+            "timeouts; the next quorum's groups are behind it (each stops or trains on as its "
+            "fault_tolerance.on_state_loss says)"
+        )
+        self.history.record(EventKind.STATE_LOST, "", reason)
+        logger.error("lighthouse: %s", reason)
 
     def _restore(self, record: LastQuorum) -> None:
         """Takes an earlier run's last quorum as the previous one (``last_quorum``)."""
@@ -605,8 +647,17 @@ class LighthouseState:
                 ],
             }
         excluded = self.excluded()
+        state_loss = None
+        if self.state_loss is not None:
+            state_loss = {
+                "lost_step": self.state_loss.lost_step,
+                "holders": list(self.state_loss.holders),
+                "declared_at": self.state_loss_at,
+            }
         return {
             "reason": self.reason,
+            "state_loss": state_loss,
+            "state_losses": self.metrics.state_losses,
             "min_replicas": self.opts.min_replicas,
             "straggler_policy": self.exclusion_opts.policy.value,
             "quorum": quorum,

@@ -35,6 +35,7 @@ import grpc
 from torchtitan_ft.auth import AUTHORIZATION, grpc_metadata, presents
 from torchtitan_ft.lighthouse.history import Event, EventKind
 from torchtitan_ft.lighthouse.state import DECISION_BUCKETS, LighthouseState
+from torchtitan_ft.lighthouse.summary import state_loss_line
 from torchtitan_ft.lighthouse.timeline import clock, render_timeline, sparkline
 from torchtitan_ft.lighthouse.types import Quorum
 from torchtitan_ft.netaddr import split_host_port
@@ -333,6 +334,10 @@ def render_metrics(state: LighthouseState) -> str:
         "# HELP torchft_lighthouse_stream_deaths_total Replicas dropped when their stream ended.",
         "# TYPE torchft_lighthouse_stream_deaths_total counter",
         f"torchft_lighthouse_stream_deaths_total {m.stream_deaths}",
+        "# HELP torchft_lighthouse_state_losses_total Times the job's state was declared "
+        "lost (every member holding its highest step gone).",
+        "# TYPE torchft_lighthouse_state_losses_total counter",
+        f"torchft_lighthouse_state_losses_total {m.state_losses}",
         "# HELP torchft_lighthouse_bad_requests_total Requests rejected as malformed.",
         "# TYPE torchft_lighthouse_bad_requests_total counter",
         f"torchft_lighthouse_bad_requests_total {m.bad_requests}",
@@ -483,6 +488,7 @@ svg circle.mark {{ cursor: pointer; stroke: #fff; stroke-width: 1; }}
 <h1>torchft lighthouse</h1>
 <div id="live">
 <p class="reason">{reason}</p>
+{state_loss}
 <h2>Job</h2>
 <table id="job" data-unit="{unit}"><tr><th>committed {unit}</th>
 <th>{unit}/s (last {window:g} s)</th>
@@ -662,6 +668,11 @@ def render_html(
     )
     page = _PAGE.format(
         reason=e(status["reason"]),
+        state_loss=(
+            f'<p id="state-loss" class="unhealthy">{e(state_loss_line(status["state_loss"]))}</p>'
+            if status["state_loss"]
+            else ""
+        ),
         window=job["sustained_window_s"],
         full=job["full_membership"],
         unit=unit,

@@ -87,6 +87,8 @@ def render(status: dict, events: dict) -> str:
     ]
     if "unit_reason" in job:
         lines.append(f"  ({job['unit_reason']})")
+    if status.get("state_loss"):
+        lines.append(state_loss_line(status["state_loss"]))
     quorum = status["quorum"]
     if quorum is None:
         lines.append("quorum: none yet")
@@ -117,3 +119,14 @@ def render(status: dict, events: dict) -> str:
         for e in events["events"]
     ]
     return "\n".join(lines) + "\n"
+
+
+def state_loss_line(loss: dict) -> str:
+    """The status page's and ``torchft_lighthouse status``'s line for ``/status.json``'s
+    ``state_loss``."""
+    holders = ", ".join(loss["holders"]) or "unknown"
+    return (
+        f"STATE LOST: no member holds the job's step {loss['lost_step']} (its holders "
+        f"{holders} are gone); the groups stop or train on from an older state as their "
+        'fault_tolerance.on_state_loss says (docs/operations.md, "State loss")'
+    )

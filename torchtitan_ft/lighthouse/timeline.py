@@ -40,6 +40,7 @@ _COLORS = {
     EventKind.STRAGGLER_ENDED: "#8d6e63",
     EventKind.EXCLUDED: "#ef6c00",
     EventKind.READMITTED: "#2e7d32",
+    EventKind.STATE_LOST: "#000",
 }
 
 

@@ -88,6 +88,29 @@ class QuorumMember:
 
 
 @dataclass(frozen=True)
+class StateLoss:
+    """The job's state is lost (wire message ``StateLoss``, a torchtitan_ft extension): the
+    lighthouse issued a quorum whose members are all behind the job's highest step after every
+    member that held it was gone for the holder wait (``decision.state_guard``).
+
+    Args:
+        lost_step: the job's highest step, which no member holds any more.
+        holders: the members of the last quorum, which held it (or were healing to it),
+            sorted; each is gone or back behind that step.
+    """
+
+    lost_step: int
+    holders: tuple[str, ...]
+
+    def to_proto(self) -> pb.StateLoss:
+        return pb.StateLoss(lost_step=self.lost_step, holders=list(self.holders))
+
+    @classmethod
+    def from_proto(cls, msg: pb.StateLoss) -> StateLoss:
+        return cls(msg.lost_step, tuple(msg.holders))
+
+
+@dataclass(frozen=True)
 class Quorum:
     """A quorum the lighthouse issued (wire message ``Quorum``).
 
@@ -96,12 +119,16 @@ class Quorum:
             failures), which is what makes the managers reconfigure their process groups.
         participants: the members, sorted by ``replica_id``.
         created: when the lighthouse issued it (UTC).
+        state_loss: the job's state loss the lighthouse reports with it (the response's
+            ``state_loss``, not part of the wire ``Quorum``); None: none, or torchft's
+            lighthouse.
     """
 
     quorum_id: int
     participants: tuple[QuorumMember, ...]
     """Members sorted by ``replica_id``."""
     created: datetime
+    state_loss: StateLoss | None = None
 
     def to_proto(self) -> pb.Quorum:
         msg = pb.Quorum(

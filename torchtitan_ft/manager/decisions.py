@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from torchtitan_ft.addresses import AddressProblem, Severity
-from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum, QuorumMember
+from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum, QuorumMember, StateLoss
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 # ---------------------------------------------------------------------------- quorum results
@@ -57,6 +57,9 @@ class QuorumResult:
     speed: GroupSpeed | None = None
     """This group's speed as the lighthouse judges it (the straggler report); None from a
     torchft 0.2.0 lighthouse or manager server."""
+    state_loss: StateLoss | None = None
+    """The job's state loss the lighthouse reported with the quorum (docs/lighthouse.md,
+    "State loss"); None: none, or a torchft 0.2.0 lighthouse or manager server."""
 
     def to_proto(self) -> pb.ManagerQuorumResponse:
         msg = pb.ManagerQuorumResponse(
@@ -73,6 +76,7 @@ class QuorumResult:
             replica_ids=self.replica_ids,
             reconfigure_handles=self.reconfigure_handles,
             speed=self.speed.to_proto() if self.speed is not None else None,
+            state_loss=self.state_loss.to_proto() if self.state_loss is not None else None,
         )
         # proto3 ``optional``: presence must be explicit, also when the value is 0.
         if self.recover_src_replica_rank is not None:
@@ -101,6 +105,9 @@ class QuorumResult:
             replica_ids=list(msg.replica_ids),
             reconfigure_handles=list(msg.reconfigure_handles),
             speed=GroupSpeed.from_proto(msg.speed) if msg.HasField("speed") else None,
+            state_loss=(
+                StateLoss.from_proto(msg.state_loss) if msg.HasField("state_loss") else None
+            ),
         )
 
 
@@ -165,6 +172,7 @@ def compute_quorum_results(
         commit_failures=max(m.commit_failures for m in members),
         replica_ids=replica_ids,
         reconfigure_handles=cross_group_handles(members, group_rank),
+        state_loss=quorum.state_loss,
     )
 
 

@@ -68,6 +68,7 @@ from torchtitan_ft.manager.settings import (
     resolve_manager_settings,
     timeout_values,
 )
+from torchtitan_ft.manager.state_loss import STATE_LOST_EXIT, OnStateLoss, StateLostError
 from torchtitan_ft.manager.stats import Counters, ManagerStats
 from torchtitan_ft.manager.steptimes import StepTimer
 from torchtitan_ft.process_group.base import ProcessGroup
@@ -187,6 +188,13 @@ class Manager:
             does (every group stalls for the outage). Healing, joining and any membership
             change wait for the lighthouse either way (docs/lighthouse.md, "A lighthouse
             outage"). Argument > ``TORCHFT_LIGHTHOUSE_OUTAGE`` > ``"previous_quorum"``.
+        on_state_loss: what the group does when the lighthouse reports the job's state lost
+            (every member holding its highest step gone; docs/lighthouse.md, "State loss"):
+            ``"stop"`` (``OnStateLoss.STOP``, the default) logs one ERROR line, records a
+            ``state_lost`` event and raises ``SystemExit(STATE_LOST_EXIT)`` (3) from
+            ``start_quorum``/``wait_quorum``/``should_commit``; ``"from_scratch"`` logs and
+            records the same and trains on from the quorum's step. Argument >
+            ``TORCHFT_ON_STATE_LOSS`` > ``"stop"``.
 
     Raises:
         ValueError: bad settings (see ``settings``), ``min_replica_size < 1``, timeouts out
@@ -226,6 +234,7 @@ class Manager:
         events_dir: str | os.PathLike[str] | None = None,
         samples_per_batch: int | None = None,
         lighthouse_outage: LighthouseOutage | str | None = None,
+        on_state_loss: OnStateLoss | str | None = None,
     ) -> None:
         check_step_arguments(min_replica_size, world_size_mode, max_retries)
         if not isinstance(retry_inflight_allreduce, bool):
@@ -258,6 +267,7 @@ class Manager:
             events_dir=events_dir,
             samples_per_batch=samples_per_batch,
             lighthouse_outage=lighthouse_outage,
+            on_state_loss=on_state_loss,
             default_store_host=hostname,
         )
         pg_timeout = pg.get_timeout() if isinstance(pg, ProcessGroup) else None
@@ -484,9 +494,15 @@ class Manager:
         Raises:
             RuntimeError: ``start_quorum`` was never called.
             Exception: the quorum itself failed (e.g. TimeoutError: no lighthouse answer).
+            SystemExit: ``STATE_LOST_EXIT``, the job's state is lost and ``on_state_loss``
+                is ``"stop"`` (the Manager is shut down).
         """
         with profiled("torchft::manager::wait_quorum"):
-            self._quorum.wait()
+            try:
+                self._quorum.wait()
+            except StateLostError:  # said in one line and an event by the quorum thread
+                self.shutdown(wait=False)
+                raise SystemExit(STATE_LOST_EXIT) from None
 
     def _heal_all_or_nothing(self) -> None:
         """Applies a received state at a safe point if the whole group received (training

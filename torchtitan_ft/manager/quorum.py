@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from torchtitan_ft.events import EventKind, EventWriter, quorum_role
-from torchtitan_ft.lighthouse.types import GroupSpeed
+from torchtitan_ft.lighthouse.types import GroupSpeed, StateLoss
 from torchtitan_ft.manager.collectives import StepCollectives, profiled
 from torchtitan_ft.manager.decisions import (
     Participation,
@@ -28,6 +28,7 @@ from torchtitan_ft.manager.decisions import (
 from torchtitan_ft.manager.healing import Healing
 from torchtitan_ft.manager.rendezvous import GroupRendezvous
 from torchtitan_ft.manager.settings import ManagerSettings
+from torchtitan_ft.manager.state_loss import OnStateLoss, StateLostError, state_loss_line
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 
@@ -65,7 +66,8 @@ class QuorumThread:
         events: the event stream; a quorum with a new id, or a new role for this group in
             it, is a ``QUORUM`` event; a change of the lighthouse's straggler report on this
             group is a ``STRAGGLER`` event; being left out of the quorum by the straggler
-            policy, and taken back, are ``EXCLUDED`` and ``READMITTED`` events.
+            policy, and taken back, are ``EXCLUDED`` and ``READMITTED`` events; a state loss
+            the lighthouse reports is a ``STATE_LOST`` event (once per loss).
         log: the Manager's logger (level, message).
     """
 
@@ -89,6 +91,9 @@ class QuorumThread:
         self._replica_id = group.replica_id
         self._group_rank = settings.group_rank.value
         self._group_world_size = settings.group_world_size.value
+        self._on_state_loss = settings.on_state_loss.value
+        self._state_loss: StateLoss | None = None
+        """The last state loss this process announced (``_announce_state_loss``)."""
         self._pg = pg
         self._healing = healing
         self._collectives = collectives
@@ -176,6 +181,7 @@ class QuorumThread:
                     progress=request.progress,
                 )
             self.result = result
+            self._announce_state_loss(result)
             self._announce_speed(result)
             self._announce_exclusion(result)
             if self.excluded:
@@ -226,6 +232,31 @@ class QuorumThread:
             role=role,
             asked_at=round(asked_at, 6),
         )
+
+    def _announce_state_loss(self, result: QuorumResult) -> None:
+        """The lighthouse reports the job's state lost: one ERROR line (group rank 0; the
+        other ranks at INFO) and a ``STATE_LOST`` event, once per loss in this process; with
+        ``OnStateLoss.STOP`` raises ``StateLostError`` (every time: nothing may train on)."""
+        loss = result.state_loss
+        if loss is None:
+            return
+        if loss != self._state_loss:
+            self._state_loss = loss
+            self._log(
+                logging.ERROR if self._group_rank == 0 else logging.INFO,
+                state_loss_line(loss, result.max_step, self._on_state_loss),
+            )
+            self._events.emit(
+                EventKind.STATE_LOST,
+                lost_step=loss.lost_step,
+                holders=list(loss.holders),
+                max_step=result.max_step,
+                on_state_loss=self._on_state_loss,
+            )
+        if self._on_state_loss is OnStateLoss.STOP:
+            raise StateLostError(
+                f"the job's state at step {loss.lost_step} is lost (on_state_loss='stop')"
+            )
 
     def _announce_speed(self, result: QuorumResult) -> None:
         """An event when the lighthouse starts or stops reporting this group as a straggler."""

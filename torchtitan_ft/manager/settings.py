@@ -21,6 +21,7 @@ from torchtitan_ft import timeouts
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, resolve_token
 from torchtitan_ft.events import EVENTS_DIR_ENV
 from torchtitan_ft.manager.outage import LighthouseOutage
+from torchtitan_ft.manager.state_loss import OnStateLoss
 
 T = TypeVar("T")
 
@@ -38,6 +39,7 @@ CONNECT_TIMEOUT_SEC_ENV = "TORCHFT_CONNECT_TIMEOUT_SEC"
 QUORUM_RETRIES_ENV = "TORCHFT_QUORUM_RETRIES"
 SAMPLES_PER_BATCH_ENV = "TORCHFT_SAMPLES_PER_BATCH"
 LIGHTHOUSE_OUTAGE_ENV = "TORCHFT_LIGHTHOUSE_OUTAGE"
+ON_STATE_LOSS_ENV = "TORCHFT_ON_STATE_LOSS"
 
 DEFAULT_TIMEOUT = timedelta(seconds=60)
 DEFAULT_QUORUM_TIMEOUT = timedelta(seconds=60)
@@ -111,6 +113,8 @@ class ManagerSettings:
         LighthouseOutage.PREVIOUS_QUORUM, Source.DEFAULT
     )
     """What group rank 0's ManagerServer does while the lighthouse cannot be reached."""
+    on_state_loss: Resolved[OnStateLoss] = Resolved(OnStateLoss.STOP, Source.DEFAULT)
+    """What the group does when the lighthouse reports the job's state lost."""
     overridden: tuple[str, ...] = ()
     """The ``TORCHFT_*`` variables that are set but lose to an argument (``overridden_env``)."""
 
@@ -152,6 +156,7 @@ class ManagerSettings:
             "events_dir",
             "samples_per_batch",
             "lighthouse_outage",
+            "on_state_loss",
         )
         described = [f"{n}={getattr(self, n).describe()}" for n in names]
         return ", ".join([*described, f"auth_token={self.auth_token.describe(secret=True)}"])
@@ -227,6 +232,26 @@ def _lighthouse_outage(
     return Resolved(mode, picked.source, picked.env_var)
 
 
+def _on_state_loss(arg: OnStateLoss | str | None, env: Mapping[str, str]) -> Resolved[OnStateLoss]:
+    """Argument > ``TORCHFT_ON_STATE_LOSS`` > ``stop`` (an empty value is unset); an
+    ``OnStateLoss`` or its value."""
+    if arg is not None:
+        picked: Resolved[object] = Resolved(arg, Source.ARGUMENT)
+    elif env.get(ON_STATE_LOSS_ENV):
+        picked = Resolved(env[ON_STATE_LOSS_ENV], Source.ENV, ON_STATE_LOSS_ENV)
+    else:
+        return Resolved(OnStateLoss.STOP, Source.DEFAULT)
+    if isinstance(picked.value, OnStateLoss):
+        return picked  # type: ignore[return-value]
+    try:
+        policy = OnStateLoss(picked.value)
+    except ValueError:
+        origin = f"env var {picked.env_var}" if picked.env_var else "on_state_loss"
+        choices = ", ".join(repr(m.value) for m in OnStateLoss)
+        raise ValueError(f"{origin} must be one of {choices}, got {picked.value!r}") from None
+    return Resolved(policy, picked.source, picked.env_var)
+
+
 _ENV_SETTINGS = {
     LIGHTHOUSE_ENV: "lighthouse_addr",
     MANAGER_PORT_ENV: "manager_port",
@@ -238,6 +263,7 @@ _ENV_SETTINGS = {
     EVENTS_DIR_ENV: "events_dir",
     SAMPLES_PER_BATCH_ENV: "samples_per_batch",
     LIGHTHOUSE_OUTAGE_ENV: "lighthouse_outage",
+    ON_STATE_LOSS_ENV: "on_state_loss",
 }
 """The ``TORCHFT_*`` variables the Manager reads -> the setting each one gives."""
 
@@ -268,6 +294,7 @@ def validate_env(env: Mapping[str, str]) -> None:
     resolve_token(None, env)
     _samples_per_batch(None, env)
     _lighthouse_outage(None, env)
+    _on_state_loss(None, env)
 
 
 def overridden_env(settings: ManagerSettings, env: Mapping[str, str]) -> tuple[str, ...]:
@@ -389,6 +416,7 @@ def resolve_manager_settings(
     events_dir: str | os.PathLike[str] | None = None,
     samples_per_batch: int | None = None,
     lighthouse_outage: LighthouseOutage | str | None = None,
+    on_state_loss: OnStateLoss | str | None = None,
     default_store_host: str = "127.0.0.1",
 ) -> ManagerSettings:
     """Resolves the Manager's settings: argument, else env var, else default.
@@ -410,6 +438,7 @@ def resolve_manager_settings(
     | events_dir | TORCHFT_EVENTS_DIR | none (no event stream) |
     | samples_per_batch | TORCHFT_SAMPLES_PER_BATCH | none (the status page shows batches) |
     | lighthouse_outage | TORCHFT_LIGHTHOUSE_OUTAGE | ``previous_quorum`` |
+    | on_state_loss | TORCHFT_ON_STATE_LOSS | ``stop`` |
 
     torchft 0.2.0 reads the same four ``TORCHFT_*`` variables but lets them override the
     arguments; here an argument wins, as for every other setting.
@@ -419,7 +448,8 @@ def resolve_manager_settings(
     argument. Raises ValueError for non-integer ports/ranks/retries, timeouts that are not
     positive numbers of seconds (the message names the env var when the value came from one),
     a ``samples_per_batch`` that is not a positive integer, a ``lighthouse_outage`` that is
-    not a ``LighthouseOutage`` value, a rank outside
+    not a ``LighthouseOutage`` value, an ``on_state_loss`` that is not an ``OnStateLoss``
+    value, a rank outside
     ``[0, world_size)`` and a multi-rank group without a store port (its ranks could not find
     each other).
     """
@@ -448,6 +478,7 @@ def resolve_manager_settings(
         events_dir=_events_dir(events_dir, env),
         samples_per_batch=_samples_per_batch(samples_per_batch, env),
         lighthouse_outage=_lighthouse_outage(lighthouse_outage, env),
+        on_state_loss=_on_state_loss(on_state_loss, env),
     )
     settings = dataclasses.replace(settings, overridden=overridden_env(settings, env))
     if settings.quorum_retries.value < 0:

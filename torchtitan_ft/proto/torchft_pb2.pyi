@@ -138,12 +138,22 @@ class LighthouseQuorumRequest(_message.Message):
     def __init__(self, requester: _Optional[_Union[QuorumMember, _Mapping]] = ..., progress: _Optional[_Union[GroupProgress, _Mapping]] = ...) -> None: ...
 
 class LighthouseQuorumResponse(_message.Message):
-    __slots__ = ("quorum", "speeds")
+    __slots__ = ("quorum", "speeds", "state_loss")
     QUORUM_FIELD_NUMBER: _ClassVar[int]
     SPEEDS_FIELD_NUMBER: _ClassVar[int]
+    STATE_LOSS_FIELD_NUMBER: _ClassVar[int]
     quorum: Quorum
     speeds: _containers.RepeatedCompositeFieldContainer[GroupSpeed]
-    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., speeds: _Optional[_Iterable[_Union[GroupSpeed, _Mapping]]] = ...) -> None: ...
+    state_loss: StateLoss
+    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., speeds: _Optional[_Iterable[_Union[GroupSpeed, _Mapping]]] = ..., state_loss: _Optional[_Union[StateLoss, _Mapping]] = ...) -> None: ...
+
+class StateLoss(_message.Message):
+    __slots__ = ("lost_step", "holders")
+    LOST_STEP_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    lost_step: int
+    holders: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lost_step: _Optional[int] = ..., holders: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LighthouseHeartbeatRequest(_message.Message):
     __slots__ = ("replica_id", "group_rank")
@@ -198,7 +208,7 @@ class ManagerQuorumRequest(_message.Message):
     def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_metadata: _Optional[str] = ..., shrink_only: _Optional[bool] = ..., init_sync: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., reconfigure_handle: _Optional[str] = ..., progress: _Optional[_Union[GroupProgress, _Mapping]] = ...) -> None: ...
 
 class ManagerQuorumResponse(_message.Message):
-    __slots__ = ("quorum_id", "recover_src_manager_address", "recover_src_replica_rank", "recover_dst_replica_ranks", "store_address", "max_step", "max_replica_rank", "max_world_size", "replica_rank", "replica_world_size", "heal", "commit_failures", "replica_ids", "reconfigure_handles", "speed")
+    __slots__ = ("quorum_id", "recover_src_manager_address", "recover_src_replica_rank", "recover_dst_replica_ranks", "store_address", "max_step", "max_replica_rank", "max_world_size", "replica_rank", "replica_world_size", "heal", "commit_failures", "replica_ids", "reconfigure_handles", "speed", "state_loss")
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     RECOVER_SRC_MANAGER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RECOVER_SRC_REPLICA_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +224,7 @@ class ManagerQuorumResponse(_message.Message):
     REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
     RECONFIGURE_HANDLES_FIELD_NUMBER: _ClassVar[int]
     SPEED_FIELD_NUMBER: _ClassVar[int]
+    STATE_LOSS_FIELD_NUMBER: _ClassVar[int]
     quorum_id: int
     recover_src_manager_address: str
     recover_src_replica_rank: int
@@ -229,7 +240,8 @@ class ManagerQuorumResponse(_message.Message):
     replica_ids: _containers.RepeatedScalarFieldContainer[str]
     reconfigure_handles: _containers.RepeatedScalarFieldContainer[str]
     speed: GroupSpeed
-    def __init__(self, quorum_id: _Optional[int] = ..., recover_src_manager_address: _Optional[str] = ..., recover_src_replica_rank: _Optional[int] = ..., recover_dst_replica_ranks: _Optional[_Iterable[int]] = ..., store_address: _Optional[str] = ..., max_step: _Optional[int] = ..., max_replica_rank: _Optional[int] = ..., max_world_size: _Optional[int] = ..., replica_rank: _Optional[int] = ..., replica_world_size: _Optional[int] = ..., heal: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., replica_ids: _Optional[_Iterable[str]] = ..., reconfigure_handles: _Optional[_Iterable[str]] = ..., speed: _Optional[_Union[GroupSpeed, _Mapping]] = ...) -> None: ...
+    state_loss: StateLoss
+    def __init__(self, quorum_id: _Optional[int] = ..., recover_src_manager_address: _Optional[str] = ..., recover_src_replica_rank: _Optional[int] = ..., recover_dst_replica_ranks: _Optional[_Iterable[int]] = ..., store_address: _Optional[str] = ..., max_step: _Optional[int] = ..., max_replica_rank: _Optional[int] = ..., max_world_size: _Optional[int] = ..., replica_rank: _Optional[int] = ..., replica_world_size: _Optional[int] = ..., heal: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., replica_ids: _Optional[_Iterable[str]] = ..., reconfigure_handles: _Optional[_Iterable[str]] = ..., speed: _Optional[_Union[GroupSpeed, _Mapping]] = ..., state_loss: _Optional[_Union[StateLoss, _Mapping]] = ...) -> None: ...
 
 class CheckpointMetadataRequest(_message.Message):
     __slots__ = ("rank",)

@@ -84,6 +84,8 @@ class WorkerConfig:
     ``testing.netns``, when the rank runs on one)."""
     lighthouse_outage: str = "previous_quorum"
     """The Manager's ``lighthouse_outage``: ``"previous_quorum"`` or ``"wait"``."""
+    on_state_loss: str = "stop"
+    """The Manager's ``on_state_loss``: ``"stop"`` (exit status 3) or ``"from_scratch"``."""
     hidden: int = 32
     """Width of the model's hidden layer: ``21 * hidden + 4`` parameters, so that a wider one
     makes the cross-group all-reduce move more bytes (a link limit then slows the step)."""
@@ -212,6 +214,7 @@ def ft_stack(
     marks: dict[str, float] | None = None,
     host: str = HOST,
     lighthouse_outage: str | None = None,
+    on_state_loss: str | None = None,
 ) -> tuple[Any, Any, Any, Any]:
     """(manager, pg, ddp, optim): the FT stack of one replica-group rank around ``model`` and
     its optimizer ``inner``, everything on 127.0.0.1: a ``Manager`` (async quorum, replica id
@@ -230,7 +233,7 @@ def ft_stack(
             (``PureDistributedDataParallel``).
         bucket_cap_mb: the bucketed wrapper's bucket size; None: its default.
         auth_token, retry_inflight_allreduce, events_dir, min_replica_size,
-            lighthouse_outage: the Manager's.
+            lighthouse_outage, on_state_loss: the Manager's.
         marks: if given, gets the time the Manager was constructed (``"manager"``).
         host: the address its servers bind and advertise.
     """
@@ -279,6 +282,7 @@ def ft_stack(
         events_dir=events_dir,
         samples_per_batch=BATCH_SIZE * group_world_size,  # the status page's samples/s
         lighthouse_outage=lighthouse_outage,
+        on_state_loss=on_state_loss,
     )
     if marks is not None:
         marks["manager"] = time.time()
@@ -333,6 +337,7 @@ def train_worker(cfg: WorkerConfig) -> None:
         marks=marks,
         host=cfg.host,
         lighthouse_outage=cfg.lighthouse_outage,
+        on_state_loss=cfg.on_state_loss,
     )
     if cfg.fail_first_heal:
         transport = manager._checkpoint_transport

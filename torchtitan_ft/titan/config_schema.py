@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from torchtitan_ft.manager.outage import LighthouseOutage
+from torchtitan_ft.manager.state_loss import OnStateLoss
 from torchtitan_ft.semi_sync.config import (
     OuterOptimizerConfig,
     QuorumMode,
@@ -50,6 +51,7 @@ NumericsName = Literal["torchtitan", "torchtitan_ft_trainer"]
 ReplacementName = Literal["cold", "zygote"]
 OuterOverlapName = Literal[tuple(m.value for m in OuterOverlap)]  # OuterOverlap, as TOML text
 LighthouseOutageName = Literal[tuple(m.value for m in LighthouseOutage)]  # as TOML text
+OnStateLossName = Literal[tuple(m.value for m in OnStateLoss)]  # OnStateLoss, as TOML text
 
 
 class ConfigError(ValueError):
@@ -235,6 +237,20 @@ class FaultTolerance(TitanFaultTolerance):
     stalls until the lighthouse answers again (up to ``quorum_timeout_ms``), as torchft 0.2.0
     does. Unset, the ``TORCHFT_LIGHTHOUSE_OUTAGE`` env var applies if set (the field wins when
     set). Applies when ``enable``.
+    """
+
+    on_state_loss: OnStateLossName = "stop"
+    """
+    What a replica group does when the lighthouse reports the job's state lost: every group
+    that held the job's highest step is gone (e.g. two groups on one rack failed together,
+    then the last holder) and none came back within three heartbeat timeouts, so the next
+    quorum's groups are all behind it (docs/lighthouse.md, "State loss"). Either way the group
+    logs one ERROR line and records a ``state_lost`` event. "stop" (default, the safe one):
+    the trainer exits with status 3 (torchrun's restarts get the same report and stop again),
+    and the operator decides, e.g. restarts the job from its newest checkpoint. "from_scratch":
+    train on from the quorum's step (step 0 when every group is a fresh process), the lost
+    steps' progress gone. Unset, the ``TORCHFT_ON_STATE_LOSS`` env var applies if set (the
+    field wins when set). Applies when ``enable``.
     """
 
     retry_inflight_allreduce: bool = False
@@ -479,6 +495,7 @@ ENV_OVERRIDABLE = {
     "connect_timeout_ms": "TORCHFT_CONNECT_TIMEOUT_SEC",
     "quorum_retries": "TORCHFT_QUORUM_RETRIES",
     "lighthouse_outage": "TORCHFT_LIGHTHOUSE_OUTAGE",
+    "on_state_loss": "TORCHFT_ON_STATE_LOSS",
 }
 """Fields whose ``TORCHFT_*`` variable (torchft's name) applies when the user did not set the
 field; a field the user set wins over its variable (the Manager says so in one line)."""
@@ -491,10 +508,10 @@ def is_set(ft: Any, name: str) -> bool:
 
 
 def manager_timeouts(ft: Any) -> dict[str, Any]:
-    """The Manager's ``timeout``, ``quorum_timeout``, ``connect_timeout``, ``quorum_retries``
-    and ``lighthouse_outage`` arguments: a field the user set, else None, so that the Manager takes
-    the field's ``TORCHFT_*`` variable (:data:`ENV_OVERRIDABLE`) or its default, which equals
-    the field's."""
+    """The Manager's ``timeout``, ``quorum_timeout``, ``connect_timeout``, ``quorum_retries``,
+    ``lighthouse_outage`` and ``on_state_loss`` arguments: a field the user set, else None,
+    so that the Manager takes the field's ``TORCHFT_*`` variable (:data:`ENV_OVERRIDABLE`) or
+    its default, which equals the field's."""
 
     def given(name: str, value: Any) -> Any:
         return value if is_set(ft, name) else None
@@ -507,6 +524,7 @@ def manager_timeouts(ft: Any) -> dict[str, Any]:
         ),
         "quorum_retries": given("quorum_retries", ft.quorum_retries),
         "lighthouse_outage": given("lighthouse_outage", ft.lighthouse_outage),
+        "on_state_loss": given("on_state_loss", ft.on_state_loss),
     }
 
 

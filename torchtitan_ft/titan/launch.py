@@ -7,10 +7,10 @@ port is one that nothing takes between torchrun's pick and group rank 0's bind
 file that is not JSON (empty: the worker was killed while writing it) counts as no error file,
 where torchrun's agent would die of the ``JSONDecodeError`` and never restart the group
 (:func:`tolerate_torn_error_files`). When the failed workers
-exited with :data:`USER_ERROR_EXIT` (or were stopped by torchrun's SIGTERM once the first of
-them had exited), the workers have already said what is wrong in one line
-(``torchtitan_ft: config error: ...`` and the other mistakes ``torchtitan_ft.titan.train``
-reports), so torchrun's own report of the failure (an ERROR log line and a
+exited with :data:`USER_ERROR_EXIT` or :data:`STATE_LOST_EXIT` (or were stopped by torchrun's
+SIGTERM once the first of them had exited), the workers have already said what is wrong in one
+line (``torchtitan_ft: config error: ...`` and the other mistakes ``torchtitan_ft.titan.train``
+reports; the job's state lost), so torchrun's own report of the failure (an ERROR log line and a
 ``ChildFailedError`` traceback) is left out and the launcher exits with the same status. Any
 other failure is reported by torchrun as usual.
 
@@ -39,6 +39,14 @@ USER_ERROR_EXIT = 2
 """Exit status of a worker stopped by a mistake it explained in one line: a bad configuration,
 an unreachable lighthouse, a replica group inconsistent with the job, a port in use."""
 
+STATE_LOST_EXIT = 3
+"""Exit status of a worker that stopped because the lighthouse reported the job's state lost
+(``fault_tolerance.on_state_loss = "stop"``; ``manager.state_loss.STATE_LOST_EXIT``, not
+imported here: that package imports the whole Manager into the torchrun agent). Explained in
+one ERROR line, as a user error is."""
+
+_EXPLAINED_EXITS = (USER_ERROR_EXIT, STATE_LOST_EXIT)
+
 _AGENT_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 
 ZYGOTE_MAX_RESTARTS = 100
@@ -50,7 +58,8 @@ class _DropUserErrorFailure(logging.Filter):
     """Drops torchrun's "failed (exitcode: 2) ..." line; other records pass."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(f"failed (exitcode: {USER_ERROR_EXIT})")
+        message = record.getMessage()
+        return not any(message.startswith(f"failed (exitcode: {c})") for c in _EXPLAINED_EXITS)
 
 
 def tolerate_torn_error_files() -> None:
@@ -108,8 +117,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             torchrun_main(argv)
         except ChildFailedError as e:
-            if _explained(list(e.failures.values())):
-                raise SystemExit(USER_ERROR_EXIT) from None
+            if (status := _explained(list(e.failures.values()))) is not None:
+                raise SystemExit(status) from None
             raise
 
 
@@ -204,16 +213,19 @@ def zygote_workers(argv: list[str]) -> Iterator[list[str]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _explained(failures: list[Any]) -> bool:
-    """Whether ``failures`` (torchrun's ``ProcessFailure``s) are user errors the workers
-    explained: the first to fail exited with USER_ERROR_EXIT, and the others did too or were
-    terminated by torchrun after it."""
+def _explained(failures: list[Any]) -> int | None:
+    """The status the workers explained in one line, when ``failures`` (torchrun's
+    ``ProcessFailure``s) are such: the first to fail exited with USER_ERROR_EXIT or
+    STATE_LOST_EXIT, and the others did the same or were terminated by torchrun after it;
+    else None."""
     if not failures:
-        return False
+        return None
     first = min(failures, key=lambda f: f.timestamp)
-    return first.exitcode == USER_ERROR_EXIT and all(
-        f.exitcode in (USER_ERROR_EXIT, -signal.SIGTERM) for f in failures
-    )
+    if first.exitcode not in _EXPLAINED_EXITS:
+        return None
+    if all(f.exitcode in (first.exitcode, -signal.SIGTERM) for f in failures):
+        return first.exitcode
+    return None
 
 
 if __name__ == "__main__":
