@@ -210,46 +210,45 @@ def _samples_per_batch(arg: int | None, env: Mapping[str, str]) -> Resolved[int 
     return value  # type: ignore[return-value]
 
 
+E = TypeVar("E", bound=Enum)
+
+
+def _choice(
+    kind: type[E], arg: E | str | None, env: Mapping[str, str], env_var: str, default: E, name: str
+) -> Resolved[E]:
+    """Argument > ``env_var`` > ``default`` (an empty value is unset) for the choice ``name``:
+    a ``kind`` member or its value; another value raises ValueError naming where it came from
+    and the choices."""
+    if arg is not None:
+        picked: Resolved[object] = Resolved(arg, Source.ARGUMENT)
+    elif env.get(env_var):
+        picked = Resolved(env[env_var], Source.ENV, env_var)
+    else:
+        return Resolved(default, Source.DEFAULT)
+    if isinstance(picked.value, kind):
+        return picked  # type: ignore[return-value]
+    try:
+        member = kind(picked.value)
+    except ValueError:
+        origin = f"env var {picked.env_var}" if picked.env_var else name
+        choices = ", ".join(repr(m.value) for m in kind)
+        raise ValueError(f"{origin} must be one of {choices}, got {picked.value!r}") from None
+    return Resolved(member, picked.source, picked.env_var)
+
+
 def _lighthouse_outage(
     arg: LighthouseOutage | str | None, env: Mapping[str, str]
 ) -> Resolved[LighthouseOutage]:
-    """Argument > ``TORCHFT_LIGHTHOUSE_OUTAGE`` > ``previous_quorum`` (an empty value is
-    unset); a ``LighthouseOutage`` or its value."""
-    if arg is not None:
-        picked: Resolved[object] = Resolved(arg, Source.ARGUMENT)
-    elif env.get(LIGHTHOUSE_OUTAGE_ENV):
-        picked = Resolved(env[LIGHTHOUSE_OUTAGE_ENV], Source.ENV, LIGHTHOUSE_OUTAGE_ENV)
-    else:
-        return Resolved(LighthouseOutage.PREVIOUS_QUORUM, Source.DEFAULT)
-    if isinstance(picked.value, LighthouseOutage):
-        return picked  # type: ignore[return-value]
-    try:
-        mode = LighthouseOutage(picked.value)
-    except ValueError:
-        origin = f"env var {picked.env_var}" if picked.env_var else "lighthouse_outage"
-        choices = ", ".join(repr(m.value) for m in LighthouseOutage)
-        raise ValueError(f"{origin} must be one of {choices}, got {picked.value!r}") from None
-    return Resolved(mode, picked.source, picked.env_var)
+    """Argument > ``TORCHFT_LIGHTHOUSE_OUTAGE`` > ``previous_quorum``."""
+    return _choice(
+        LighthouseOutage, arg, env, LIGHTHOUSE_OUTAGE_ENV, LighthouseOutage.PREVIOUS_QUORUM,
+        "lighthouse_outage",
+    )  # fmt: skip
 
 
 def _on_state_loss(arg: OnStateLoss | str | None, env: Mapping[str, str]) -> Resolved[OnStateLoss]:
-    """Argument > ``TORCHFT_ON_STATE_LOSS`` > ``stop`` (an empty value is unset); an
-    ``OnStateLoss`` or its value."""
-    if arg is not None:
-        picked: Resolved[object] = Resolved(arg, Source.ARGUMENT)
-    elif env.get(ON_STATE_LOSS_ENV):
-        picked = Resolved(env[ON_STATE_LOSS_ENV], Source.ENV, ON_STATE_LOSS_ENV)
-    else:
-        return Resolved(OnStateLoss.STOP, Source.DEFAULT)
-    if isinstance(picked.value, OnStateLoss):
-        return picked  # type: ignore[return-value]
-    try:
-        policy = OnStateLoss(picked.value)
-    except ValueError:
-        origin = f"env var {picked.env_var}" if picked.env_var else "on_state_loss"
-        choices = ", ".join(repr(m.value) for m in OnStateLoss)
-        raise ValueError(f"{origin} must be one of {choices}, got {picked.value!r}") from None
-    return Resolved(policy, picked.source, picked.env_var)
+    """Argument > ``TORCHFT_ON_STATE_LOSS`` > ``stop``."""
+    return _choice(OnStateLoss, arg, env, ON_STATE_LOSS_ENV, OnStateLoss.STOP, "on_state_loss")
 
 
 _ENV_SETTINGS = {
