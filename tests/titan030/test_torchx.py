@@ -7,6 +7,7 @@ lighthouse role's ``--exit_when_idle_ms``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 from tests.titan.test_ft_e2e import MAX_ALONE, STEPS, assert_groups_identical
 from tests.titan030.test_ft_e2e import FT, NO_ACTIVATION_CHECKPOINTING, SMALL_CPU
 from torchtitan_ft.events import Event, EventKind, HealOutcome, read_events
-from torchtitan_ft.testing.processes import free_port
+from torchtitan_ft.testing.processes import descendants, free_port
 from torchtitan_ft.testing.titan_dump import ready_path
 from torchtitan_ft.testing.titan_jobs import remaining
 
@@ -101,9 +102,12 @@ def test_torchx_job_restarts_a_killed_rank_inside_its_group(tmp_path: Path) -> N
             pytest.fail("torchx did not end; its log's end:\n" + log.read_text()[-6000:])
         assert rc == 0, log.read_text(errors="replace")[-6000:]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        # torchx starts each role in a session of its own: a signal to torchx's process group
+        # would leave the lighthouse and the groups running.
+        for pid in [*descendants(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
 
     events = read_events(events_dir)
     # Group 0 started once, group 1 twice (the kill), its second process healed.
