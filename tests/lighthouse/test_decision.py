@@ -461,6 +461,35 @@ def test_state_guard(
     assert guard.lost == (StateLoss(*lost) if lost is not None else None), name
 
 
+@pytest.mark.parametrize(
+    ("name", "finished", "heard", "waiting", "lost"),
+    [
+        # c ended its stream itself (its run finished, or it stopped on an error it said):
+        # not waited for, and nothing is lost though no holder is left.
+        ("the holder finished", {"c"}, {"c": NOW - 1}, (), None),
+        # b finished, c died a moment ago: c may come back with the state, so wait for it.
+        ("one finished, one may return", {"b"}, {"b": NOW - 1, "c": NOW - 1}, ("c",), None),
+        # b finished, c died past the wait: the state left with b's finished run, no loss.
+        ("one finished, one gone", {"b"}, {"b": NOW - 1, "c": NOW - WINDOW}, (), None),
+        # Neither finished (both SIGKILLed) and gone: lost.
+        ("none finished, both gone", set(), {"b": NOW - WINDOW, "c": NOW - WINDOW}, (),
+         (71, ("b", "c"))),
+    ],
+)  # fmt: skip
+def test_state_guard_holders_that_finished(
+    name: str,
+    finished: set[str],
+    heard: dict[str, float],
+    waiting: tuple[str, ...],
+    lost: tuple[int, tuple[str, ...]] | None,
+) -> None:
+    candidates = [Pending(QuorumMember(replica_id="a", step=0), NOW - 1)]
+    prev = (QuorumMember(replica_id="b", step=71), QuorumMember(replica_id="c", step=71))
+    guard = state_guard(candidates, ["a"], heard, prev, NOW, OPTS, frozenset(finished))
+    assert guard.waiting == waiting, name
+    assert guard.lost == (StateLoss(*lost) if lost is not None else None), name
+
+
 def test_a_quorum_issued_with_the_state_lost_says_so() -> None:
     """``decide`` issues the quorum behind the lost step, its ``state_loss`` set; waiting for
     a holder, it issues nothing and names it."""

@@ -7,6 +7,7 @@ ManagerServer's event loop), with the retry rule for an unreachable lighthouse t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import logging
@@ -509,6 +510,10 @@ class _Ended(grpc.RpcError):
         return "the lighthouse ended the quorum stream"
 
 
+CLOSE_WAIT_S = 1.0
+"""How long ``HeartbeatStream.close`` waits for the lighthouse to answer the stream it ended."""
+
+
 class HeartbeatStream:
     """A background thread keeping one ``HeartbeatStream`` RPC open, reconnecting on failure.
 
@@ -535,6 +540,7 @@ class HeartbeatStream:
         self._replica_id = replica_id
         self._interval = interval
         self._closed = threading.Event()
+        self._goodbye = False
         self._call: grpc.Future | None = None
         self._lock = threading.Lock()
         self.breaks = 0
@@ -552,6 +558,10 @@ class HeartbeatStream:
         while not self._closed.is_set():
             yield request
             self._closed.wait(self._interval)
+        if self._goodbye:
+            yield pb.LighthouseHeartbeatRequest(
+                replica_id=self._replica_id, group_rank=self._group_rank, goodbye=True
+            )
 
     def _run(self) -> None:
         while not self._closed.is_set():
@@ -604,11 +614,19 @@ class HeartbeatStream:
                 logger.debug("heartbeat of %s failed: %s", self._replica_id, e.code())
 
     def close(self) -> None:
-        """Ends the stream (the lighthouse then drops the replica) and stops the thread."""
+        """Ends the stream (the lighthouse then drops the replica) and stops the thread. The
+        stream's last message says goodbye, so the lighthouse can tell a shutdown from a dead
+        process; the call is cancelled only when the lighthouse's answer does not come within
+        ``CLOSE_WAIT_S``."""
         with self._lock:
+            self._goodbye = True
             self._closed.set()
-            if self._call is not None:
-                self._call.cancel()
+            call = self._call
+        if call is not None:
+            ended = (grpc.RpcError, grpc.FutureCancelledError, grpc.FutureTimeoutError)
+            with contextlib.suppress(*ended):
+                call.result(timeout=CLOSE_WAIT_S)
+            call.cancel()
         self._thread.join(timeout=max(1.0, 2 * self._interval))
 
 

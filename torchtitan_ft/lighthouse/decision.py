@@ -155,6 +155,7 @@ def decide(
     now: float,
     opts: DecisionOptions,
     heard: Mapping[str, float] | None = None,
+    finished: frozenset[str] = frozenset(),
 ) -> Decision:
     """Decides whether a quorum can be issued now, and with whom.
 
@@ -162,7 +163,9 @@ def decide(
     last-seen time, ``previous`` is the last issued quorum's members (None before the first).
     ``heard``: when the state guard counts each member of ``previous`` as last heard from;
     default ``heartbeats`` (a restarted lighthouse also counts its restart for members it
-    restored and has not heard from yet: ``last_quorum.heard_since_restart``).
+    restored and has not heard from yet: ``last_quorum.heard_since_restart``). ``finished``:
+    members of ``previous`` whose process ended its heartbeat stream itself (the state
+    guard's ``finished``).
     """
     healthy = healthy_replicas(heartbeats, now, opts.heartbeat_timeout)
     candidates = sorted(
@@ -210,7 +213,13 @@ def decide(
             log_key=f"waiting for {len(stragglers)} straggler(s) of {len(candidates)} asker(s)",
         )
     guard = state_guard(
-        candidates, pending.keys(), heartbeats if heard is None else heard, previous, now, opts
+        candidates,
+        pending.keys(),
+        heartbeats if heard is None else heard,
+        previous,
+        now,
+        opts,
+        finished,
     )
     if guard.waiting:
         names = ", ".join(guard.waiting)
@@ -261,6 +270,7 @@ def state_guard(
     previous: tuple[QuorumMember, ...] | None,
     now: float,
     opts: DecisionOptions,
+    finished: frozenset[str] = frozenset(),
 ) -> Guard:
     """The state guard: whether a quorum of ``candidates`` must wait for a member of the
     previous quorum that may hold the job's latest state, or would be issued with the state
@@ -274,7 +284,11 @@ def state_guard(
     heartbeat timeouts: the quorum waits for it. When none may come back, the state is lost:
     ``Guard.lost`` names the step and the previous quorum's members (each gone, or back
     behind that step). A holder without a ``heard`` record was silent long enough to be
-    forgotten (or its stream ended before a restart of this lighthouse). Nothing to guard:
+    forgotten (or its stream ended before a restart of this lighthouse). A holder in
+    ``finished`` ended its stream itself (its Manager shut down: the run finished, or it
+    stopped on an error it reported), as a SIGKILLed process cannot: it is not waited for, and
+    when no other holder may come back the quorum is issued without a loss (the state left
+    with a run that ended, as before the state guard). Nothing to guard:
     no previous quorum (a fresh job, or a restarted lighthouse without ``--state_dir``), no
     candidate, or a candidate at the highest step (docs/lighthouse.md, "State guard" and
     "State loss")."""
@@ -286,9 +300,13 @@ def state_guard(
     window = HOLDER_WAIT_HEARTBEATS * opts.heartbeat_timeout
     waiting = set(asked)
     holders = sorted(m.replica_id for m in previous if m.replica_id not in waiting)
-    may_return = tuple(rid for rid in holders if rid in heard and now - heard[rid] < window)
+    may_return = tuple(
+        rid for rid in holders if rid not in finished and rid in heard and now - heard[rid] < window
+    )
     if may_return:
         return Guard(waiting=may_return)
+    if any(rid in finished for rid in holders):
+        return Guard()
     return Guard(lost=StateLoss(high, tuple(sorted(m.replica_id for m in previous))))
 
 

@@ -148,6 +148,7 @@ class _Service:
         """Group rank 0's stream is the group's heartbeat; another rank's (``group_rank`` > 0,
         our clients only) is that rank's (``decision.group_last_seen``)."""
         sender: tuple[str, int] | None = None
+        finished = False  # the client said goodbye (a dead process cannot)
         try:
             async for request in requests:
                 if (
@@ -171,9 +172,10 @@ class _Service:
                     self.state.heartbeat(sender[0])
                 else:
                     self.state.rank_heartbeat(*sender)
+                finished = finished or request.goodbye
         finally:
             if sender is not None:
-                self._closed(*sender)
+                self._closed(*sender, finished)
         return b""
 
     def _opened(self, replica_id: str, group_rank: int) -> None:
@@ -182,9 +184,9 @@ class _Service:
         else:
             self.state.rank_stream_opened(replica_id, group_rank)
 
-    def _closed(self, replica_id: str, group_rank: int) -> None:
+    def _closed(self, replica_id: str, group_rank: int, finished: bool) -> None:
         if group_rank == 0:
-            self.state.stream_closed(replica_id)
+            self.state.stream_closed(replica_id, finished)
         else:
             self.state.rank_stream_closed(replica_id, group_rank)
 

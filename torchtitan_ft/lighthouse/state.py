@@ -183,6 +183,9 @@ class LighthouseState:
         self._ended: set[str] = set()
         """Members of the previous quorum whose heartbeat stream ended since it was issued."""
         self._ended_at: dict[str, float] = {}
+        self._finished: set[str] = set()
+        """Members of the previous quorum whose process ended its stream itself (the state
+        guard's ``finished``)."""
         """When each of them ended in this run: the state guard waits for it from there."""
         self.state_loss: StateLoss | None = None
         """The job's state loss, from its declaration until a quorum reaches the lost step
@@ -233,8 +236,9 @@ class LighthouseState:
         (``decision.group_last_seen``)."""
         return group_last_seen(self.heartbeats, self.rank_heartbeats)
 
-    def stream_closed(self, replica_id: str) -> None:
-        """The replica's heartbeat stream ended: its process is gone (or it shut down)."""
+    def stream_closed(self, replica_id: str, finished: bool = False) -> None:
+        """The replica's heartbeat stream ended: its process is gone, or (``finished``) it
+        ended the stream itself, shutting down."""
         left = self._streams.get(replica_id, 0) - 1
         if left > 0:
             self._streams[replica_id] = left
@@ -249,6 +253,8 @@ class LighthouseState:
         if replica_id in self._previous_ids:
             self._ended.add(replica_id)
             self._ended_at[replica_id] = self._clock()
+            if finished:
+                self._finished.add(replica_id)
         if replica_id in self.asked:
             self._stream_ended.add(replica_id)
             self.history.record(
@@ -468,7 +474,15 @@ class LighthouseState:
             heard = self._ended_at | heard_since_restart(
                 (m.replica_id for m in self.previous), self._ended, heartbeats, self._restored_at
             )
-        decision = decide(self.pending, heartbeats, previous, self._clock(), self.opts, heard)
+        decision = decide(
+            self.pending,
+            heartbeats,
+            previous,
+            self._clock(),
+            self.opts,
+            heard,
+            frozenset(self._finished),
+        )
         self.metrics.observe_decision(time.perf_counter() - start)
         if decision.state_loss is not None:
             self._declare_state_loss(decision.state_loss)
@@ -522,6 +536,7 @@ class LighthouseState:
         self.metrics.quorums_issued += 1
         self._ended.clear()
         self._ended_at.clear()
+        self._finished.clear()
         self._restored_at = None
         self._persist()
 

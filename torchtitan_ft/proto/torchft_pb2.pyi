@@ -156,12 +156,14 @@ class StateLoss(_message.Message):
     def __init__(self, lost_step: _Optional[int] = ..., holders: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LighthouseHeartbeatRequest(_message.Message):
-    __slots__ = ("replica_id", "group_rank")
+    __slots__ = ("replica_id", "group_rank", "goodbye")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
+    GOODBYE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     group_rank: int
-    def __init__(self, replica_id: _Optional[str] = ..., group_rank: _Optional[int] = ...) -> None: ...
+    goodbye: bool
+    def __init__(self, replica_id: _Optional[str] = ..., group_rank: _Optional[int] = ..., goodbye: _Optional[bool] = ...) -> None: ...
 
 class LighthouseHeartbeatResponse(_message.Message):
     __slots__ = ()
