@@ -469,6 +469,7 @@ def test_goodput_names_a_process_that_trained_its_own_line() -> None:
     ]
 
 
+@pytest.mark.slow  # tests/manager/test_rounds.py and test_security.py test the restart itself
 @pytest.mark.timeout(300)
 def test_group_restart_prints_how_long_a_restarted_group_took() -> None:
     out = _benchmark("benchmarks.group_restart", "--trials", "1", timeout=270)

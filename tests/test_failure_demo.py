@@ -102,6 +102,7 @@ def test_mlp_demo_survives_a_kill(tmp_path: Path) -> None:
     _check(result, tmp_path, ["SIGKILL"])
 
 
+@pytest.mark.slow  # the 0.2.2 twin of tests/titan030/test_failure_demo.py (the default release)
 @pytest.mark.multiprocess
 @pytest.mark.timeout(420)
 def test_titan_demo_survives_a_kill(tmp_path: Path) -> None:
