@@ -185,8 +185,9 @@ def worker_quorum(impl: str, replica: int, lighthouse: str) -> None:
     else:
         from functools import partial
 
+        from torchtitan_ft.manager.client import LocalManagerClient
         from torchtitan_ft.manager.outage import LighthouseOutage
-        from torchtitan_ft.manager.server import LocalManagerClient, ManagerServer
+        from torchtitan_ft.manager.server import ManagerServer
 
         outage = LighthouseOutage.WAIT if impl == "ours_wait" else LighthouseOutage.PREVIOUS_QUORUM
         server_cls = partial(ManagerServer, lighthouse_outage=outage)

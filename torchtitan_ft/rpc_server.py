@@ -2,10 +2,11 @@
 hosts a server's event loop, the server itself (connection limits, job-token interceptor, the
 marking of authenticated peers for its ``connection_guard``, request parsing), its table of
 RPCs (``Rpc``: each with its handler and whether it needs the job token, checked against the
-proto's service so that no RPC is left out), the diagnosis
-of an address it cannot listen on, and the filter for grpc.aio's spurious event-loop errors.
-Each server picks its own connection cap from the descriptors it may use
-(``descriptor_limit``, ``countable_descriptors``) and its own idle timeout.
+proto's service so that no RPC is left out), the daemon threads for its blocking calls
+(``DaemonThreads``), the diagnosis of an address it cannot listen on, and the filter for
+grpc.aio's spurious event-loop errors. Each server picks its own connection cap from the
+descriptors it may use (``descriptor_limit``, ``countable_descriptors``) and its own idle
+timeout.
 
 gRPC's generated servicers parse requests themselves and answer a malformed one with
 ``UNKNOWN`` and an ERROR traceback in the log; handlers registered with ``parser`` receive a
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
+import queue
 import resource
 import threading
 from collections.abc import Callable, Coroutine, Sequence
@@ -64,6 +67,15 @@ def parser(cls: type[M]) -> Callable[[bytes], M | Malformed]:
             return Malformed(cls.__name__, e)
 
     return parse
+
+
+def unary(method: Callable[..., Any], request_type: type[Message]) -> grpc.RpcMethodHandler:
+    """The handler of a unary RPC served by ``method``, its request parsed by ``parser``."""
+    return grpc.unary_unary_rpc_method_handler(
+        method,
+        request_deserializer=parser(request_type),
+        response_serializer=lambda response: response.SerializeToString(),
+    )
 
 
 @dataclass(frozen=True)
@@ -238,6 +250,73 @@ class ServerThread:
         if self._thread is not None:
             self._thread.join(timeout)
         return not self.running()
+
+
+class DaemonThreads:
+    """Daemon threads for a server's blocking calls (the ManagerServer's quorum address check,
+    which may look names up), off its event loop, each kept for the next call once it is done:
+    starting a thread waits until it runs, a scheduling delay on busy cores, paid on the path
+    every rank waits on. A call that blocks long (a slow name lookup) does not hold up the
+    next: it gets another thread. Daemon threads never delay shutdown or process exit."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._idle: list[queue.SimpleQueue[Callable[[], None] | None]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def run(self, fn: Callable[[], None]) -> None:
+        """Runs ``fn`` (which must not raise) on an idle thread, or a new one."""
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            thread = threading.Thread(target=self._serve, args=(inbox,), name=self._name)
+            thread.daemon = True
+            thread.start()
+        inbox.put(fn)
+
+    async def call(self, fn: Callable[[], R]) -> R:
+        """Runs blocking ``fn`` on one of these threads (``run``) and returns its result (or
+        raises its error) on the running event loop."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[R] = loop.create_future()
+        # The caller may be cancelled meanwhile; don't warn about an unretrieved error.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+        def deliver(setter: Callable[[Any], object], value: Any) -> None:
+            if not fut.done():
+                setter(value)
+
+        def run() -> None:
+            try:
+                result = fn()
+            except BaseException as e:  # handed to the awaiting coroutine, which re-raises it
+                outcome: tuple[Callable[[Any], object], Any] = (fut.set_exception, e)
+            else:
+                outcome = (fut.set_result, result)
+            # RuntimeError: the loop closed meanwhile and nobody is waiting any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(deliver, *outcome)
+
+        self.run(run)
+        return await fut
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+        while (fn := inbox.get()) is not None:
+            fn()
+            with self._lock:
+                if self._closed:
+                    return
+                self._idle.append(inbox)
+
+    def close(self) -> None:
+        """Ends the idle threads, and each busy one when its call returns."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for inbox in idle:
+            inbox.put(None)
 
 
 def grpc_server(

@@ -66,7 +66,8 @@ def test_a_prober_learns_the_settings_then_probes_once_per_kick(servers) -> None
         status_bind="127.0.0.1:0",
         stragglers=StragglerOptions(link_probe_bytes=64 * KIB, link_probe_interval_s=0.0),
     )
-    prober = LinkProber(server.address(), "g")
+    client = LighthouseClient(server.address())
+    prober = LinkProber(client, "g")
     try:
         prober.kick()
         _wait_for(lambda: prober.probe_bytes == 64 * KIB, "the prober learned the payload")
@@ -79,13 +80,15 @@ def test_a_prober_learns_the_settings_then_probes_once_per_kick(servers) -> None
         assert all(r.bytes == 2 * 64 * KIB and r.seconds > 0 for r in results)
     finally:
         prober.close()
+        client.close()
     _, metrics = get(server.status_address() + "/metrics")
     assert "torchft_lighthouse_link_probe_bytes_total 393216" in metrics.splitlines()
 
 
 def test_probes_off_and_a_too_large_payload_refused_with_the_server_up(servers) -> None:
     server = servers(stragglers=StragglerOptions(link_probe_bytes=0))
-    prober = LinkProber(server.address(), "g")
+    client = LighthouseClient(server.address())
+    prober = LinkProber(client, "g")
     try:
         prober.kick()
         _wait_for(lambda: prober.probe_bytes == 0, "the prober learned that probes are off")
@@ -94,6 +97,7 @@ def test_probes_off_and_a_too_large_payload_refused_with_the_server_up(servers) 
         assert prober.take() == []
     finally:
         prober.close()
+        client.close()
     channel = grpc.insecure_channel(grpc_target(server.address()))
     try:
         stub = pb_grpc.LighthouseServiceStub(channel)

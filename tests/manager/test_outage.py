@@ -12,6 +12,7 @@ from torchtitan_ft.manager.decisions import compute_quorum_results
 from torchtitan_ft.manager.outage import (
     OUTAGE_GRACE_S,
     LighthouseOutage,
+    OutageState,
     go_on_without_lighthouse,
     previous_quorum_round,
 )
@@ -108,3 +109,24 @@ def test_no_steps_is_a_caller_error() -> None:
 )
 def test_when_a_round_stops_waiting_for_the_lighthouse(unreachable, known, waited, go_on) -> None:
     assert go_on_without_lighthouse(unreachable, known, waited) is go_on
+
+
+def test_outage_state_counts_the_rounds_of_an_outage() -> None:
+    """The server's outage state: the previous quorum it answered with, whether an outage is
+    known (a round went on without the lighthouse, or the heartbeat stream broke since it last
+    answered), and how many rounds the outage lasted when the lighthouse answers again."""
+    state = OutageState(ON)
+    assert state.round("a", [5], 0, NOW).quorum is None  # no quorum yet
+    state.answered_with(quorum(a=4, b=4), excluded=False)
+    assert state.round("a", [5], 0, NOW).quorum is not None
+    assert not state.known(breaks=0)
+    assert state.known(breaks=1)  # the heartbeat stream broke since
+    assert state.lighthouse_answered(breaks=1) is None  # no outage to end
+    assert not state.known(breaks=1)
+    assert state.went_on() is True  # the first round without the lighthouse starts one
+    assert state.went_on() is False
+    assert state.known(breaks=1)
+    assert state.lighthouse_answered(breaks=1) == 2
+    assert state.steps is None and not state.known(breaks=1)
+    state.answered_with(quorum(a=4, b=4), excluded=True)
+    assert "straggler policy" in state.round("a", [5], 0, NOW).reason

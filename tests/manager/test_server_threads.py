@@ -13,13 +13,14 @@ import pytest
 
 from torchtitan_ft.addresses import Advertised, QuorumAddressCheck
 from torchtitan_ft.lighthouse import LighthouseServer
-from torchtitan_ft.manager.client import ManagerClient, QuorumTimeoutError
+from torchtitan_ft.manager.client import LocalManagerClient, ManagerClient, QuorumTimeoutError
 from torchtitan_ft.manager.decisions import QuorumResult
-from torchtitan_ft.manager.server import LocalManagerClient, ManagerServer, _DaemonThreads
+from torchtitan_ft.manager.server import ManagerServer
+from torchtitan_ft.rpc_server import DaemonThreads
 
 
 def test_a_done_thread_serves_the_next_call() -> None:
-    threads = _DaemonThreads("test-blocking")
+    threads = DaemonThreads("test-blocking")
     seen: list[threading.Thread] = []
     try:
         for _ in range(3):
@@ -34,7 +35,7 @@ def test_a_done_thread_serves_the_next_call() -> None:
 
 
 def test_a_blocked_call_does_not_hold_up_the_next() -> None:
-    threads = _DaemonThreads("test-blocking")
+    threads = DaemonThreads("test-blocking")
     release, second = threading.Event(), threading.Event()
     try:
         threads.run(lambda: release.wait(10))
@@ -99,6 +100,9 @@ def test_the_in_process_client_joins_quorums_beside_a_grpc_client() -> None:
                 t.join(30)
             assert answers["local"].quorum_id == answers["remote"].quorum_id
             assert answers["local"].replica_world_size == 2
+        # One session rule for both clients: each keeps the session its server gave the rank.
+        assert local._sessions[0] == local_server._rounds.records[0].session is not None
+        assert remote._sessions[0] == remote_server._rounds.records[0].session is not None
         assert local.should_commit(0, 2, True, timedelta(seconds=10))
         assert not local.should_commit(0, 3, False, timedelta(seconds=10))
     finally:

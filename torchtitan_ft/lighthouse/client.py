@@ -1,8 +1,13 @@
-"""The lighthouse's clients: ``LighthouseClient`` (blocking: quorum requests, over a held-open
-``QuorumStream`` with a fallback to unary ``Quorum`` against torchft's lighthouse, heartbeats,
-the ``GoneMembers`` long poll of the hung-peer watch, and the held-open heartbeat stream,
-``HeartbeatStream``) and ``AsyncLighthouseClient`` (the same quorum requests on the
-ManagerServer's event loop), with the retry rule for an unreachable lighthouse they share."""
+"""The lighthouse's client, with two faces over one call layer (``_LighthouseCalls``: the
+channel options and token, the quorum request and its answer, the stream-or-unary fallback,
+the retry rule and the errors):
+
+- ``LighthouseClient`` (blocking): quorum requests, over a held-open ``QuorumStream`` with a
+  fallback to unary ``Quorum`` (torchft's lighthouse), heartbeats, the ``GoneMembers`` long
+  poll of the hung-peer watch, the link probe (``manager.linkprobe``), and the held-open
+  heartbeat stream (``HeartbeatStream``);
+- ``AsyncLighthouseClient``: the same quorum requests on the ManagerServer's event loop.
+"""
 
 from __future__ import annotations
 
@@ -52,7 +57,50 @@ def grpc_target(addr: str) -> str:
     return addr
 
 
-class LighthouseClient:
+class StreamFailure(enum.Enum):
+    """What a quorum request does when it failed on the held-open stream
+    (``_LighthouseCalls._stream_failed``)."""
+
+    UNARY_FROM_NOW_ON = "unary_from_now_on"
+    """UNIMPLEMENTED: torchft's lighthouse has no ``QuorumStream``; unary calls from now on."""
+    UNARY_THIS_TIME = "unary_this_time"
+    """INTERNAL: grpc.aio reports a stream that the lighthouse ended (a refused token) while
+    the request was being written as INTERNAL, hiding the real status; a unary call gets it
+    (and the stream is tried again on the next request)."""
+    RAISE = "raise"
+    """Any other status: the request's error (``_after_failure`` decides on a retry)."""
+
+
+def stream_failure(code: grpc.StatusCode) -> StreamFailure:
+    """What a quorum request that failed on the held-open stream with ``code`` does (pure)."""
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return StreamFailure.UNARY_FROM_NOW_ON
+    if code == grpc.StatusCode.INTERNAL:
+        return StreamFailure.UNARY_THIS_TIME
+    return StreamFailure.RAISE
+
+
+class _LighthouseCalls:
+    """What both faces of the client share: the address, the token's metadata, whether the
+    lighthouse has ``QuorumStream``, and the rules of a quorum request (``_stream_failed``;
+    ``_quorum_request``, ``_after_failure``, ``_pause`` and ``_quorum_answer`` below)."""
+
+    def __init__(self, addr: str, auth_token: str | None) -> None:
+        self.addr = addr
+        self._metadata = grpc_metadata(resolve_token(auth_token))
+        self._stream_supported = True
+
+    def _stream_failed(self, e: grpc.RpcError) -> None:
+        """After a quorum request failed on the held-open stream with ``e``: returns when the
+        request is to be made as a unary call (``stream_failure``), raises ``e`` otherwise."""
+        failure = stream_failure(e.code())
+        if failure is StreamFailure.RAISE:
+            raise e
+        if failure is StreamFailure.UNARY_FROM_NOW_ON:
+            self._stream_supported = False
+
+
+class LighthouseClient(_LighthouseCalls):
     """A client of a lighthouse (ours or torchft's).
 
     Args:
@@ -74,15 +122,12 @@ class LighthouseClient:
         connect_timeout: timedelta = timedelta(seconds=10),
         auth_token: str | None = None,
     ) -> None:
-        auth_token = resolve_token(auth_token)
-        self.addr = addr
+        super().__init__(addr, auth_token)
         self._connect_timeout = connect_timeout.total_seconds()
-        self._metadata = grpc_metadata(auth_token)
         self._channel = grpc.insecure_channel(grpc_target(addr), options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.LighthouseServiceStub(self._channel)
         self._stream: _QuorumStream | None = None
         self._stream_lock = threading.Lock()
-        self._stream_supported = True
 
     def quorum(
         self,
@@ -154,15 +199,15 @@ class LighthouseClient:
                     return _quorum_answer(response)
             except grpc.RpcError as e:
                 if _after_failure(e, self.addr, timeout) is _Retry.AFTER_PAUSE:
-                    time.sleep(min(_RETRY_SLEEP_S, max(0.0, deadline - time.monotonic())))
+                    time.sleep(_pause(deadline - time.monotonic()))
         raise _no_quorum(self.addr, timeout)
 
     def _ask(
         self, request: pb.LighthouseQuorumRequest, timeout: float
     ) -> pb.LighthouseQuorumResponse | None:
         """One quorum request: over the held-open ``QuorumStream`` when this lighthouse has it
-        and no other thread of this client is using it, else a unary ``Quorum`` call.
-        None when ``timeout`` (seconds) passed without an answer."""
+        and no other thread of this client is using it, else (or after ``_stream_failed``) a
+        unary ``Quorum`` call. None when ``timeout`` (seconds) passed without an answer."""
         if self._stream_supported and self._stream_lock.acquire(blocking=False):
             try:
                 if self._stream is None:
@@ -170,10 +215,7 @@ class LighthouseClient:
                 try:
                     return self._stream.ask(request, timeout)
                 except grpc.RpcError as e:
-                    if e.code() != grpc.StatusCode.UNIMPLEMENTED:
-                        raise
-                    # torchft's lighthouse: unary calls from now on.
-                    self._stream_supported = False
+                    self._stream_failed(e)
             finally:
                 if self._stream is not None and self._stream.broken:
                     self._stream.close()
@@ -216,6 +258,14 @@ class LighthouseClient:
             wait_for_ready=wait_for_ready,
         )
 
+    def link_probe(self, replica_id: str, size: int, timeout: float) -> grpc.Future:
+        """Sends ``size`` zero bytes to the lighthouse's ``LinkProbe`` for ``replica_id``
+        (torchtitan_ft extension; see the proto and ``manager.linkprobe``) within ``timeout``
+        seconds. Returns the call: ``result()`` is a ``LinkProbeResponse`` or raises
+        ``grpc.RpcError`` (UNIMPLEMENTED from torchft's lighthouse); ``cancel()`` ends it."""
+        request = pb.LinkProbeRequest(replica_id=replica_id, payload=bytes(size))
+        return self._stub.LinkProbe.future(request, timeout=timeout, metadata=self._metadata)
+
     def heartbeat_stream(
         self,
         replica_id: str,
@@ -242,7 +292,7 @@ class LighthouseClient:
         self._channel.close()
 
 
-class AsyncLighthouseClient:
+class AsyncLighthouseClient(_LighthouseCalls):
     """``LighthouseClient.quorum_with_speeds`` for a caller on an asyncio event loop (the
     ManagerServer's): grpc.aio on that loop, so a request and its answer cross no other
     thread. (The sync client hands each request to gRPC's thread that feeds the stream, and
@@ -261,13 +311,11 @@ class AsyncLighthouseClient:
     """
 
     def __init__(self, addr: str, auth_token: str | None = None) -> None:
-        self.addr = addr
-        self._metadata = grpc_metadata(resolve_token(auth_token))
+        super().__init__(addr, auth_token)
         self._channel = aio.insecure_channel(grpc_target(addr), options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.LighthouseServiceStub(self._channel)
         self._stream: aio.StreamStreamCall | None = None
         self._stream_busy = False
-        self._stream_supported = True
 
     async def quorum_with_speeds(
         self,
@@ -305,7 +353,7 @@ class AsyncLighthouseClient:
                     return _quorum_answer(response)
             except grpc.RpcError as e:
                 if _after_failure(e, self.addr, timeout) is _Retry.AFTER_PAUSE:
-                    await asyncio.sleep(min(_RETRY_SLEEP_S, max(0.0, deadline - loop.time())))
+                    await asyncio.sleep(_pause(deadline - loop.time()))
         raise _no_quorum(self.addr, timeout)
 
     async def _ask(
@@ -319,13 +367,7 @@ class AsyncLighthouseClient:
             try:
                 return await self._ask_on_stream(request, deadline - loop.time())
             except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    self._stream_supported = False  # torchft's lighthouse: unary from now on
-                elif e.code() != grpc.StatusCode.INTERNAL:
-                    raise
-                # INTERNAL: grpc.aio reports a stream that the lighthouse ended (a refused
-                # token) while the request was being written as INTERNAL, hiding the real
-                # status; the unary call below gets it.
+                self._stream_failed(e)
             finally:
                 self._stream_busy = False
         return await self._stub.Quorum(
@@ -401,6 +443,12 @@ def _after_failure(e: grpc.RpcError, addr: str, timeout: timedelta) -> _Retry:
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return _Retry.AT_ONCE
     _raise_for(e, addr, timeout)
+
+
+def _pause(left_s: float) -> float:
+    """The pause before asking an unreachable lighthouse again, ``left_s`` before the
+    request's deadline."""
+    return min(_RETRY_SLEEP_S, max(0.0, left_s))
 
 
 def _quorum_request(

@@ -29,10 +29,8 @@ from enum import StrEnum
 
 import grpc
 
-from torchtitan_ft.auth import grpc_metadata
-from torchtitan_ft.lighthouse.client import CHANNEL_OPTIONS, grpc_target
+from torchtitan_ft.lighthouse.client import LighthouseClient
 from torchtitan_ft.proto import torchft_pb2 as pb
-from torchtitan_ft.proto import torchft_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -74,25 +72,24 @@ class LinkProber:
     """Times this group's link to the lighthouse now and then, on a daemon thread of its own.
 
     Args:
-        lighthouse_addr: the lighthouse URL, ``http://host:port`` (a channel of its own: a
-            probe's payload does not queue behind, or ahead of, the quorum calls' messages in
-            one HTTP/2 connection).
+        lighthouse: the client whose channel the probes use (``LighthouseClient.link_probe``,
+            with its job token; the ManagerServer's heartbeat client, whose stream carries a
+            few bytes per interval: a probe's payload shares that connection, not the quorum
+            requests', which run on the server's event loop over a channel of their own).
+            The caller closes it after ``close``.
         replica_id: this group's id, sent with each probe.
-        auth_token: the job token (the lighthouse's ``LinkProbe`` needs it when it has one).
         clock: monotonic seconds (tests may pass their own).
     """
 
     def __init__(
         self,
-        lighthouse_addr: str,
+        lighthouse: LighthouseClient,
         replica_id: str,
-        auth_token: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._replica_id = replica_id
-        self._metadata = grpc_metadata(auth_token)
-        self._channel = grpc.insecure_channel(grpc_target(lighthouse_addr), options=CHANNEL_OPTIONS)
-        self._stub = pb_grpc.LighthouseServiceStub(self._channel)
+        self._lighthouse = lighthouse
+        self._call_in_flight: grpc.Future | None = None
         self._clock = clock
         self._kicked = threading.Event()
         self._lock = threading.Lock()
@@ -124,10 +121,13 @@ class LinkProber:
         return results
 
     def close(self) -> None:
-        """Stops probing (a probe in flight is cancelled with the channel)."""
-        self._closed = True
+        """Stops probing (a probe in flight is cancelled)."""
+        with self._lock:
+            self._closed = True
+            call = self._call_in_flight
         self._kicked.set()
-        self._channel.close()
+        if call is not None:
+            call.cancel()
 
     def _run(self) -> None:
         while True:
@@ -146,12 +146,16 @@ class LinkProber:
 
     def _call(self, size: int) -> bool:
         """One probe of ``size`` bytes each way; False: stop probing for good."""
-        request = pb.LinkProbeRequest(replica_id=self._replica_id, payload=bytes(size))
-        start = time.perf_counter()
+        with self._lock:
+            if self._closed:
+                return False
+            start = time.perf_counter()
+            call = self._lighthouse.link_probe(self._replica_id, size, PROBE_TIMEOUT_S)
+            self._call_in_flight = call
         try:
-            response = self._stub.LinkProbe(
-                request, timeout=PROBE_TIMEOUT_S, metadata=self._metadata
-            )
+            response = call.result()
+        except grpc.FutureCancelledError:
+            return False
         except grpc.RpcError as e:
             if self._closed:
                 return False

@@ -113,3 +113,64 @@ def go_on_without_lighthouse(unreachable: bool, outage_known: bool, waited_s: fl
     failed), or an outage is known and the lighthouse has not answered within
     ``OUTAGE_GRACE_S`` (see there)."""
     return unreachable or (outage_known and waited_s >= OUTAGE_GRACE_S)
+
+
+class OutageState:
+    """What group rank 0's ManagerServer knows of a lighthouse outage, for the rules above:
+    the last quorum its ranks were answered with, and the rounds answered without the
+    lighthouse since it last answered. No I/O; the server feeds it what happened.
+
+    Args:
+        mode: the group's ``lighthouse_outage`` setting.
+    """
+
+    def __init__(self, mode: LighthouseOutage) -> None:
+        self._mode = mode
+        self._previous: Quorum | None = None
+        self._previous_excluded = False
+        self.steps: int | None = None
+        """Rounds answered without the lighthouse since it last answered; None: no outage."""
+        self.cause = ""
+        """Why the last round went on without the lighthouse, in words."""
+        self._breaks_seen = 0
+        """The heartbeat stream's breaks when the lighthouse last answered a round: more now
+        means the lighthouse went away since."""
+
+    def round(
+        self, replica_id: str, steps: Sequence[int], commit_failures: int, now: datetime
+    ) -> OutageRound:
+        """``previous_quorum_round`` for a round of this group's ranks at ``steps``."""
+        return previous_quorum_round(
+            self._mode,
+            self._previous,
+            self._previous_excluded,
+            replica_id,
+            steps,
+            commit_failures,
+            now,
+        )
+
+    def answered_with(self, quorum: Quorum, excluded: bool) -> None:
+        """The group's ranks were answered with ``quorum`` (the straggler policy ``excluded``
+        the group from it, or not)."""
+        self._previous, self._previous_excluded = quorum, excluded
+
+    def known(self, breaks: int) -> bool:
+        """Whether an outage is known (``go_on_without_lighthouse``): a round went on without
+        the lighthouse since it last answered, or the heartbeat stream broke since
+        (``breaks``: how many times it has broken so far)."""
+        return self.steps is not None or breaks != self._breaks_seen
+
+    def went_on(self) -> bool:
+        """Counts a round answered without the lighthouse; True when it starts an outage."""
+        started = self.steps is None
+        self.steps = (self.steps or 0) + 1
+        return started
+
+    def lighthouse_answered(self, breaks: int) -> int | None:
+        """The lighthouse answered a round (the heartbeat stream has broken ``breaks`` times
+        so far): ends a known outage and returns how many rounds went on without the
+        lighthouse during it; None when there was none."""
+        self._breaks_seen = breaks
+        steps, self.steps = self.steps, None
+        return steps

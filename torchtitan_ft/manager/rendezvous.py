@@ -16,8 +16,8 @@ from torch.distributed import TCPStore
 
 from torchtitan_ft.addresses import advertised_store_host, is_loopback, loopback_address
 from torchtitan_ft.checkpoint import CheckpointTransport, HTTPTransport
-from torchtitan_ft.manager.client import ManagerClient
-from torchtitan_ft.manager.server import AddressInUseError, LocalManagerClient, ManagerServer
+from torchtitan_ft.manager.client import LocalManagerClient, ManagerClient
+from torchtitan_ft.manager.server import AddressInUseError, ManagerServer
 from torchtitan_ft.manager.settings import ManagerSettings, port_in_use_message, store_key_prefix
 from torchtitan_ft.netaddr import join_host_port
 

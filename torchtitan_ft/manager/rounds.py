@@ -261,6 +261,15 @@ class GroupRounds:
         self.gone: set[int] = set()
         """The recorded ranks whose record's connection has closed (``connections_listed``)."""
 
+    def rank_error(self, group_rank: int) -> str | None:
+        """Why ``group_rank`` is no rank of this group (None: it is one)."""
+        if 0 <= group_rank < self._world_size:
+            return None
+        return (
+            f"group_rank {group_rank} is out of range for replica {self._replica_id!r} "
+            f"with world_size {self._world_size} (expected 0..{self._world_size - 1})"
+        )
+
     # ---------------------------------------------------------------------------- quorum
 
     def join(self, call: Joined) -> Refused | Held | Waiting | Ask:
