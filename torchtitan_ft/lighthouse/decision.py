@@ -177,15 +177,8 @@ def decide(
         previous_ids = {m.replica_id for m in previous}
         if shrink_only:
             candidates = [p for p in candidates if p.member.replica_id in previous_ids]
-        candidate_ids = {p.member.replica_id for p in candidates}
-        if previous_ids <= candidate_ids:
-            joined = len(candidate_ids) - len(previous_ids)
-            extra = f" plus {joined} newcomer(s)" if joined else ""
-            return Decision(
-                _members(candidates),
-                f"fast quorum: all {len(previous_ids)} previous members are back{extra}",
-                round_kind=RoundKind.FAST,
-            )
+        if (fast := _fast_quorum(candidates, previous_ids)) is not None:
+            return fast
 
     if len(candidates) < opts.min_replicas:
         return Decision(
@@ -221,6 +214,27 @@ def decide(
         opts,
         finished,
     )
+    return _after_state_guard(candidates, stragglers, guard)
+
+
+def _fast_quorum(candidates: list[Pending], previous_ids: set[str]) -> Decision | None:
+    """``decide``'s fast quorum: every member of the previous quorum asked again (None: not)."""
+    candidate_ids = {p.member.replica_id for p in candidates}
+    if not previous_ids <= candidate_ids:
+        return None
+    joined = len(candidate_ids) - len(previous_ids)
+    extra = f" plus {joined} newcomer(s)" if joined else ""
+    return Decision(
+        _members(candidates),
+        f"fast quorum: all {len(previous_ids)} previous members are back{extra}",
+        round_kind=RoundKind.FAST,
+    )
+
+
+def _after_state_guard(candidates: list[Pending], stragglers: set[str], guard: Guard) -> Decision:
+    """``decide``'s last step: wait for the holders of the job's state the ``guard`` names,
+    or issue the quorum to ``candidates`` (without the healthy ``stragglers`` that did not
+    ask), saying whether the job's state is lost."""
     if guard.waiting:
         names = ", ".join(guard.waiting)
         return Decision(
