@@ -306,7 +306,8 @@ async def _kill(state: LighthouseState, replica_id: str, token: str) -> tuple[in
     return 200, "text/plain", f"killed {replica_id}\n".encode()
 
 
-def render_metrics(state: LighthouseState) -> str:
+def _round_metrics(state: LighthouseState) -> list[str]:
+    """/metrics' quorum rounds, replicas, requests and decision times."""
     m = state.metrics
     members = len(state.quorum.participants) if state.quorum else 0
     lines = [
@@ -356,6 +357,14 @@ def render_metrics(state: LighthouseState) -> str:
         f'torchft_lighthouse_decision_seconds_bucket{{le="+Inf"}} {m.decision_count}',
         f"torchft_lighthouse_decision_seconds_sum {m.decision_seconds_sum:.6f}",
         f"torchft_lighthouse_decision_seconds_count {m.decision_count}",
+    ]
+    return lines
+
+
+def _speed_metrics(state: LighthouseState) -> list[str]:
+    """/metrics' straggler report: each group's speeds and verdicts."""
+    m = state.metrics
+    lines = [
         "# HELP torchft_lighthouse_relative_speed A replica group's compute speed relative to "
         "the others' median (1 typical, 0.25 four times slower; 0 not judged yet).",
         "# TYPE torchft_lighthouse_relative_speed gauge",
@@ -412,6 +421,12 @@ def render_metrics(state: LighthouseState) -> str:
         f"torchft_lighthouse_excluded{{replica_id={_label(s.replica_id)}}} {int(s.excluded)}"
         for s in speeds
     ]
+    return lines
+
+
+def render_metrics(state: LighthouseState) -> str:
+    m = state.metrics
+    lines = [*_round_metrics(state), *_speed_metrics(state)]
     lines += [
         "# HELP torchft_lighthouse_straggler_exclusions_total Times the straggler policy left "
         "a replica group out of the quorum.",
@@ -597,18 +612,7 @@ def render_html(
     window = RANGES[range_name]
     start = now - window if window is not None else (events[0].time if events else now)
     quorum = status["quorum"]
-    rows = []
-    for m in quorum["members"] if quorum else []:
-        kill = (
-            f'<td><button onclick="kill({e(json.dumps(m["replica_id"]))})">kill</button></td>'
-            if kill_enabled
-            else ""
-        )
-        rows.append(
-            f'<tr class="member"><td>{e(m["replica_id"])}</td><td>{m["step"]}</td>'
-            f"<td>{e(m['address'])}</td><td>{e(m['store_address'])}</td>"
-            f"<td>{m['world_size']}</td><td>{m['commit_failures']}</td>{kill}</tr>"
-        )
+    rows = [_member_row(m, kill_enabled) for m in (quorum["members"] if quorum else [])]
     beats = [
         f'<tr class="{"healthy" if h["healthy"] else "unhealthy"}"><td>{e(h["replica_id"])}</td>'
         f"<td>{h['age_s']:.2f}</td><td>{'yes' if h['healthy'] else 'no'}</td>"
@@ -625,29 +629,7 @@ def render_html(
         for s in status["speeds"]
     ]
     job = status["job"]
-    unit = job["unit"]
-    group_rows = []
-    for g in status["groups"]:
-        last = g["heals"][-1] if g["heals"] else None
-        last_heal = (
-            f"started {clock(last['started'] or last['time'])}: {last['seconds']:.3f} s, "
-            f"{last['bytes']} bytes, {e(last['outcome'])}"
-            if last
-            else "-"
-        )
-        durations = ", ".join(f"{h['seconds']:.2f} s" for h in g["heals"][-HEALS_SHOWN:])
-        not_reported = "" if g["reports"] else " (not reported: torchft client)"
-        group_rows.append(
-            f'<tr class="{"in-quorum" if g["in_quorum"] else "away"}" '
-            f'data-group="{e(g["replica_id"])}"><td>{e(g["replica_id"])}</td>'
-            f"<td>{'yes' if g['in_quorum'] else 'no'}</td>"
-            f"<td>{_figure(g['steps_per_s'], '.2f')}{not_reported}</td>"
-            f"<td>{sparkline(g['steps_per_s_series'])}</td>"
-            f"<td>{g['in_quorum_s']:.1f}</td><td>{g['away_s']:.1f}</td>"
-            f"<td>{g['heal_count']}{f' ({durations})' if durations else ''}</td>"
-            f"<td>{last_heal}</td>"
-            f"<td>{_committed(g, unit)}</td><td>{g['discarded_steps']}</td></tr>"
-        )
+    group_rows = [_group_row(g, job["unit"]) for g in status["groups"]]
     event_rows = [
         f'<tr class="event" data-kind="{ev.kind.value}" data-seq="{ev.seq}"><td>{ev.seq}</td>'
         f"<td>{clock(ev.time)}</td><td>{ev.kind.value}</td><td>{e(ev.group)}</td>"
@@ -673,18 +655,7 @@ def render_html(
             if status["state_loss"]
             else ""
         ),
-        window=job["sustained_window_s"],
-        full=job["full_membership"],
-        unit=unit,
-        unit_note=f'<p id="unit-note">{e(job["unit_reason"])}</p>' if "unit_reason" in job else "",
-        committed=job[f"{unit}_committed"],
-        rate=_figure(job[f"{unit}_per_s"], ".2f"),
-        best=_figure(job[f"best_{unit}_per_s"], ".2f"),
-        availability=_figure(
-            None if job["availability"] is None else 100 * job["availability"], ".1f"
-        )
-        + ("%" if job["availability"] is not None else ""),
-        discarded=job["discarded_steps"],
+        **_job_fields(job),
         range_title="last hour" if range_name == "hour" else "whole job",
         timeline=render_timeline(events, [g["replica_id"] for g in status["groups"]], start, now),
         group_rows="\n".join(group_rows),
@@ -701,6 +672,69 @@ def render_html(
         kill_script=_KILL_SCRIPT if kill_enabled else "",
     )
     return page.encode()
+
+
+def _member_row(m: dict, kill_enabled: bool) -> str:
+    """The status page's row of quorum member ``m``, with its kill button if enabled."""
+    e = html.escape
+    kill = (
+        f'<td><button onclick="kill({e(json.dumps(m["replica_id"]))})">kill</button></td>'
+        if kill_enabled
+        else ""
+    )
+    return (
+        f'<tr class="member"><td>{e(m["replica_id"])}</td><td>{m["step"]}</td>'
+        f"<td>{e(m['address'])}</td><td>{e(m['store_address'])}</td>"
+        f"<td>{m['world_size']}</td><td>{m['commit_failures']}</td>{kill}</tr>"
+    )
+
+
+def _group_row(g: dict, unit: str) -> str:
+    """The status page's row of replica group ``g`` (``LighthouseState.status``'s "groups"),
+    its committed work counted in ``unit``."""
+    e = html.escape
+    last = g["heals"][-1] if g["heals"] else None
+    last_heal = (
+        f"started {clock(last['started'] or last['time'])}: {last['seconds']:.3f} s, "
+        f"{last['bytes']} bytes, {e(last['outcome'])}"
+        if last
+        else "-"
+    )
+    durations = ", ".join(f"{h['seconds']:.2f} s" for h in g["heals"][-HEALS_SHOWN:])
+    not_reported = "" if g["reports"] else " (not reported: torchft client)"
+    return (
+        f'<tr class="{"in-quorum" if g["in_quorum"] else "away"}" '
+        f'data-group="{e(g["replica_id"])}"><td>{e(g["replica_id"])}</td>'
+        f"<td>{'yes' if g['in_quorum'] else 'no'}</td>"
+        f"<td>{_figure(g['steps_per_s'], '.2f')}{not_reported}</td>"
+        f"<td>{sparkline(g['steps_per_s_series'])}</td>"
+        f"<td>{g['in_quorum_s']:.1f}</td><td>{g['away_s']:.1f}</td>"
+        f"<td>{g['heal_count']}{f' ({durations})' if durations else ''}</td>"
+        f"<td>{last_heal}</td>"
+        f"<td>{_committed(g, unit)}</td><td>{g['discarded_steps']}</td></tr>"
+    )
+
+
+def _job_fields(job: dict) -> dict[str, object]:
+    """The status page's fields of the job's figures (``LighthouseState.status``'s "job")."""
+    unit = job["unit"]
+    availability = job["availability"]
+    return {
+        "window": job["sustained_window_s"],
+        "full": job["full_membership"],
+        "unit": unit,
+        "unit_note": (
+            f'<p id="unit-note">{html.escape(job["unit_reason"])}</p>'
+            if "unit_reason" in job
+            else ""
+        ),
+        "committed": job[f"{unit}_committed"],
+        "rate": _figure(job[f"{unit}_per_s"], ".2f"),
+        "best": _figure(job[f"best_{unit}_per_s"], ".2f"),
+        "availability": _figure(None if availability is None else 100 * availability, ".1f")
+        + ("%" if availability is not None else ""),
+        "discarded": job["discarded_steps"],
+    }
 
 
 def _committed(group: dict, unit: str) -> str:
