@@ -62,6 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
         version=version_line(),
         help="print the installed torchtitan_ft version and exit",
     )
+    _add_quorum_flags(p)
+    _add_straggler_flags(p)
+    _add_state_flags(p)
+    return p
+
+
+def _add_quorum_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of the gRPC server, the quorum decision, the status page and the token."""
     p.add_argument(
         "--bind", default="[::]:29510", help="host:port of the gRPC server (default: %(default)s)"
     )
@@ -106,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"quorums, and there is no kill action). Prefer the env var: a flag is visible in "
         f"the process list",
     )
+
+
+def _add_straggler_flags(p: argparse.ArgumentParser) -> None:
+    """The straggler report's and policy's flags."""
     p.add_argument(
         "--straggler_factor",
         type=float,
@@ -185,6 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=round(ExclusionOptions.window_s * 1000),
         help="ms over which --straggler_max_exclusions counts (> 0; default: %(default)s)",
     )
+
+
+def _add_state_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of what the lighthouse keeps, when it exits, and its log."""
     p.add_argument(
         "--state_dir",
         default=None,
@@ -220,7 +236,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="INFO logs each change of the decision's reason (default: %(default)s)",
     )
-    return p
 
 
 def resolve_auth_token(flag: str | None, env: Mapping[str, str]) -> tuple[str | None, str]:
@@ -316,6 +331,53 @@ def main(argv: list[str] | None = None) -> None:
         return
     parser = build_parser()
     args = parser.parse_args(argv)
+    stragglers, exclusion = _checked_options(parser, args)
+    _check_binds(parser, args)
+    try:
+        token, token_source = resolve_auth_token(args.auth_token, os.environ)
+    except ValueError as e:
+        parser.error(str(e))
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    _raise_fd_limit()
+    if token is not None:
+        logger.info("job token from %s", token_source)
+    # The server logs that it serves before the constructor returns: a SIGTERM from then on
+    # is a clean stop, not death by signal.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    try:
+        server = LighthouseServer(
+            bind=args.bind,
+            min_replicas=args.min_replicas,
+            join_timeout_ms=args.join_timeout_ms,
+            quorum_tick_ms=args.quorum_tick_ms,
+            heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+            status_bind=None if args.status_bind == "off" else args.status_bind,
+            auth_token=token,
+            stragglers=stragglers,
+            exclusion=exclusion,
+            state_dir=args.state_dir,
+            history_events=args.history_events,
+        )
+    except OSError as e:
+        parser.error(str(e))
+    signal.signal(signal.SIGTERM, lambda *_: server.shutdown())
+    try:
+        if args.exit_when_idle_ms:
+            _serve_until_idle(server, args.exit_when_idle_ms / 1000)
+        else:
+            server.wait()
+    except KeyboardInterrupt:
+        server.shutdown()
+    sys.exit(0)
+
+
+def _checked_options(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[StragglerOptions, ExclusionOptions]:
+    """``main``'s checks of the decision's, the straggler report's and the history's flags
+    (``parser.error`` names a bad one); the straggler options they give."""
     try:
         validate_options(
             args.min_replicas, args.join_timeout_ms, args.quorum_tick_ms, args.heartbeat_timeout_ms
@@ -355,6 +417,12 @@ def main(argv: list[str] | None = None) -> None:
         max_exclusions=args.straggler_max_exclusions,
         window_s=args.straggler_exclusion_window_ms / 1000,
     )
+    return stragglers, exclusion
+
+
+def _check_binds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``main``'s checks of ``--bind`` and ``--status_bind`` (``parser.error`` says what is
+    wrong); sets the default ``--status_bind``."""
     try:
         host, port = split_host_port(args.bind, "bind address")
     except ValueError as e:
@@ -374,44 +442,6 @@ def main(argv: list[str] | None = None) -> None:
             split_host_port(args.status_bind, "bind address")
         except ValueError as e:
             parser.error(f"--status_bind: {e}")
-    try:
-        token, token_source = resolve_auth_token(args.auth_token, os.environ)
-    except ValueError as e:
-        parser.error(str(e))
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    _raise_fd_limit()
-    if token is not None:
-        logger.info("job token from %s", token_source)
-    # The server logs that it serves before the constructor returns: a SIGTERM from then on
-    # is a clean stop, not death by signal.
-    signal.signal(signal.SIGTERM, _exit_cleanly)
-    try:
-        server = LighthouseServer(
-            bind=args.bind,
-            min_replicas=args.min_replicas,
-            join_timeout_ms=args.join_timeout_ms,
-            quorum_tick_ms=args.quorum_tick_ms,
-            heartbeat_timeout_ms=args.heartbeat_timeout_ms,
-            status_bind=None if args.status_bind == "off" else args.status_bind,
-            auth_token=token,
-            stragglers=stragglers,
-            exclusion=exclusion,
-            state_dir=args.state_dir,
-            history_events=args.history_events,
-        )
-    except OSError as e:
-        parser.error(str(e))
-    signal.signal(signal.SIGTERM, lambda *_: server.shutdown())
-    try:
-        if args.exit_when_idle_ms:
-            _serve_until_idle(server, args.exit_when_idle_ms / 1000)
-        else:
-            server.wait()
-    except KeyboardInterrupt:
-        server.shutdown()
-    sys.exit(0)
 
 
 def _serve_until_idle(server: LighthouseServer, idle_s: float) -> None:
