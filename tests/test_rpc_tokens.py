@@ -5,6 +5,7 @@ to the proto fails here until its server's table (``rpc_server.Rpc``) guards it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
@@ -113,14 +114,14 @@ def test_every_rpc_answers_only_with_the_token(channels, service, method) -> Non
 
 def test_a_table_must_name_every_rpc_of_the_proto_once() -> None:
     handler = grpc.unary_unary_rpc_method_handler(lambda request, context: None)
-    names = ["Quorum", "ShouldCommit", "CheckpointMetadata", "Kill"]
+    names = [m.name for m in pb.DESCRIPTOR.services_by_name["ManagerService"].methods]
     rows = [Rpc(name, handler, needs_token=True, needs_group_key=False) for name in names]
-    kill = Rpc("Kill", handler, needs_token=False, needs_group_key=True)
-    _, token, key = rpc_table("torchft.ManagerService", [*rows[:3], kill])
-    assert token == [f"/torchft.ManagerService/{n}" for n in names[:3]]
-    assert key == ["/torchft.ManagerService/Kill"]
-    with pytest.raises(ValueError, match=r"has \['CheckpointMetadata', 'Quorum', 'ShouldC"):
-        rpc_table("torchft.ManagerService", rows[:3])
+    last = Rpc(names[-1], handler, needs_token=False, needs_group_key=True)
+    _, token, key = rpc_table("torchft.ManagerService", [*rows[:-1], last])
+    assert token == [f"/torchft.ManagerService/{n}" for n in names[:-1]]
+    assert key == [f"/torchft.ManagerService/{names[-1]}"]
+    with pytest.raises(ValueError, match=re.escape(f"has {sorted(names[:-1])}")):
+        rpc_table("torchft.ManagerService", rows[:-1])
     with pytest.raises(ValueError, match="give every RPC of the proto one row"):
         rpc_table("torchft.ManagerService", [*rows, Rpc("Extra", handler, True, False)])
     with pytest.raises(ValueError, match=r"'torchft.Nope' is not a service of torchft\.proto"):
