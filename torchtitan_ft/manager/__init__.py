@@ -5,7 +5,8 @@ Bottom to top: ``decisions``, ``identity``, ``outage``, ``settings`` and ``round
 decisions without I/O (functions of their inputs, plus the small state of
 ``decisions.QuorumGate`` and ``rounds.GroupRounds``); ``stats`` holds the counters;
 ``steptimes`` turns a rank's step timings into the group's for the straggler report;
-``client``/``server`` speak ``torchft.ManagerService``; ``rendezvous`` (start-up),
+``client``/``server`` speak ``torchft.ManagerService`` (``lighthouse_quorum``: the server's
+quorum requests to the lighthouse); ``rendezvous`` (start-up),
 ``collectives``, ``healing`` and ``quorum`` (the quorum thread) hold one rank's state;
 ``hung`` watches for hung peers on a thread of its own while a step's collectives run, and
 ``linkprobe`` times the group's link to the lighthouse; ``manager`` is the façade a training
