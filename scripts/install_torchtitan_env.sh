@@ -46,7 +46,9 @@ if [ -f "$stamp" ] && installed; then
     exit 0
 fi
 echo "install_torchtitan_env: TorchTitan $version into $venv (over $base, torch $torch_version)" >&2
-"$base" -m venv "$venv"
+# No pip of its own (ensurepip alone took 8 s of CPU here): the base's pip, seen through the
+# .pth file below, installs into the venv it runs in.
+"$base" -m venv --without-pip "$venv"
 site_dir="$("$py" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 echo "import site; list(map(site.addsitedir, $base_sites))" >"$site_dir/_torchtitan_ft_base.pth"
 "$py" -m pip install --quiet "${requirements[@]}" -e "$root"

@@ -27,13 +27,19 @@ SERIAL_GROUP = "titan"
 """The xdist group (``./run_tests.sh`` runs two workers with ``--dist loadgroup``) of the tests
 that run on one worker, one after the other: the multi-process TorchTitan tests (a job of
 2-4 trainers saturates the 2 cores by itself) and the multi-host tests (one test bed of network
-namespaces at a time)."""
+namespaces at a time). A test under ``tests/titan`` marked ``light`` (it trains at most one
+process, or its processes stop at start-up) is not in it: it runs on either worker, beside the
+group."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        titan_job = item.nodeid.startswith("tests/titan/") and "multiprocess" in item.keywords
+        titan_job = (
+            item.nodeid.startswith("tests/titan/")
+            and "multiprocess" in item.keywords
+            and item.get_closest_marker("light") is None
+        )
         if titan_job or "multihost" in item.keywords:
             item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
     # Tests that compare step times within a run go last (a stable sort keeps the rest in

@@ -94,6 +94,7 @@ def _check(result: subprocess.CompletedProcess[str], out: Path, faults: list[str
     assert (out / "failure_demo.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # the default tier: tests/titan030/test_failure_demo.py, test_chaos.py
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_mlp_demo_survives_a_kill(tmp_path: Path) -> None:

@@ -84,7 +84,7 @@ def test_install_torchtitan_env_installs_the_release_asked_for(
     assert result.returncode != 2, result.stderr
     calls = (fake_python.parent / "calls.log").read_text()
     venv = fake_python.parent / f"tt{release.value.replace('.', '')}" / "venv"
-    assert f"-m venv {venv}" in calls.splitlines()
+    assert f"-m venv --without-pip {venv}" in calls.splitlines()
 
 
 @pytest.mark.parametrize(

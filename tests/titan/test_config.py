@@ -252,7 +252,15 @@ def test_flags_of_a_custom_config_module_parse(
         parse_job_config([*module, "--custom.flag=x"])
 
 
-@pytest.mark.parametrize("entry", ["torchtitan_ft.titan.train", "torchtitan_ft.train"])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "torchtitan_ft.titan.train",
+        # The default tier runs the old name in test_user_errors.py's
+        # test_trainer_outside_torchrun_is_one_line.
+        pytest.param("torchtitan_ft.train", marks=pytest.mark.slow),
+    ],
+)
 def test_bad_cli_value_exits_with_one_line(entry: str) -> None:
     """Through the entry point (and its old name), in a subprocess: nothing but the one line,
     exit status 2."""

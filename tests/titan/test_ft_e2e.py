@@ -358,6 +358,7 @@ def assert_groups_identical(tmp_path: Path, ranks: int) -> None:
         assert 0 < consumed[1] < STEPS and 0 < consumed[0] <= STEPS, consumed
 
 
+@pytest.mark.slow  # the default tier: tests/titan/test_pg_heal.py (2 ranks), titan030's 1 rank
 @pytest.mark.multiprocess
 @pytest.mark.step_timing
 @pytest.mark.timeout(E2E_TIMEOUT_S)
@@ -421,6 +422,7 @@ DILOCO = (
 )
 
 
+@pytest.mark.slow  # the default tier: test_pg_heal.py + test_diloco_multiprocess.py
 @pytest.mark.multiprocess
 @pytest.mark.step_timing
 @pytest.mark.timeout(E2E_TIMEOUT_S)

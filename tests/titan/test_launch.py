@@ -27,6 +27,7 @@ def _launch(tmp_path: Path, exit_code: int) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.light
 @pytest.mark.multiprocess
 def test_config_error_exit_adds_nothing_to_the_workers_line(tmp_path: Path) -> None:
     result = _launch(tmp_path, USER_ERROR_EXIT)
@@ -36,6 +37,7 @@ def test_config_error_exit_adds_nothing_to_the_workers_line(tmp_path: Path) -> N
     assert "failed (exitcode" not in result.stderr
 
 
+@pytest.mark.light
 @pytest.mark.multiprocess
 def test_other_failures_keep_torchruns_report(tmp_path: Path) -> None:
     result = _launch(tmp_path, 4)

@@ -380,6 +380,7 @@ def test_group_across_two_hosts_is_restarted_by_torchrun_and_heals(tmp_path: Pat
         assert_identical_states(tmp_path, [0, 1], ranks=2, step=stop)
 
 
+@pytest.mark.slow  # the default tier: tests/manager/test_server.py, test_decisions.py's gate
 @pytest.mark.timeout(240)
 def test_group_advertising_loopback_while_peers_are_remote_is_told_what_to_set(
     tmp_path: Path,

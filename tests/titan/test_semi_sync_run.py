@@ -154,6 +154,7 @@ def _assert_same(a: dict, b: dict) -> None:
         assert torch.equal(a[name], b[name]), name
 
 
+@pytest.mark.slow  # the default tier: the streaming DiLoCo run below + tests/semi_sync
 @pytest.mark.multiprocess
 def test_local_sgd_run_trains_and_ends_identical(tmp_path: Path) -> None:
     """LocalSGD (sync_steps 3), 6 steps: groups train apart (different grad norms: no per-step
@@ -201,6 +202,7 @@ def test_streaming_diloco_run_trains_and_agrees_on_global_parameters(tmp_path: P
     assert not all(torch.equal(dumps[0]["model"][n], dumps[1]["model"][n]) for n in first)
 
 
+@pytest.mark.slow  # the default tier: test_last_round_is_flushed_...[eager] above
 @pytest.mark.multiprocess
 def test_eager_diloco_applies_the_round_in_flight_at_the_last_step(tmp_path: Path) -> None:
     """DiLoCo (sync_steps 4, one fragment) with ``outer_overlap = "eager"``, 8 steps: the
@@ -237,6 +239,7 @@ def _outer_tensors(dump: dict) -> dict:
     }
 
 
+@pytest.mark.slow  # the default tier: test_checkpointing.py's resume and DCP round trip
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 def test_streaming_diloco_resumes_from_a_single_writer_checkpoint(tmp_path: Path) -> None:

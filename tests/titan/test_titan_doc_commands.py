@@ -352,6 +352,7 @@ def test_unknown_name_stops_run_train_sh_with_one_line() -> None:
     assert line.startswith("torchtitan_ft: config error: CONFIG='llama3_405b' is not a known")
 
 
+@pytest.mark.light
 @pytest.mark.multiprocess
 def test_config_file_wins_over_a_name_and_says_so(tmp_path: Path) -> None:
     env = {"CONFIG_FILE": "configs/debug_cpu.toml", "CONFIG": "llama3_8b"}

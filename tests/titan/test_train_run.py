@@ -31,6 +31,7 @@ def _assert_trained(result: TrainRun, steps: int) -> dict:
     return metrics
 
 
+@pytest.mark.light
 def test_one_process_debugmodel_trains(tmp_path: Path) -> None:
     _assert_trained(run_train(tmp_path, 1, 5), 5)
 

@@ -54,6 +54,7 @@ def _run_train(
     )
 
 
+@pytest.mark.light
 @pytest.mark.multiprocess
 def test_unreachable_lighthouse_stops_the_group_with_one_line(tmp_path: Path) -> None:
     """A wrong TORCHFT_LIGHTHOUSE (nothing listens there): after quorum_timeout_ms every rank
@@ -79,6 +80,7 @@ def test_unreachable_lighthouse_stops_the_group_with_one_line(tmp_path: Path) ->
     assert "Traceback" not in output and "ChildFailedError" not in output
 
 
+@pytest.mark.light
 @pytest.mark.multiprocess
 def test_config_error_through_run_train_sh_is_the_workers_only_line(tmp_path: Path) -> None:
     """The worker's one line is all there is: torchtitan_ft.titan.launch leaves out torchrun's own
@@ -130,6 +132,7 @@ def test_bad_torchft_env_var_through_run_train_sh_is_one_line(tmp_path: Path) ->
     assert not [line for line in lines if "Traceback" in line]
 
 
+@pytest.mark.light
 @pytest.mark.multiprocess
 def test_timeouts_out_of_order_through_run_train_sh_stop_before_training(tmp_path: Path) -> None:
     """A quorum timeout below the process-group timeout started, and failed at the first

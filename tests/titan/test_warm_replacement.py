@@ -142,6 +142,7 @@ def _worker_pid(client: subprocess.Popen) -> int:
     return int(line.split()[1])
 
 
+@pytest.mark.light
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_the_zygote_forks_a_worker_with_the_clients_env_stdio_and_exit_status(
@@ -155,6 +156,7 @@ def test_the_zygote_forks_a_worker_with_the_clients_env_stdio_and_exit_status(
     assert int(worker) != client.pid
 
 
+@pytest.mark.light
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kill", ["worker", "client"])
