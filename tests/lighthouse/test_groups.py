@@ -229,7 +229,7 @@ def test_from_json_refuses_what_to_json_does_not_write(mangle, error) -> None:
 
 
 def test_groups_file_saves_every_second_sooner_after_a_change_and_restores(tmp_path) -> None:
-    store = GroupsFile(str(tmp_path / "state"))
+    store = GroupsFile(str(tmp_path / "state"), timer=lambda: 0.0)  # every save instant
     assert store.load(now=0.0).groups == {}  # nothing saved yet
     book = _story()
     store.save_due(book, now=120.0)
