@@ -202,9 +202,10 @@ def test_cancelled_group_is_resubmitted_and_rejoins(cluster: SlurmCluster, tmp_p
             runner.terminate()
             runner.communicate(timeout=30)
     assert [e["event"] for e in _events(work)][-1] == "done"
-    # Both groups ended at the stop step with the same parameters and optimizer state.
+    # Both groups stopped together (at the first step from the stop step on that both took
+    # part in) with the same parameters and optimizer state.
     last = [_committed(work, 0, 0)[-1], _committed(work, 1, 1)[-1]]
-    assert [r.step for r in last] == [step, step]
+    assert last[0].step == last[1].step >= step
     assert last[0].hash == last[1].hash
     # The lighthouse job was cancelled by the runner at the end: nothing of the job still runs.
     alive = [j for j in cluster.slurm().jobs().values() if liveness(j.state) is Liveness.ALIVE]
