@@ -579,9 +579,10 @@ def _mlp_command(work: Path, replicas: int) -> GroupCommand:
     return mlp_group_command(work, replicas)
 
 
-def _titan_command(
-    replicas: int, workers: int, max_restarts: int, flags: list[str]
-) -> GroupCommand:
+def titan_command(replicas: int, workers: int, max_restarts: int, flags: list[str]) -> GroupCommand:
+    """The group command of ``--job titan``: ``run_train.sh`` with the group's
+    ``--fault_tolerance`` flags, ``NGPU=workers``, ``MAX_RESTARTS=max_restarts`` and the
+    trainer's ``flags`` after them (``torchtitan_ft.titan.releases.job``)."""
     from torchtitan_ft.titan.releases.job import FtGroup, TitanJob, command
 
     def group(replica: int, attempt: int, lighthouse: str) -> Submission:
@@ -593,7 +594,8 @@ def _titan_command(
                 env={"MAX_RESTARTS": str(max_restarts)},
             )
         )
-        return Submission(("bash", *cmd.argv), {**cmd.env, "REPLICA_GROUP_ID": str(replica)})
+        ids = {"REPLICA_GROUP_ID": str(replica), "NUM_REPLICA_GROUPS": str(replicas)}
+        return Submission(("bash", *cmd.argv), {**cmd.env, **ids})
 
     return group
 
@@ -671,7 +673,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         group = (
             _mlp_command(workdir, args.replicas)
             if args.job == "mlp"
-            else _titan_command(
+            else titan_command(
                 args.replicas, args.workers_per_replica, args.max_restarts, args.trainer_args
             )
         )

@@ -24,6 +24,7 @@ from torchtitan_ft.slurm import (
     decide,
     kill_intervals,
     liveness,
+    titan_command,
 )
 from torchtitan_ft.testing.commit_log import commit_log_path, read_commit_log
 from torchtitan_ft.testing.mlp_job import wait_until
@@ -74,6 +75,19 @@ def test_kill_intervals_are_seeded_exponential_draws() -> None:
     assert len(set(draws)) == len(draws)  # drawn, not the mean repeated
     with pytest.raises(ValueError, match="mtbf_secs must be > 0, got 0"):
         next(kill_intervals(1, 0))
+
+
+def test_titan_group_command_runs_run_train_with_the_groups_flags() -> None:
+    sub = titan_command(3, 2, 5, ["--training.steps", "7"])(1, 4, "http://node7:29510")
+    assert sub.argv[0] == "bash" and sub.argv[1] == str(ROOT / "run_train.sh")
+    flags = list(sub.argv[2:])
+    assert "--fault_tolerance.enable" in flags
+    assert "--fault_tolerance.replica_id=1" in flags
+    assert "--fault_tolerance.group_size=3" in flags
+    assert flags[-2:] == ["--training.steps", "7"]
+    assert sub.env["TORCHFT_LIGHTHOUSE"] == "http://node7:29510"
+    assert (sub.env["NGPU"], sub.env["MAX_RESTARTS"]) == ("2", "5")
+    assert (sub.env["REPLICA_GROUP_ID"], sub.env["NUM_REPLICA_GROUPS"]) == ("1", "3")
 
 
 def test_runner_refuses_fewer_groups_than_min_replicas(tmp_path: Path) -> None:
