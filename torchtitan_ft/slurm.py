@@ -128,8 +128,8 @@ class SlurmJob:
 
 @dataclass
 class Slurm:
-    """Slurm's client commands, run with ``env`` (default: this process's environment, e.g.
-    ``SLURM_CONF``) on top of this process's."""
+    """Slurm's client commands, run with ``env`` (e.g. ``SLURM_CONF``) over this process's
+    environment."""
 
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -340,6 +340,7 @@ class SlurmRunner:
         self.sbatch_args = tuple(sbatch_args)
         self.events = events
         self.address = lighthouse if isinstance(lighthouse, str) else ""
+        self._lighthouse_job = lighthouse if isinstance(lighthouse, LighthouseJob) else None
         self._jobs: list[_Tracked] = []
         self._stop = False
 
@@ -363,10 +364,9 @@ class SlurmRunner:
 
     def _submit(self, role: str, replica: int, attempt: int) -> _Tracked:
         sbatch_args = self.sbatch_args
-        if role == "lighthouse":
-            assert isinstance(self.lighthouse, LighthouseJob)
-            sub, name = self.lighthouse.submission(), f"{self.name}-lighthouse"
-            sbatch_args += self.lighthouse.sbatch_args
+        if self._lighthouse_job is not None and role == "lighthouse":
+            sub, name = self._lighthouse_job.submission(), f"{self.name}-lighthouse"
+            sbatch_args += self._lighthouse_job.sbatch_args
         else:
             sub = self.group_command(replica, attempt, self.address)
             name = f"{self.name}-group-{replica}"
@@ -383,8 +383,7 @@ class SlurmRunner:
         self._record("submitted", tracked)
         return tracked
 
-    def _start_lighthouse(self) -> _Tracked:
-        assert isinstance(self.lighthouse, LighthouseJob)
+    def _start_lighthouse(self, lighthouse: LighthouseJob) -> _Tracked:
         tracked = self._submit("lighthouse", -1, len([j for j in self._jobs if j.replica < 0]))
         deadline = time.monotonic() + self.lighthouse_start_timeout_s
         while time.monotonic() < deadline and not self._stop:
@@ -396,14 +395,14 @@ class SlurmRunner:
                     f"before it listened; see {self.workdir}/{self.name}-lighthouse.*.out"
                 )
             if job and job.state == "RUNNING":
-                host = self.lighthouse.address_host or job.node
-                address = f"http://{host}:{self.lighthouse.port}"
+                host = lighthouse.address_host or job.node
+                address = f"http://{host}:{lighthouse.port}"
                 if listening(address, 0.5):
                     self.address = address
                     return tracked
             time.sleep(0.1)
         raise SlurmError(
-            f"lighthouse job {tracked.job_id} not listening on port {self.lighthouse.port} "
+            f"lighthouse job {tracked.job_id} not listening on port {lighthouse.port} "
             f"after {self.lighthouse_start_timeout_s} s"
         )
 
@@ -426,8 +425,8 @@ class SlurmRunner:
         current: dict[int, _Tracked] = {}
         resubmits: dict[int, int] = {}
         try:
-            if isinstance(self.lighthouse, LighthouseJob):
-                current[-1] = self._start_lighthouse()
+            if self._lighthouse_job is not None:
+                current[-1] = self._start_lighthouse(self._lighthouse_job)
             for replica in range(self.replicas):
                 current[replica] = self._submit("group", replica, 0)
             finished: set[int] = set()
@@ -463,8 +462,8 @@ class SlurmRunner:
                         return 1
                     else:
                         resubmits[key] = resubmits.get(key, 0) + 1
-                        if key < 0:
-                            current[key] = self._start_lighthouse()
+                        if self._lighthouse_job is not None and key < 0:
+                            current[key] = self._start_lighthouse(self._lighthouse_job)
                         else:
                             current[key] = self._submit("group", key, resubmits[key])
                 if len(finished) == self.replicas:
