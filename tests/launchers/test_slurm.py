@@ -226,6 +226,77 @@ def test_cancelled_group_is_resubmitted_and_rejoins(cluster: SlurmCluster, tmp_p
     assert alive == []
 
 
+@pytest.mark.slow  # three more job starts: minutes on a loaded machine
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+def test_cancelled_lighthouse_is_resubmitted_and_training_goes_on(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    work = tmp_path / "job"
+    runner = _runner(
+        cluster,
+        work,
+        "--name=lhft",
+        "--replicas=2",
+        f"--lighthouse_port={free_port()}",
+        "--lighthouse_arg=--join_timeout_ms=1000",
+        "--lighthouse_arg=--heartbeat_timeout_ms=1000",
+        "--lighthouse_arg=--quorum_tick_ms=50",
+    )
+    try:
+        wait_until(
+            "both groups committing together",
+            _while_running(runner, lambda: all(_committed(work, r, 0) for r in (0, 1))),
+            timeout_s=300,
+        )
+        lighthouse = next(e["job_id"] for e in _events(work) if e["role"] == "lighthouse")
+        cancelled = time.time()
+        subprocess.run(["scancel", str(lighthouse)], env=cluster.environ(), check=True)
+        resubmitted = wait_until(
+            "the lighthouse resubmitted",
+            _while_running(
+                runner,
+                lambda: next(
+                    (
+                        e["time"]
+                        for e in _events(work)
+                        if e["event"] == "submitted"
+                        and e["role"] == "lighthouse"
+                        and e["attempt"] == 1
+                    ),
+                    None,
+                ),
+            ),
+            timeout_s=60,
+        )
+        # Training went on while it was away (lighthouse_outage = "previous_quorum") and
+        # both groups took part in a step under the new one.
+        assert all(_committed(work, r, 0, since=cancelled) for r in (0, 1))
+        wait_until(
+            "a step of both groups under the new lighthouse",
+            _while_running(
+                runner,
+                lambda: [
+                    r for r in _committed(work, 0, 0, since=resubmitted) if r.participants == 2
+                ],
+            ),
+            timeout_s=300,
+        )
+        step = max(r.step for r in _committed(work, 0, 0)) + 10
+        (work / "stop_step").write_text(str(step))
+        _, err = runner.communicate(timeout=300)
+        assert runner.returncode == 0, err
+    finally:
+        if runner.poll() is None:
+            runner.terminate()
+            runner.communicate(timeout=30)
+    groups = [(e["replica"], e["attempt"]) for e in _events(work) if e["event"] == "submitted"]
+    assert sorted(groups) == [(-1, 0), (-1, 1), (0, 0), (1, 0)]  # no group restarted
+    last = [_committed(work, 0, 0)[-1], _committed(work, 1, 0)[-1]]
+    assert last[0].step == last[1].step >= step
+    assert last[0].hash == last[1].hash
+
+
 def test_a_group_dead_past_max_resubmits_stops_the_job_with_one_line(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:
