@@ -2,7 +2,8 @@
 # Runs the test suite on both TorchTitan releases. Installs what it needs first (idempotent,
 # quick once installed): torchtitan_ft with its dependencies into the base Python (PYTHON,
 # default python3; scripts/install.sh), the torchft 0.2.0 reference for the wire-compatibility
-# tests, Debian's chromium for the status-page browser test, and one venv per TorchTitan
+# tests, Debian's chromium for the status-page browser test, Debian's Slurm and munge for the
+# Slurm launcher's tests (scripts/install_slurm.sh), and one venv per TorchTitan
 # release over the base (scripts/install_torchtitan_env.sh: .cache/tt022/venv and
 # .cache/tt030/venv). The main suite runs in the 0.2.2 venv, tests/titan030 in the 0.3.0 one,
 # each with the venv's bin first on PATH and PYTHON set to its Python, so that the processes the
@@ -31,6 +32,7 @@ fi
 PYTHON="$base" bash scripts/install.sh
 PYTHON="$base" bash scripts/install_reference.sh
 bash scripts/install_browser.sh
+bash scripts/install_slurm.sh
 py022="$(PYTHON="$base" bash scripts/install_torchtitan_env.sh 0.2.2)"
 py030="$(PYTHON="$base" bash scripts/install_torchtitan_env.sh 0.3.0)"
 

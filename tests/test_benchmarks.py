@@ -475,3 +475,20 @@ def test_group_restart_prints_how_long_a_restarted_group_took() -> None:
     out = _benchmark("benchmarks.group_restart", "--trials", "1", timeout=270)
     assert out["world_size"] == 2 and len(out["back_s"]) == 1
     assert out["back_s"][0] > 0 and out["back_s_max"] == out["back_s"][0]
+
+
+@pytest.mark.slow  # tests/launchers/test_slurm.py tests the runner; job starts take minutes
+@pytest.mark.timeout(900)
+def test_slurm_kill_loop_prints_the_groups_back_and_their_times() -> None:
+    from torchtitan_ft.testing.slurm_cluster import missing_daemons
+
+    if missing := missing_daemons():
+        pytest.skip(f"{', '.join(missing)} missing: scripts/install_slurm.sh")
+    out = _benchmark(
+        "benchmarks.slurm_kill_loop",
+        *("--groups", "2", "--kills", "1", "--mtbf_secs", "0.5", "--budget_s", "300"),
+        timeout=880,
+    )
+    assert out["kills"] == out["groups_back"] == 1 and len(out["back_s"]["all"]) == 1
+    assert out["runner_outcome"] == "done" and out["whole_job_restarts"] == 0
+    assert out["identical_end"] is True

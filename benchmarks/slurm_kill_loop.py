@@ -1,0 +1,249 @@
+"""The Slurm runner under the punisher's ``kill_loop``; prints JSON.
+
+A real one-node Slurm (``testing.slurm_cluster``) runs the runner's lighthouse job and
+``--groups`` 1-rank MLP group jobs (``python -m torchtitan_ft.slurm run --job mlp``). Once every
+group commits, the punisher cancels a running group job (``scancel``) after each seeded
+exponential wait of mean ``--mtbf_secs``, ``--kills`` times or until ``--budget_s`` has passed,
+whichever is first (``kills`` says how many were done). By default each wait starts once the
+victim's group is back in a committed step (the kill loop's ``after_kill``), so that the job's
+state always has a holder and each kill is timed alone; ``--no_pace`` kills on the draws alone.
+Then every group must be back in a committed step, the groups stop together at a later step,
+and the runner must end (``done``).
+
+Figures:
+
+* ``back_s``: for each kill, from the ``scancel`` to the first committed step a later job of
+  the group took part in (its commit log): median, p95, max. It includes the runner noticing (its
+  ``--poll_s``), Slurm starting the job, the Python and torch imports, and the heal;
+* ``noticed_s_median`` and ``resubmitted_s_median``: from the kill to the runner's ``ended``
+  and to its ``submitted`` of the group's next job (the rest of ``back_s`` is Slurm starting
+  the job, the imports and the heal);
+* ``groups_back``: kills whose group came back; ``whole_job_restarts``: lighthouse
+  resubmissions plus group resubmissions no kill explains (0 when only the killed group came
+  back); ``identical_end``: every group's last commit at the same step with the same hash of
+  parameters and optimizer state.
+
+    python -m benchmarks.slurm_kill_loop [--groups 3] [--kills 50] [--mtbf_secs 4] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import machine
+from torchtitan_ft.slurm import Punisher, SlurmJob
+from torchtitan_ft.testing.commit_log import commit_log_path, read_commit_log
+from torchtitan_ft.testing.mlp_job import wait_until
+from torchtitan_ft.testing.processes import ROOT, free_port
+from torchtitan_ft.testing.slurm_cluster import SlurmCluster
+
+NAME = "bench"
+
+
+def _events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _first_commit(work: Path, replica: int, attempt: int, since: float) -> float | None:
+    path = commit_log_path(work / "commit_logs", replica, attempt)
+    for r in read_commit_log(path, replica, attempt):
+        if r.committed and r.participating and r.time > since:
+            return r.time
+    return None
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run(args: argparse.Namespace) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="slurm_kill_loop_"))
+    work, events = root / "job", root / "runner.jsonl"
+    with SlurmCluster(root / "slurm") as cluster:
+        runner = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torchtitan_ft.slurm",
+                "run",
+                f"--name={NAME}",
+                f"--replicas={args.groups}",
+                "--min_replicas=1",
+                "--job=mlp",
+                f"--workdir={work}",
+                f"--events={events}",
+                "--lighthouse_bind_host=127.0.0.1",
+                "--lighthouse_host=127.0.0.1",
+                f"--lighthouse_port={free_port()}",
+                "--lighthouse_arg=--join_timeout_ms=1000",
+                "--lighthouse_arg=--heartbeat_timeout_ms=1000",
+                "--lighthouse_arg=--quorum_tick_ms=50",
+                f"--poll_s={args.poll_s}",
+                f"--max_resubmits={args.kills + 1}",
+            ],
+            cwd=ROOT,
+            env=cluster.environ(),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wait_until(
+                "every group committing",
+                lambda: all(_first_commit(work, r, 0, 0.0) for r in range(args.groups)),
+                timeout_s=args.start_timeout_s,
+            )
+            kills_out = io.StringIO()
+            punisher = Punisher(cluster.slurm(), NAME, seed=args.seed, out=kills_out)
+            deadline = time.monotonic() + args.budget_s
+
+            def back(kill: dict) -> float | None:
+                """From ``kill`` to the first committed step any later job of its group took
+                part in; None before there is one."""
+                submitted = [e for e in _events(events) if e["event"] == "submitted"]
+                old = next(e for e in submitted if e["job_id"] == kill["job_id"])
+                firsts = [
+                    _first_commit(work, old["replica"], e["attempt"], kill["time"])
+                    for e in submitted
+                    if e["role"] == "group"
+                    and e["replica"] == old["replica"]
+                    and e["attempt"] > old["attempt"]
+                ]
+                at = min((f for f in firsts if f is not None), default=None)
+                return None if at is None else at - kill["time"]
+
+            def last_kill() -> dict:
+                return json.loads(kills_out.getvalue().splitlines()[-1])
+
+            def wait_back(victim: SlurmJob) -> None:
+                if args.pace:
+                    kill = last_kill()
+                    wait_until(
+                        f"job {victim.job_id}'s group back",
+                        lambda: back(kill),
+                        timeout_s=args.back_timeout_s,
+                    )
+
+            done = punisher.kill_loop(
+                args.mtbf_secs,
+                args.kills,
+                stop=lambda: time.monotonic() > deadline,
+                after_kill=wait_back,
+            )
+            kills = [json.loads(line) for line in kills_out.getvalue().splitlines()]
+            with contextlib.suppress(TimeoutError):
+                wait_until(
+                    "every killed group back",
+                    lambda: all(back(k) is not None for k in kills),
+                    timeout_s=args.back_timeout_s,
+                )
+            backs = [b for k in kills if (b := back(k)) is not None]
+            # Where the time went: from the kill to the runner seeing the job ended, and to
+            # its resubmission (the rest is Slurm starting the job, imports and the heal).
+            record = _events(events)
+            noticed = [
+                e["time"] - k["time"]
+                for k in kills
+                for e in record
+                if e["event"] == "ended" and e["job_id"] == k["job_id"]
+            ]
+            resubmitted = []
+            for k in kills:
+                old = next(
+                    e for e in record if e["event"] == "submitted" and e["job_id"] == k["job_id"]
+                )
+                resubmitted += [
+                    e["time"] - k["time"]
+                    for e in record
+                    if e["event"] == "submitted"
+                    and e["role"] == "group"
+                    and e["replica"] == old["replica"]
+                    and e["attempt"] == old["attempt"] + 1
+                ]
+            submitted = [e for e in _events(events) if e["event"] == "submitted"]
+            last = {e["replica"]: e["attempt"] for e in submitted if e["role"] == "group"}
+            # A group's last job may have been killed at its start: wait for every current job.
+            wait_until(
+                "every group's current job committing",
+                lambda: all(_first_commit(work, r, a, 0.0) for r, a in last.items()),
+                timeout_s=args.back_timeout_s,
+            )
+            step = max(
+                r.step
+                for rep, att in last.items()
+                for r in read_commit_log(commit_log_path(work / "commit_logs", rep, att), rep, att)
+            )
+            (work / "stop_step").write_text(str(step + 20))
+            _, err = runner.communicate(timeout=args.back_timeout_s)
+            outcome = _events(events)[-1]["event"]
+        finally:
+            if runner.poll() is None:
+                runner.terminate()
+                runner.communicate(timeout=60)
+        submitted = [e for e in _events(events) if e["event"] == "submitted"]
+        last = {e["replica"]: e["attempt"] for e in submitted if e["role"] == "group"}
+        finals = {
+            rep: read_commit_log(commit_log_path(work / "commit_logs", rep, att), rep, att)[-1]
+            for rep, att in last.items()
+        }
+        lighthouse_resubmits = sum(1 for e in submitted if e["role"] == "lighthouse") - 1
+        group_resubmits = sum(1 for e in submitted if e["role"] == "group") - args.groups
+    shutil.rmtree(root, ignore_errors=True)
+    return {
+        "benchmark": "slurm_kill_loop",
+        "machine": machine(),
+        "groups": args.groups,
+        "kills_asked": args.kills,
+        "kills": done,
+        "mtbf_secs": args.mtbf_secs,
+        "seed": args.seed,
+        "poll_s": args.poll_s,
+        "paced": args.pace,
+        "groups_back": len(backs),
+        "whole_job_restarts": lighthouse_resubmits + max(0, group_resubmits - done),
+        "runner_outcome": outcome,
+        "runner_stderr": err.strip(),
+        "identical_end": len({(r.step, r.hash) for r in finals.values()}) == 1,
+        "end_step": sorted({r.step for r in finals.values()}),
+        "noticed_s_median": statistics.median(noticed) if noticed else None,
+        "resubmitted_s_median": statistics.median(resubmitted) if resubmitted else None,
+        "back_s": {
+            "median": statistics.median(backs) if backs else None,
+            "p95": _percentile(backs, 0.95) if backs else None,
+            "max": max(backs) if backs else None,
+            "all": [round(b, 3) for b in backs],
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--groups", type=int, default=3)
+    parser.add_argument("--kills", type=int, default=50)
+    parser.add_argument("--mtbf_secs", type=float, default=4.0, help="the punisher's mean wait")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no_pace",
+        dest="pace",
+        action="store_false",
+        help="kill on the draws alone (default: each wait starts once the victim is back)",
+    )
+    parser.add_argument("--poll_s", type=float, default=0.2, help="the runner's squeue period")
+    parser.add_argument("--budget_s", type=float, default=600.0, help="the kill loop's most time")
+    parser.add_argument("--start_timeout_s", type=float, default=300.0)
+    parser.add_argument("--back_timeout_s", type=float, default=300.0)
+    print(json.dumps(run(parser.parse_args()), indent=2))
+
+
+if __name__ == "__main__":
+    main()
