@@ -10,11 +10,14 @@ import contextlib
 import itertools
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks._goodput_job import LOCAL_BATCH, Injected, Method, Options
+from torchtitan_ft.events import EventKind, read_events
+from torchtitan_ft.recoveries import Recovery, recoveries
 from torchtitan_ft.testing.faults import FaultKind
 from torchtitan_ft.testing.goodput_accounting import (
     faults_losing_state,
@@ -85,6 +88,86 @@ class RecordReader:
         if new:
             self._records = sorted([*self._records, *new], key=lambda r: r.time)
         return list(self._records)
+
+
+RECOVERY_TOLERANCE = 0.05
+"""A recovery's phases must add up to its measured total within this share of it."""
+
+
+def recovery_checks(
+    found: Sequence[Recovery],
+    starts: Mapping[str, tuple[int, float]],
+    records: Sequence[Record],
+) -> list[dict[str, Any]]:
+    """Each recovery of the event stream (``torchtitan_ft.recoveries``) against the workers'
+    records, which the event stream does not write: its measured total runs from the failed
+    process's last committed step (a replacement: its last record, or a surviving group's
+    later one of a step the group took part in before the new process started, when the kill
+    came between its commit and its record; otherwise the recovery's start, its healing
+    quorum's request) to the recovering process's first committed record of a step its group
+    took part in (not the healing step). ``within``: the phases' sum is within
+    ``RECOVERY_TOLERANCE`` of it (None: not complete, or not measured). ``starts``: replica id
+    -> its group rank 0's pid and when its Manager started (``start`` events)."""
+    out = []
+    for r in found:
+        pid, started = starts.get(r.replica_id, (None, 0.0))
+        own = [x for x in records if x.pid == pid]
+        group = own[0].group if own else None
+        begin: float | None = r.started
+        if r.failed_replica_id is not None:
+            failed = starts.get(r.failed_replica_id, (None, 0.0))[0]
+            alive = [
+                x.time
+                for x in records
+                if x.pid == failed
+                or (x.group != group and group in (x.participants or ()) and x.time < started)
+            ]
+            begin = max(alive) if alive else None
+        end = next(
+            (
+                x.time
+                for x in own
+                if begin is not None
+                and x.time > begin
+                and x.committed
+                and not x.healed
+                and group in (x.participants or ())
+            ),
+            None,
+        )
+        measured = end - begin if end is not None and begin is not None else None
+        phases_sum = sum(r.phases.values())
+        out.append(
+            {
+                "group": group,
+                "kind": r.kind.value,
+                "replica_id": r.replica_id,
+                "noticed_by": r.noticed_by.value if r.noticed_by else None,
+                "phases": r.phases,
+                "phases_sum_s": round(phases_sum, 3),
+                "measured_s": round(measured, 3) if measured is not None else None,
+                "within": (
+                    abs(phases_sum - measured) <= RECOVERY_TOLERANCE * measured
+                    if measured is not None and r.complete
+                    else None
+                ),
+            }
+        )
+    return out
+
+
+def recoveries_of(events_dir: Path, records: Sequence[Record]) -> dict[str, Any]:
+    """``recoveries`` (``recovery_checks``) of the events under ``events_dir``, and
+    ``recoveries_within_5pct``: whether every complete, measured one is within (None when
+    there is none)."""
+    events = read_events(events_dir) if events_dir.exists() else []
+    starts = {e.replica_id: (int(e["pid"]), e.time) for e in events if e.kind is EventKind.START}
+    checked = recovery_checks(recoveries(events), starts, records)
+    judged = [c["within"] for c in checked if c["within"] is not None]
+    return {
+        "recoveries": checked,
+        "recoveries_within_5pct": all(judged) if judged else None,
+    }
 
 
 def record_samples(r: Record, opts: Options) -> int:
@@ -209,9 +292,11 @@ class Accounts:
         injected: list[Injected],
         job_restarts: int,
         target: int | None,
+        events_dir: Path | None = None,
     ) -> dict[str, Any]:
         """The method's JSON entry (``methods.<name>``; the module docstring of
-        ``benchmarks.goodput`` says what each field means)."""
+        ``benchmarks.goodput`` says what each field means); ``events_dir``: this project's
+        event stream (the recoveries, ``recoveries_of``)."""
         opts = self.opts
         t0 = self.started + (self.t0 or 0.0)
         points = [(r.time - t0, record_samples(r, opts)) for r in records if r.committed]
@@ -253,6 +338,7 @@ class Accounts:
             **({"divergence": first_divergence(records)} if self.method is Method.TORCHFT else {}),
             "second_lines": [{**line, "time": round(line["time"] - t0, 2)} for line in lines],
             "final_loss": final_loss,
+            **(recoveries_of(events_dir, records) if events_dir is not None else {}),
             "faults": [
                 {
                     **asdict(i.fault),

@@ -72,10 +72,15 @@ group healed, read in a step that did not commit, or read by no record) and ``di
 in it and whether it healed in it; null when they never part),
 ``second_lines`` (processes that committed below the job's step instead of healing: the job's
 state was lost; empty when it never was),
-``final_loss`` (and ``ideal_loss``), ``faults`` (per fault: ``stall_s`` until the job's
-committed samples pass those at the fault, ``rejoin_s`` until the victim takes part again,
-``samples_rolled_back``, ``state_lost`` when the job lost its state after it), ``usage`` (RSS
-and descriptors of each long-lived rank at its first and last record). Top level:
+``final_loss`` (and ``ideal_loss``), for this project's methods ``recoveries`` (each
+recovery of the event stream, ``torchtitan_ft.recoveries``: group, kind, how it was noticed,
+phases, ``phases_sum_s``, ``measured_s`` from the workers' records, and ``within``: the phases
+add up to it within 5 %; ``_goodput_accounts.recovery_checks`` says what is measured) and
+``recoveries_within_5pct`` (every complete one is; null when there is none), ``faults`` (per
+fault: ``stall_s`` until the job's committed samples pass those at the fault, ``rejoin_s``
+until the victim takes part again, ``samples_rolled_back``, ``state_lost`` when the job lost
+its state after it), ``usage`` (RSS and descriptors of each long-lived rank at its first and
+last record). Top level:
 ``replacement_s`` (median ``rejoin_s`` of torchtitan_ft's SIGKILLs of a ``./run_train.sh``
 rank), ``timeouts``, ``cpu_quota``, ``machine``. Everything is read from the workers' records
 and the Managers' event streams, never from log wording.
@@ -141,6 +146,11 @@ class MethodRun:
             self.injector.injected,
             self.launcher.job_restarts,
             self.target,
+            events_dir=(
+                self.folder / "events"
+                if self.method in (Method.IDEAL, Method.TORCHTITAN_FT)
+                else None
+            ),
         )
 
     def records(self) -> list[Record]:

@@ -289,6 +289,10 @@ def test_goodput_prints_every_method(tmp_path: Path) -> None:
     assert out["methods"]["ideal"]["goodput"] == 1.0
     assert "replacement_s" in out and "timeouts" in out and "cpu_quota" in out
     assert (tmp_path / "goodput.json").exists()
+    ours = out["methods"]["torchtitan_ft"]
+    assert ours["recoveries"], "no recovery recorded (every group's start-up heal is one)"
+    # Every complete recovery's phases add up to its total as the workers' records measure it.
+    assert ours["recoveries_within_5pct"] is True, ours["recoveries"]
 
 
 @pytest.mark.slow  # six TorchTitan jobs of 3 steps, two releases: 5 to 10 min under load
@@ -345,6 +349,43 @@ def _torchft_record(group: int, step: int, committed: bool, participating: bool,
         participating=participating,
         drawn=drawn,
     )
+
+
+def test_goodput_checks_each_recovery_against_the_records() -> None:
+    """A replacement is measured from the failed process's last committed step (its own
+    record, or a survivor's when the kill came before its record) to its replacement's first
+    committed step with its group in it (not the healing step); a heal from its start."""
+    from benchmarks._goodput_accounts import Record, recovery_checks
+    from torchtitan_ft.recoveries import Noticed, Recovery, RecoveryKind
+
+    def rec(group: int, pid: int, t: float, participants: list[int], healed: bool = False):
+        return Record(group, pid, t, 0, True, None, participants, None, 0.0, 0, healed=healed)
+
+    records = [
+        rec(0, 10, 99.0, [0, 1]),  # the failed process's last record...
+        rec(1, 20, 100.0, [0, 1]),  # ...a survivor's later one of a step with group 0 in it
+        rec(1, 20, 102.0, [1]),
+        rec(0, 11, 130.0, [0, 1], healed=True),  # the healing step
+        rec(0, 11, 138.1, [0, 1]),
+        rec(1, 20, 150.0, [1]),
+    ]
+    replaced = Recovery(
+        "g0", "g0:new", RecoveryKind.REPLACEMENT, 100.0, 38.0, {"noticed": 38.0}, True,
+        Noticed.QUORUM, "g0:old",
+    )  # fmt: skip
+    off = Recovery(
+        "g0", "g0:new", RecoveryKind.REPLACEMENT, 100.0, 30.0, {"x": 30.0}, True, None, "g0:old"
+    )
+    healed = Recovery("g1", "g1:a", RecoveryKind.HEAL, 140.0, 9.0, {"heal": 9.0}, True)
+    unfinished = Recovery("g1", "g1:a", RecoveryKind.HEAL, 140.0, 9.0, {"heal": 9.0}, False)
+    starts = {"g0:old": (10, 1.0), "g0:new": (11, 110.0), "g1:a": (20, 1.0)}
+    checked = recovery_checks([replaced, off, healed, unfinished], starts, records)
+    assert [(c["group"], c["measured_s"], c["within"]) for c in checked] == [
+        (0, 38.1, True),
+        (0, 38.1, False),  # 30 s of phases for 38.1 s measured
+        (1, 10.0, False),  # 9 s of phases for 10 s: 10 % off
+        (1, 10.0, None),  # incomplete: not judged
+    ]
 
 
 def test_goodput_gathers_torchft_participants_per_step() -> None:

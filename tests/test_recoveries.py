@@ -127,6 +127,27 @@ def test_a_replacement_without_a_heal_or_a_commit() -> None:
     assert found.total_s == pytest.approx(30.0)
 
 
+def test_a_replacement_that_trained_before_it_healed_heals_apart() -> None:
+    """Its first quorum had it participate (the job's state was away): its heal later is a
+    heal of its own, not the replacement's (which ended at its first commit)."""
+    events = [
+        quorum(1.0, OLD, [OLD], "participant"),
+        commit(100.0, OLD, 10),
+        ev(110.0, EventKind.START, NEW, process_started=105.0),
+        quorum(130.0, NEW, [NEW], "participant", asked=120.0),
+        commit(131.0, NEW, 1),
+        quorum(140.0, NEW, [OTHER, NEW], "healing", asked=139.0),
+        ev(140.1, EventKind.HEAL_START, NEW, 1, to_step=11, source_replica_rank=0),
+        ev(141.0, EventKind.HEAL_END, NEW, 11, outcome="applied", seconds=0.9, bytes=10),
+        quorum(142.0, NEW, [OTHER, NEW], "participant"),
+        commit(143.0, NEW, 12),
+    ]
+    replaced, healed = recoveries(events)
+    assert (replaced.kind, replaced.heal, replaced.total_s) == (RecoveryKind.REPLACEMENT, None, 31)
+    assert healed.kind is RecoveryKind.HEAL
+    assert healed.phases == {"quorum": 1.0, "heal": 1.0, "first_commit": 2.0}
+
+
 def test_a_heal_without_a_restart() -> None:
     events = [
         quorum(1.0, OTHER, [OTHER, OLD], "participant"),

@@ -63,7 +63,9 @@ class EventKind(StrEnum):
     HEAL_END = "heal_end"
     """A heal this rank started ended. Fields: ``outcome`` (a :class:`HealOutcome`),
     ``seconds`` (transfer, plus load when applied), ``bytes`` (tensor bytes received; 0 when
-    the transfer failed), ``error`` (``""`` unless failed or not applied)."""
+    the transfer failed), ``path`` (the address the state came over: the donor's checkpoint
+    URL for HTTP, ``"process group"`` for the process-group transport; ``""`` when the
+    transfer failed before it had one), ``error`` (``""`` unless failed or not applied)."""
     STRAGGLER = "straggler"
     """The lighthouse started or stopped reporting this replica group as a straggler (its
     compute slower than the others' by ``--straggler_factor``, or its link, by its link probes,
@@ -221,14 +223,16 @@ class EventWriter:
     """Appends events of one Manager rank to its file; safe from any thread (one locked write
     and flush per line, so lines never interleave and a SIGKILL tears at most the last one).
 
-    A writer made with ``path=None`` is off: ``emit`` returns at once. A write that fails
-    (``OSError``, e.g. a full disk) is logged once and ends the stream; training goes on.
+    A writer made with ``path=None`` writes no file. A write that fails (``OSError``, e.g. a
+    full disk) is logged once and ends the stream; training goes on.
 
     Args:
         path: the file (its folder is created), or None for no stream.
         replica_id: written on every line.
         group_rank: written on every line.
         step: returns the Manager's committed step count, written on every line.
+        listener: called with every event, on the emitting thread, with or without a file
+            (group rank 0's recovery watch, ``manager.recovery``); default None.
     """
 
     def __init__(
@@ -237,10 +241,12 @@ class EventWriter:
         replica_id: str,
         group_rank: int,
         step: Callable[[], int],
+        listener: Callable[[Event], None] | None = None,
     ) -> None:
         self._replica_id = replica_id
         self._group_rank = group_rank
         self._step = step
+        self._listener = listener
         self._lock = threading.Lock()
         self._file: IO[str] | None = None
         self.path = Path(path) if path is not None else None
@@ -256,10 +262,14 @@ class EventWriter:
     def emit(self, kind: EventKind, **fields: Any) -> None:
         """Writes one event now (``fields``: the kind's own, JSON-serialisable; an Enum is
         written as its value)."""
-        if self._file is None:
+        if self._file is None and self._listener is None:
             return
         data = {k: v.value if isinstance(v, Enum) else v for k, v in fields.items()}
         event = Event(time.time(), kind, self._replica_id, self._group_rank, self._step(), data)
+        if self._listener is not None:
+            self._listener(event)
+        if self._file is None:
+            return
         line = event.to_json() + "\n"
         with self._lock:
             if self._file is None:
@@ -288,11 +298,13 @@ def open_event_writer(
     replica_id: str,
     group_rank: int,
     step: Callable[[], int],
+    listener: Callable[[Event], None] | None = None,
 ) -> EventWriter:
     """The writer for one Manager rank into the folder ``events_dir`` (resolved against
-    ``TORCHFT_EVENTS_DIR`` by ``manager.settings``); ``None`` or empty: off."""
+    ``TORCHFT_EVENTS_DIR`` by ``manager.settings``); ``None`` or empty: no file
+    (``listener``: see :class:`EventWriter`)."""
     path = events_file(events_dir, replica_id, group_rank) if events_dir else None
-    return EventWriter(path, replica_id, group_rank, step)
+    return EventWriter(path, replica_id, group_rank, step, listener)
 
 
 def parse_events(lines: Iterable[str]) -> list[Event]:

@@ -17,7 +17,10 @@ phases between milestones the stream records, in order:
 * ``first_commit``: until its first commit as a participant.
 
 A heal without a restart (and a group's first process that heals at its first quorum, a
-``join``) has only the last three, from its healing quorum's request. A
+``join``) has only the last three, from its healing quorum's request. A replacement's ``heal``
+is the heal its first quorum began; without one (its first quorum did not have it heal: the
+job's state was lost, say, and it trained on) a later heal of the process is a heal of its
+own. A
 milestone earlier than the one before it (torchrun may restart the process before the others
 notice) counts as reached at that one, so the phase is 0 and the time is the earlier phase's:
 the phases of a recovery add up to its total exactly. A recovery whose group never committed
@@ -66,6 +69,12 @@ class Noticed(StrEnum):
     ended, or its heartbeats stopped for ``--heartbeat_timeout_ms``)."""
     NOT_SEEN = "not_seen"
     """No other group recorded it (it was alone, or the others had no step in flight)."""
+    STREAM_END = "heartbeat_stream_end"
+    """The lighthouse saw the failed process's heartbeat stream end (its process died; the
+    lighthouse's breakdown, ``lighthouse.recoveries``)."""
+    HEARTBEAT_TIMEOUT = "heartbeat_timeout"
+    """The lighthouse heard no heartbeat of it for ``--heartbeat_timeout_ms`` (it hung, or its
+    host went away; the lighthouse's breakdown)."""
 
 
 PHASES = ("noticed", "restart", "imports", "setup", "quorum", "heal", "first_commit")
@@ -88,6 +97,9 @@ class Heal:
     donor_address: str
     """The donor group's ManagerServer, through which the transfer was arranged."""
     to_step: int
+    path: str = ""
+    """The address the state came over (the transport's: the donor's checkpoint URL for
+    HTTP; ``""`` when not recorded)."""
 
 
 @dataclass(frozen=True)
@@ -177,19 +189,40 @@ def _heal(events: Sequence[Event], start: Event) -> tuple[Heal | None, float | N
         and start.time <= e.time
         and e.step == end.step
     ]
-    nbytes = sum(int(e.get("bytes", 0)) for e in ends)
-    seconds = float(end.get("seconds", 0.0))
     return (
-        Heal(
+        make_heal(
             outcome=str(end.get("outcome")),
-            bytes=nbytes,
-            seconds=seconds,
-            rate_mb_s=round(nbytes / seconds / 1e6, 3) if seconds > 0 else None,
+            nbytes=sum(int(e.get("bytes", 0)) for e in ends),
+            seconds=float(end.get("seconds", 0.0)),
             donor_replica_rank=start.get("source_replica_rank"),
             donor_address=str(start.get("source_address", "")),
             to_step=int(start.get("to_step", -1)),
+            path=str(end.get("path", "")),
         ),
         end.time,
+    )
+
+
+def make_heal(
+    *,
+    outcome: str,
+    nbytes: int,
+    seconds: float,
+    donor_replica_rank: int | None,
+    donor_address: str,
+    to_step: int,
+    path: str,
+) -> Heal:
+    """A :class:`Heal`, its rate computed."""
+    return Heal(
+        outcome=outcome,
+        bytes=nbytes,
+        seconds=seconds,
+        rate_mb_s=round(nbytes / seconds / 1e6, 3) if seconds > 0 else None,
+        donor_replica_rank=donor_replica_rank,
+        donor_address=donor_address,
+        to_step=to_step,
+        path=path,
     )
 
 
@@ -227,7 +260,7 @@ def recoveries(events: Iterable[Event]) -> list[Recovery]:
             start = next((e for e in own if e.kind is EventKind.START), None)
             if i > 0 and start is not None:
                 failed = ids[i - 1]
-                first_heal = heals.pop(0) if heals and first_quorum is not None else None
+                first_heal = heals.pop(0) if _heals_at(first_quorum, heals[:1], own) else None
                 out.append(
                     _replacement(
                         events, own, name, failed, last_event[failed], start, first_quorum,
@@ -270,31 +303,69 @@ def _replacement(
     noticed_by, noticed_at = _noticed(events, failed, name, last_seen)
     heal, healed_at = _heal(events, heal_start) if heal_start is not None else (None, None)
     after = healed_at or (first_quorum.time if first_quorum is not None else start.time)
-    committed = _first_participating_commit(own, after)
+    return replacement(
+        replica=name,
+        replica_id=own[0].replica_id,
+        failed_replica_id=failed,
+        last_seen=last_seen,
+        noticed_by=noticed_by,
+        noticed_at=noticed_at,
+        process_started=start.get("process_started") or start.time,
+        manager_built=start.time,
+        quorum_asked=_asked(first_quorum),
+        quorum_received=first_quorum.time if first_quorum is not None else None,
+        healed=healed_at if heal_start is not None else None,
+        healing=heal_start is not None,
+        committed=_first_participating_commit(own, after),
+        heal=heal,
+    )
+
+
+def replacement(
+    *,
+    replica: str,
+    replica_id: str,
+    failed_replica_id: str,
+    last_seen: float,
+    noticed_by: Noticed,
+    noticed_at: float | None,
+    process_started: float | None,
+    manager_built: float | None,
+    quorum_asked: float | None,
+    quorum_received: float | None,
+    healed: float | None,
+    healing: bool,
+    committed: float | None,
+    heal: Heal | None,
+) -> Recovery:
+    """A replacement from its milestones (Unix times; None: not reached or not known), from
+    the failed process's last sign of life ``last_seen``; ``healing``: whether its first
+    quorum had it heal (else it has no ``heal`` phase). The event stream's and the
+    lighthouse's breakdowns (``lighthouse.recoveries``) both come from here."""
     milestones = [
         noticed_at,
-        start.get("process_started") or start.time,
-        start.time,
-        _asked(first_quorum),
-        first_quorum.time if first_quorum is not None else None,
-        healed_at if heal_start is not None else None,
+        process_started,
+        manager_built,
+        quorum_asked,
+        quorum_received,
+        healed,
         committed,
     ]
     names = list(PHASES)
-    if heal_start is None:  # no heal: the first commit follows the quorum
+    if not healing:  # no heal: the first commit follows the quorum
         del names[PHASES.index("heal")]
         del milestones[PHASES.index("heal")]
     phases = _phases(names, last_seen, milestones)
     return Recovery(
-        replica=name,
-        replica_id=own[0].replica_id,
+        replica=replica,
+        replica_id=replica_id,
         kind=RecoveryKind.REPLACEMENT,
         started=last_seen,
         total_s=round(sum(phases.values()), 6),
         phases=phases,
         complete=committed is not None,
         noticed_by=noticed_by,
-        failed_replica_id=failed,
+        failed_replica_id=failed_replica_id,
         heal=heal,
     )
 
@@ -313,18 +384,41 @@ def _healed(
         None,
     )
     heal, healed_at = _heal(events, start)
-    asked = _asked(quorum) or start.time
-    committed = _first_participating_commit(own, healed_at or start.time)
-    phases = _phases(
-        ["quorum", "heal", "first_commit"],
-        asked,
-        [quorum.time if quorum is not None else start.time, healed_at, committed],
-    )
-    return Recovery(
+    return healed(
         replica=name,
         replica_id=start.replica_id,
         kind=kind,
-        started=asked,
+        quorum_asked=_asked(quorum) or start.time,
+        quorum_received=quorum.time if quorum is not None else start.time,
+        healed_at=healed_at,
+        committed=_first_participating_commit(own, healed_at or start.time),
+        heal=heal,
+    )
+
+
+def healed(
+    *,
+    replica: str,
+    replica_id: str,
+    kind: RecoveryKind,
+    quorum_asked: float,
+    quorum_received: float | None,
+    healed_at: float | None,
+    committed: float | None,
+    heal: Heal | None,
+) -> Recovery:
+    """A heal or a join from its milestones (Unix times; None: not reached), from the request
+    of the quorum that had it heal."""
+    phases = _phases(
+        ["quorum", "heal", "first_commit"],
+        quorum_asked,
+        [quorum_received, healed_at, committed],
+    )
+    return Recovery(
+        replica=replica,
+        replica_id=replica_id,
+        kind=kind,
+        started=quorum_asked,
         total_s=round(sum(phases.values()), 6),
         phases=phases,
         complete=committed is not None,
@@ -342,7 +436,9 @@ def table(found: Sequence[Recovery]) -> str:
             rate = f"{r.heal.rate_mb_s:g} MB/s" if r.heal.rate_mb_s is not None else "-"
             heal = (
                 f"{r.heal.bytes / 1e6:.1f} MB at {rate} from replica rank "
-                f"{r.heal.donor_replica_rank} ({r.heal.donor_address}), {r.heal.outcome}"
+                f"{r.heal.donor_replica_rank} ({r.heal.donor_address})"
+                + (f" over {r.heal.path}" if r.heal.path else "")
+                + f", {r.heal.outcome}"
             )
         rows.append(
             [

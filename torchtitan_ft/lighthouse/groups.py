@@ -5,8 +5,10 @@ Each group's quorum request may carry a ``GroupProgress`` (our Manager sends one
 0.2.0's sends none, and its group then shows only its membership): recent step times, the
 job's committed batches as the group counts them, and its committed samples when its trainer
 said how many samples a batch holds (the Manager's ``samples_per_batch``), its discarded
-steps, and the heals that ended since its last request. :class:`GroupBook` keeps, per group, a
-short series of steps per second, its heals, and its time in and out of the quorum; and for
+steps, the heals and the recoveries that ended since its last request. :class:`GroupBook`
+keeps, per group, a short series of steps per second, its heals, its recoveries' breakdowns
+(``lighthouse.recoveries``, with the departures of processes the state saw go), and its time
+in and out of the quorum; and for
 the job, the rate of its committed samples (or batches, when no group reports samples) and its
 membership over time.
 
@@ -36,6 +38,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torchtitan_ft.lighthouse.history import EventKind
+from torchtitan_ft.lighthouse.recoveries import (
+    DEPARTURES_KEPT,
+    RECOVERIES_KEPT,
+    Departure,
+    departure_before,
+    group_name,
+    recovery,
+)
 from torchtitan_ft.lighthouse.timeline import clock
 from torchtitan_ft.proto import torchft_pb2 as pb
 
@@ -99,6 +109,8 @@ class Group:
     last_discarded: int = 0
     heals: deque[Heal] = field(default_factory=lambda: deque(maxlen=HEALS_KEPT))
     heal_count: int = 0
+    recoveries: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECOVERIES_KEPT))
+    """Its recoveries' breakdowns (``Recovery.to_json``), oldest first."""
     in_quorum_s: float = 0.0
     away_s: float = 0.0
     """Time out of the quorum since it first joined one."""
@@ -221,6 +233,9 @@ class GroupBook:
         """The job's committed batches per second."""
         self.samples = Rate()
         """The job's committed samples per second (groups with ``samples_per_batch``)."""
+        self.departures: OrderedDict[str, Departure] = OrderedDict()
+        """The newest departure per group name (``lighthouse.recoveries``): a start of the
+        group after it is a replacement."""
         self.changed = False
         """A figure that adds up (heals, discarded steps, membership) changed since the last
         ``to_json``: ``GroupsFile`` saves it soon."""
@@ -274,7 +289,35 @@ class GroupBook:
             group.heal_count += 1
             self.changed = True
             events.append((EventKind.HEAL, rid, heal_reason(heal)))
+        for report in progress.recoveries:
+            self._recovered(rid, group, report)
         return events
+
+    def departed(self, departure: Departure) -> None:
+        """A group's process went away (the first notice of it counts)."""
+        name = group_name(departure.replica_id)
+        known = self.departures.get(name)
+        if known is not None and known.replica_id == departure.replica_id:
+            return
+        self.departures[name] = departure
+        self.departures.move_to_end(name)
+        while len(self.departures) > DEPARTURES_KEPT:
+            self.departures.popitem(last=False)
+
+    def _recovered(self, rid: str, group: Group, report: pb.RecoveryReport) -> None:
+        """Keeps the breakdown of a recovery ``rid`` reported; a replacement uses up its
+        group's departure."""
+        departure = departure_before(self.departures, rid)
+        heal_bytes = next(
+            (h.bytes for h in reversed(group.heals) if h.to_step == report.heal_to_step), None
+        )
+        found = recovery(rid, report, departure, heal_bytes if report.heal_outcome else None)
+        if found is None:
+            return
+        if found.failed_replica_id is not None:
+            del self.departures[group_name(rid)]
+        group.recoveries.append(found.to_json())
+        self.changed = True
 
     def were_members(self, ids: Iterable[str]) -> set[str]:
         """Those of ``ids`` that were in a quorum before (also before a lighthouse restart,
@@ -290,6 +333,9 @@ class GroupBook:
         """A quorum with a new id was issued."""
         ids = set(members)
         for rid in ids:
+            departure = self.departures.get(group_name(rid))
+            if departure is not None and departure.replica_id == rid:  # it is back
+                del self.departures[group_name(rid)]
             group = self._group(rid, now)
             if group.in_quorum_since is None:
                 group.in_quorum_since = now
@@ -363,6 +409,7 @@ class GroupBook:
                 }
                 for h in group.heals
             ],
+            "recoveries": list(group.recoveries),
         }
 
     def views(self, now: float) -> list[dict]:
@@ -390,6 +437,7 @@ class GroupBook:
                     [h.time, h.to_step, h.source, h.bytes, h.seconds, h.outcome, h.started]
                     for h in g.heals
                 ],
+                "recoveries": list(g.recoveries),
                 "in_quorum_s": g.in_quorum_now(now),
                 "away_s": g.away_now(now),
                 "spell": _spell(g),
@@ -431,6 +479,7 @@ class GroupBook:
                 Heal(float(t), int(step), str(src), int(n), float(sec), str(out), float(start))
                 for t, step, src, n, sec, out, start in gd["heals"]
             )
+            g.recoveries.extend(dict(r) for r in gd.get("recoveries", ()))  # older files: none
             g.in_quorum_s = float(gd["in_quorum_s"])
             g.away_s = float(gd["away_s"])
             spell = gd["spell"]

@@ -45,6 +45,7 @@ from torchtitan_ft.lighthouse.history import (
     DEFAULT_CAPACITY,
     EventKind,
     History,
+    LeftBecause,
     heartbeat_events,
     membership_events,
     why_left,
@@ -56,9 +57,11 @@ from torchtitan_ft.lighthouse.last_quorum import (
     restored_line,
     write_due,
 )
+from torchtitan_ft.lighthouse.recoveries import Departure
 from torchtitan_ft.lighthouse.stragglers import Change, SpeedBook, StragglerOptions
 from torchtitan_ft.lighthouse.types import Quorum, QuorumMember, StateLoss
 from torchtitan_ft.proto import torchft_pb2 as pb
+from torchtitan_ft.recoveries import Noticed
 
 logger = logging.getLogger(__name__)
 
@@ -257,6 +260,9 @@ class LighthouseState:
                 self._finished.add(replica_id)
         if replica_id in self.asked:
             self._stream_ended.add(replica_id)
+            if not finished:
+                wall = self._wall()
+                self.groups.departed(Departure(replica_id, wall, wall, Noticed.STREAM_END))
             self.history.record(
                 EventKind.STREAM_ENDED, replica_id, "heartbeat stream ended: the process died"
             )
@@ -418,9 +424,13 @@ class LighthouseState:
             self._was_healthy, healthy, self._lost, self.opts.heartbeat_timeout
         )
         self.history.record_all(events)
+        last_seen = self.last_seen()
         for kind, rid, _ in events:
             if kind is EventKind.HEARTBEAT_LOST:
                 self._lost.add(rid)
+                seen = self._wall_of(last_seen.get(rid, self._clock()))
+                noticed = min(self._wall(), seen + self.opts.heartbeat_timeout)
+                self.groups.departed(Departure(rid, seen, noticed, Noticed.HEARTBEAT_TIMEOUT))
             else:
                 self._lost.discard(rid)
         self._was_healthy = healthy
@@ -602,6 +612,7 @@ class LighthouseState:
                 self.groups.were_members(ids),
             )
         )
+        self._departed(because)
         self.groups.quorum(ids, self._wall())
         for m in members:
             if m.commit_failures > 0:
@@ -616,6 +627,21 @@ class LighthouseState:
                 self.history.record(
                     EventKind.JOIN_TIMEOUT, rid, f"healthy but did not ask within {waited:g} s"
                 )
+
+    def _departed(self, because: Mapping[str, LeftBecause]) -> None:
+        """The departures of members a new quorum left out (``lighthouse.recoveries``): their
+        heartbeats timed out, or they did not ask (a quorum without them came first). An ended
+        stream was one already; a group the straggler policy left out did not go."""
+        last_seen, now = self.last_seen(), self._wall()
+        for rid, why in because.items():
+            if why in (LeftBecause.STREAM_ENDED, LeftBecause.EXCLUDED):
+                continue
+            seen = self._wall_of(last_seen.get(rid, self._clock()))
+            if why is LeftBecause.HEARTBEAT_LOST:
+                noticed = min(now, seen + self.opts.heartbeat_timeout)
+                self.groups.departed(Departure(rid, seen, noticed, Noticed.HEARTBEAT_TIMEOUT))
+            else:
+                self.groups.departed(Departure(rid, seen, now, Noticed.QUORUM))
 
     def _drop_pending(self, replica_id: str) -> None:
         del self.pending[replica_id]
@@ -635,6 +661,10 @@ class LighthouseState:
 
     def _wall(self) -> float:
         return self._wall_us() / 1e6
+
+    def _wall_of(self, at: float) -> float:
+        """The wall time of ``at``, a reading of the state's clock."""
+        return self._wall() - (self._clock() - at)
 
     def healthy(self) -> set[str]:
         return healthy_replicas(self.last_seen(), self._clock(), self.opts.heartbeat_timeout)

@@ -33,6 +33,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import grpc
 
 from torchtitan_ft.auth import AUTHORIZATION, grpc_metadata, presents
+from torchtitan_ft.lighthouse import recoveries
 from torchtitan_ft.lighthouse.history import Event, EventKind
 from torchtitan_ft.lighthouse.state import DECISION_BUCKETS, LighthouseState
 from torchtitan_ft.lighthouse.summary import state_loss_line
@@ -525,6 +526,7 @@ Green bars: time in the quorum. Marks: events (hover or click for the reason).</
 <th>committed {unit}</th><th>discarded steps</th></tr>
 {group_rows}
 </table>
+{recoveries}
 <h2>Quorum {quorum_title}</h2>
 <table id="members"><tr><th>replica</th><th>step</th><th>address</th><th>store</th>
 <th>world size</th><th>commit failures</th>{kill_head}</tr>
@@ -659,6 +661,7 @@ def render_html(
         range_title="last hour" if range_name == "hour" else "whole job",
         timeline=render_timeline(events, [g["replica_id"] for g in status["groups"]], start, now),
         group_rows="\n".join(group_rows),
+        recoveries=recoveries.html_section(status["groups"]),
         event_rows="\n".join(event_rows),
         other_callers=other_callers,
         quorum_title=e(title),

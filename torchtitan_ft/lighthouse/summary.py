@@ -1,7 +1,8 @@
 """``torchft_lighthouse status``: the status page's summary as text, for an operator on SSH.
 
 It reads the lighthouse's status server (``/status.json`` and ``/events``) and prints the job's
-figures, each group's, the current quorum and the newest events with their reasons.
+figures, each group's, each group's recoveries phase by phase, the current quorum and the
+newest events with their reasons.
 ``render`` is a pure function of what those endpoints return.
 """
 
@@ -13,6 +14,7 @@ import urllib.request
 from urllib.parse import urlsplit
 
 from torchtitan_ft.auth import AUTHORIZATION
+from torchtitan_ft.lighthouse import recoveries
 from torchtitan_ft.lighthouse.timeline import clock
 from torchtitan_ft.netaddr import join_host_port, split_host_port
 
@@ -108,6 +110,7 @@ def render(status: dict, events: dict) -> str:
             f"{_num(g['steps_per_s'], '.2f'):>8} {g['in_quorum_s']:>11.1f} {g['away_s']:>8.1f} "
             f"{g['heal_count']:>5} {heal:<28} {g['discarded_steps']:>9}"
         )
+    lines += recoveries.text_lines(status["groups"])
     if status["other_callers"]:
         lines.append(
             f"(heartbeats from callers that never asked for a quorum, e.g. readiness probes: "

@@ -72,6 +72,8 @@ class Healing:
         self._borrowed = False
         self._served = False
         self._source = ""
+        self._path = ""
+        """The address the current heal's state comes over (``HEAL_END``'s ``path``)."""
         self._to_step = 0
         self._reports: list[pb.HealReport] = []
 
@@ -123,6 +125,7 @@ class Healing:
             self._counters.add(heal_bytes_sent=sent)
         if result.heal:
             self._source = result.recover_src_manager_address
+            self._path = ""
             self._to_step = result.max_step
             self._events.emit(
                 EventKind.HEAL_START,
@@ -171,6 +174,7 @@ class Healing:
         # first heal); apply_all_or_nothing copies them into the live state.
         recv = getattr(self.transport, "recv_checkpoint_borrowed", None)
         self._borrowed = recv is not None
+        self._path = "process group" if metadata == "<n/a>" else metadata
         with record_function("torchft::manager::_checkpoint_transport::recv_checkpoint"):
             state = (recv or self.transport.recv_checkpoint)(
                 src_rank=src_rank, metadata=metadata, step=result.max_step, timeout=self._timeout
@@ -253,6 +257,7 @@ class Healing:
             outcome=outcome,
             seconds=round(seconds, 6),
             bytes=received,
+            path=self._path,
             error="" if error is None else f"{type(error).__name__}: {error}",
         )
 

@@ -60,6 +60,7 @@ from torchtitan_ft.manager.hung import HungPeerError, HungPeerWatch
 from torchtitan_ft.manager.identity import GroupIdentity
 from torchtitan_ft.manager.outage import LighthouseOutage
 from torchtitan_ft.manager.quorum import QuorumRequest, QuorumThread
+from torchtitan_ft.manager.recovery import RecoveryWatch
 from torchtitan_ft.manager.rendezvous import join_replica_group
 from torchtitan_ft.manager.settings import (
     ManagerSettings,
@@ -325,8 +326,14 @@ class Manager:
         )
         self._store, self._server, self._client = group.store, group.server, group.client
         self._replica_id: str = group.replica_id
+        self._recovery = RecoveryWatch() if self._group_rank == 0 else None
+        """Group rank 0's recoveries, for the lighthouse's breakdown (``manager.recovery``)."""
         self._events: EventWriter = open_event_writer(
-            settings.events_dir.value, group.replica_id, self._group_rank, lambda: self._step
+            settings.events_dir.value,
+            group.replica_id,
+            self._group_rank,
+            lambda: self._step,
+            listener=self._recovery.observe if self._recovery is not None else None,
         )
         self._collectives = StepCollectives(
             pg,
@@ -465,7 +472,8 @@ class Manager:
         """What this rank tells the lighthouse with its quorum request: the previous step's
         timing (``steptimes``), the committed batches (and samples, when the trainer said its
         ``samples_per_batch``) and discarded steps, the heals that ended since (its
-        ManagerServer merges the group's ranks')."""
+        ManagerServer merges the group's ranks'), and on group rank 0 the recoveries that
+        ended since (``manager.recovery``)."""
         progress = self._step_timer.start(self._step, time.monotonic()) or pb.GroupProgress()
         for timing in progress.steps:
             self._judge_timeouts(timing.step_seconds)
@@ -474,6 +482,8 @@ class Manager:
             progress.samples_committed = self._batches_committed * self._samples_per_batch
         progress.discarded_steps = self._discarded_steps
         progress.heals.extend(self._heal.take_reports())
+        if self._recovery is not None:
+            progress.recoveries.extend(self._recovery.take_reports())
         return progress
 
     def _judge_timeouts(self, step_seconds: float) -> None:

@@ -57,7 +57,8 @@ def group_progress(progresses: Iterable[pb.GroupProgress | None]) -> pb.GroupPro
     """A group's progress from its ranks' (None when no rank sent any): the slowest timing per
     step (``slowest_per_step``), the highest committed batches, samples (when any rank sent
     them) and discarded steps, and each heal (by the step it healed to) with the ranks' bytes
-    summed, the earliest start, the slowest rank's seconds and the worst outcome."""
+    summed, the earliest start, the slowest rank's seconds and the worst outcome; the
+    recoveries as sent (group rank 0 sends them)."""
     sent = [p for p in progresses if p is not None]
     if not sent:
         return None
@@ -82,6 +83,7 @@ def group_progress(progresses: Iterable[pb.GroupProgress | None]) -> pb.GroupPro
             if _OUTCOME_RANK.get(heal.outcome, 0) > _OUTCOME_RANK.get(mine.outcome, 0):
                 mine.outcome = heal.outcome
     merged.heals.extend(heals[step] for step in sorted(heals))
+    merged.recoveries.extend(r for p in sent for r in p.recoveries)  # group rank 0's only
     return merged
 
 

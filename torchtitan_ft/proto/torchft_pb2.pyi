@@ -52,20 +52,54 @@ class StepTiming(_message.Message):
     def __init__(self, step: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ...) -> None: ...
 
 class GroupProgress(_message.Message):
-    __slots__ = ("steps", "batches_committed", "discarded_steps", "heals", "samples_committed", "link_probes")
+    __slots__ = ("steps", "batches_committed", "discarded_steps", "heals", "samples_committed", "link_probes", "recoveries")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     DISCARDED_STEPS_FIELD_NUMBER: _ClassVar[int]
     HEALS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     LINK_PROBES_FIELD_NUMBER: _ClassVar[int]
+    RECOVERIES_FIELD_NUMBER: _ClassVar[int]
     steps: _containers.RepeatedCompositeFieldContainer[StepTiming]
     batches_committed: int
     discarded_steps: int
     heals: _containers.RepeatedCompositeFieldContainer[HealReport]
     samples_committed: int
     link_probes: _containers.RepeatedCompositeFieldContainer[LinkProbeResult]
-    def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., batches_committed: _Optional[int] = ..., discarded_steps: _Optional[int] = ..., heals: _Optional[_Iterable[_Union[HealReport, _Mapping]]] = ..., samples_committed: _Optional[int] = ..., link_probes: _Optional[_Iterable[_Union[LinkProbeResult, _Mapping]]] = ...) -> None: ...
+    recoveries: _containers.RepeatedCompositeFieldContainer[RecoveryReport]
+    def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., batches_committed: _Optional[int] = ..., discarded_steps: _Optional[int] = ..., heals: _Optional[_Iterable[_Union[HealReport, _Mapping]]] = ..., samples_committed: _Optional[int] = ..., link_probes: _Optional[_Iterable[_Union[LinkProbeResult, _Mapping]]] = ..., recoveries: _Optional[_Iterable[_Union[RecoveryReport, _Mapping]]] = ...) -> None: ...
+
+class RecoveryReport(_message.Message):
+    __slots__ = ("kind", "process_started", "manager_built", "quorum_asked", "quorum_received", "healed", "first_commit", "heal_to_step", "donor_replica_rank", "donor_address", "heal_path", "heal_outcome", "heal_seconds", "heal_bytes")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_STARTED_FIELD_NUMBER: _ClassVar[int]
+    MANAGER_BUILT_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ASKED_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    HEALED_FIELD_NUMBER: _ClassVar[int]
+    FIRST_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    HEAL_TO_STEP_FIELD_NUMBER: _ClassVar[int]
+    DONOR_REPLICA_RANK_FIELD_NUMBER: _ClassVar[int]
+    DONOR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HEAL_PATH_FIELD_NUMBER: _ClassVar[int]
+    HEAL_OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    HEAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HEAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    process_started: float
+    manager_built: float
+    quorum_asked: float
+    quorum_received: float
+    healed: float
+    first_commit: float
+    heal_to_step: int
+    donor_replica_rank: int
+    donor_address: str
+    heal_path: str
+    heal_outcome: str
+    heal_seconds: float
+    heal_bytes: int
+    def __init__(self, kind: _Optional[str] = ..., process_started: _Optional[float] = ..., manager_built: _Optional[float] = ..., quorum_asked: _Optional[float] = ..., quorum_received: _Optional[float] = ..., healed: _Optional[float] = ..., first_commit: _Optional[float] = ..., heal_to_step: _Optional[int] = ..., donor_replica_rank: _Optional[int] = ..., donor_address: _Optional[str] = ..., heal_path: _Optional[str] = ..., heal_outcome: _Optional[str] = ..., heal_seconds: _Optional[float] = ..., heal_bytes: _Optional[int] = ...) -> None: ...
 
 class LinkProbeResult(_message.Message):
     __slots__ = ("seq", "bytes", "seconds")
