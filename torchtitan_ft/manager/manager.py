@@ -128,7 +128,7 @@ class Manager:
             this interval too, so that a rank hung inside the group is noticed
             (``manager.hung``).
         checkpoint_transport: how state moves to healing peers; default ``HTTPTransport`` with
-            ``timeout``, ``hostname`` and ``auth_token``.
+            ``timeout``, ``hostname`` and the job token (``ManagerOptions.auth_token``).
         init_sync: at step 0 every replica group loads the primary's state so all start
             identical (default True); False only when all groups initialise identically.
         max_retries: consecutive failed commits allowed; one more raises RuntimeError from
@@ -137,8 +137,9 @@ class Manager:
             rank 0's ManagerServer before the quorum fails: argument >
             ``TORCHFT_QUORUM_RETRIES`` > 0.
         options: the Manager's own options, beyond torchft's (``ManagerOptions``: the job
-            token, the event stream, in-flight retry, ...); default all off. Their fields may
-            also be passed as keyword arguments of the same names (not both).
+            token, the event stream, in-flight retry, ...); default ``ManagerOptions()``, each
+            field's own default. Its fields may also be passed as keyword arguments of the
+            same names (not both).
 
     Raises:
         ValueError: bad settings (see ``settings``), ``min_replica_size < 1``, timeouts out
