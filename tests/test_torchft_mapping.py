@@ -11,6 +11,7 @@ appeared in the corresponding module.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import inspect
 import re
@@ -213,20 +214,25 @@ def test_nothing_marked_not_provided_exists_in_its_module() -> None:
 
 
 def test_manager_takes_torchfts_arguments_in_its_order_and_ours_by_keyword_only() -> None:
-    """A call written for torchft 0.2.0 binds the same arguments here, and an argument torchft
-    lacks cannot be passed by position (a positional call would bind another meaning)."""
+    """A call written for torchft 0.2.0 binds the same arguments here, and an option torchft
+    lacks cannot be passed by position (a positional call would bind another meaning): it is
+    ``options=ManagerOptions(...)`` or a keyword of a field's name."""
     tree = ast.parse((TORCHFT / "manager.py").read_text())
     manager = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Manager")
     init = next(n for n in manager.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     reference = [a.arg for a in init.args.args]
 
     from torchtitan_ft import Manager
+    from torchtitan_ft.manager import ManagerOptions
 
     parameters = list(inspect.signature(Manager.__init__).parameters.values())
     positional = [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
     keyword_only = [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
     assert positional == reference
-    assert keyword_only == [
+    assert keyword_only == ["options"]
+    # ... and the ManagerOptions fields as keywords of the same names (ManagerOptions.of).
+    assert parameters[-1].kind is parameters[-1].VAR_KEYWORD
+    assert [f.name for f in dataclasses.fields(ManagerOptions)] == [
         "auth_token",
         "model_fingerprint",
         "num_replica_groups",

@@ -32,6 +32,7 @@ from torchtitan_ft.lighthouse.exclusion import Exclusion, ExclusionOptions, Stra
 from torchtitan_ft.manager import (
     AddressInUseError,
     Manager,
+    ManagerOptions,
     ManagerStats,
     ReplicaGroupMismatchError,
     WorldSizeMode,
@@ -242,7 +243,8 @@ def test_timeouts_far_above_the_step_are_reported_once(
 def test_the_lighthouse_counts_committed_samples_when_the_trainer_says_its_batch(
     lighthouse: LighthouseServer,
 ) -> None:
-    manager = _manager(lighthouse, "samples", samples_per_batch=8)
+    # The Manager's own options as one ManagerOptions (elsewhere: as keywords, the same).
+    manager = _manager(lighthouse, "samples", options=ManagerOptions(samples_per_batch=8))
     try:
 
         def job() -> dict:

@@ -20,6 +20,10 @@ first abort).
 
 Against torchft's lighthouse (no ``GoneMembers``) the watch stops after its first call: a hung
 peer then costs the process group's timeout, as in torchft 0.2.0.
+
+``HungPeerWatch`` is the watch thread; ``HungPeerGuard`` is the Manager's use of it on the
+training thread: it arms the watch once a step, at the step's first collective, disarms it when
+the step's collectives have settled, asks the commit fence, and carries out the watch's verdict.
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import grpc
 
 from torchtitan_ft.lighthouse.client import LighthouseClient
-from torchtitan_ft.manager.decisions import hung_peer_abort, needs_commit_fence
+from torchtitan_ft.manager.collectives import StepCollectives
+from torchtitan_ft.manager.decisions import QuorumResult, hung_peer_abort, needs_commit_fence
+from torchtitan_ft.manager.settings import ManagerSettings, Source
 
 _WAIT = timedelta(seconds=10)
 """Longest wait of one ``GoneMembers`` long poll (a new step's watch cancels it)."""
@@ -207,3 +214,89 @@ class HungPeerWatch:
                         "in the collective for the process group's timeout",
                     )
                 self._on_abort(reason)
+
+
+class HungPeerGuard:
+    """A step's protection against hung peers, for the Manager (training thread, but ``_abort``):
+    watches the step's quorum from its first collective until its collectives have settled,
+    and fails the step when a member is gone. A rank with no lighthouse to ask (group rank > 0
+    given no lighthouse address: ``TORCHFT_LIGHTHOUSE`` unset, or no argument) has no watch,
+    and every method does nothing.
+
+    Args:
+        settings: this rank's settings: its group rank, the lighthouse's address and the
+            job token, ``connect_timeout`` for the watch's own lighthouse client.
+        replica_id: this replica group's id in the lighthouse.
+        collectives: the step's collectives, failed by a verdict.
+        pg: the cross-replica-group process group, aborted by a verdict.
+        heartbeat_interval: the Manager's (group ranks > 0 heartbeat at it, ``HungPeerWatch``).
+        log: the Manager's logger (level, message).
+    """
+
+    def __init__(
+        self,
+        settings: ManagerSettings,
+        replica_id: str,
+        *,
+        collectives: StepCollectives,
+        pg: Any,
+        heartbeat_interval: timedelta,
+        log: Callable[[int, str], None],
+    ) -> None:
+        self._collectives = collectives
+        self._pg = pg
+        self._armed = False
+        """The watch was armed this step (training thread)."""
+        self.watch: HungPeerWatch | None = None
+        group_rank = settings.group_rank.value
+        if group_rank == 0 or settings.lighthouse_addr.source is not Source.DEFAULT:
+            client = LighthouseClient(
+                settings.lighthouse_addr.value,
+                settings.connect_timeout.value,
+                settings.auth_token.value,
+            )
+            self.watch = HungPeerWatch(
+                client,
+                replica_id,
+                on_abort=self._abort,
+                log=log,
+                group_rank=group_rank,
+                heartbeat_interval=heartbeat_interval,
+            )
+
+    def new_step(self) -> None:
+        """A step starts (``start_quorum``): not armed yet; the fence's step clock starts."""
+        self._armed = False
+        if self.watch is not None:
+            self.watch.new_step()
+
+    def arm(self, result: QuorumResult | None) -> None:
+        """The step's collectives start over quorum ``result``: watches its members, from the
+        step's first collective on (later ones, and no quorum yet, change nothing)."""
+        if self.watch is not None and not self._armed and result is not None:
+            self._armed = True
+            self.watch.arm(result.replica_ids)
+
+    def disarm(self) -> None:
+        """The step's collectives have settled: no abort of them happens after this returns."""
+        if self.watch is not None:
+            self.watch.disarm()
+        self._armed = False
+
+    def fence(self) -> None:
+        """Before the commit vote: records a ``HungPeerError`` (the step is not committed)
+        when the lighthouse named this group gone during the step (``HungPeerWatch.fence``)."""
+        if self.watch is not None and (reason := self.watch.fence()) is not None:
+            self._collectives.report_error(HungPeerError(reason))
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+
+    def _abort(self, reason: str) -> None:
+        """The watch's verdict (its thread): fails the step's collectives now. Not a
+        retryable collective error: gloo may still write the hung collectives' tensors once
+        the peer resumes, so the step is discarded and its buffers left to them."""
+        self._collectives.report_error(HungPeerError(reason))
+        self._collectives.usable = False
+        self._pg.abort()

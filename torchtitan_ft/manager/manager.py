@@ -1,31 +1,41 @@
 """The Manager, one per rank of a replica group: the training loop's side of each step's
 quorum, healing and commit vote (a façade over the modules beside it).
 
-The step protocol is in docs/architecture.md ("One step"). Who writes which field (the training
-thread reads the quorum thread's after ``_quorum.wait_ready()``/``wait()``; ``stats()`` reads
-any field at any time):
+The step protocol is in docs/architecture.md ("One step"). Who writes which field of the
+Manager and of its parts (the training thread reads what the quorum thread wrote once
+``_quorum.wait_ready()``/``wait()`` returned; ``stats()`` reads any field at any time):
 
-==============================================================  ===============================
+==============================================================  ==============================
 field                                                           written on
-==============================================================  ===============================
-``_step``, ``_batches_committed``, ``_commit_failures``,        the training thread
-``_discarded_steps``, ``_samples_per_batch``,
-``_identity``, ``_retries_this_step``, ``_participated``,
-``_hung_armed``, ``_step_timer``'s timings, ``_quorum``'s
-futures, ``_collectives``' pending futures
+==============================================================  ==============================
+``_identity``; ``_ledger``'s step, batches, commit failures     the training thread
+and discarded steps; ``_progress``'s samples per batch, step
+timer and oversize watch; ``_retry``'s retries this step and
+``participated``; ``_hung``'s armed flag and its watch's step
+clock; ``_quorum``'s futures; ``_collectives``' calls, kept
+inputs, pending futures and ``inputs_kept``
 ``_quorum.result``, ``.participation``, ``.healing``,           the quorum thread (``healing``
-``._quorum_id``; ``_heal``'s received state, receive time and   and ``_heal`` are reset by
-served flag                                                     ``start_quorum`` first)
+``.excluded``, and its last quorum id, announced role,          is reset by ``start_quorum``
+straggler flag and state loss                                   first)
+``_heal``'s received state and its figures, served flag and     the training thread and the
+heal reports                                                    quorum thread, one after the
+                                                                other (``Healing``)
 ``_collectives.usable``                                         the quorum thread, the training
                                                                 thread, a failed allreduce's
                                                                 callback, the hung-peer watch
-                                                                thread (``_hung``, through
-                                                                ``_abort_hung_step``)
-``_collectives``' error, ``_counters``                          any thread, under their locks
+                                                                thread (``HungPeerGuard._abort``)
+``_hung.watch``'s armed members and long poll                   the training thread (``arm``,
+                                                                ``disarm``) and the hung-peer
+                                                                watch thread, under its
+                                                                condition
+``_hung.watch``'s ``supported`` and ``heartbeat_timeout``       the hung-peer watch thread
+                                                                (``heartbeat_timeout`` also the
+                                                                training thread's ``fence``)
+``_collectives``' error, ``_counters``, ``_events``' file       any thread, under their locks
                                                                 (the hung-peer watch thread's
-                                                                ``report_error`` included)
+                                                                abort included)
 everything else                                                 ``__init__`` only
-==============================================================  ===============================
+==============================================================  ==============================
 """
 
 from __future__ import annotations
@@ -43,38 +53,27 @@ from torch.distributed import ReduceOp
 
 from torchtitan_ft import timeouts
 from torchtitan_ft.checkpoint import CheckpointTransport
-from torchtitan_ft.events import EventKind, EventWriter, open_event_writer, this_process_started
-from torchtitan_ft.lighthouse.client import LighthouseClient
-from torchtitan_ft.manager.collectives import ExceptionWithTraceback, StepCollectives, profiled
+from torchtitan_ft.manager.collectives import ExceptionWithTraceback, profiled
 from torchtitan_ft.manager.decisions import (
     RetryDecision,
     WorldSizeMode,
-    check_commit_failures,
-    check_step_arguments,
     heal_needs_group_agreement,
-    inflight_retry_decision,
     local_commit_vote,
 )
-from torchtitan_ft.manager.healing import Healing
-from torchtitan_ft.manager.hung import HungPeerError, HungPeerWatch
 from torchtitan_ft.manager.identity import GroupIdentity
-from torchtitan_ft.manager.outage import LighthouseOutage
-from torchtitan_ft.manager.quorum import QuorumRequest, QuorumThread
-from torchtitan_ft.manager.recovery import RecoveryWatch
-from torchtitan_ft.manager.rendezvous import join_replica_group
+from torchtitan_ft.manager.options import ManagerOptions
+from torchtitan_ft.manager.parts import StepRules, open_parts
+from torchtitan_ft.manager.quorum import QuorumRequest
 from torchtitan_ft.manager.settings import (
     ManagerSettings,
-    Source,
     overridden_message,
     resolve_manager_settings,
     timeout_values,
 )
-from torchtitan_ft.manager.state_loss import STATE_LOST_EXIT, OnStateLoss, StateLostError
-from torchtitan_ft.manager.stats import Counters, ManagerStats
-from torchtitan_ft.manager.steptimes import StepTimer
+from torchtitan_ft.manager.state_loss import STATE_LOST_EXIT, StateLostError
+from torchtitan_ft.manager.stats import ManagerStats
 from torchtitan_ft.process_group.base import ProcessGroup
 from torchtitan_ft.process_group.futures import completed_future
-from torchtitan_ft.proto import torchft_pb2 as pb
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -89,8 +88,7 @@ class Manager:
     other ranks find the server in that store. Save and restore ``Manager.state_dict()`` with
     periodic checkpoints: it holds the committed step count.
 
-    Args (torchft 0.2.0's in its order, then ours, keyword-only; "A > B > C": argument, else
-    env var, else default):
+    Args (torchft 0.2.0's, in its order; "A > B > C": argument, else env var, else default):
         pg: the reconfigurable cross-replica-group process group (e.g. ``ProcessGroupGloo``),
             reconfigured whenever the quorum id changes.
         load_state_dict: loads user state received when healing, on the training thread at a
@@ -130,7 +128,7 @@ class Manager:
             this interval too, so that a rank hung inside the group is noticed
             (``manager.hung``).
         checkpoint_transport: how state moves to healing peers; default ``HTTPTransport`` with
-            ``timeout``, ``hostname`` and ``auth_token``.
+            ``timeout``, ``hostname`` and the job token (``ManagerOptions.auth_token``).
         init_sync: at step 0 every replica group loads the primary's state so all start
             identical (default True); False only when all groups initialise identically.
         max_retries: consecutive failed commits allowed; one more raises RuntimeError from
@@ -138,68 +136,15 @@ class Manager:
         quorum_retries: retries (with backoff) of a failed lighthouse quorum request by group
             rank 0's ManagerServer before the quorum fails: argument >
             ``TORCHFT_QUORUM_RETRIES`` > 0.
-        auth_token: the job token (default ``None``: none), the same in every group and the
-            lighthouse. With one, the group's ManagerServer answers only calls carrying it
-            (every rank's client sends it; its Kill RPC is enabled), it presents it to the
-            lighthouse and to donor groups' ManagerServers, and the default checkpoint
-            transport serves and fetches state only with it: argument >
-            ``TORCHFT_AUTH_TOKEN`` > none (the env var lets a program written for torchft,
-            whose API has no such argument, join a job with a token).
-        model_fingerprint: what model this group trains (``model_fingerprint(model)``) or a
-            function returning it, called once at the first ``start_quorum``; a group whose
-            fingerprint differs from a live group's fails its first quorum with
-            ``ReplicaGroupMismatchError``. Default ``None``: not checked.
-        num_replica_groups: the planned number of replica groups (TorchTitan's
-            ``fault_tolerance.group_size``), checked the same way; default ``None``. A replica
-            id that a live group already uses is always refused.
-        retry_inflight_allreduce: when a step's allreduce fails because a peer group died
-            (or dropped the group), finish the same step with the survivors instead of
-            discarding it: get a new quorum, re-run the step's allreduces from copies of their
-            inputs over it (averaging over its participants) and vote (default False). Every
-            allreduce's input is copied before it is reduced: memory cost one copy of the
-            step's allreduced bytes (the gradients, for ``DistributedDataParallel``), held
-            while the Manager lives, plus that memcpy each step. Applies to groups of one rank
-            with an async quorum and a process group that can wait for the collectives it
-            abandoned (``pg.can_wait_abandoned()``: ``ProcessGroupGloo``, ``ProcessGroupNCCL``
-            and wrappers of them; with another group the Manager logs a warning at
-            construction saying why, and never retries); not after a timeout (see
-            ``decisions.inflight_retry_decision``). Use the same value in every group. The
-            retried allreduces rewrite their tensors in place inside ``should_commit``: for
-            code that reads the results after it (``DistributedDataParallel``,
-            ``PureDistributedDataParallel``, ``OptimizerWrapper``, a participation vector), not
-            for the semi-sync strategies (they judge the sync by the first attempt's futures).
-        events_dir: the folder of the event stream (``torchtitan_ft.events``; one JSON-lines
-            file per rank, docs/operations.md "The event stream"): argument >
-            ``TORCHFT_EVENTS_DIR`` > none (no stream; the default).
-        samples_per_batch: how many samples (e.g. sequences) one replica group trains per step
-            (its batch, all its ranks together), for the lighthouse's committed samples per
-            second (status page, ``torchft_lighthouse status``): the Manager reports
-            ``batches_committed() * samples_per_batch``. Use the same value in every group
-            (groups with different batch sizes would count each other's batches at their own
-            size). Argument > ``TORCHFT_SAMPLES_PER_BATCH`` > none (the default: the page shows
-            committed batches and says why, as for torchft's clients, which cannot send it).
-            A trainer that learns its batch size after building the Manager calls
-            ``set_samples_per_batch``.
-        lighthouse_outage: what the group does while its lighthouse cannot be reached (group
-            rank 0): ``"previous_quorum"`` (``LighthouseOutage.PREVIOUS_QUORUM``, the default)
-            goes on committing steps on the group's previous quorum while every member keeps
-            taking part (a member that dies or fails a commit fails the step's collective;
-            the groups then wait for the lighthouse), so a lighthouse restart costs no step;
-            ``"wait"`` waits for the lighthouse until ``quorum_timeout``, as torchft 0.2.0
-            does (every group stalls for the outage). Healing, joining and any membership
-            change wait for the lighthouse either way (docs/lighthouse.md, "A lighthouse
-            outage"). Argument > ``TORCHFT_LIGHTHOUSE_OUTAGE`` > ``"previous_quorum"``.
-        on_state_loss: what the group does when the lighthouse reports the job's state lost
-            (every member holding its highest step gone; docs/lighthouse.md, "State loss"):
-            ``"stop"`` (``OnStateLoss.STOP``, the default) logs one ERROR line, records a
-            ``state_lost`` event and raises ``SystemExit(STATE_LOST_EXIT)`` (3) from
-            ``start_quorum``/``wait_quorum``/``should_commit``; ``"from_scratch"`` logs and
-            records the same and trains on from the quorum's step. Argument >
-            ``TORCHFT_ON_STATE_LOSS`` > ``"stop"``.
+        options: the Manager's own options, beyond torchft's (``ManagerOptions``: the job
+            token, the event stream, in-flight retry, ...); default ``ManagerOptions()``, each
+            field's own default. Its fields may also be passed as keyword arguments of the
+            same names (not both).
 
     Raises:
         ValueError: bad settings (see ``settings``), ``min_replica_size < 1``, timeouts out
             of the order ``timeouts.RELATIONS`` requires (with ``pg``'s own timeout).
+        TypeError: a keyword argument that is no ``ManagerOptions`` field.
         AddressInUseError: the ManagerServer's port is taken; the message says where it was set.
     """
 
@@ -228,29 +173,16 @@ class Manager:
         max_retries: int | None = None,
         quorum_retries: int | None = None,
         *,
-        auth_token: str | None = None,
-        model_fingerprint: str | Callable[[], str] | None = None,
-        num_replica_groups: int | None = None,
-        retry_inflight_allreduce: bool = False,
-        events_dir: str | os.PathLike[str] | None = None,
-        samples_per_batch: int | None = None,
-        lighthouse_outage: LighthouseOutage | str | None = None,
-        on_state_loss: OnStateLoss | str | None = None,
+        options: ManagerOptions | None = None,
+        **option_keywords: Any,
     ) -> None:
-        check_step_arguments(min_replica_size, world_size_mode, max_retries)
-        if not isinstance(retry_inflight_allreduce, bool):
-            raise ValueError(
-                f"retry_inflight_allreduce must be a bool, got {retry_inflight_allreduce!r}"
-            )
-        if retry_inflight_allreduce and not use_async_quorum:
-            raise ValueError(
-                "retry_inflight_allreduce=True needs use_async_quorum=True (with a sync quorum "
-                "a group healed by the retry's quorum would count as a participant)"
-            )
+        options = ManagerOptions.of(options, option_keywords)
+        rules = StepRules(
+            min_replica_size, world_size_mode, max_retries, init_sync, use_async_quorum
+        )
         if (load_state_dict is None) != (state_dict is None):
             raise ValueError("pass both load_state_dict and state_dict, or neither")
-        if hostname is None:
-            hostname = socket.gethostname()
+        hostname = socket.gethostname() if hostname is None else hostname
         settings = resolve_manager_settings(
             env=os.environ,
             lighthouse_addr=lighthouse_addr,
@@ -264,144 +196,49 @@ class Manager:
             quorum_timeout=quorum_timeout,
             connect_timeout=connect_timeout,
             quorum_retries=quorum_retries,
-            auth_token=auth_token,
-            events_dir=events_dir,
-            samples_per_batch=samples_per_batch,
-            lighthouse_outage=lighthouse_outage,
-            on_state_loss=on_state_loss,
             default_store_host=hostname,
+            **options.settings_arguments(),
         )
         pg_timeout = pg.get_timeout() if isinstance(pg, ProcessGroup) else None
         timeouts.check_order(timeout_values(settings, pg_timeout))
-        auth_token = settings.auth_token.value
-        timeout = settings.timeout.value
-        connect_timeout = settings.connect_timeout.value
-        self._settings: ManagerSettings = settings
+        self._settings, self._rules, self._pg = settings, rules, pg
         self._group_rank: int = settings.group_rank.value
-        self._group_world_size: int = settings.group_world_size.value
-        self._min_replica_size = min_replica_size
-        self._use_async_quorum = use_async_quorum
-        self._timeout = timeout
-        self._quorum_timeout = settings.quorum_timeout.value
-        self._init_sync = init_sync
-        self._max_retries = max_retries
-        self._pg = pg
-        self._pg_can_wait_abandoned = isinstance(pg, ProcessGroup) and pg.can_wait_abandoned()
-        self._step = 0
-        self._batches_committed = 0
-        self._discarded_steps = 0
-        self._commit_failures = 0
         self._identity: Callable[[], GroupIdentity] | None = lambda: GroupIdentity.resolve(
-            settings.replica_id.value, model_fingerprint, num_replica_groups
+            settings.replica_id.value, options.model_fingerprint, options.num_replica_groups
         )
-        self._counters = Counters()
-        self._retry_enabled = retry_inflight_allreduce
-        self._retries_this_step = 0
-        self._hung_armed = False
-        self._participated = False
-        """This group contributed its own tensors to the step's allreduces."""
-        self._step_timer = StepTimer()
-        self._oversize = timeouts.OversizeWatch(
-            {
-                timeouts.Key.STEP: timeout.total_seconds(),
-                timeouts.Key.QUORUM: self._quorum_timeout.total_seconds(),
-                timeouts.Key.CONNECT: connect_timeout.total_seconds(),
-                **({timeouts.Key.PROCESS_GROUP: pg_timeout.total_seconds()} if pg_timeout else {}),
-            }
-        )
-        """Warns once when a timeout is far above the measured step."""
-        """Times each step and its compute part for the lighthouse's straggler report."""
-        self._samples_per_batch: int | None = settings.samples_per_batch.value
-
-        group = join_replica_group(
+        parts = open_parts(
             settings,
-            env=os.environ,
+            options,
+            rules,
+            pg=pg,
+            pg_timeout=pg_timeout,
             hostname=hostname,
             heartbeat_interval=heartbeat_interval,
-            connect_timeout=connect_timeout,
-            quorum_retries=settings.quorum_retries.value,
-            auth_token=auth_token,
-            transport=checkpoint_transport,
-            transport_timeout=timeout,
+            checkpoint_transport=checkpoint_transport,
+            log=self._log,
         )
+        group = parts.group
         self._store, self._server, self._client = group.store, group.server, group.client
-        self._replica_id: str = group.replica_id
-        self._recovery = RecoveryWatch() if self._group_rank == 0 else None
-        """Group rank 0's recoveries, for the lighthouse's breakdown (``manager.recovery``)."""
-        self._events: EventWriter = open_event_writer(
-            settings.events_dir.value,
-            group.replica_id,
-            self._group_rank,
-            lambda: self._step,
-            listener=self._recovery.observe if self._recovery is not None else None,
-        )
-        self._collectives = StepCollectives(
-            pg,
-            timeout=timeout,
-            counters=self._counters,
-            log=self._log,
-            keep_inputs=retry_inflight_allreduce,
-            events=self._events,
-        )
-        self._checkpoint_transport: CheckpointTransport = group.transport
-        self._heal = Healing(
-            group.transport,
-            group_rank=self._group_rank,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            auth_token=auth_token,
-            counters=self._counters,
-            events=self._events,
-            log=self._log,
-        )
-        self._quorum = QuorumThread(
-            group,
-            settings,
-            pg=pg,
-            healing=self._heal,
-            collectives=self._collectives,
-            init_sync=init_sync,
-            use_async_quorum=use_async_quorum,
-            world_size_mode=world_size_mode,
-            min_replica_size=min_replica_size,
-            events=self._events,
-            log=self._log,
-        )
-        self._hung: HungPeerWatch | None = None
-        if self._group_rank == 0 or settings.lighthouse_addr.source is not Source.DEFAULT:
-            self._hung = HungPeerWatch(
-                LighthouseClient(settings.lighthouse_addr.value, connect_timeout, auth_token),
-                group.replica_id,
-                on_abort=self._abort_hung_step,
-                log=self._log,
-                group_rank=self._group_rank,
-                heartbeat_interval=heartbeat_interval,
-            )
-        self._events.emit(
-            EventKind.START,
-            pid=os.getpid(),
-            process_started=this_process_started(),
-            group_world_size=self._group_world_size,
-            settings=settings.record(),
-            overridden=list(settings.overridden),
-        )
+        self._replica_id, self._checkpoint_transport = group.replica_id, group.transport
+        self._events, self._counters, self._ledger = parts.events, parts.counters, parts.ledger
+        self._collectives, self._heal, self._quorum = parts.collectives, parts.healing, parts.quorum
+        self._hung, self._retry, self._progress = parts.hung, parts.retry, parts.progress
+        self._say_started(group.manager_address, group.store_address)
         if load_state_dict is not None and state_dict is not None:
             self.register_state_dict_fn("default", load_state_dict, state_dict)
+
+    def _say_started(self, manager_address: str, store_address: str) -> None:
+        """The settings in the log (a warning when an argument beat a ``TORCHFT_*`` variable,
+        or when the in-flight retry cannot run)."""
+        settings = self._settings
         self._log(
             logging.INFO,
-            f"settings: {settings.describe()}; manager server {group.manager_address}, "
-            f"store {group.store_address}",
+            f"settings: {settings.describe()}; manager server {manager_address}, "
+            f"store {store_address}",
         )
-        if (overridden := overridden_message(settings, os.environ)) is not None:
-            self._log(logging.WARNING, overridden)
-        if retry_inflight_allreduce and not self._pg_can_wait_abandoned:
-            self._log(
-                logging.WARNING,
-                f"retry_inflight_allreduce=True has no effect with this process group ({pg!r}): "
-                "it cannot wait for the collectives it abandoned (can_wait_abandoned() is "
-                "False), so a step whose allreduce fails is discarded, not retried. "
-                "ProcessGroupGloo, ProcessGroupNCCL and wrappers of them can.",
-            )
+        for warning in (overridden_message(settings, os.environ), self._retry.warning()):
+            if warning is not None:
+                self._log(logging.WARNING, warning)
 
     def register_state_dict_fn(
         self, key: str, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]
@@ -410,17 +247,13 @@ class Manager:
         self._heal.register(key, load_state_dict, state_dict)
 
     def set_samples_per_batch(self, samples_per_batch: int) -> None:
-        """Sets ``samples_per_batch`` (see the constructor) from the next quorum request on,
+        """Sets ``samples_per_batch`` (``ManagerOptions``) from the next quorum request on,
         for a trainer that knows its batch size only after it built the Manager (TorchTitan's).
 
         Raises:
             ValueError: not a positive integer.
         """
-        if isinstance(samples_per_batch, bool) or not isinstance(samples_per_batch, int):
-            raise ValueError(f"samples_per_batch must be a positive int, got {samples_per_batch!r}")
-        if samples_per_batch < 1:
-            raise ValueError(f"samples_per_batch must be >= 1, got {samples_per_batch}")
-        self._samples_per_batch = samples_per_batch
+        self._progress.set_samples_per_batch(samples_per_batch)
 
     def set_state_dict_fns(
         self, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]
@@ -448,55 +281,22 @@ class Manager:
             self._server.set_identity(identity())
         self._collectives.new_step()
         self._heal.new_step()
-        self._retries_this_step = 0
-        self._participated = False
-        self._hung_armed = False
-        if self._hung is not None:
-            self._hung.new_step()
+        self._retry.new_step()
+        self._hung.new_step()
         self._quorum.start(
             QuorumRequest(
-                step=self._step,
-                commit_failures=self._commit_failures,
+                step=self._ledger.step,
+                commit_failures=self._ledger.commit_failures,
                 allow_heal=allow_heal,
                 shrink_only=shrink_only,
-                timeout=timeout or self._quorum_timeout,
+                timeout=timeout or self._settings.quorum_timeout.value,
                 manager_state=self.state_dict(),
-                progress=self._progress(),
+                progress=self._progress.start_step(),
             )
         )
-        if not self._use_async_quorum:
+        if not self._rules.use_async_quorum:
             self.wait_quorum()
             self._heal_all_or_nothing()  # safe point: the forward has not started
-
-    def _progress(self) -> pb.GroupProgress:
-        """What this rank tells the lighthouse with its quorum request: the previous step's
-        timing (``steptimes``), the committed batches (and samples, when the trainer said its
-        ``samples_per_batch``) and discarded steps, the heals that ended since (its
-        ManagerServer merges the group's ranks'), and on group rank 0 the recoveries that
-        ended since (``manager.recovery``)."""
-        progress = self._step_timer.start(self._step, time.monotonic()) or pb.GroupProgress()
-        for timing in progress.steps:
-            self._judge_timeouts(timing.step_seconds)
-        progress.batches_committed = self._batches_committed
-        if self._samples_per_batch is not None:
-            progress.samples_committed = self._batches_committed * self._samples_per_batch
-        progress.discarded_steps = self._discarded_steps
-        progress.heals.extend(self._heal.take_reports())
-        if self._recovery is not None:
-            progress.recoveries.extend(self._recovery.take_reports())
-        return progress
-
-    def _judge_timeouts(self, step_seconds: float) -> None:
-        """Once, after the first steps: a warning and an event per timeout far above the
-        measured step (``timeouts.OversizeWatch``)."""
-        for found in self._oversize.step(step_seconds) or ():
-            self._log(logging.WARNING, found.message())
-            self._events.emit(
-                EventKind.OVERSIZED_TIMEOUT,
-                timeout=timeouts.BY_KEY[found.key].title.strip("`"),
-                seconds=found.seconds,
-                step_seconds=round(found.step_s, 6),
-            )
 
     def wait_quorum(self) -> None:
         """Blocks until this step's quorum, reconfiguration and heal transfer are done.
@@ -518,10 +318,12 @@ class Manager:
         """Applies a received state at a safe point if the whole group received (training
         thread; ``Healing.apply_all_or_nothing``), when the group may heal this step."""
         result = self._quorum.result
-        if result is not None and heal_needs_group_agreement(self._step, result, self._init_sync):
+        if result is not None and heal_needs_group_agreement(
+            self._ledger.step, result, self._rules.init_sync
+        ):
             self._heal.apply_all_or_nothing(
                 healing=self._quorum.healing,
-                group_and=lambda received: self._group_and(received, self._timeout),
+                group_and=lambda received: self._group_and(received, self._settings.timeout.value),
                 report_error=self.report_error,
                 load_manager_state=self.load_state_dict,
             )
@@ -560,7 +362,7 @@ class Manager:
             raise TypeError(f"ReduceOp.AVG needs a floating point tensor, got {tensor.dtype}")
         if should_quantize and reduce_op not in (ReduceOp.SUM, ReduceOp.AVG):
             raise ValueError(f"should_quantize supports ReduceOp.SUM and AVG, got {reduce_op}")
-        self._step_timer.collective(time.monotonic())
+        self._progress.timer.collective(time.monotonic())
         try:
             self._quorum.wait_ready()
         except Exception as e:  # recorded: the step is discarded, the future completes
@@ -570,8 +372,8 @@ class Manager:
             # Left out of the quorum: the step runs alone and is not committed; the tensor
             # keeps this group's own values.
             return completed_future(tensor)
-        self._participated = self.is_participating()
-        self._arm_hung_watch()
+        self._retry.participated = self.is_participating()
+        self._hung.arm(self._quorum.result)
         return self._collectives.allreduce(
             tensor,
             participants=self._quorum.participation.world_size,
@@ -579,21 +381,6 @@ class Manager:
             should_quantize=should_quantize,
             reduce_op=reduce_op,
         )
-
-    def _arm_hung_watch(self) -> None:
-        """Watches the step's quorum for hung peers from its first collective on."""
-        result = self._quorum.result
-        if self._hung is not None and not self._hung_armed and result is not None:
-            self._hung_armed = True
-            self._hung.arm(result.replica_ids)
-
-    def _abort_hung_step(self, reason: str) -> None:
-        """``HungPeerWatch``'s verdict (its thread): fails the step's collectives now. Not a
-        retryable collective error: gloo may still write the hung collectives' tensors once
-        the peer resumes, so the step is discarded and its buffers left to them."""
-        self.report_error(HungPeerError(reason))
-        self._collectives.usable = False
-        self._pg.abort()
 
     def report_error(self, e: BaseException) -> None:
         """Records an error for this step: the step will not commit and the process group is
@@ -638,39 +425,30 @@ class Manager:
         if self._quorum.excluded:
             return self._discard_excluded()
         self._settle_collectives()
-        if self.retry_decision().retry:
-            self._retry_inflight()
-        if self._use_async_quorum:
+        if self.retry_decision().retry:  # ``retry.InflightRetry.run``
+            self._retry.run(
+                self.state_dict(),
+                self._ledger.commit_failures,
+                wait_quorum=self.wait_quorum,
+                is_participating=self.is_participating,
+                settle=self._settle_collectives,
+            )
+        if self._rules.use_async_quorum:
             # Safe point: after the backward, before the optimizer step; on commit the
             # averaged gradient applies to the healed weights.
             self._heal_all_or_nothing()
-        if self._hung is not None and (reason := self._hung.fence()) is not None:
-            self.report_error(HungPeerError(reason))
+        self._hung.fence()
         participation = self._quorum.participation
-        vote = local_commit_vote(self.errored(), participation.vote_size, self._min_replica_size)
-        decision = self._group_and(vote.should_commit, timeout or self._timeout)
+        vote = local_commit_vote(
+            self.errored(), participation.vote_size, self._rules.min_replica_size
+        )
+        decision = self._group_and(vote.should_commit, timeout or self._settings.timeout.value)
         self._heal.withdraw_stale_offer()
         self._log(
             logging.INFO,
             f"should_commit={decision} (local vote {vote.should_commit}: {vote.reason})",
         )
-        if decision:
-            self._step += 1
-            self._batches_committed += participation.world_size
-            self._commit_failures = 0
-            self._events.emit(EventKind.COMMIT, participants=participation.world_size)
-        else:
-            self._commit_failures += 1
-            self._discarded_steps += 1
-            self._counters.add(steps_discarded=1)
-            self._events.emit(
-                EventKind.DISCARD,
-                participants=participation.world_size,
-                reason=vote.reason
-                if not vote.should_commit
-                else "another rank of the replica group voted no",
-            )
-            check_commit_failures(self._commit_failures, self._max_retries)
+        self._ledger.record_vote(decision, participation.world_size, vote)
         return decision
 
     def _discard_excluded(self) -> bool:
@@ -680,20 +458,14 @@ class Manager:
         no group vote is needed."""
         self._collectives.wait_pending()
         self._log(logging.INFO, "should_commit=False (left out of the quorum: straggler policy)")
-        self._discarded_steps += 1
-        self._counters.add(steps_discarded=1)
-        self._events.emit(
-            EventKind.DISCARD,
-            participants=0,
-            reason="left out of the quorum by the lighthouse's straggler policy",
+        self._ledger.discard(
+            0, "left out of the quorum by the lighthouse's straggler policy", failed=False
         )
         return False
 
     def _settle_collectives(self) -> None:
         self._collectives.wait_pending()
-        if self._hung is not None:
-            self._hung.disarm()
-            self._hung_armed = False
+        self._hung.disarm()
         pg_error = self._pg.errored()
         if pg_error is not None:
             self.report_error(pg_error)
@@ -702,101 +474,34 @@ class Manager:
         """Whether this step, if it failed in an allreduce, is finished with the survivors at
         ``should_commit`` (``retry_inflight_allreduce``; ``decisions.inflight_retry_decision``).
         ``DistributedDataParallel`` asks after its backward: a retried step keeps its buffers."""
-        error = self.errored()
-        return inflight_retry_decision(
-            enabled=self._retry_enabled,
-            first_error=error.original_exception if error is not None else None,
-            first_error_is_collective=self._collectives.first_error_is_collective,
-            participated=self._participated,
-            inputs_kept=self._collectives.inputs_kept,
-            retries_done=self._retries_this_step,
-            group_world_size=self._group_world_size,
-            can_wait_abandoned=self._pg_can_wait_abandoned,
-        )
-
-    def _retry_inflight(self) -> None:
-        """Finishes a step whose allreduce failed with the groups still alive: waits until
-        gloo is done with the failed collectives' tensors, gets a new quorum at the same step,
-        and re-runs the step's allreduces from their kept inputs over it. Its participants (a
-        group now behind heals and sends zeros) are the step's: the average and
-        ``batches_committed`` count exactly them. On failure the step is discarded as usual.
-
-        Raises:
-            RuntimeError: gloo did not finish the failed collectives within its timeout (the
-                tensors they write into can no longer be trusted).
-        """
-        decision = self.retry_decision()
-        self._log(logging.WARNING, decision.reason)
-        self._retries_this_step += 1
-        started = time.perf_counter()
-        limit = self._timeout + self._pg_timeout()
-        if not self._pg.wait_abandoned(limit):
-            raise RuntimeError(
-                f"the failed collectives did not end within {limit}; their tensors (the "
-                "gradients) may still be written: cannot continue"
-            )
-        self._collectives.begin_retry()
-        self._heal.new_step()
-        self._quorum.start(
-            QuorumRequest(
-                step=self._step,
-                # As a group that discarded the step would ask: the quorum id changes.
-                commit_failures=self._commit_failures + 1,
-                allow_heal=True,
-                shrink_only=False,
-                timeout=self._quorum_timeout,
-                manager_state=self.state_dict(),
-            )
-        )
-        try:
-            self._quorum.wait_ready()
-            self._participated = self.is_participating()
-            self._arm_hung_watch()
-            self._collectives.replay(
-                participants=self._quorum.participation.world_size,
-                participating=self._participated,
-            )
-            self.wait_quorum()
-        except Exception as e:  # recorded: the step is discarded
-            self.report_error(e)
-        self._settle_collectives()
-        self._counters.add(steps_retried=1)
-        self._log(
-            logging.INFO,
-            f"retried the step over quorum {self.stats().quorum_id} with "
-            f"{self._quorum.participation.world_size} participants in "
-            f"{time.perf_counter() - started:.3f} s (error: {self.errored()})",
-        )
-
-    def _pg_timeout(self) -> timedelta:
-        timeout = self._pg.get_timeout() if isinstance(self._pg, ProcessGroup) else None
-        return timeout if timeout is not None else self._timeout
+        return self._retry.decision()
 
     def _group_and(self, vote: bool, timeout: timedelta) -> bool:
         """The logical AND of this vote over the replica group's ranks (a barrier); a group
         of one rank needs no round trip to its ManagerServer."""
-        if self._group_world_size == 1:
+        if self._settings.group_world_size.value == 1:
             return vote
-        return self._client.should_commit(self._group_rank, self._step, vote, timeout=timeout)
+        return self._client.should_commit(
+            self._group_rank, self._ledger.step, vote, timeout=timeout
+        )
 
     # ---------------------------------------------------------------- state and queries
 
     def state_dict(self) -> dict[str, int]:
         """The manager's own state (committed step, batches committed) for checkpoints."""
-        return {"step": self._step, "batches_committed": self._batches_committed}
+        return self._ledger.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         """Restores ``state_dict()`` output (e.g. from a disk checkpoint)."""
-        self._step = int(state_dict["step"])
-        self._batches_committed = int(state_dict["batches_committed"])
+        self._ledger.load_state_dict(state_dict)
 
     def current_step(self) -> int:
         """Number of committed steps."""
-        return self._step
+        return self._ledger.step
 
     def batches_committed(self) -> int:
         """Sum over committed steps of the participants (2 groups x 5 steps = 10 batches)."""
-        return self._batches_committed
+        return self._ledger.batches_committed
 
     def participating_rank(self) -> int | None:
         """This group's rank among the step's participants (None: spare/healing/no quorum
@@ -819,7 +524,7 @@ class Manager:
         with an async quorum)."""
         if self._quorum.participation.rank is None:
             return False
-        return not (self._quorum.healing and self._use_async_quorum)
+        return not (self._quorum.healing and self._rules.use_async_quorum)
 
     def stats(self) -> ManagerStats:
         """A snapshot of what this rank did so far (see ``ManagerStats``). Cheap and safe from
@@ -828,12 +533,12 @@ class Manager:
         result = self._quorum.result
         speed = result.speed if result is not None else None
         return ManagerStats(
-            step=self._step,
+            step=self._ledger.step,
             quorum_id=result.quorum_id if result is not None else -1,
             replica_world_size=result.replica_world_size if result is not None else 0,
             num_participants=self._quorum.participation.world_size,
             participating=self.is_participating(),
-            commit_failures=self._commit_failures,
+            commit_failures=self._ledger.commit_failures,
             relative_speed=speed.relative_speed if speed is not None else 0.0,
             link_relative_speed=speed.link_relative_speed if speed is not None else 0.0,
             straggler=speed is not None and speed.straggler,
@@ -844,7 +549,7 @@ class Manager:
     @property
     def use_async_quorum(self) -> bool:
         """Whether the quorum overlaps the forward (``start_quorum`` returns at once)."""
-        return self._use_async_quorum
+        return self._rules.use_async_quorum
 
     @property
     def replica_id(self) -> str:
@@ -860,8 +565,7 @@ class Manager:
         """Stops the checkpoint transport, the ManagerServer (group rank 0) and the quorum
         worker. The process group is the caller's."""
         self._checkpoint_transport.shutdown(wait=wait)
-        if self._hung is not None:
-            self._hung.close()
+        self._hung.close()
         if self._server is not None:
             self._server.shutdown()
         self._quorum.shutdown(wait=wait)
@@ -870,5 +574,6 @@ class Manager:
 
     def _log(self, level: int, msg: str) -> None:
         # ft_message: a process-wide prefix (TorchTitan's, titan/metrics.py) replaces this one.
-        prefix = f"[{self._replica_id} group_rank={self._group_rank} committed_steps={self._step}]"
+        step, rank = self._ledger.step, self._group_rank
+        prefix = f"[{self._replica_id} group_rank={rank} committed_steps={step}]"
         logger.log(level, "%s %s", prefix, msg, extra={"ft_message": msg})

@@ -60,22 +60,21 @@ def join_replica_group(
     env: Mapping[str, str],
     hostname: str,
     heartbeat_interval: timedelta,
-    connect_timeout: timedelta,
-    quorum_retries: int,
-    auth_token: str | None,
     transport: CheckpointTransport[Any] | None,
-    transport_timeout: timedelta,
 ) -> GroupRendezvous:
     """Opens (or, on group rank 0, hosts) the group's TCPStore; group rank 0 starts the
     ManagerServer and publishes its address and the replica id there; every rank reads them and
-    connects (waiting up to ``connect_timeout`` for each), and starts the default
-    ``HTTPTransport`` (``transport_timeout``) unless given a ``transport``.
+    connects (waiting up to the settings' ``connect_timeout`` for each), and starts the default
+    ``HTTPTransport`` (the settings' ``timeout``) unless given a ``transport``. The settings'
+    ``auth_token`` goes to each of them.
 
     Raises:
         AddressInUseError: the ManagerServer's port is taken (the message says where it was set).
         TimeoutError: the store or the ManagerServer was not reachable in time.
     """
     group_rank = settings.group_rank.value
+    connect_timeout = settings.connect_timeout.value
+    auth_token = settings.auth_token.value
     # torchrun's MASTER_ADDR is often "localhost": the store is then on this machine, and
     # other machines must be told to dial `hostname` (torchtitan_ft.addresses).
     store_host = advertised_store_host(settings.store_addr.value, hostname)
@@ -101,7 +100,7 @@ def join_replica_group(
                 world_size=settings.group_world_size.value,
                 heartbeat_interval=heartbeat_interval,
                 connect_timeout=connect_timeout,
-                quorum_retries=quorum_retries,
+                quorum_retries=settings.quorum_retries.value,
                 auth_token=auth_token,
                 lighthouse_outage=settings.lighthouse_outage.value,
             )
@@ -123,7 +122,10 @@ def join_replica_group(
             )
         if transport is None:
             transport = HTTPTransport(
-                timeout=transport_timeout, num_chunks=0, hostname=hostname, auth_token=auth_token
+                timeout=settings.timeout.value,
+                num_chunks=0,
+                hostname=hostname,
+                auth_token=auth_token,
             )
     except BaseException:
         if client is not None:
