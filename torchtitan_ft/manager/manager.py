@@ -190,11 +190,14 @@ class Manager:
             outage"). Argument > ``TORCHFT_LIGHTHOUSE_OUTAGE`` > ``"previous_quorum"``.
         on_state_loss: what the group does when the lighthouse reports the job's state lost
             (every member holding its highest step gone; docs/lighthouse.md, "State loss"):
-            ``"stop"`` (``OnStateLoss.STOP``, the default) logs one ERROR line, records a
-            ``state_lost`` event and raises ``SystemExit(STATE_LOST_EXIT)`` (3) from
+            ``"checkpoint"`` (``OnStateLoss.CHECKPOINT``, the default) resumes from the job's
+            newest complete checkpoint (``set_checkpoint_step``): it trains on when the quorum
+            is at its step or above, and stops otherwise, also where the job has none;
+            ``"stop"`` always stops: it logs one ERROR line, records a ``state_lost`` event and
+            raises ``SystemExit(STATE_LOST_EXIT)`` (3) from
             ``start_quorum``/``wait_quorum``/``should_commit``; ``"from_scratch"`` logs and
             records the same and trains on from the quorum's step. Argument >
-            ``TORCHFT_ON_STATE_LOSS`` > ``"stop"``.
+            ``TORCHFT_ON_STATE_LOSS`` > ``"checkpoint"``.
 
     Raises:
         ValueError: bad settings (see ``settings``), ``min_replica_size < 1``, timeouts out
@@ -488,6 +491,15 @@ class Manager:
                 step_seconds=round(found.step_s, 6),
             )
 
+    def set_checkpoint_step(self, newest: Callable[[], int | None]) -> None:
+        """Where the job keeps disk checkpoints of its per-step state: ``newest`` returns the
+        step of the newest complete one (None: none yet). Called on the quorum thread when a
+        quorum reports the job's state lost, for ``on_state_loss="checkpoint"``; without it
+        the job counts as having none (that choice then stops). Its steps must be the
+        Manager's (TorchTitan's per-step FT checkpointer's are). Set it before the first
+        ``start_quorum``."""
+        self._quorum.checkpoint_step = newest
+
     def wait_quorum(self) -> None:
         """Blocks until this step's quorum, reconfiguration and heal transfer are done.
 
@@ -495,7 +507,7 @@ class Manager:
             RuntimeError: ``start_quorum`` was never called.
             Exception: the quorum itself failed (e.g. TimeoutError: no lighthouse answer).
             SystemExit: ``STATE_LOST_EXIT``, the job's state is lost and ``on_state_loss``
-                is ``"stop"`` (the Manager is shut down).
+                says stop for this quorum (``state_loss_action``; the Manager is shut down).
         """
         with profiled("torchft::manager::wait_quorum"):
             try:
