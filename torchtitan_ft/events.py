@@ -90,10 +90,13 @@ class EventKind(StrEnum):
     STATE_LOST = "state_lost"
     """The lighthouse reports the job's state lost: the quorum's members are all behind the
     job's highest step and every member that held it is gone (docs/lighthouse.md, "State
-    loss"). Once per loss in a process. Fields: ``lost_step`` (the step no member holds),
-    ``holders`` (the last quorum's members, gone or restarted), ``max_step`` (the quorum's
-    highest step, where training goes on), ``on_state_loss`` (``"stop"``: the process exits
-    with status 3; ``"from_scratch"``: it trains on)."""
+    loss"). Once per loss and action in a process. Fields: ``lost_step`` (the step no member
+    holds), ``holders`` (the last quorum's members, gone or restarted), ``max_step`` (the
+    quorum's highest step, where training goes on), ``on_state_loss`` (the operator's choice:
+    ``"checkpoint"``, ``"stop"`` or ``"from_scratch"``), ``action`` (what it came to:
+    ``"train_on"``, or ``"stop"``: the process exits with status 3) and ``checkpoint_step``
+    (with ``"checkpoint"``: the job's newest complete checkpoint, null if none; steps
+    ``max_step + 1`` to ``lost_step`` are rolled back)."""
     FAULT = "fault"
     """The first error recorded in a step (the step will not commit). Fields: ``error`` (the
     exception's type name), ``message``, ``collective`` (raised by an allreduce)."""

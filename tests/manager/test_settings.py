@@ -286,11 +286,11 @@ def test_a_bad_lighthouse_outage_argument_names_the_choices() -> None:
         ("stop", {"TORCHFT_ON_STATE_LOSS": "from_scratch"}, OnStateLoss.STOP),
         (OnStateLoss.FROM_SCRATCH, {}, OnStateLoss.FROM_SCRATCH),
         (None, {"TORCHFT_ON_STATE_LOSS": "from_scratch"}, OnStateLoss.FROM_SCRATCH),
-        (None, {"TORCHFT_ON_STATE_LOSS": ""}, OnStateLoss.STOP),
-        (None, {}, OnStateLoss.STOP),
+        (None, {"TORCHFT_ON_STATE_LOSS": ""}, OnStateLoss.CHECKPOINT),
+        (None, {}, OnStateLoss.CHECKPOINT),
     ],
 )
-def test_on_state_loss_argument_then_env_then_stop(arg, env, expected) -> None:
+def test_on_state_loss_argument_then_env_then_checkpoint(arg, env, expected) -> None:
     settings = resolve_manager_settings(env=env, on_state_loss=arg)
     assert settings.on_state_loss.value is expected
     assert f"on_state_loss={settings.on_state_loss.describe()}" in settings.describe()

@@ -9,13 +9,22 @@ from typing import Any
 import pytest
 import torch
 
-from torchtitan_ft.testing.titan_jobs import TrainRun, finish_all, ft_env, lighthouse
+from torchtitan_ft.events import EventKind, read_events
+from torchtitan_ft.testing.titan_dump import dump_path
+from torchtitan_ft.testing.titan_jobs import (
+    TrainRun,
+    assert_identical,
+    finish_all,
+    ft_env,
+    lighthouse,
+)
 from torchtitan_ft.titan.checkpointing import (
     DATALOADER_KEY,
     REPLICA_AXIS_KEY,
     TRAIN_STATE_KEY,
     ReplicaCheckpointer,
     best_reader_state,
+    newest_complete_checkpoint,
     reader_dir,
     reader_files,
     stale_reader_files,
@@ -36,6 +45,26 @@ def test_retention_keeps_the_newest_reader_files(tmp_path: Path) -> None:
     assert stale_reader_files(files, 2) == [files[2], files[4]]
     assert stale_reader_files(files, 0) == []
     assert reader_files(tmp_path / "missing") == {}
+
+
+def test_the_newest_complete_checkpoint_is_one_with_dcp_metadata(tmp_path: Path) -> None:
+    assert newest_complete_checkpoint(tmp_path / "absent") is None
+    assert newest_complete_checkpoint(tmp_path) is None
+    for step, complete in ((4, True), (8, True), (10, False), (12, False)):
+        (tmp_path / f"step-{step}").mkdir()
+        if complete:
+            (tmp_path / f"step-{step}" / ".metadata").write_bytes(b"")
+    (tmp_path / "step-12" / "__0_0.distcp").write_bytes(b"")  # being written
+    (tmp_path / "step-99.tmp").mkdir()
+    assert newest_complete_checkpoint(tmp_path) == 8
+
+
+def test_a_per_step_group_tells_its_manager_where_the_newest_checkpoint_is(tmp_path: Path):
+    _, axis, _, _ = _group(tmp_path, 0, 0)
+    assert axis.manager.checkpoint_step() is None
+    (tmp_path / "step-6").mkdir()
+    (tmp_path / "step-6" / ".metadata").write_bytes(b"")
+    assert axis.manager.checkpoint_step() == 6
 
 
 def test_resume_uses_the_newest_reader_file_not_beyond_the_ledger() -> None:
@@ -104,6 +133,10 @@ class _Inner:
 class _Manager:
     def __init__(self, participating_rank: int | None) -> None:
         self.rank = participating_rank
+        self.checkpoint_step: Any = None
+
+    def set_checkpoint_step(self, newest: Any) -> None:
+        self.checkpoint_step = newest
 
     def participating_rank(self) -> int | None:
         return self.rank
@@ -260,6 +293,71 @@ def test_single_writer_and_full_job_resume(tmp_path: Path) -> None:
         assert f"Training starts at step {last + 1}" in resumed[replica], resumed[replica][-4000:]
         expected = _losses(whole[replica])
         assert _losses(resumed[replica]) == {s: expected[s] for s in range(last + 1, 7)}
+
+
+LOSS_STEPS, LOSS_INTERVAL = 8, 3
+"""The lost-state job: steps, and its checkpoint interval (checkpoints at 3 and 6)."""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_lost_state_resumes_from_the_newest_checkpoint(tmp_path: Path) -> None:
+    """Two groups train under one lighthouse, checkpointing every 3 steps; both are SIGKILLed
+    past step 3 and started again while the lighthouse runs on. The restarted processes load
+    the step-3 checkpoint, the lighthouse declares the state at the lost step lost, and each
+    group (``on_state_loss`` left at its default, ``checkpoint``) says so and trains on from
+    step 3: the rolled-back steps are retrained with the same losses, the groups end bitwise
+    identical, and the ledger counts each batch once (the rolled-back ones included)."""
+    dump = tmp_path / "job"
+    env = {
+        "TRAIN_FILE": "torchtitan_ft.testing.titan_dump",
+        "FT_E2E_OUT": str(tmp_path / "out"),
+        "TORCHFT_EVENTS_DIR": str(tmp_path / "events"),
+    }
+    (tmp_path / "out").mkdir()
+    interval = f"--checkpoint.interval={LOSS_INTERVAL}"
+    with lighthouse(min_replicas=2, heartbeat_timeout_ms=1000) as address:
+        groups = run_groups_sharing(dump, address, LOSS_STEPS, interval, env=env, wait=False)
+        try:
+            groups[0].wait_for(rf"step:\s*{LOSS_INTERVAL + 1}\s+loss")
+        finally:
+            for group in groups:
+                group.sigkill()
+        checkpoint = newest_complete_checkpoint(dump / "checkpoint")
+        killed = [_losses(group.output) for group in groups]
+        reached = max(max(losses) for losses in killed)
+        assert checkpoint == LOSS_INTERVAL < reached, (checkpoint, reached)
+        resumed = run_groups_sharing(dump, address, LOSS_STEPS, interval, env=env)
+
+    losses = {
+        e.replica_id: e for e in read_events(tmp_path / "events") if e.kind is EventKind.STATE_LOST
+    }
+    assert len(losses) == 2, losses
+    for event in losses.values():
+        assert event["on_state_loss"] == "checkpoint" and event["action"] == "train_on"
+        assert event["checkpoint_step"] == event["max_step"] == checkpoint
+        assert reached - 1 <= event["lost_step"] <= reached
+    lost_step = next(iter(losses.values()))["lost_step"]
+    for replica in (0, 1):
+        out = resumed[replica]
+        assert f"Training starts at step {checkpoint + 1}" in out, out[-4000:]
+        steps = _losses(out)
+        assert sorted(steps) == list(range(checkpoint + 1, LOSS_STEPS + 1))
+        # The rolled-back steps, trained again from the checkpoint: the same losses.
+        for step in range(checkpoint + 1, lost_step + 1):
+            assert steps[step] == killed[replica][step], (replica, step)
+
+    states = [torch.load(dump_path(tmp_path / "out", r, 0), weights_only=False) for r in (0, 1)]
+    assert_identical(states[0]["healed"], states[1]["healed"], "rank0")
+    consumed = states[0]["healed"]["data"]["consumed"]
+    # Each group's reader stands at its ledger entry (no batch lost, none read twice), the
+    # ledger adds up to the Manager's count, and no group consumed more than one batch per
+    # step of the final line: the batches of the rolled-back steps count once, not twice.
+    # (A group may miss a step before the checkpoint: the one it healed in at the start.)
+    assert [s["position"] for s in states] == consumed
+    assert states[0]["manager"] == {"step": LOSS_STEPS, "batches_committed": sum(consumed)}
+    assert all(LOSS_STEPS - checkpoint < c <= LOSS_STEPS for c in consumed), consumed
 
 
 # --- the strategy state in DCP, under FSDP across 2 ranks ---------------------------------------

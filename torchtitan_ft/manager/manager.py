@@ -64,6 +64,7 @@ from torchtitan_ft.manager.identity import GroupIdentity
 from torchtitan_ft.manager.options import ManagerOptions
 from torchtitan_ft.manager.parts import StepRules, open_parts
 from torchtitan_ft.manager.quorum import QuorumRequest
+from torchtitan_ft.manager.rendezvous import GroupRendezvous
 from torchtitan_ft.manager.settings import (
     ManagerSettings,
     overridden_message,
@@ -223,22 +224,9 @@ class Manager:
         self._events, self._counters, self._ledger = parts.events, parts.counters, parts.ledger
         self._collectives, self._heal, self._quorum = parts.collectives, parts.healing, parts.quorum
         self._hung, self._retry, self._progress = parts.hung, parts.retry, parts.progress
-        self._say_started(group.manager_address, group.store_address)
+        _say_started(self._log, settings, self._retry.warning(), group)
         if load_state_dict is not None and state_dict is not None:
             self.register_state_dict_fn("default", load_state_dict, state_dict)
-
-    def _say_started(self, manager_address: str, store_address: str) -> None:
-        """The settings in the log (a warning when an argument beat a ``TORCHFT_*`` variable,
-        or when the in-flight retry cannot run)."""
-        settings = self._settings
-        self._log(
-            logging.INFO,
-            f"settings: {settings.describe()}; manager server {manager_address}, "
-            f"store {store_address}",
-        )
-        for warning in (overridden_message(settings, os.environ), self._retry.warning()):
-            if warning is not None:
-                self._log(logging.WARNING, warning)
 
     def register_state_dict_fn(
         self, key: str, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]
@@ -298,6 +286,12 @@ class Manager:
             self.wait_quorum()
             self._heal_all_or_nothing()  # safe point: the forward has not started
 
+    def set_checkpoint_step(self, newest: Callable[[], int | None]) -> None:
+        """Where the job keeps disk checkpoints of its per-step state (steps as the Manager's):
+        ``newest`` gives the newest complete one's step (None: none yet), read when a quorum
+        reports the state lost (``on_state_loss="checkpoint"``). Set before ``start_quorum``."""
+        self._quorum.checkpoint_step = newest
+
     def wait_quorum(self) -> None:
         """Blocks until this step's quorum, reconfiguration and heal transfer are done.
 
@@ -305,7 +299,7 @@ class Manager:
             RuntimeError: ``start_quorum`` was never called.
             Exception: the quorum itself failed (e.g. TimeoutError: no lighthouse answer).
             SystemExit: ``STATE_LOST_EXIT``, the job's state is lost and ``on_state_loss``
-                is ``"stop"`` (the Manager is shut down).
+                says stop for this quorum (``state_loss_action``; the Manager is shut down).
         """
         with profiled("torchft::manager::wait_quorum"):
             try:
@@ -577,3 +571,21 @@ class Manager:
         step, rank = self._ledger.step, self._group_rank
         prefix = f"[{self._replica_id} group_rank={rank} committed_steps={step}]"
         logger.log(level, "%s %s", prefix, msg, extra={"ft_message": msg})
+
+
+def _say_started(
+    log: Callable[[int, str], None],
+    settings: ManagerSettings,
+    retry_warning: str | None,
+    group: GroupRendezvous,
+) -> None:
+    """The settings in the log (a warning when an argument beat a ``TORCHFT_*`` variable,
+    or when the in-flight retry cannot run)."""
+    log(
+        logging.INFO,
+        f"settings: {settings.describe()}; manager server {group.manager_address}, "
+        f"store {group.store_address}",
+    )
+    for warning in (overridden_message(settings, os.environ), retry_warning):
+        if warning is not None:
+            log(logging.WARNING, warning)

@@ -102,12 +102,15 @@ class ManagerOptions:
 
     on_state_loss: OnStateLoss | str | None = None
     """What the group does when the lighthouse reports the job's state lost (every member
-    holding its highest step gone; docs/lighthouse.md, "State loss"): ``"stop"``
-    (``OnStateLoss.STOP``, the default) logs one ERROR line, records a ``state_lost`` event
-    and raises ``SystemExit(STATE_LOST_EXIT)`` (3) from ``start_quorum``/``wait_quorum``/
-    ``should_commit``, so the operator decides (e.g. restarts from a checkpoint);
-    ``"from_scratch"`` logs and records the same and trains on from the quorum's step (the
-    lost steps are trained again). Argument > ``TORCHFT_ON_STATE_LOSS`` > ``"stop"``."""
+    holding its highest step gone; docs/lighthouse.md, "State loss"): ``"checkpoint"``
+    (``OnStateLoss.CHECKPOINT``, the default) resumes from the job's newest complete checkpoint
+    (``Manager.set_checkpoint_step``): it trains on when the quorum is at its step or above,
+    and stops as ``"stop"`` does otherwise, also where the job has none; ``"stop"`` always
+    logs one ERROR line, records a ``state_lost`` event and raises
+    ``SystemExit(STATE_LOST_EXIT)`` (3) from ``start_quorum``/``wait_quorum``/
+    ``should_commit``, so the operator decides; ``"from_scratch"`` logs and records the same
+    and trains on from the quorum's step (the lost steps are trained again). Argument >
+    ``TORCHFT_ON_STATE_LOSS`` > ``"checkpoint"``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.retry_inflight_allreduce, bool):

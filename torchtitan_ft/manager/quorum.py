@@ -28,7 +28,13 @@ from torchtitan_ft.manager.decisions import (
 from torchtitan_ft.manager.healing import Healing
 from torchtitan_ft.manager.rendezvous import GroupRendezvous
 from torchtitan_ft.manager.settings import ManagerSettings
-from torchtitan_ft.manager.state_loss import OnStateLoss, StateLostError, state_loss_line
+from torchtitan_ft.manager.state_loss import (
+    OnStateLoss,
+    StateLossAction,
+    StateLostError,
+    state_loss_action,
+    state_loss_line,
+)
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 
@@ -92,8 +98,12 @@ class QuorumThread:
         self._group_rank = settings.group_rank.value
         self._group_world_size = settings.group_world_size.value
         self._on_state_loss = settings.on_state_loss.value
-        self._state_loss: StateLoss | None = None
-        """The last state loss this process announced (``_announce_state_loss``)."""
+        self.checkpoint_step: Callable[[], int | None] | None = None
+        """The step of the job's newest complete checkpoint (``Manager.set_checkpoint_step``;
+        None: the job has none)."""
+        self._state_loss: tuple[StateLoss, StateLossAction] | None = None
+        """The last state loss this process announced, with its action
+        (``_announce_state_loss``)."""
         self._pg = pg
         self._healing = healing
         self._collectives = collectives
@@ -235,16 +245,21 @@ class QuorumThread:
 
     def _announce_state_loss(self, result: QuorumResult) -> None:
         """The lighthouse reports the job's state lost: one ERROR line (group rank 0; the
-        other ranks at INFO) and a ``STATE_LOST`` event, once per loss in this process; with
-        ``OnStateLoss.STOP`` raises ``StateLostError`` (every time: nothing may train on)."""
+        other ranks at INFO) and a ``STATE_LOST`` event, once per loss and action in this
+        process; raises ``StateLostError`` whenever ``state_loss_action`` says stop (every
+        time: nothing may train on)."""
         loss = result.state_loss
         if loss is None:
             return
-        if loss != self._state_loss:
-            self._state_loss = loss
+        checkpoint = None
+        if self._on_state_loss is OnStateLoss.CHECKPOINT and self.checkpoint_step is not None:
+            checkpoint = self.checkpoint_step()
+        action = state_loss_action(self._on_state_loss, result.max_step, checkpoint)
+        if (loss, action) != self._state_loss:
+            self._state_loss = (loss, action)
             self._log(
                 logging.ERROR if self._group_rank == 0 else logging.INFO,
-                state_loss_line(loss, result.max_step, self._on_state_loss),
+                state_loss_line(loss, result.max_step, self._on_state_loss, checkpoint),
             )
             self._events.emit(
                 EventKind.STATE_LOST,
@@ -252,10 +267,13 @@ class QuorumThread:
                 holders=list(loss.holders),
                 max_step=result.max_step,
                 on_state_loss=self._on_state_loss,
+                action=action,
+                checkpoint_step=checkpoint,
             )
-        if self._on_state_loss is OnStateLoss.STOP:
+        if action is StateLossAction.STOP:
             raise StateLostError(
-                f"the job's state at step {loss.lost_step} is lost (on_state_loss='stop')"
+                f"the job's state at step {loss.lost_step} is lost "
+                f"(on_state_loss={self._on_state_loss.value!r})"
             )
 
     def _announce_speed(self, result: QuorumResult) -> None:

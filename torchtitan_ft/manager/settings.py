@@ -113,7 +113,7 @@ class ManagerSettings:
         LighthouseOutage.PREVIOUS_QUORUM, Source.DEFAULT
     )
     """What group rank 0's ManagerServer does while the lighthouse cannot be reached."""
-    on_state_loss: Resolved[OnStateLoss] = Resolved(OnStateLoss.STOP, Source.DEFAULT)
+    on_state_loss: Resolved[OnStateLoss] = Resolved(OnStateLoss.CHECKPOINT, Source.DEFAULT)
     """What the group does when the lighthouse reports the job's state lost."""
     overridden: tuple[str, ...] = ()
     """The ``TORCHFT_*`` variables that are set but lose to an argument (``overridden_env``)."""
@@ -247,8 +247,10 @@ def _lighthouse_outage(
 
 
 def _on_state_loss(arg: OnStateLoss | str | None, env: Mapping[str, str]) -> Resolved[OnStateLoss]:
-    """Argument > ``TORCHFT_ON_STATE_LOSS`` > ``stop``."""
-    return _choice(OnStateLoss, arg, env, ON_STATE_LOSS_ENV, OnStateLoss.STOP, "on_state_loss")
+    """Argument > ``TORCHFT_ON_STATE_LOSS`` > ``checkpoint``."""
+    return _choice(
+        OnStateLoss, arg, env, ON_STATE_LOSS_ENV, OnStateLoss.CHECKPOINT, "on_state_loss"
+    )
 
 
 _ENV_SETTINGS = {
@@ -437,7 +439,7 @@ def resolve_manager_settings(
     | events_dir | TORCHFT_EVENTS_DIR | none (no event stream) |
     | samples_per_batch | TORCHFT_SAMPLES_PER_BATCH | none (the status page shows batches) |
     | lighthouse_outage | TORCHFT_LIGHTHOUSE_OUTAGE | ``previous_quorum`` |
-    | on_state_loss | TORCHFT_ON_STATE_LOSS | ``stop`` |
+    | on_state_loss | TORCHFT_ON_STATE_LOSS | ``checkpoint`` |
 
     torchft 0.2.0 reads the same four ``TORCHFT_*`` variables but lets them override the
     arguments; here an argument wins, as for every other setting.

@@ -29,6 +29,7 @@ STRATEGY_KEY = "ft_strategy"
 TRAIN_STATE_KEY = "train_state"
 """TorchTitan's key of the trainer (step, tokens seen) in the checkpoint states."""
 _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
+_CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
 
 
 class ReplicaAxisState:
@@ -81,6 +82,21 @@ def stale_reader_files(files: dict[int, Path], keep_latest_k: int) -> list[Path]
     if keep_latest_k <= 0:
         return []
     return [files[step] for step in sorted(files)[:-keep_latest_k]]
+
+
+def newest_complete_checkpoint(folder: str | Path) -> int | None:
+    """The step of the newest complete full checkpoint in ``folder``: a ``step-N`` directory
+    holding DCP's ``.metadata``, which DCP writes last (None: none). What TorchTitan's load
+    without a ``load_step`` picks, so a process that starts has loaded this one."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    steps = [
+        int(match.group(1))
+        for path in folder.iterdir()
+        if (match := _CHECKPOINT_DIR.match(path.name)) and (path / ".metadata").is_file()
+    ]
+    return max(steps, default=None)
 
 
 def best_reader_state(states: list[dict[str, Any]], target: int) -> dict[str, Any] | None:
@@ -263,7 +279,9 @@ class ReplicaCheckpointer:
     ) -> ReplicaCheckpointer:
         """The checkpointer of a replica axis with a Manager: :class:`SemiSyncResume` for
         LocalSGD / DiLoCo, :class:`LedgerResume` over ``batches`` (the trainer's
-        ``CommittedBatches``) for per-step FT.
+        ``CommittedBatches``) for per-step FT, whose Manager then finds the newest complete
+        checkpoint when the job's state is lost (``Manager.set_checkpoint_step``,
+        ``on_state_loss="checkpoint"``).
 
         Raises:
             TypeError: a per-step axis whose ``batches`` are not a ``CommittedBatches``.
@@ -272,6 +290,9 @@ class ReplicaCheckpointer:
             resume: Resume = SemiSyncResume(batches, replica_axis)
         elif isinstance(batches, CommittedBatches):
             resume = LedgerResume(batches, replica_axis.manager)
+            if inner.enable:  # its steps are the Manager's: a state loss can resume from it
+                folder = inner.folder
+                replica_axis.manager.set_checkpoint_step(lambda: newest_complete_checkpoint(folder))
         else:
             raise TypeError(
                 "per-step FT checkpoints need the trainer's batches read through "

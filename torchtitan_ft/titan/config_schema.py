@@ -239,15 +239,19 @@ class FaultTolerance(TitanFaultTolerance):
     set). Applies when ``enable``.
     """
 
-    on_state_loss: OnStateLossName = "stop"
+    on_state_loss: OnStateLossName = "checkpoint"
     """
     What a replica group does when the lighthouse reports the job's state lost: every group
     that held the job's highest step is gone (e.g. two groups on one rack failed together,
     then the last holder) and none came back within three heartbeat timeouts, so the next
     quorum's groups are all behind it (docs/lighthouse.md, "State loss"). Either way the group
-    logs one ERROR line and records a ``state_lost`` event. "stop" (default, the safe one):
-    the trainer exits with status 3 (torchrun's restarts get the same report and stop again),
-    and the operator decides, e.g. restarts the job from its newest checkpoint. "from_scratch":
+    logs one ERROR line and records a ``state_lost`` event. "checkpoint" (default): with
+    ``checkpoint.enable``, every group resumes from the newest complete checkpoint (each
+    restarted process loaded it at start) with its data position, the steps after it rolled
+    back; where there is none yet, or on a semi-sync job, it stops as "stop" does (the safe
+    choice). "stop": the trainer exits with status 3 (torchrun's restarts get the same report
+    and stop again), and the operator decides, e.g. restarts the job from an older checkpoint.
+    "from_scratch":
     train on from the quorum's step (step 0 when every group is a fresh process), the lost
     steps' progress gone. Unset, the ``TORCHFT_ON_STATE_LOSS`` env var applies if set (the
     field wins when set). Applies when ``enable``.
