@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from torchtitan_ft.lighthouse.history import EventKind
+from torchtitan_ft.lighthouse.history import HistoryKind
 from torchtitan_ft.lighthouse.timeline import clock
 from torchtitan_ft.proto import torchft_pb2 as pb
 
@@ -239,7 +239,7 @@ class GroupBook:
 
     def report(
         self, rid: str, progress: pb.GroupProgress, now: float
-    ) -> list[tuple[EventKind, str, str]]:
+    ) -> list[tuple[HistoryKind, str, str]]:
         """Takes a group's ``GroupProgress``; returns the events of the heals it reports."""
         group = self._group(rid, now)
         group.reports = True
@@ -273,7 +273,7 @@ class GroupBook:
             )
             group.heal_count += 1
             self.changed = True
-            events.append((EventKind.HEAL, rid, heal_reason(heal)))
+            events.append((HistoryKind.HEAL, rid, heal_reason(heal)))
         return events
 
     def were_members(self, ids: Iterable[str]) -> set[str]:

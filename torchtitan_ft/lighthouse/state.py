@@ -43,8 +43,8 @@ from torchtitan_ft.lighthouse.exclusion import (
 from torchtitan_ft.lighthouse.groups import GroupBook, GroupsFile
 from torchtitan_ft.lighthouse.history import (
     DEFAULT_CAPACITY,
-    EventKind,
     History,
+    HistoryKind,
     heartbeat_events,
     membership_events,
     why_left,
@@ -258,7 +258,7 @@ class LighthouseState:
         if replica_id in self.asked:
             self._stream_ended.add(replica_id)
             self.history.record(
-                EventKind.STREAM_ENDED, replica_id, "heartbeat stream ended: the process died"
+                HistoryKind.STREAM_ENDED, replica_id, "heartbeat stream ended: the process died"
             )
         if replica_id in self.pending:
             self._drop_pending(replica_id)
@@ -284,7 +284,9 @@ class LighthouseState:
             for change, line in changes:
                 logger.info("lighthouse: %s", line)
                 kind = (
-                    EventKind.STRAGGLER if change is Change.STARTED else EventKind.STRAGGLER_ENDED
+                    HistoryKind.STRAGGLER
+                    if change is Change.STARTED
+                    else HistoryKind.STRAGGLER_ENDED
                 )
                 self.history.record(kind, rid, line)
             self.history.record_all(self.groups.report(rid, progress, self._wall()))
@@ -333,7 +335,7 @@ class LighthouseState:
         self._exclusion_history[group_of(rid)] = after.history
         if action is Action.EXCLUDED:
             self.metrics.exclusions += 1
-            self.history.record(EventKind.EXCLUDED, rid, reason)
+            self.history.record(HistoryKind.EXCLUDED, rid, reason)
             logger.warning(
                 "lighthouse: straggler policy: replica group %r is left out of the quorum "
                 "(%s); it trains alone without committing until it is fast again",
@@ -342,7 +344,7 @@ class LighthouseState:
             )
         elif action is Action.READMITTED:
             self.metrics.readmissions += 1
-            self.history.record(EventKind.READMITTED, rid, reason)
+            self.history.record(HistoryKind.READMITTED, rid, reason)
             logger.info(
                 "lighthouse: straggler policy: replica group %r is taken back into the quorum "
                 "(%s); it heals from the others",
@@ -419,7 +421,7 @@ class LighthouseState:
         )
         self.history.record_all(events)
         for kind, rid, _ in events:
-            if kind is EventKind.HEARTBEAT_LOST:
+            if kind is HistoryKind.HEARTBEAT_LOST:
                 self._lost.add(rid)
             else:
                 self._lost.discard(rid)
@@ -552,7 +554,7 @@ class LighthouseState:
             "timeouts; the next quorum's groups are behind it (each stops or trains on as its "
             "fault_tolerance.on_state_loss says)"
         )
-        self.history.record(EventKind.STATE_LOST, "", reason)
+        self.history.record(HistoryKind.STATE_LOST, "", reason)
         logger.error("lighthouse: %s", reason)
 
     def _restore(self, record: LastQuorum) -> None:
@@ -606,7 +608,7 @@ class LighthouseState:
         for m in members:
             if m.commit_failures > 0:
                 self.history.record(
-                    EventKind.COMMIT_FAILURES,
+                    HistoryKind.COMMIT_FAILURES,
                     m.replica_id,
                     f"{m.commit_failures} failed commit(s) in a row at step {m.step}",
                 )
@@ -614,7 +616,7 @@ class LighthouseState:
             waited = round(self.opts.join_timeout, 3)
             for rid in sorted((healthy & self.asked) - set(ids) - excluded - left):
                 self.history.record(
-                    EventKind.JOIN_TIMEOUT, rid, f"healthy but did not ask within {waited:g} s"
+                    HistoryKind.JOIN_TIMEOUT, rid, f"healthy but did not ask within {waited:g} s"
                 )
 
     def _drop_pending(self, replica_id: str) -> None:
