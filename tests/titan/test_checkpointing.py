@@ -287,7 +287,7 @@ def _strategy_checkpoint_worker(rank: int, port: int, folder: str) -> None:
     from torchtitan_ft.semi_sync import DiLoCo, LocalSGD, OuterOptimizerConfig, split_model
     from torchtitan_ft.semi_sync.strategy import local_tensor
     from torchtitan_ft.titan import cpu_compat
-    from torchtitan_ft.titan.semi_sync import StrategyState
+    from torchtitan_ft.titan.semi_sync_axis import StrategyState
 
     def build(variant: str, seed: int) -> tuple[Any, Any, Any]:
         model = make_model(seed)

@@ -41,7 +41,7 @@ save ``state_dict()`` carry it; loading it also resets the model's parameters to
 ones. Disk checkpoints that load in place (DCP) use the same state by parameter instead:
 ``global_parameters()``, DiLoCo's ``outer_optimizer_state()`` (created before the first outer
 step where needed, with equal numerics: ``outer_optimizer.initial_optimizer_state``) and
-``schedule_state()``; see ``torchtitan_ft.titan.semi_sync.StrategyState``.
+``schedule_state()``; see ``torchtitan_ft.titan.semi_sync_axis.StrategyState``.
 
 Quorums are formed only at sync points, plus once before the first inner step (the first
 ``start_step``, or the first optimizer step in context-manager mode), so a new replica heals

@@ -27,7 +27,7 @@ class ReplicaAxis(Protocol):
     """What :class:`~torchtitan_ft.titan.trainer.FaultTolerantTrainer` asks of the FT replica
     axis, in the order it asks. Implementations: :class:`NoReplicaAxis` (FT off),
     :class:`ManagedReplicaAxis` (per-step FT) and
-    :class:`~torchtitan_ft.titan.semi_sync.SemiSyncReplicaAxis` (LocalSGD / DiLoCo); a
+    :class:`~torchtitan_ft.titan.semi_sync_axis.SemiSyncReplicaAxis` (LocalSGD / DiLoCo); a
     trainer's ``build_replica_axis`` may return any other."""
 
     enabled: bool
@@ -614,7 +614,7 @@ def build_replica_axis(job_config: Any) -> ReplicaAxis:
     :func:`build_manager_runtime`).
 
     Raises ``ValueError`` for a ``semi_sync_method``: that job's axis comes from
-    :func:`~torchtitan_ft.titan.semi_sync.build_semi_sync_axis`.
+    :func:`~torchtitan_ft.titan.semi_sync_axis.build_semi_sync_axis`.
     """
     ft = job_config.fault_tolerance
     if not ft.enable:
@@ -623,7 +623,7 @@ def build_replica_axis(job_config: Any) -> ReplicaAxis:
         raise ValueError(
             f"build_replica_axis builds the per-step axis, not one for "
             f"fault_tolerance.semi_sync_method={ft.semi_sync_method!r}; use "
-            "torchtitan_ft.titan.semi_sync.build_semi_sync_axis"
+            "torchtitan_ft.titan.semi_sync_axis.build_semi_sync_axis"
         )
     data = ReplicaSlice(ft.replica_id, ft.group_size)
     skip = ft.numerics == "torchtitan_ft_trainer"
