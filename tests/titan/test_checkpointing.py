@@ -20,7 +20,7 @@ from torchtitan_ft.titan.checkpointing import (
     reader_files,
     stale_reader_files,
 )
-from torchtitan_ft.titan.data import CommittedBatches
+from torchtitan_ft.titan.training_data import CommittedBatches
 
 STEP_LINE = re.compile(r"\[rank0\]:.*step:\s*(\d+)\s+loss:\s*([\d.]+)\s+grad_norm:\s*([\d.]+)")
 

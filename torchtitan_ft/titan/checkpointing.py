@@ -16,8 +16,8 @@ from typing import Any, Protocol
 import torch
 from torchtitan.tools.logging import logger
 
-from torchtitan_ft.titan.data import CommittedBatches
 from torchtitan_ft.titan.semi_sync_axis import SemiSyncReplicaAxis, in_flight_note
+from torchtitan_ft.titan.training_data import CommittedBatches
 
 DATALOADER_KEY = "dataloader"
 """The key of the dataloader in TorchTitan's checkpoint states (removed from the full one)."""

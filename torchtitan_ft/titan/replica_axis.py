@@ -385,7 +385,7 @@ class ManagerRuntime:
 
 class CommitGate:
     """Remembers whether the current step committed (lr schedulers step only then), and
-    settles the step's batches (:class:`~torchtitan_ft.titan.data.CommittedBatches`)."""
+    settles the step's batches (:class:`~torchtitan_ft.titan.training_data.CommittedBatches`)."""
 
     def __init__(self) -> None:
         self.committed = True
@@ -419,7 +419,7 @@ class CommitGatedOptimizers:
         """Apply the update if the step commits; returns whether it did. The step's batches
         are settled with the step's participants and the skips they report, learnt by a tiny
         all-reduce: a participant contributes a one-hot vector over the groups followed by its
-        :meth:`~torchtitan_ft.titan.data.CommittedBatches.skips_to_report` at its index, a
+        :meth:`~torchtitan_ft.titan.training_data.CommittedBatches.skips_to_report` at its index, a
         non-participant zeros."""
         batches = self._gate.batches
         if batches is not None:
@@ -478,7 +478,7 @@ class ManagedReplicaAxis:
         data: this group's slice of the data.
         skip_left_out: a committed step this group was left out of skips its batches rather
             than retrying them (``fault_tolerance.numerics = "torchtitan_ft_trainer"``; see
-            :class:`~torchtitan_ft.titan.data.CommittedBatches`). Default False.
+            :class:`~torchtitan_ft.titan.training_data.CommittedBatches`). Default False.
     """
 
     enabled = True
@@ -508,10 +508,11 @@ class ManagedReplicaAxis:
         return self.manager.allreduce(shard)
 
     def track_data(self, dataloader: Any) -> Any:
-        """A :class:`~torchtitan_ft.titan.data.CommittedBatches` over ``dataloader``: batches
-        are consumed only by committed steps this group took part in, others are retried (or,
-        with ``skip_left_out``, skipped when the step committed without this group)."""
-        from torchtitan_ft.titan.data import CommittedBatches
+        """A :class:`~torchtitan_ft.titan.training_data.CommittedBatches` over ``dataloader``:
+        batches are consumed only by committed steps this group took part in, others are
+        retried (or, with ``skip_left_out``, skipped when the step committed without this
+        group)."""
+        from torchtitan_ft.titan.training_data import CommittedBatches
 
         self._gate.batches = CommittedBatches(
             dataloader, self.replica_id, self.group_size, skip_left_out=self._skip_left_out
