@@ -17,13 +17,13 @@ from torchtitan_ft.manager.client import (
     QuorumTimeoutError,
     ReplicaGroupMismatchError,
 )
-from torchtitan_ft.manager.collectives import ExceptionWithTraceback
 from torchtitan_ft.manager.decisions import QuorumResult, WorldSizeMode
 from torchtitan_ft.manager.identity import model_fingerprint
 from torchtitan_ft.manager.manager import Manager
 from torchtitan_ft.manager.outage import LighthouseOutage
 from torchtitan_ft.manager.server import AddressInUseError, ManagerServer
 from torchtitan_ft.manager.stats import ManagerStats
+from torchtitan_ft.manager.step_collectives import ExceptionWithTraceback
 
 __all__ = [
     "AddressInUseError",

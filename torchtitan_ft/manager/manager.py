@@ -45,7 +45,6 @@ from torchtitan_ft import timeouts
 from torchtitan_ft.checkpoint import CheckpointTransport
 from torchtitan_ft.events import EventKind, EventWriter, open_event_writer, this_process_started
 from torchtitan_ft.lighthouse.client import LighthouseClient
-from torchtitan_ft.manager.collectives import ExceptionWithTraceback, StepCollectives, profiled
 from torchtitan_ft.manager.decisions import (
     RetryDecision,
     WorldSizeMode,
@@ -70,6 +69,7 @@ from torchtitan_ft.manager.settings import (
 )
 from torchtitan_ft.manager.state_loss import STATE_LOST_EXIT, OnStateLoss, StateLostError
 from torchtitan_ft.manager.stats import Counters, ManagerStats
+from torchtitan_ft.manager.step_collectives import ExceptionWithTraceback, StepCollectives, profiled
 from torchtitan_ft.manager.steptimes import StepTimer
 from torchtitan_ft.process_group.base import ProcessGroup
 from torchtitan_ft.process_group.futures import completed_future
