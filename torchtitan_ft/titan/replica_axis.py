@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
+from torchtitan_ft.replica_ids import titan_replica_name
 from torchtitan_ft.semi_sync.config import QuorumMode
 from torchtitan_ft.titan.config_schema import manager_timeouts, quorum_mode, uses_semi_sync
 
@@ -594,7 +595,7 @@ def build_manager_runtime(job_config: Any) -> ManagerRuntime:
         use_async_quorum=quorum_mode(ft) is QuorumMode.ASYNC,
         world_size_mode=WorldSizeMode[ft.world_size_mode.upper()],
         lighthouse_addr=ft.lighthouse_addr or None,
-        replica_id=f"torchtitan_ft_{ft.replica_id}",
+        replica_id=titan_replica_name(ft.replica_id),
         hostname=ft.hostname or socket.gethostname(),
         init_sync=ft.init_sync,
         checkpoint_transport=transport,
