@@ -17,6 +17,7 @@ from benchmarks._goodput_accounts import Record
 from benchmarks._goodput_job import Injected, Method, Options
 from benchmarks._goodput_launch import Launcher, signal_pids
 from torchtitan_ft.events import EventKind, read_events
+from torchtitan_ft.replica_ids import group_number
 from torchtitan_ft.testing.faults import Fault, FaultKind, donor_may_die, fault_victims
 
 TORCHFT_NO_LINK = (
@@ -207,7 +208,7 @@ class Injector:
         donor_id = quorums[-1]["replica_ids"][heals[0]["source_replica_rank"]]
         done = any(e.kind is EventKind.HEAL_END for e in events)
         why = "after the heal had ended" if done else "while the victim healed"
-        return int(donor_id.removeprefix("torchtitan_ft_").split(":")[0]), why
+        return group_number(donor_id), why
 
     def _torchft_donor(self, victim: int, since: float) -> int | None:
         """The torchft method's donor: the source of the victim's first heal after ``since``,

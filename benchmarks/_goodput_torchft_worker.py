@@ -50,6 +50,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchtitan_ft.replica_ids import group_number
+
 
 def serve_lighthouse(argv: list[str]) -> None:
     """torchft 0.2.0's lighthouse (its Rust server, in this process) until killed."""
@@ -90,7 +92,7 @@ class _QuorumTap:
 
 def group_of(replica_id: str) -> int:
     """The replica group of TorchTitan's torchft replica id ``torchtitan_ft_<G>:<uuid>``."""
-    return int(replica_id.split(":")[0].rsplit("_", 1)[1])
+    return group_number(replica_id)
 
 
 class _DrawnCount:

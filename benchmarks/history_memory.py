@@ -32,13 +32,13 @@ from collections.abc import Iterator
 
 from benchmarks import machine
 from torchtitan_ft.lighthouse.groups import HEALS_KEPT, SAVE_SHARE, GroupBook, GroupsFile
-from torchtitan_ft.lighthouse.history import EventKind, History
+from torchtitan_ft.lighthouse.history import History, HistoryKind
 from torchtitan_ft.proto import torchft_pb2 as pb
 
-K = EventKind
+K = HistoryKind
 
 
-def churn(groups: int) -> Iterator[tuple[EventKind, str, str]]:
+def churn(groups: int) -> Iterator[tuple[HistoryKind, str, str]]:
     ids = [f"replica_group_{i}:{uuid.uuid4()}" for i in range(groups)]
     quorum_id = 1_764_000_000_000_000
     i = 0
@@ -65,7 +65,7 @@ def churn(groups: int) -> Iterator[tuple[EventKind, str, str]]:
         i += 1
 
 
-def steady(groups: int) -> Iterator[tuple[EventKind, str, str]]:
+def steady(groups: int) -> Iterator[tuple[HistoryKind, str, str]]:
     ids = [f"replica_group_{i}" for i in range(groups)]
     i = 0
     while True:
@@ -77,7 +77,7 @@ def steady(groups: int) -> Iterator[tuple[EventKind, str, str]]:
         i += 1
 
 
-def measure(events: int, source: Iterator[tuple[EventKind, str, str]]) -> dict:
+def measure(events: int, source: Iterator[tuple[HistoryKind, str, str]]) -> dict:
     mix = [next(source) for _ in range(events)]
     # As bytes: each record decodes fresh strings, as the server builds them per request, and
     # the history's own copies are what the trace counts.

@@ -1,7 +1,7 @@
 """Bytes across replica groups and final loss of the sync strategies; prints JSON.
 
 Two replica groups train the same small causal language model on the project's own corpus
-(``torchtitan_ft.titan.data.generate_corpus``, tokenized with the shipped BPE) for the same
+(``torchtitan_ft.titan.training_data.generate_corpus``, tokenized with the shipped BPE) for the same
 number of inner steps and tokens, with:
 
 - ``per_step``: FT-HSDP, gradients averaged every step (``PerStepSync``);
@@ -78,7 +78,7 @@ def token_stream(seed: int, documents: int) -> torch.Tensor:
     """The project's corpus (train or validation grammar seed), tokenized, one long stream."""
     from tokenizers import Tokenizer
 
-    from torchtitan_ft.titan.data import TOKENIZER_DIR, generate_corpus
+    from torchtitan_ft.titan.training_data import TOKENIZER_DIR, generate_corpus
 
     tok = Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json"))
     ids: list[int] = []
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--steps {steps} must be a multiple of every H ({sorted(horizons)})")
     started = time.time()
     load_before = os.getloadavg()
-    from torchtitan_ft.titan.data import TRAIN_SEED, VALIDATION_SEED
+    from torchtitan_ft.titan.training_data import TRAIN_SEED, VALIDATION_SEED
 
     stream = token_stream(TRAIN_SEED, 3000)
     val_stream = token_stream(VALIDATION_SEED, 100)
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
                         "diloco_h10_paper_outer": "sgd lr 0.7 momentum 0.9 nesterov",
                     },
                     "steps": setup.steps,
-                    "corpus": "torchtitan_ft.titan.data.generate_corpus (train seed), "
+                    "corpus": "torchtitan_ft.titan.training_data.generate_corpus (train seed), "
                     "validation: 64 sequences of the validation seed",
                     "torch_threads_per_process": args.threads,
                     "load_average_1_5_15_at_start": [round(x, 2) for x in load_before],

@@ -431,7 +431,7 @@ def _parser() -> argparse.ArgumentParser:
 def _data(setup_steps: int, path: Path) -> tuple[Setup, int]:
     """Writes the run's batches and validation set to ``path``; the setup and the model's
     parameter count."""
-    from torchtitan_ft.titan.data import TRAIN_SEED, VALIDATION_SEED
+    from torchtitan_ft.titan.training_data import TRAIN_SEED, VALIDATION_SEED
 
     stream = token_stream(TRAIN_SEED, 3000)
     val_stream = token_stream(VALIDATION_SEED, 100)

@@ -29,6 +29,8 @@ from enum import Enum, StrEnum
 from pathlib import Path
 from typing import IO, Any
 
+from torchtitan_ft.replica_ids import replica_name
+
 logger: logging.Logger = logging.getLogger(__name__)
 
 EVENTS_DIR_ENV = "TORCHFT_EVENTS_DIR"
@@ -180,7 +182,7 @@ class Event:
     @property
     def replica_name(self) -> str:
         """The replica id without the per-process uuid suffix (``replica_1``)."""
-        return self.replica_id.rsplit(":", 1)[0]
+        return replica_name(self.replica_id)
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]

@@ -19,7 +19,7 @@ from torchtitan_ft.lighthouse.groups import (
     save_due,
     window_rate,
 )
-from torchtitan_ft.lighthouse.history import EventKind
+from torchtitan_ft.lighthouse.history import HistoryKind
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 
@@ -70,7 +70,7 @@ def test_book_keeps_steps_heals_and_time_in_and_out_of_the_quorum() -> None:
     events = book.report("a", progress, now=101.0)
     assert events == [
         (
-            EventKind.HEAL,
+            HistoryKind.HEAL,
             "a",
             "healed to step 3 from http://b:1: 64 bytes in 0.250 s, applied",
         )

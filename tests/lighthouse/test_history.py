@@ -12,8 +12,8 @@ from tests.lighthouse._helpers import ask_all, get
 from torchtitan_ft.lighthouse.decision import DecisionOptions, RoundKind
 from torchtitan_ft.lighthouse.history import (
     EVENTS_FILE,
-    EventKind,
     History,
+    HistoryKind,
     LeftBecause,
     heartbeat_events,
     membership_events,
@@ -23,7 +23,7 @@ from torchtitan_ft.lighthouse.state import LighthouseState
 from torchtitan_ft.lighthouse.types import QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
 
-K = EventKind
+K = HistoryKind
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from torchtitan_ft.lighthouse.decision import HOLDER_WAIT_HEARTBEATS, DecisionOptions
-from torchtitan_ft.lighthouse.history import EventKind
+from torchtitan_ft.lighthouse.history import HistoryKind
 from torchtitan_ft.lighthouse.state import LighthouseState
 from torchtitan_ft.lighthouse.types import QuorumMember
 from torchtitan_ft.proto import torchft_pb2 as pb
@@ -56,7 +56,7 @@ def _tick_until_issued(
 
 
 def _losses(state: LighthouseState) -> list[str]:
-    return [e.reason for e in state.history if e.kind is EventKind.STATE_LOST]
+    return [e.reason for e in state.history if e.kind is HistoryKind.STATE_LOST]
 
 
 def _loss(fut: asyncio.Future[bytes]) -> int | None:

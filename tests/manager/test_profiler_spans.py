@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from tests.manager.test_manager import UserState, _manager, lighthouse2  # noqa: F401
 from torchtitan_ft.lighthouse import LighthouseServer
-from torchtitan_ft.manager.collectives import profiled
+from torchtitan_ft.manager.step_collectives import profiled
 
 # torchft 0.2.0's names (its manager.py), minus the CUDA stream synchronizations.
 TRAINING_THREAD_SPANS = {

@@ -1,8 +1,8 @@
 """DiLoCo's overlapped outer updates, one-step-delayed (``OuterOverlap.DELAYED``) and eager
-(``OuterOverlap.EAGER``): the pure decisions as tables, then DiLoCo and Streaming DiLoCo over
-``SimulatedReplicaGroups`` against a reference written by hand from the math in
-``torchtitan_ft/semi_sync/overlap.py`` (no strategy code), a failed overlapped round, and a
-group that heals mid-run.
+(``OuterOverlap.EAGER``): the pure math as tables (when each step happens is in
+test_schedule.py), then DiLoCo and Streaming DiLoCo over ``SimulatedReplicaGroups`` against a
+reference written by hand from the math in ``torchtitan_ft/semi_sync/overlap.py`` (no strategy
+code), a failed overlapped round, and a group that heals mid-run.
 """
 
 from __future__ import annotations
@@ -15,45 +15,13 @@ import torch
 from torch import nn
 
 from torchtitan_ft.semi_sync import DiLoCo, OuterOverlap, SyncConfig, split_model
-from torchtitan_ft.semi_sync.overlap import (
-    DelayedActions,
-    check_outer_overlap,
-    delayed_actions,
-    delayed_parameters,
-    next_fragment,
-    own_share,
-)
+from torchtitan_ft.semi_sync.overlap import check_outer_overlap, delayed_parameters, own_share
 
 from ._helpers import loss_fn, make_model, params_of, run_threads, train_steps
 from ._simulated import SimulatedReplicaGroups
 from .test_local_sgd import INNER_LR, OUTER, _fragment_names, assert_params_close, momentum_of
 
 # ------------------------------------------------------------------ pure decisions
-
-
-@pytest.mark.parametrize(
-    ("local_step", "cycle", "in_flight", "expected"),
-    [
-        (1, 4, None, DelayedActions()),  # mid-cycle: a plain inner step
-        (3, 4, 0, DelayedActions()),  # mid-cycle with a sync in flight: still nothing
-        (4, 4, None, DelayedActions(None, True, True)),  # first sync point: nothing to finish
-        (4, 4, 0, DelayedActions(0, True, True)),  # finish fragment 0, quorum, start the next
-        (5, 5, 1, DelayedActions(1, True, True)),  # Streaming: fragment 1 in flight
-        (1, 1, 2, DelayedActions(2, True, True)),  # a 1-step cycle acts every step
-    ],
-)
-def test_delayed_actions(
-    local_step: int, cycle: int, in_flight: int | None, expected: DelayedActions
-) -> None:
-    assert delayed_actions(local_step, cycle, in_flight) == expected
-
-
-@pytest.mark.parametrize(
-    ("syncs_committed", "num_fragments", "expected"),
-    [(0, 1, 0), (7, 1, 0), (0, 2, 0), (1, 2, 1), (2, 2, 0), (5, 3, 2)],
-)
-def test_next_fragment(syncs_committed: int, num_fragments: int, expected: int) -> None:
-    assert next_fragment(syncs_committed, num_fragments) == expected
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from torchtitan_ft.titan.checkpointing import (
     reader_files,
     stale_reader_files,
 )
-from torchtitan_ft.titan.data import CommittedBatches
+from torchtitan_ft.titan.training_data import CommittedBatches
 
 STEP_LINE = re.compile(r"\[rank0\]:.*step:\s*(\d+)\s+loss:\s*([\d.]+)\s+grad_norm:\s*([\d.]+)")
 
@@ -385,7 +385,7 @@ def _strategy_checkpoint_worker(rank: int, port: int, folder: str) -> None:
     from torchtitan_ft.semi_sync import DiLoCo, LocalSGD, OuterOptimizerConfig, split_model
     from torchtitan_ft.semi_sync.strategy import local_tensor
     from torchtitan_ft.titan import cpu_compat
-    from torchtitan_ft.titan.semi_sync import StrategyState
+    from torchtitan_ft.titan.semi_sync_axis import StrategyState
 
     def build(variant: str, seed: int) -> tuple[Any, Any, Any]:
         model = make_model(seed)

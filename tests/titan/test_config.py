@@ -760,15 +760,17 @@ def test_the_titan_side_validates_the_sync_config_once(monkeypatch: pytest.Monke
     from types import SimpleNamespace
 
     from torchtitan_ft.semi_sync.config import SyncConfig
-    from torchtitan_ft.titan import semi_sync
+    from torchtitan_ft.titan import semi_sync_axis
 
     calls = []
     validate = SyncConfig.validate
     monkeypatch.setattr(SyncConfig, "validate", lambda self: calls.append(self) or validate(self))
     config = parse_job_config([*FT_ON, "--fault_tolerance.semi_sync_method=diloco"])
     assert len(calls) == 1
-    monkeypatch.setattr(semi_sync, "build_manager_runtime", lambda _: SimpleNamespace(manager=None))
-    axis = semi_sync.build_semi_sync_axis(config)
+    monkeypatch.setattr(
+        semi_sync_axis, "build_manager_runtime", lambda _: SimpleNamespace(manager=None)
+    )
+    axis = semi_sync_axis.build_semi_sync_axis(config)
     assert axis.config.method is SyncMethod.DILOCO
     assert len(calls) == 2 and calls[1] is axis.config
 

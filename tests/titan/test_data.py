@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from torchtitan_ft.titan import data
+from torchtitan_ft.titan import training_data as data
 
 # Changing the grammar changes this digest: bump data.CORPUS_VERSION (cache file name) and
-# retrain the shipped tokenizer (python -m torchtitan_ft.titan.data --write-tokenizer).
+# retrain the shipped tokenizer (python -m torchtitan_ft.titan.training_data --write-tokenizer).
 TRAIN_CORPUS_SHA256 = "81b1c8fcf99b6dfc66209a16ca959b3fe19ab2eab351dce6017be336b99bb8fa"
 
 

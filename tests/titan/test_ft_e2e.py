@@ -88,7 +88,7 @@ def test_failure_and_heal_neither_replay_nor_skip_a_groups_samples() -> None:
     """Group 1 dies mid-step 3 (the step is discarded), group 0 trains alone, group 1 restarts
     from scratch and heals from group 0's ledger: each group's samples reach the model exactly
     once, in slice order, across the restart."""
-    from torchtitan_ft.titan.data import CommittedBatches
+    from torchtitan_ft.titan.training_data import CommittedBatches
 
     g0 = CommittedBatches(_SliceLoader(0), 0, 2)
     g1 = CommittedBatches(_SliceLoader(1), 1, 2)
@@ -119,7 +119,7 @@ def test_failure_and_heal_neither_replay_nor_skip_a_groups_samples() -> None:
 
 
 def test_discarded_step_retries_its_batches_in_order() -> None:
-    from torchtitan_ft.titan.data import CommittedBatches
+    from torchtitan_ft.titan.training_data import CommittedBatches
 
     g = CommittedBatches(_SliceLoader(0), 0, 1)
     assert [next(g), next(g)] == [0, 1]  # two microbatches
@@ -136,7 +136,7 @@ def test_skip_left_out_drops_the_batches_and_the_ledger_counts_them_as_skipped()
     participating step (not in a discarded one), and every group's ledger then counts it as
     consumed and skipped. A restart heals the ledger and skips again; each sample is trained
     or skipped exactly once."""
-    from torchtitan_ft.titan.data import CommittedBatches
+    from torchtitan_ft.titan.training_data import CommittedBatches
 
     def step(groups: dict, participants: list[int], committed: bool) -> dict[int, int]:
         batches = {r: next(g) for r, g in groups.items()}
@@ -181,7 +181,7 @@ def test_skip_left_out_drops_the_batches_and_the_ledger_counts_them_as_skipped()
 
 
 def test_without_skip_left_out_a_left_out_group_retries_its_batch() -> None:
-    from torchtitan_ft.titan.data import CommittedBatches
+    from torchtitan_ft.titan.training_data import CommittedBatches
 
     g = CommittedBatches(_SliceLoader(1), 1, 2)
     first = next(g)
@@ -191,7 +191,7 @@ def test_without_skip_left_out_a_left_out_group_retries_its_batch() -> None:
 
 def test_reader_state_resumes_at_the_consumed_batch() -> None:
     """A disk checkpoint taken after a discarded step restarts at the retried batch."""
-    from torchtitan_ft.titan.data import CommittedBatches
+    from torchtitan_ft.titan.training_data import CommittedBatches
 
     g = CommittedBatches(_SliceLoader(0), 0, 1)
     next(g)

@@ -77,7 +77,7 @@ def _managed_axis(calls: list[str]) -> ManagedReplicaAxis:
 def test_every_axis_implements_the_trainers_interface() -> None:
     from torchtitan_ft.semi_sync import SyncConfig, SyncMethod
     from torchtitan_ft.semi_sync.config import QuorumMode
-    from torchtitan_ft.titan.semi_sync import SemiSyncReplicaAxis
+    from torchtitan_ft.titan.semi_sync_axis import SemiSyncReplicaAxis
 
     local_sgd = SyncConfig(method=SyncMethod.LOCAL_SGD, quorum_mode=QuorumMode.SYNC)
     runtime = ManagerRuntime(_Stub([], "manager"), _Stub([], "pg"))

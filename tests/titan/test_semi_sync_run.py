@@ -102,7 +102,7 @@ def test_last_round_is_flushed_and_a_save_with_it_in_flight_is_noted(
     from tests.semi_sync._helpers import make_model, train_steps
     from tests.semi_sync._simulated import SimulatedReplicaGroups
     from torchtitan_ft.semi_sync import DiLoCo, OuterOptimizerConfig
-    from torchtitan_ft.titan.semi_sync import flush_last_round, in_flight_note
+    from torchtitan_ft.titan.semi_sync_axis import flush_last_round, in_flight_note
 
     model = make_model(0)
     inner = torch.optim.SGD(model.parameters(), lr=0.1)

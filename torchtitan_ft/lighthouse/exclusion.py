@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from torchtitan_ft.replica_ids import replica_name
+
 
 class StragglerPolicy(StrEnum):
     """What the lighthouse does with a reported straggler."""
@@ -79,7 +81,7 @@ def group_of(replica_id: str) -> str:
     """The replica group a quorum member's id names: the id without the per-process suffix
     that the Manager (as torchft's) appends after a colon (``"replica_3:<uuid>"`` ->
     ``"replica_3"``, as ``Event.replica_name``); an id without one is its own group."""
-    return replica_id.rsplit(":", 1)[0]
+    return replica_name(replica_id)
 
 
 class Action(StrEnum):

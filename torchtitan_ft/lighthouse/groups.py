@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from torchtitan_ft.lighthouse.history import EventKind
+from torchtitan_ft.lighthouse.history import HistoryKind
 from torchtitan_ft.lighthouse.recoveries import (
     DEPARTURES_KEPT,
     RECOVERIES_KEPT,
@@ -254,7 +254,7 @@ class GroupBook:
 
     def report(
         self, rid: str, progress: pb.GroupProgress, now: float
-    ) -> list[tuple[EventKind, str, str]]:
+    ) -> list[tuple[HistoryKind, str, str]]:
         """Takes a group's ``GroupProgress``; returns the events of the heals it reports."""
         group = self._group(rid, now)
         group.reports = True
@@ -288,7 +288,7 @@ class GroupBook:
             )
             group.heal_count += 1
             self.changed = True
-            events.append((EventKind.HEAL, rid, heal_reason(heal)))
+            events.append((HistoryKind.HEAL, rid, heal_reason(heal)))
         for report in progress.recoveries:
             self._recovered(rid, group, report)
         return events

@@ -1,11 +1,16 @@
 """The job's story: a bounded log of what happened to its replica groups, and why.
 
-The lighthouse records an :class:`Event` (wall time, kind, group, reason) at each change it
-sees: quorums issued with a new membership (who joined, who left and why), fast and slow
+The lighthouse records a :class:`HistoryEntry` (wall time, kind, group, reason) at each change
+it sees: quorums issued with a new membership (who joined, who left and why), fast and slow
 rounds, groups left out by the join timeout, kills asked for on the status page, commit
 failures and heals the groups report, heartbeats lost and regained, straggler reports and the
 straggler policy's exclusions, and its own start or restart. The status page, ``/events``,
 ``/metrics`` and ``torchft_lighthouse status`` read it.
+
+Not to be confused with the replica groups' own event stream (``torchtitan_ft.events``:
+``Event``/``EventKind``, one file per process): some kinds share a value ("quorum",
+"straggler", "excluded") with another meaning there, so the two vocabularies have distinct
+names in code (``HistoryKind``/``HistoryEntry`` here); the values written are unchanged.
 
 The reducers (``membership_events``, ``why_left``, ``heartbeat_events``) are pure functions of
 state and time; :class:`History` only stores what they return.
@@ -42,8 +47,9 @@ DEFAULT_CAPACITY = 10_000
 """Events kept in memory (and, about twice as many, on disk)."""
 
 
-class EventKind(StrEnum):
-    """What happened; ``/events`` and ``events.jsonl`` write the value."""
+class HistoryKind(StrEnum):
+    """What happened to the job, as the lighthouse saw it; ``/events`` and ``events.jsonl``
+    write the value."""
 
     LIGHTHOUSE_START = "lighthouse_start"
     """The lighthouse started with no history (no ``--state_dir`` or an empty one)."""
@@ -84,17 +90,19 @@ class EventKind(StrEnum):
     (``decision.state_guard``); the reason names the step and the holders. Group: ""."""
 
 
-_KINDS = list(EventKind)
+_KINDS = list(HistoryKind)
 _KIND_INDEX = {kind: i for i, kind in enumerate(_KINDS)}
 
 
 @dataclass(frozen=True)
-class Event:
+class HistoryEntry:
+    """One line of the job's history (``/events``, ``events.jsonl``)."""
+
     seq: int
     """Position in the job's history, from 1; ``/events?since=N`` returns those after N."""
     time: float
     """Wall time, seconds since the epoch."""
-    kind: EventKind
+    kind: HistoryKind
     group: str
     """The replica group; "" for the job (quorums, lighthouse starts)."""
     reason: str
@@ -145,7 +153,7 @@ def membership_events(
     round_kind: RoundKind,
     left_because: Mapping[str, LeftBecause],
     were_members: Set[str] = frozenset(),
-) -> list[tuple[EventKind, str, str]]:
+) -> list[tuple[HistoryKind, str, str]]:
     """The events of a new quorum id: one ``quorum`` for the job, then ``left`` (with
     ``left_because``'s reason) and ``joined`` per group, sorted by group. ``were_members``:
     the groups that were in an earlier quorum (a joined group is "back", else in its "first
@@ -158,10 +166,10 @@ def membership_events(
         parts.append("joined " + ", ".join(joined))
     if left:
         parts.append("left " + ", ".join(f"{rid} ({left_because[rid].value})" for rid in left))
-    events = [(EventKind.QUORUM, "", "; ".join(parts))]
-    events += [(EventKind.LEFT, rid, left_because[rid].value) for rid in left]
+    events = [(HistoryKind.QUORUM, "", "; ".join(parts))]
+    events += [(HistoryKind.LEFT, rid, left_because[rid].value) for rid in left]
     events += [
-        (EventKind.JOINED, rid, "back in the quorum" if rid in were_members else "first quorum")
+        (HistoryKind.JOINED, rid, "back in the quorum" if rid in were_members else "first quorum")
         for rid in joined
     ]
     return events
@@ -169,7 +177,7 @@ def membership_events(
 
 def heartbeat_events(
     was_healthy: Set[str], healthy: Set[str], lost_before: Set[str], timeout_s: float
-) -> list[tuple[EventKind, str, str]]:
+) -> list[tuple[HistoryKind, str, str]]:
     """Heartbeats lost (healthy before, not now) and regained (lost before, healthy now),
     sorted by group. The caller passes only groups that asked for a quorum (a readiness probe
     that heartbeats once is no replica group), and only those still known: a group whose
@@ -177,8 +185,8 @@ def heartbeat_events(
     lost = sorted(was_healthy - healthy)
     regained = sorted(healthy & lost_before)
     return [
-        (EventKind.HEARTBEAT_LOST, rid, f"no heartbeat for {timeout_s:g} s") for rid in lost
-    ] + [(EventKind.HEARTBEAT_REGAINED, rid, "heard from again") for rid in regained]
+        (HistoryKind.HEARTBEAT_LOST, rid, f"no heartbeat for {timeout_s:g} s") for rid in lost
+    ] + [(HistoryKind.HEARTBEAT_REGAINED, rid, "heard from again") for rid in regained]
 
 
 class History:
@@ -202,7 +210,7 @@ class History:
         self._reasons: list[str] = [""] * capacity
         self._next = 1
         """The next event's ``seq``."""
-        self.counts: dict[tuple[EventKind, str], int] = {}
+        self.counts: dict[tuple[HistoryKind, str], int] = {}
         """Events recorded by this process, by kind and reason (``/metrics``)."""
         self._file: IO[str] | None = None
         self._path: Path | None = None
@@ -219,9 +227,9 @@ class History:
                     "pick another --state_dir"
                 ) from None
         if restarted:
-            self.record(EventKind.LIGHTHOUSE_RESTART, "", f"history loaded from {self._path}")
+            self.record(HistoryKind.LIGHTHOUSE_RESTART, "", f"history loaded from {self._path}")
         else:
-            self.record(EventKind.LIGHTHOUSE_START, "", "no earlier history")
+            self.record(HistoryKind.LIGHTHOUSE_START, "", "no earlier history")
 
     @property
     def last_seq(self) -> int:
@@ -230,7 +238,7 @@ class History:
     def __len__(self) -> int:
         return min(self._next - 1, self.capacity)
 
-    def record(self, kind: EventKind, group: str, reason: str) -> Event:
+    def record(self, kind: HistoryKind, group: str, reason: str) -> HistoryEntry:
         event = self._store(self._next, self._wall(), kind, group, reason)
         key = (kind, _count_reason(kind, reason))
         self.counts[key] = self.counts.get(key, 0) + 1
@@ -247,17 +255,17 @@ class History:
                 self.close()
         return event
 
-    def record_all(self, events: Iterable[tuple[EventKind, str, str]]) -> None:
+    def record_all(self, events: Iterable[tuple[HistoryKind, str, str]]) -> None:
         for kind, group, reason in events:
             self.record(kind, group, reason)
 
-    def since(self, seq: int, limit: int | None = None) -> list[Event]:
+    def since(self, seq: int, limit: int | None = None) -> list[HistoryEntry]:
         """Events after ``seq``, oldest first (at most ``limit``, the oldest of them)."""
         first = max(seq + 1, self._next - len(self))
         last = self._next if limit is None else min(self._next, first + limit)
         return [self._event(s) for s in range(first, last)]
 
-    def __iter__(self) -> Iterator[Event]:
+    def __iter__(self) -> Iterator[HistoryEntry]:
         return iter(self.since(0))
 
     def close(self) -> None:
@@ -267,7 +275,9 @@ class History:
 
     # -- storage --------------------------------------------------------------------------
 
-    def _store(self, seq: int, t: float, kind: EventKind, group: str, reason: str) -> Event:
+    def _store(
+        self, seq: int, t: float, kind: HistoryKind, group: str, reason: str
+    ) -> HistoryEntry:
         slot = (seq - 1) % self.capacity
         self._times[slot] = t
         self._kinds[slot] = _KIND_INDEX[kind]
@@ -275,11 +285,11 @@ class History:
         self._groups[slot] = sys.intern(group)
         self._reasons[slot] = sys.intern(reason)
         self._next = seq + 1
-        return Event(seq, t, kind, group, reason)
+        return HistoryEntry(seq, t, kind, group, reason)
 
-    def _event(self, seq: int) -> Event:
+    def _event(self, seq: int) -> HistoryEntry:
         slot = (seq - 1) % self.capacity
-        return Event(
+        return HistoryEntry(
             seq,
             self._times[slot],
             _KINDS[self._kinds[slot]],
@@ -299,7 +309,7 @@ class History:
             try:
                 d = json.loads(line)
                 self._store(
-                    int(d["seq"]), float(d["time"]), EventKind(d["kind"]), d["group"], d["reason"]
+                    int(d["seq"]), float(d["time"]), HistoryKind(d["kind"]), d["group"], d["reason"]
                 )
                 loaded += 1
             except (ValueError, KeyError, TypeError) as e:
@@ -310,7 +320,7 @@ class History:
         self._lines = len(lines)
         return loaded > 0
 
-    def _append(self, event: Event, file: IO[str], path: Path) -> None:
+    def _append(self, event: HistoryEntry, file: IO[str], path: Path) -> None:
         file.write(json.dumps(event.to_json()) + "\n")
         file.flush()
         self._lines += 1
@@ -330,7 +340,7 @@ def _open(path: Path) -> IO[str]:
     return path.open("a", encoding="utf-8")
 
 
-def _count_reason(kind: EventKind, reason: str) -> str:
+def _count_reason(kind: HistoryKind, reason: str) -> str:
     """The ``reason`` label of an event's counter: the reason where it is one of a few fixed
     texts (why a group left), "" for kinds whose reasons carry figures."""
-    return reason if kind is EventKind.LEFT else ""
+    return reason if kind is HistoryKind.LEFT else ""

@@ -43,8 +43,8 @@ from torchtitan_ft.lighthouse.exclusion import (
 from torchtitan_ft.lighthouse.groups import GroupBook, GroupsFile
 from torchtitan_ft.lighthouse.history import (
     DEFAULT_CAPACITY,
-    EventKind,
     History,
+    HistoryKind,
     LeftBecause,
     heartbeat_events,
     membership_events,
@@ -264,7 +264,7 @@ class LighthouseState:
                 wall = self._wall()
                 self.groups.departed(Departure(replica_id, wall, wall, Noticed.STREAM_END))
             self.history.record(
-                EventKind.STREAM_ENDED, replica_id, "heartbeat stream ended: the process died"
+                HistoryKind.STREAM_ENDED, replica_id, "heartbeat stream ended: the process died"
             )
         if replica_id in self.pending:
             self._drop_pending(replica_id)
@@ -290,7 +290,9 @@ class LighthouseState:
             for change, line in changes:
                 logger.info("lighthouse: %s", line)
                 kind = (
-                    EventKind.STRAGGLER if change is Change.STARTED else EventKind.STRAGGLER_ENDED
+                    HistoryKind.STRAGGLER
+                    if change is Change.STARTED
+                    else HistoryKind.STRAGGLER_ENDED
                 )
                 self.history.record(kind, rid, line)
             self.history.record_all(self.groups.report(rid, progress, self._wall()))
@@ -339,7 +341,7 @@ class LighthouseState:
         self._exclusion_history[group_of(rid)] = after.history
         if action is Action.EXCLUDED:
             self.metrics.exclusions += 1
-            self.history.record(EventKind.EXCLUDED, rid, reason)
+            self.history.record(HistoryKind.EXCLUDED, rid, reason)
             logger.warning(
                 "lighthouse: straggler policy: replica group %r is left out of the quorum "
                 "(%s); it trains alone without committing until it is fast again",
@@ -348,7 +350,7 @@ class LighthouseState:
             )
         elif action is Action.READMITTED:
             self.metrics.readmissions += 1
-            self.history.record(EventKind.READMITTED, rid, reason)
+            self.history.record(HistoryKind.READMITTED, rid, reason)
             logger.info(
                 "lighthouse: straggler policy: replica group %r is taken back into the quorum "
                 "(%s); it heals from the others",
@@ -426,7 +428,7 @@ class LighthouseState:
         self.history.record_all(events)
         last_seen = self.last_seen()
         for kind, rid, _ in events:
-            if kind is EventKind.HEARTBEAT_LOST:
+            if kind is HistoryKind.HEARTBEAT_LOST:
                 self._lost.add(rid)
                 seen = self._wall_of(last_seen.get(rid, self._clock()))
                 noticed = min(self._wall(), seen + self.opts.heartbeat_timeout)
@@ -562,7 +564,7 @@ class LighthouseState:
             "timeouts; the next quorum's groups are behind it (each stops or trains on as its "
             "fault_tolerance.on_state_loss says)"
         )
-        self.history.record(EventKind.STATE_LOST, "", reason)
+        self.history.record(HistoryKind.STATE_LOST, "", reason)
         logger.error("lighthouse: %s", reason)
 
     def _restore(self, record: LastQuorum) -> None:
@@ -617,7 +619,7 @@ class LighthouseState:
         for m in members:
             if m.commit_failures > 0:
                 self.history.record(
-                    EventKind.COMMIT_FAILURES,
+                    HistoryKind.COMMIT_FAILURES,
                     m.replica_id,
                     f"{m.commit_failures} failed commit(s) in a row at step {m.step}",
                 )
@@ -625,7 +627,7 @@ class LighthouseState:
             waited = round(self.opts.join_timeout, 3)
             for rid in sorted((healthy & self.asked) - set(ids) - excluded - left):
                 self.history.record(
-                    EventKind.JOIN_TIMEOUT, rid, f"healthy but did not ask within {waited:g} s"
+                    HistoryKind.JOIN_TIMEOUT, rid, f"healthy but did not ask within {waited:g} s"
                 )
 
     def _departed(self, because: Mapping[str, LeftBecause]) -> None:

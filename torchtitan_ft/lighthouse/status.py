@@ -34,7 +34,7 @@ import grpc
 
 from torchtitan_ft.auth import AUTHORIZATION, grpc_metadata, presents
 from torchtitan_ft.lighthouse import recoveries
-from torchtitan_ft.lighthouse.history import Event, EventKind
+from torchtitan_ft.lighthouse.history import HistoryEntry, HistoryKind
 from torchtitan_ft.lighthouse.state import DECISION_BUCKETS, LighthouseState
 from torchtitan_ft.lighthouse.summary import state_loss_line
 from torchtitan_ft.lighthouse.timeline import clock, render_timeline, sparkline
@@ -182,7 +182,7 @@ async def _handle(
         replica_id = unquote(path[len("/replica/") : -len("/kill")])
         code, ctype, body = await _kill(state, replica_id, auth_token)
         state.history.record(
-            EventKind.KILL_REQUESTED,
+            HistoryKind.KILL_REQUESTED,
             replica_id,
             f"from the status page: {body.decode(errors='replace').strip()}",
         )
@@ -605,7 +605,7 @@ def _figure(value: float | None, fmt: str) -> str:
 
 
 def render_html(
-    status: dict, kill_enabled: bool, events: list[Event], range_name: str = "hour"
+    status: dict, kill_enabled: bool, events: list[HistoryEntry], range_name: str = "hour"
 ) -> bytes:
     """The status page: ``status`` (``LighthouseState.status``) and the history's ``events``
     (oldest first), the timeline over ``range_name`` (``RANGES``)."""

@@ -13,7 +13,7 @@ import html
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
-from torchtitan_ft.lighthouse.history import Event, EventKind
+from torchtitan_ft.lighthouse.history import HistoryEntry, HistoryKind
 
 JOB_LANE = "(job)"
 """The lane of events that concern the job, not one group (quorums, lighthouse starts)."""
@@ -24,39 +24,39 @@ _LANE_H = 22
 _LABEL_W = 190
 _WIDTH = 1100
 _COLORS = {
-    EventKind.LIGHTHOUSE_START: "#555",
-    EventKind.LIGHTHOUSE_RESTART: "#555",
-    EventKind.QUORUM: "#1565c0",
-    EventKind.JOINED: "#2e7d32",
-    EventKind.LEFT: "#c62828",
-    EventKind.JOIN_TIMEOUT: "#ef6c00",
-    EventKind.HEARTBEAT_LOST: "#ad1457",
-    EventKind.HEARTBEAT_REGAINED: "#00838f",
-    EventKind.STREAM_ENDED: "#b71c1c",
-    EventKind.COMMIT_FAILURES: "#f9a825",
-    EventKind.KILL_REQUESTED: "#000",
-    EventKind.HEAL: "#6a1b9a",
-    EventKind.STRAGGLER: "#8d6e63",
-    EventKind.STRAGGLER_ENDED: "#8d6e63",
-    EventKind.EXCLUDED: "#ef6c00",
-    EventKind.READMITTED: "#2e7d32",
-    EventKind.STATE_LOST: "#000",
+    HistoryKind.LIGHTHOUSE_START: "#555",
+    HistoryKind.LIGHTHOUSE_RESTART: "#555",
+    HistoryKind.QUORUM: "#1565c0",
+    HistoryKind.JOINED: "#2e7d32",
+    HistoryKind.LEFT: "#c62828",
+    HistoryKind.JOIN_TIMEOUT: "#ef6c00",
+    HistoryKind.HEARTBEAT_LOST: "#ad1457",
+    HistoryKind.HEARTBEAT_REGAINED: "#00838f",
+    HistoryKind.STREAM_ENDED: "#b71c1c",
+    HistoryKind.COMMIT_FAILURES: "#f9a825",
+    HistoryKind.KILL_REQUESTED: "#000",
+    HistoryKind.HEAL: "#6a1b9a",
+    HistoryKind.STRAGGLER: "#8d6e63",
+    HistoryKind.STRAGGLER_ENDED: "#8d6e63",
+    HistoryKind.EXCLUDED: "#ef6c00",
+    HistoryKind.READMITTED: "#2e7d32",
+    HistoryKind.STATE_LOST: "#000",
 }
 
 
-def lanes(events: Iterable[Event], now: float) -> dict[str, list[tuple[float, float]]]:
+def lanes(events: Iterable[HistoryEntry], now: float) -> dict[str, list[tuple[float, float]]]:
     """Each group's spells in the quorum, ``(start, end)`` wall times, oldest first: from
     its ``joined`` to its ``left`` (or ``now`` while it is in). A lighthouse restart ends every
     spell: the new one does not know who was in until the next quorum."""
     spells: dict[str, list[tuple[float, float]]] = {}
     since: dict[str, float] = {}
     for e in events:
-        if e.kind is EventKind.JOINED:
+        if e.kind is HistoryKind.JOINED:
             since.setdefault(e.group, e.time)
             spells.setdefault(e.group, [])
-        elif e.kind is EventKind.LEFT and e.group in since:
+        elif e.kind is HistoryKind.LEFT and e.group in since:
             spells[e.group].append((since.pop(e.group), e.time))
-        elif e.kind is EventKind.LIGHTHOUSE_RESTART:
+        elif e.kind is HistoryKind.LIGHTHOUSE_RESTART:
             for group, start in since.items():
                 spells[group].append((start, e.time))
             since.clear()
@@ -71,7 +71,7 @@ def clock(t: float) -> str:
 
 
 def render_timeline(
-    events: Sequence[Event], groups: Iterable[str], start: float, now: float
+    events: Sequence[HistoryEntry], groups: Iterable[str], start: float, now: float
 ) -> str:
     """The timeline from ``start`` to ``now``: a lane per group (and one for the job)."""
     e = html.escape

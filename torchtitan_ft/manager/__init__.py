@@ -7,7 +7,7 @@ decisions without I/O (functions of their inputs, plus the small state of
 ``steptimes`` turns a rank's step timings into the group's for the straggler report;
 ``client``/``server`` speak ``torchft.ManagerService`` (``lighthouse_quorum``: the server's
 quorum requests to the lighthouse); ``rendezvous`` (start-up),
-``collectives``, ``healing``, ``quorum`` (the quorum thread), ``ledger`` (the step account)
+``step_collectives``, ``healing``, ``quorum`` (the quorum thread), ``ledger`` (the step account)
 and ``progress`` (what a rank reports with each quorum request) hold one rank's state;
 ``hung`` watches for hung peers on a thread of its own while a step's collectives run,
 ``retry`` finishes a step a peer died in with the survivors, ``linkprobe`` times the
@@ -22,7 +22,6 @@ from torchtitan_ft.manager.client import (
     QuorumTimeoutError,
     ReplicaGroupMismatchError,
 )
-from torchtitan_ft.manager.collectives import ExceptionWithTraceback
 from torchtitan_ft.manager.decisions import QuorumResult, WorldSizeMode
 from torchtitan_ft.manager.identity import model_fingerprint
 from torchtitan_ft.manager.manager import Manager
@@ -30,6 +29,7 @@ from torchtitan_ft.manager.options import ManagerOptions
 from torchtitan_ft.manager.outage import LighthouseOutage
 from torchtitan_ft.manager.server import AddressInUseError, ManagerServer
 from torchtitan_ft.manager.stats import ManagerStats
+from torchtitan_ft.manager.step_collectives import ExceptionWithTraceback
 
 __all__ = [
     "AddressInUseError",

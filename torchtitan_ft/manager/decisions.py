@@ -9,13 +9,13 @@ are in docs/architecture.md ("One step", steps 3, 4, 8 and 9); tested without se
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from enum import Enum
 
 from torchtitan_ft.addresses import AddressProblem, Severity
 from torchtitan_ft.lighthouse.types import GroupSpeed, Quorum, QuorumMember, StateLoss
 from torchtitan_ft.proto import torchft_pb2 as pb
+from torchtitan_ft.replica_ids import group_number
 
 # ---------------------------------------------------------------------------- quorum results
 # On group rank 0's ManagerServer: one group rank's view of the lighthouse's quorum.
@@ -508,18 +508,13 @@ def quorum_store_address(store_address: str, quorum_id: int, group_rank: int) ->
     return f"{store_address}/torchft/{quorum_id}/{group_rank}"
 
 
-_TRAILING_DIGITS = re.compile(r"(\d+)$")
-
-
 def global_ranks(replica_ids: list[str], group_world_size: int, group_rank: int) -> list[int]:
     """Global ranks of this group rank's peers, one per quorum member (in replica-rank order).
 
     The replica group number is the trailing digits of the replica id before the uuid suffix
     (``"train_3:<uuid>"`` -> 3; none -> 0); global rank = group number * group size + rank.
     """
-    ranks = []
-    for replica_id in replica_ids:
-        match = _TRAILING_DIGITS.search(replica_id.split(":")[0])
-        group = int(match.group(1)) if match else 0
-        ranks.append(group * group_world_size + group_rank)
-    return ranks
+    return [
+        group_number(replica_id, default=0) * group_world_size + group_rank
+        for replica_id in replica_ids
+    ]

@@ -38,9 +38,9 @@ from typing import Any
 import grpc
 
 from torchtitan_ft.lighthouse.client import LighthouseClient
-from torchtitan_ft.manager.collectives import StepCollectives
 from torchtitan_ft.manager.decisions import QuorumResult, hung_peer_abort, needs_commit_fence
 from torchtitan_ft.manager.settings import ManagerSettings, Source
+from torchtitan_ft.manager.step_collectives import StepCollectives
 
 _WAIT = timedelta(seconds=10)
 """Longest wait of one ``GoneMembers`` long poll (a new step's watch cancels it)."""

@@ -53,7 +53,6 @@ from torch.distributed import ReduceOp
 
 from torchtitan_ft import timeouts
 from torchtitan_ft.checkpoint import CheckpointTransport
-from torchtitan_ft.manager.collectives import ExceptionWithTraceback, profiled
 from torchtitan_ft.manager.decisions import (
     RetryDecision,
     WorldSizeMode,
@@ -73,6 +72,7 @@ from torchtitan_ft.manager.settings import (
 )
 from torchtitan_ft.manager.state_loss import STATE_LOST_EXIT, StateLostError
 from torchtitan_ft.manager.stats import ManagerStats
+from torchtitan_ft.manager.step_collectives import ExceptionWithTraceback, profiled
 from torchtitan_ft.process_group.base import ProcessGroup
 from torchtitan_ft.process_group.futures import completed_future
 

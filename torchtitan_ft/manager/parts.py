@@ -1,7 +1,7 @@
 """What a Manager drives, built and wired to each other once its arguments are checked and its
 settings resolved (``Manager.__init__``): the replica group it joined (``rendezvous``), its event
 stream, and the parts each step runs through: the progress report (``progress``), the step's
-collectives (``collectives``), healing (``healing``), the quorum thread (``quorum``), the
+collectives (``step_collectives``), healing (``healing``), the quorum thread (``quorum``), the
 hung-peer guard (``hung``) and the in-flight retry (``retry``); on group rank 0, the watch of
 its own recoveries (``recovery``), fed by the event stream; and the step account
 (``ledger``) whose committed step every event carries.
@@ -17,7 +17,6 @@ from typing import Any
 
 from torchtitan_ft.checkpoint import CheckpointTransport
 from torchtitan_ft.events import EventKind, EventWriter, open_event_writer, this_process_started
-from torchtitan_ft.manager.collectives import StepCollectives
 from torchtitan_ft.manager.decisions import WorldSizeMode, check_step_arguments
 from torchtitan_ft.manager.healing import Healing
 from torchtitan_ft.manager.hung import HungPeerGuard
@@ -30,6 +29,7 @@ from torchtitan_ft.manager.rendezvous import GroupRendezvous, join_replica_group
 from torchtitan_ft.manager.retry import InflightRetry, check_retry_arguments
 from torchtitan_ft.manager.settings import ManagerSettings
 from torchtitan_ft.manager.stats import Counters
+from torchtitan_ft.manager.step_collectives import StepCollectives
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from typing import Any
 
 from torchtitan_ft.events import EventKind, EventWriter, quorum_role
 from torchtitan_ft.lighthouse.types import GroupSpeed, StateLoss
-from torchtitan_ft.manager.collectives import StepCollectives, profiled
 from torchtitan_ft.manager.decisions import (
     Participation,
     QuorumResult,
@@ -35,6 +34,7 @@ from torchtitan_ft.manager.state_loss import (
     state_loss_action,
     state_loss_line,
 )
+from torchtitan_ft.manager.step_collectives import StepCollectives, profiled
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 

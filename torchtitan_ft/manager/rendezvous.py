@@ -20,6 +20,7 @@ from torchtitan_ft.manager.client import LocalManagerClient, ManagerClient
 from torchtitan_ft.manager.server import AddressInUseError, ManagerServer
 from torchtitan_ft.manager.settings import ManagerSettings, port_in_use_message, store_key_prefix
 from torchtitan_ft.netaddr import join_host_port
+from torchtitan_ft.replica_ids import process_replica_id
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def join_replica_group(
     server = None
     if group_rank == 0:
         base_id = settings.replica_id.value
-        full_id = f"{base_id}:{uuid.uuid4()}" if base_id else str(uuid.uuid4())
+        full_id = process_replica_id(base_id, str(uuid.uuid4()))
         try:
             server = ManagerServer(
                 replica_id=full_id,

@@ -5,7 +5,7 @@ died in"), on the training thread inside ``Manager.should_commit``.
 Whether a step is retried is ``decisions.inflight_retry_decision`` (pure); ``InflightRetry``
 gathers its inputs and carries it out: it waits until the process group is done with the
 failed collectives, gets a new quorum at the same step and re-runs the step's allreduces from
-their kept inputs (``collectives.StepCollectives.replay``) over it.
+their kept inputs (``step_collectives.StepCollectives.replay``) over it.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from torchtitan_ft.manager.collectives import StepCollectives
 from torchtitan_ft.manager.decisions import RetryDecision, inflight_retry_decision
 from torchtitan_ft.manager.healing import Healing
 from torchtitan_ft.manager.hung import HungPeerGuard
 from torchtitan_ft.manager.quorum import QuorumRequest, QuorumThread
 from torchtitan_ft.manager.settings import ManagerSettings
 from torchtitan_ft.manager.stats import Counters
+from torchtitan_ft.manager.step_collectives import StepCollectives
 from torchtitan_ft.process_group.base import ProcessGroup
 
 

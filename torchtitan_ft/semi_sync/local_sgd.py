@@ -16,8 +16,8 @@ global parameters with it; every group continues from the new global parameters.
 synced in turn, one every ``sync_every / F`` steps (so each fragment still every
 ``sync_every`` steps); with tau = ``fragment_sync_delay``, a fragment's allreduce overlaps
 the tau inner steps before it is applied. When the quorum is formed and which fragment starts
-or applies its sync is decided by ``schedule.SyncSchedule`` (one pure function); the strategies
-here carry it out. After applying, the fragment's parameters are
+or applies its sync is decided by ``schedule.SyncSchedule`` (one pure function, the overlap
+below included); the strategies here carry it out. After applying, the fragment's parameters are
 ``(1 - alpha) * global + alpha * local`` with alpha = ``fragment_update_alpha`` (``local`` =
 the parameters just before the sync, including the tau inner steps taken while the allreduce
 was in flight).
@@ -26,8 +26,8 @@ was in flight).
 DiLoCo) a sync's allreduce runs during the whole next cycle and is applied at the next sync
 point, one outer step late, keeping the inner progress made meanwhile (``EAGER`` starts each
 round from the outer step with this group's own share of the average in flight):
-``overlap.py`` defines the math and decides the order (finish the sync in flight, quorum,
-start the next).
+``overlap.py`` defines the math; the schedule orders the steps (finish the sync in flight,
+quorum, start the next).
 
 **Failures.** A sync commits only if the allreduce succeeded and ``Manager.should_commit()``
 agrees. Otherwise the sync is discarded: the fragment is restored from its backup (the last
@@ -41,7 +41,7 @@ save ``state_dict()`` carry it; loading it also resets the model's parameters to
 ones. Disk checkpoints that load in place (DCP) use the same state by parameter instead:
 ``global_parameters()``, DiLoCo's ``outer_optimizer_state()`` (created before the first outer
 step where needed, with equal numerics: ``outer_optimizer.initial_optimizer_state``) and
-``schedule_state()``; see ``torchtitan_ft.titan.semi_sync.StrategyState``.
+``schedule_state()``; see ``torchtitan_ft.titan.semi_sync_axis.StrategyState``.
 
 Quorums are formed only at sync points, plus once before the first inner step (the first
 ``start_step``, or the first optimizer step in context-manager mode), so a new replica heals
@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -84,9 +84,7 @@ from torchtitan_ft.semi_sync.outer_optimizer import (
 from torchtitan_ft.semi_sync.overlap import (
     OuterOverlap,
     check_outer_overlap,
-    delayed_actions,
     delayed_parameters,
-    next_fragment,
     own_share,
 )
 from torchtitan_ft.semi_sync.schedule import SyncActions, SyncSchedule
@@ -171,22 +169,35 @@ class _SemiSync(SyncStrategy, _OptimizerHooks):
     def after_step(self) -> None:
         """Counts the inner step and does what the sync schedule says at it."""
         self._local_step += 1
-        if self._actions().form_quorum:
+        actions = self._actions()
+        if actions.finish_fragment is not None:
+            self._finish_sync()
+        if actions.form_quorum:
             self._quorum()
         self._sync()
 
     def _actions(self) -> SyncActions:
-        return self._schedule.actions(self._local_step, self._syncs_committed)
+        return self._schedule.actions(
+            self._local_step, self._syncs_committed, self.in_flight_fragment
+        )
 
     def _sync(self) -> None:
         """Starts and applies the syncs the schedule names at the current position. Runs
-        after any quorum, so it sees the position that a heal there loaded."""
+        after any finish and quorum, so it sees the position that they (a commit, a heal's
+        loaded state) left."""
         actions = self._actions()
         if actions.start_fragment is not None:
             self._prepare(actions.start_fragment)
-        if actions.apply_fragment is not None:
+        if actions.end_cycle:
             self._local_step = 0
+        if actions.apply_fragment is not None:
             self._finish_sync()
+
+    @property
+    def in_flight_fragment(self) -> int | None:
+        """The fragment whose sync is on the wire between two inner steps (an outer overlap,
+        or a ``fragment_sync_delay``); None when none is."""
+        return None if self._pending is None else self._pending.fragment
 
     def _quorum(self) -> None:
         self._healed = False
@@ -222,9 +233,9 @@ class _SemiSync(SyncStrategy, _OptimizerHooks):
         """Starts the sync of fragment ``index`` (sets ``_pending``)."""
         raise NotImplementedError
 
-    def _finish_sync(self) -> None:
+    def _finish_sync(self) -> bool | None:
         """Waits for the sync in flight (``_pending``) and applies it, or discards it unless
-        it committed."""
+        it committed; returns whether it committed."""
         raise NotImplementedError
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -316,9 +327,9 @@ class LocalSGD(_SemiSync):
             self.stats.payload_bytes += flat.numel() * flat.element_size()
         self._pending = pending
 
-    def _finish_sync(self) -> None:
+    def _finish_sync(self) -> bool:
         """Sets the parameters to their average if the sync commits, else restores the last
-        average."""
+        average; returns whether it committed."""
         pending, self._pending = self._pending, None
         if pending is None:
             raise RuntimeError("no LocalSGD sync in flight to finish")
@@ -337,6 +348,7 @@ class LocalSGD(_SemiSync):
                 self._backup.restore()
                 self.stats.syncs_failed += 1
                 logger.warning("LocalSGD sync failed; parameters restored to the last average")
+        return committed
 
     def state_dict(self) -> dict[str, Any]:
         """``{"local_step", "global"}``: the step counter and the last averaged parameters."""
@@ -499,6 +511,7 @@ class DiLoCo(_SemiSync):
         self._overlap = check_outer_overlap(
             outer_overlap, fragment_sync_delay, fragment_update_alpha
         )
+        schedule = replace(schedule, overlap=self._overlap)
         all_params = [p for f in fragments for p in f.parameters()]
         super().__init__(manager, inner_optimizer, all_params, quorum_mode, schedule)
         self._alpha = fragment_update_alpha
@@ -535,36 +548,6 @@ class DiLoCo(_SemiSync):
     def outer_optimizers(self) -> list[optim.Optimizer]:
         """The outer optimizer of each fragment (the same object when shared)."""
         return [f.outer_optimizer for f in self._fragments]
-
-    def after_step(self) -> None:
-        """Counts the inner step and does what the sync schedule says at it (with an outer
-        overlap: ``overlap.delayed_actions``)."""
-        if self._overlap is OuterOverlap.NONE:
-            super().after_step()
-            return
-        self._local_step += 1
-        in_flight = None if self._pending is None else self._pending.fragment
-        actions = delayed_actions(self._local_step, self._schedule.cycle, in_flight)
-        if actions.finish_fragment is not None:
-            self._finish_sync()
-        if actions.form_quorum:
-            self._quorum()
-        self._sync()
-
-    def _sync(self) -> None:
-        if self._overlap is OuterOverlap.NONE:
-            super()._sync()
-            return
-        # After the quorum (also a healer's, at its peers' sync point): start the next sync.
-        if delayed_actions(self._local_step, self._schedule.cycle, None).start:
-            self._prepare(next_fragment(self._syncs_committed, self.num_fragments))
-            self._local_step = 0
-
-    @property
-    def in_flight_fragment(self) -> int | None:
-        """The fragment whose sync is on the wire between two sync points (an outer overlap);
-        None when none is."""
-        return None if self._pending is None else self._pending.fragment
 
     def flush(self) -> bool | None:
         """Waits for the sync in flight, votes on it and applies it (or discards it), as the

@@ -1,7 +1,8 @@
 """The one-step-delayed ("eager") outer update of DiLoCo and Streaming DiLoCo: an outer round's
 allreduce runs while the next inner steps do, and is applied when it arrives, one outer step
-late, keeping the inner progress made meanwhile. Pure decisions and math; ``local_sgd.DiLoCo``
-carries them out.
+late, keeping the inner progress made meanwhile. The mode and the math; when each step happens
+is ``schedule.SyncSchedule``'s answer (it takes the mode), and ``local_sgd.DiLoCo`` carries
+both out.
 
 **The math** (one fragment; plain DiLoCo is F = 1). ``G`` is the fragment's global parameters
 (the backup every replica group agrees on), ``theta`` the group's local parameters. At each
@@ -72,7 +73,6 @@ no state. Only each round's starting point differs. A healer sends ``d = 0`` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
@@ -101,39 +101,6 @@ class OuterOverlap(StrEnum):
     def overlapped(self) -> bool:
         """Whether an outer round's allreduce runs during the next inner steps."""
         return self is not OuterOverlap.NONE
-
-
-@dataclass(frozen=True)
-class DelayedActions:
-    """What DiLoCo with ``OuterOverlap.DELAYED`` does after an inner step, in this order.
-
-    ``DelayedActions()`` is a plain inner step.
-    """
-
-    finish_fragment: int | None = None
-    """Fragment whose sync (in flight since the last sync point) is waited for, voted on and
-    applied (or discarded). None: nothing is in flight."""
-    form_quorum: bool = False
-    """Form the quorum (a replica behind heals here)."""
-    start: bool = False
-    """Start the sync of the next fragment (``syncs_committed % F``, counted after the
-    finish) and restart the inner-step counter."""
-
-
-def delayed_actions(local_step: int, cycle: int, in_flight: int | None) -> DelayedActions:
-    """What to do after inner step ``local_step`` (1-based, since the last sync point) of a
-    ``cycle``-step cycle, with fragment ``in_flight``'s sync on the wire (None: none, at the
-    first sync point or after a state was loaded). Only the cycle's last step acts."""
-    if local_step != cycle:
-        return DelayedActions()
-    return DelayedActions(finish_fragment=in_flight, form_quorum=True, start=True)
-
-
-def next_fragment(syncs_committed: int, num_fragments: int) -> int:
-    """The fragment whose sync starts next: the count of committed syncs modulo F, so a
-    fragment whose sync failed is retried, and every group (healed with the same count)
-    picks the same one."""
-    return syncs_committed % num_fragments
 
 
 @torch.no_grad()

@@ -13,6 +13,11 @@ A training step with any strategy::
 parameters, outer-optimizer state and step counter); the semi-sync strategies also register
 them with the Manager so that a healing replica receives them.
 
+A trainer also reads, without knowing the strategy: ``in_flight_fragment`` and ``flush`` (the
+outer round still on the wire at the last step), and the same state by parameter for disk
+checkpoints that load in place (``schedule_state``, ``global_parameters``,
+``outer_optimizer_state``). Each has a default for a strategy that keeps none of it.
+
 For torchft users, the strategies are also context managers: ``with LocalSGD(...)`` /
 ``with DiLoCo(...)`` registers optimizer step hooks that call ``before_step``/``after_step``
 (do not also call them by hand then).
@@ -186,6 +191,41 @@ class SyncStrategy(ABC):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # noqa: B027
         """Restores ``state_dict`` from ``state_dict()`` (of this or another replica)."""
+
+    # What a trainer's last step and its disk checkpoints need (titan/semi_sync_axis.py), with
+    # the answers of a strategy that keeps nothing between steps.
+
+    @property
+    def in_flight_fragment(self) -> int | None:
+        """The fragment whose sync is on the wire between two inner steps (DiLoCo with an
+        outer overlap or a ``fragment_sync_delay``); None when none is."""
+        return None
+
+    def flush(self) -> bool | None:
+        """Finishes the outer round still in flight after the last inner step (waits, votes,
+        applies or discards it), so that every group ends on the global parameters.
+
+        Returns:
+            whether it committed; None when nothing was to be finished.
+        """
+        return None
+
+    def schedule_state(self) -> dict[str, int]:
+        """The position in the sync schedule, as named integers (empty: no schedule)."""
+        return {}
+
+    def load_schedule_state(self, state: dict[str, int]) -> None:  # noqa: B027
+        """Restores :meth:`schedule_state` output."""
+
+    def global_parameters(self) -> list[tuple[nn.Parameter, torch.Tensor]]:
+        """Each synced parameter with its global copy, a tensor a checkpoint can load into in
+        place (empty: the strategy keeps no global copy)."""
+        return []
+
+    def outer_optimizer_state(self) -> list[tuple[nn.Parameter, dict[str, torch.Tensor]]]:
+        """Each synced parameter with its outer-optimizer state, the optimizer's own tensors
+        so a checkpoint can load into them in place (empty: no outer optimizer)."""
+        return []
 
 
 class _OptimizerHooks:

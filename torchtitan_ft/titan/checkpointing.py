@@ -16,8 +16,8 @@ from typing import Any, Protocol
 import torch
 from torchtitan.tools.logging import logger
 
-from torchtitan_ft.titan.data import CommittedBatches
-from torchtitan_ft.titan.semi_sync import SemiSyncReplicaAxis, in_flight_note
+from torchtitan_ft.titan.semi_sync_axis import SemiSyncReplicaAxis, in_flight_note
+from torchtitan_ft.titan.training_data import CommittedBatches
 
 DATALOADER_KEY = "dataloader"
 """The key of the dataloader in TorchTitan's checkpoint states (removed from the full one)."""
@@ -25,7 +25,7 @@ REPLICA_AXIS_KEY = "ft_replica_axis"
 """The key of :class:`ReplicaAxisState` (or semi-sync's :class:`ManagerState`) in the full
 checkpoint."""
 STRATEGY_KEY = "ft_strategy"
-"""The key of the semi-sync strategy's state (``titan.semi_sync.StrategyState``)."""
+"""The key of the semi-sync strategy's state (``titan.semi_sync_axis.StrategyState``)."""
 TRAIN_STATE_KEY = "train_state"
 """TorchTitan's key of the trainer (step, tokens seen) in the checkpoint states."""
 _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
@@ -230,7 +230,7 @@ class SemiSyncResume:
 
     def note_save(self, step: int) -> None:
         """One line when an outer round is in flight (an outer overlap): it is not in the
-        checkpoint (``titan.semi_sync.in_flight_note``)."""
+        checkpoint (``titan.semi_sync_axis.in_flight_note``)."""
         note = in_flight_note(self._axis.strategy, step)
         if note is not None:
             logger.info(note)

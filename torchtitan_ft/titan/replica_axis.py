@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
+from torchtitan_ft.replica_ids import titan_replica_name
 from torchtitan_ft.semi_sync.config import QuorumMode
 from torchtitan_ft.titan.config_schema import manager_timeouts, quorum_mode, uses_semi_sync
 
@@ -27,7 +28,7 @@ class ReplicaAxis(Protocol):
     """What :class:`~torchtitan_ft.titan.trainer.FaultTolerantTrainer` asks of the FT replica
     axis, in the order it asks. Implementations: :class:`NoReplicaAxis` (FT off),
     :class:`ManagedReplicaAxis` (per-step FT) and
-    :class:`~torchtitan_ft.titan.semi_sync.SemiSyncReplicaAxis` (LocalSGD / DiLoCo); a
+    :class:`~torchtitan_ft.titan.semi_sync_axis.SemiSyncReplicaAxis` (LocalSGD / DiLoCo); a
     trainer's ``build_replica_axis`` may return any other."""
 
     enabled: bool
@@ -385,7 +386,7 @@ class ManagerRuntime:
 
 class CommitGate:
     """Remembers whether the current step committed (lr schedulers step only then), and
-    settles the step's batches (:class:`~torchtitan_ft.titan.data.CommittedBatches`)."""
+    settles the step's batches (:class:`~torchtitan_ft.titan.training_data.CommittedBatches`)."""
 
     def __init__(self) -> None:
         self.committed = True
@@ -419,7 +420,7 @@ class CommitGatedOptimizers:
         """Apply the update if the step commits; returns whether it did. The step's batches
         are settled with the step's participants and the skips they report, learnt by a tiny
         all-reduce: a participant contributes a one-hot vector over the groups followed by its
-        :meth:`~torchtitan_ft.titan.data.CommittedBatches.skips_to_report` at its index, a
+        :meth:`~torchtitan_ft.titan.training_data.CommittedBatches.skips_to_report` at its index, a
         non-participant zeros."""
         batches = self._gate.batches
         if batches is not None:
@@ -478,7 +479,7 @@ class ManagedReplicaAxis:
         data: this group's slice of the data.
         skip_left_out: a committed step this group was left out of skips its batches rather
             than retrying them (``fault_tolerance.numerics = "torchtitan_ft_trainer"``; see
-            :class:`~torchtitan_ft.titan.data.CommittedBatches`). Default False.
+            :class:`~torchtitan_ft.titan.training_data.CommittedBatches`). Default False.
     """
 
     enabled = True
@@ -508,10 +509,11 @@ class ManagedReplicaAxis:
         return self.manager.allreduce(shard)
 
     def track_data(self, dataloader: Any) -> Any:
-        """A :class:`~torchtitan_ft.titan.data.CommittedBatches` over ``dataloader``: batches
-        are consumed only by committed steps this group took part in, others are retried (or,
-        with ``skip_left_out``, skipped when the step committed without this group)."""
-        from torchtitan_ft.titan.data import CommittedBatches
+        """A :class:`~torchtitan_ft.titan.training_data.CommittedBatches` over ``dataloader``:
+        batches are consumed only by committed steps this group took part in, others are
+        retried (or, with ``skip_left_out``, skipped when the step committed without this
+        group)."""
+        from torchtitan_ft.titan.training_data import CommittedBatches
 
         self._gate.batches = CommittedBatches(
             dataloader, self.replica_id, self.group_size, skip_left_out=self._skip_left_out
@@ -593,7 +595,7 @@ def build_manager_runtime(job_config: Any) -> ManagerRuntime:
         use_async_quorum=quorum_mode(ft) is QuorumMode.ASYNC,
         world_size_mode=WorldSizeMode[ft.world_size_mode.upper()],
         lighthouse_addr=ft.lighthouse_addr or None,
-        replica_id=f"torchtitan_ft_{ft.replica_id}",
+        replica_id=titan_replica_name(ft.replica_id),
         hostname=ft.hostname or socket.gethostname(),
         init_sync=ft.init_sync,
         checkpoint_transport=transport,
@@ -614,7 +616,7 @@ def build_replica_axis(job_config: Any) -> ReplicaAxis:
     :func:`build_manager_runtime`).
 
     Raises ``ValueError`` for a ``semi_sync_method``: that job's axis comes from
-    :func:`~torchtitan_ft.titan.semi_sync.build_semi_sync_axis`.
+    :func:`~torchtitan_ft.titan.semi_sync_axis.build_semi_sync_axis`.
     """
     ft = job_config.fault_tolerance
     if not ft.enable:
@@ -623,7 +625,7 @@ def build_replica_axis(job_config: Any) -> ReplicaAxis:
         raise ValueError(
             f"build_replica_axis builds the per-step axis, not one for "
             f"fault_tolerance.semi_sync_method={ft.semi_sync_method!r}; use "
-            "torchtitan_ft.titan.semi_sync.build_semi_sync_axis"
+            "torchtitan_ft.titan.semi_sync_axis.build_semi_sync_axis"
         )
     data = ReplicaSlice(ft.replica_id, ft.group_size)
     skip = ft.numerics == "torchtitan_ft_trainer"

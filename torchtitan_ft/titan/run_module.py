@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
 
     cpu_compat.apply_before_torchtitan_import()
     # The project's local corpora (no network here), under the names its configs use.
-    from torchtitan_ft.titan.data import register_datasets
+    from torchtitan_ft.titan.training_data import register_datasets
 
     register_datasets()
     from torchtitan_ft.titan.known_warnings import quiet_known_warnings

@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         parse_job,
         trainer_job_config,
     )
-    from torchtitan_ft.titan.data import register_datasets
     from torchtitan_ft.titan.known_warnings import quiet_known_warnings
     from torchtitan_ft.titan.trainer import FaultTolerantTrainer
+    from torchtitan_ft.titan.training_data import register_datasets
 
     init_logger()
     quiet_known_warnings()

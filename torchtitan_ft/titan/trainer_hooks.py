@@ -25,7 +25,7 @@ from torchtitan_ft.titan.config_schema import uses_semi_sync
 from torchtitan_ft.titan.healing import HealedState
 from torchtitan_ft.titan.metrics import attach_ft_metrics, attach_log_prefix
 from torchtitan_ft.titan.replica_axis import ReplicaAxis, build_replica_axis
-from torchtitan_ft.titan.semi_sync import build_semi_sync_axis
+from torchtitan_ft.titan.semi_sync_axis import build_semi_sync_axis
 
 
 def numerics_line(numerics: str, semi_sync: bool) -> str:

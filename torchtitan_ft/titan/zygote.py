@@ -46,7 +46,7 @@ PRELOAD = (
     "torchtitan.train",
     "torchtitan_ft.titan.trainer",
     "torchtitan_ft.titan.config",
-    "torchtitan_ft.titan.data",
+    "torchtitan_ft.titan.training_data",
     "torchtitan_ft.titan.known_warnings",
     "torchtitan_ft.manager",
     "torchtitan_ft.checkpoint",

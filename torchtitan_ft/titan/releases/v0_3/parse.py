@@ -205,7 +205,7 @@ def runnable_here(parsed: ParsedJob, cuda: bool, ranks: int, log: Callable[[str]
     ``ranks``: the processes of the replica group, torchrun's ``WORLD_SIZE``) where the
     registry's values cannot and the user did not set them (see the module docstring); each
     change is logged as one line."""
-    from torchtitan_ft.titan.data import TOKENIZER_DIR
+    from torchtitan_ft.titan.training_data import TOKENIZER_DIR
 
     config, explicit = parsed.config, parsed.explicit
     path = config.hf_assets_path

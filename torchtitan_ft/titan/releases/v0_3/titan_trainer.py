@@ -86,10 +86,10 @@ def main(argv: list[str] | None = None) -> None:
 
     from torchtitan_ft.titan import releases
     from torchtitan_ft.titan.config_schema import ConfigError
-    from torchtitan_ft.titan.data import register_datasets
     from torchtitan_ft.titan.known_warnings import quiet_known_warnings
     from torchtitan_ft.titan.releases.v0_3.parse import group_ranks, parse, runnable_here
     from torchtitan_ft.titan.train import _config_error, run_trainer
+    from torchtitan_ft.titan.training_data import register_datasets
 
     init_logger()
     quiet_known_warnings()

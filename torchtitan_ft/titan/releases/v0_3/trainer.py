@@ -114,7 +114,6 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     from torchtitan_ft.titan import releases
     from torchtitan_ft.titan.compute_dtype import choose_param_dtype, probe_cpu
     from torchtitan_ft.titan.config_schema import ConfigError
-    from torchtitan_ft.titan.data import register_datasets
     from torchtitan_ft.titan.known_warnings import quiet_known_warnings
     from torchtitan_ft.titan.preflight import (
         check_local_address,
@@ -124,6 +123,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     from torchtitan_ft.titan.releases.v0_3 import titan_trainer
     from torchtitan_ft.titan.releases.v0_3.parse import group_ranks, parse, runnable_here
     from torchtitan_ft.titan.train import _config_error, _user_error, run_trainer
+    from torchtitan_ft.titan.training_data import register_datasets
 
     args = list(sys.argv[1:] if argv is None else argv)
     quiet_known_warnings()  # before the first config is built: its checks warn

@@ -10,13 +10,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 
-from torchtitan_ft.semi_sync import (
-    DiLoCo,
-    LocalSGD,
-    SyncConfig,
-    SyncStrategy,
-    build_strategy,
-)
+from torchtitan_ft.semi_sync import SyncConfig, SyncStrategy, build_strategy
 from torchtitan_ft.semi_sync.strategy import local_tensor, param_data
 from torchtitan_ft.titan.config_schema import sync_config, uses_semi_sync
 from torchtitan_ft.titan.healing import like_param
@@ -83,14 +77,12 @@ class StrategyDrivenOptimizers:
 def flush_last_round(strategy: SyncStrategy) -> bool | None:
     """At the last training step: waits for the outer round still in flight (DiLoCo with an
     outer overlap), votes on it and applies it (or discards it), so that every group ends on
-    the global parameters, with one line saying which. Returns ``DiLoCo.flush``'s answer
-    (None: nothing in flight, or not DiLoCo)."""
-    if not isinstance(strategy, DiLoCo) or not strategy.outer_overlap.overlapped:
-        return None
+    the global parameters, with one line saying which. Returns ``strategy.flush()``'s answer
+    (None: nothing was to be finished)."""
     fragment = strategy.in_flight_fragment
-    if fragment is None:
-        return None
     committed = strategy.flush()
+    if committed is None:
+        return None
     logger.info(
         f"FT: last step: the outer round of fragment {fragment} still in flight was "
         + ("applied" if committed else "discarded (it did not commit)")
@@ -103,7 +95,7 @@ def in_flight_note(strategy: SyncStrategy | None, step: int) -> str | None:
     """The line a checkpoint of step ``step`` taken with an outer round in flight gets (None
     when nothing is in flight): the round is not in it, and a resume from it drops the round
     in every group alike."""
-    if not isinstance(strategy, DiLoCo) or strategy.in_flight_fragment is None:
+    if strategy is None or strategy.in_flight_fragment is None:
         return None
     return (
         f"FT: step {step}'s checkpoint is saved with the outer round of fragment "
@@ -130,15 +122,12 @@ class StrategyState:
     model state is loaded beside it (see ``SemiSyncResume.after_load``).
 
     Args:
-        strategy: the LocalSGD or DiLoCo strategy.
+        strategy: the strategy (LocalSGD, DiLoCo: any ``SyncStrategy``; one that keeps no
+            state saves empty sections).
         model: the model it syncs (the parameter names).
     """
 
     def __init__(self, strategy: SyncStrategy, model: torch.nn.Module) -> None:
-        if not isinstance(strategy, LocalSGD | DiLoCo):
-            raise TypeError(
-                f"expected a LocalSGD or DiLoCo strategy, got {type(strategy).__name__}"
-            )
         self._strategy = strategy
         self._names = {id(p): name for name, p in model.named_parameters()}
 
@@ -149,9 +138,7 @@ class StrategyState:
         return name
 
     def _outer(self) -> list[tuple[torch.nn.Parameter, dict[str, torch.Tensor]]]:
-        if isinstance(self._strategy, DiLoCo):
-            return [(p, s) for p, s in self._strategy.outer_optimizer_state() if s]
-        return []
+        return [(p, s) for p, s in self._strategy.outer_optimizer_state() if s]
 
     def state_dict(self) -> dict[str, Any]:
         """The schedule position, global parameters and outer-optimizer state (see above)."""
