@@ -343,7 +343,7 @@ def run_link(
                 hidden=LINK_HIDDEN,
             )
             with (folder / f"{i}.log").open("w") as log:
-                command = [sys.executable, "-m", "torchtitan_ft.testing.mlp"]
+                command = [sys.executable, "-m", "torchtitan_ft.testing.mlp_rank"]
                 procs.append(
                     _Job(
                         host.popen(
