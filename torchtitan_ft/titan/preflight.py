@@ -367,7 +367,6 @@ def check_model_fragments(job_config: Any) -> None:
     fqns = fragment_fqns(job_config.fault_tolerance)
     if not fqns or not uses_semi_sync(job_config):
         return
-
     model = meta_model(job_config)
     where = f"{SECTION}.module_fqns_per_model_fragment"
     for name in (n for names in fqns for n in names):
