@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from torchtitan.models import _supported_models
 from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
 
@@ -295,8 +296,6 @@ def check_local_paths(job_config: Any) -> None:
     try:
         spec = get_train_spec(name)
     except ValueError:
-        from torchtitan.models import _supported_models  # 0.2.2's registry (this check's release)
-
         raise ConfigError(
             f"model.name={name!r} is not a registered model; expected one of "
             f"{', '.join(repr(m) for m in sorted(_supported_models))}"
