@@ -184,37 +184,10 @@ def ft_stack(
     return manager, pg, wrapped, OptimizerWrapper(manager, inner)
 
 
-def train_worker(cfg: WorkerConfig) -> None:
-    marks = {"start": time.time()}
-    logging.basicConfig(
-        level=logging.WARNING,
-        format=f"%(asctime)s r{cfg.replica}/{cfg.group_rank} %(name)s %(message)s",
-    )
-    torch.set_num_threads(1)
-    torch.manual_seed(cfg.seed if cfg.seed is not None else 17 + cfg.replica)
-    model = nn.Sequential(nn.Linear(16, cfg.hidden), nn.Tanh(), nn.Linear(cfg.hidden, 4))
-    inner = torch.optim.Adam(model.parameters(), lr=0.01)
-    manager, pg, ddp, optim = ft_stack(
-        model,
-        inner,
-        replica=cfg.replica,
-        lighthouse_addr=cfg.lighthouse_addr,
-        timeout_s=cfg.timeout_s,
-        quorum_timeout_s=max(30.0, cfg.timeout_s),  # >= the process group timeout
-        group_rank=cfg.group_rank,
-        group_world_size=cfg.group_world_size,
-        store_port=cfg.store_port or None,
-        min_replica_size=cfg.min_replica_size,
-        world_size_mode=cfg.world_size_mode,
-        process_group=cfg.process_group,
-        ddp=cfg.ddp,
-        auth_token=cfg.auth_token,
-        events_dir=cfg.events_dir,
-        marks=marks,
-        host=cfg.host,
-        lighthouse_outage=cfg.lighthouse_outage,
-        on_state_loss=cfg.on_state_loss,
-    )
+def _inject_faults(cfg: WorkerConfig, manager: Any, pg: Any) -> None:
+    """Arms the faults ``cfg`` asks for: the first checkpoint fetch failing
+    (``fail_first_heal``), a SIGKILL or SIGSTOP at the all-reduce of a step (``kill_at_step``,
+    ``hang_at_step``), a SIGSTOP whenever ``hang_file`` appears."""
     if cfg.fail_first_heal:
         transport = manager._checkpoint_transport
         # The Manager receives with recv_checkpoint_borrowed (HTTPTransport's reused buffer).
@@ -263,6 +236,51 @@ def train_worker(cfg: WorkerConfig) -> None:
 
         pg.allreduce = allreduce_or_hang  # type: ignore[method-assign]
 
+
+def _stop_step(cfg: WorkerConfig) -> int | None:
+    """The step to stop at: ``stop_step``, or the one ``stop_step_file`` names (None: no file
+    yet, no stop)."""
+    if cfg.stop_step_file is None:
+        return cfg.stop_step
+    try:
+        return int(Path(cfg.stop_step_file).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def train_worker(cfg: WorkerConfig) -> None:
+    marks = {"start": time.time()}
+    logging.basicConfig(
+        level=logging.WARNING,
+        format=f"%(asctime)s r{cfg.replica}/{cfg.group_rank} %(name)s %(message)s",
+    )
+    torch.set_num_threads(1)
+    torch.manual_seed(cfg.seed if cfg.seed is not None else 17 + cfg.replica)
+    model = nn.Sequential(nn.Linear(16, cfg.hidden), nn.Tanh(), nn.Linear(cfg.hidden, 4))
+    inner = torch.optim.Adam(model.parameters(), lr=0.01)
+    manager, pg, ddp, optim = ft_stack(
+        model,
+        inner,
+        replica=cfg.replica,
+        lighthouse_addr=cfg.lighthouse_addr,
+        timeout_s=cfg.timeout_s,
+        quorum_timeout_s=max(30.0, cfg.timeout_s),  # >= the process group timeout
+        group_rank=cfg.group_rank,
+        group_world_size=cfg.group_world_size,
+        store_port=cfg.store_port or None,
+        min_replica_size=cfg.min_replica_size,
+        world_size_mode=cfg.world_size_mode,
+        process_group=cfg.process_group,
+        ddp=cfg.ddp,
+        auth_token=cfg.auth_token,
+        events_dir=cfg.events_dir,
+        marks=marks,
+        host=cfg.host,
+        lighthouse_outage=cfg.lighthouse_outage,
+        on_state_loss=cfg.on_state_loss,
+    )
+    _inject_faults(cfg, manager, pg)
+
     commits: list[tuple[int, bool, int, bool, float]] = []
     for _ in range(cfg.max_iterations):
         optim.zero_grad()
@@ -285,12 +303,7 @@ def train_worker(cfg: WorkerConfig) -> None:
                 time.time(),
             )
         )
-        stop_step = cfg.stop_step
-        if cfg.stop_step_file is not None:
-            try:
-                stop_step = int(Path(cfg.stop_step_file).read_text())
-            except FileNotFoundError:
-                stop_step = None
+        stop_step = _stop_step(cfg)
         if (
             committed
             and stop_step is not None
