@@ -966,7 +966,8 @@ def rank_row(count: int, steady: int, rng: random.Random, hangs: HangOptions) ->
     return row
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``benchmarks.recovery``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--sizes-mb",
@@ -1021,6 +1022,11 @@ def main() -> None:
     parser.add_argument("--lighthouse", default="", help=argparse.SUPPRESS)
     parser.add_argument("--kind", default="cold", help=argparse.SUPPRESS)
     parser.add_argument("--impl", default="ours", help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     if args.worker:
         worker(args.replica, args.size_mb, args.lighthouse, args.kind, args.impl)
