@@ -122,6 +122,33 @@ def param_sum(model_parts: list[Any]) -> float:
         )
 
 
+def _record_loss_and_commits(trainer: Any, manager: Any) -> None:
+    """Makes ``trainer`` keep its step's logged loss in ``_loss``, and what ``should_commit``
+    answered (with the participation it saw and the learning rate) in ``_step_result``."""
+    log = trainer.metrics_processor.log
+
+    def keep_loss(step: int, loss: float, *args: Any, **kwargs: Any) -> None:
+        trainer._loss = float(loss)
+        log(step, loss, *args, **kwargs)
+
+    trainer.metrics_processor.log = keep_loss
+    should_commit = manager.should_commit
+
+    def recorded_should_commit(*args: Any, **kwargs: Any) -> bool:
+        participating = manager.is_participating()
+        participants = manager.num_participants()
+        result = should_commit(*args, **kwargs)
+        trainer._step_result = {
+            "committed": result,
+            "participating": participating,
+            "participants": participants,
+            "lr": trainer.optimizers.optimizers[0].param_groups[0]["lr"],
+        }
+        return result
+
+    manager.should_commit = recorded_should_commit
+
+
 def main() -> None:
     from torchtitan.experiments.ft.train import FTTrainer
     from torchtitan.train import main as titan_main
@@ -144,28 +171,7 @@ def main() -> None:
             self._step_result: dict[str, Any] = {}
             manager = self.ft_manager.manager
             self._manager = manager
-            log = self.metrics_processor.log
-
-            def keep_loss(step: int, loss: float, *args: Any, **kwargs: Any) -> None:
-                self._loss = float(loss)
-                log(step, loss, *args, **kwargs)
-
-            self.metrics_processor.log = keep_loss
-            should_commit = manager.should_commit
-
-            def recorded_should_commit(*args: Any, **kwargs: Any) -> bool:
-                participating = manager.is_participating()
-                participants = manager.num_participants()
-                result = should_commit(*args, **kwargs)
-                self._step_result = {
-                    "committed": result,
-                    "participating": participating,
-                    "participants": participants,
-                    "lr": self.optimizers.optimizers[0].param_groups[0]["lr"],
-                }
-                return result
-
-            manager.should_commit = recorded_should_commit
+            _record_loss_and_commits(self, manager)
             ft_states = getattr(self.checkpointer, "ft_states", None)
             if ft_states is not None:  # saved and loaded with TorchTitan's loader state
                 ft_states["goodput_drawn"] = _DrawnCount(self)

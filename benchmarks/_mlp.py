@@ -8,7 +8,7 @@ replacement's imports from its first line, so torch is imported inside the funct
 - ``batch``: a fixed-size random batch, different per replica and step;
 - ``ft_setup``: Manager + ProcessGroupGloo + HTTPTransport + DistributedDataParallel +
   OptimizerWrapper for one replica group of one process, everything on 127.0.0.1 (ours: the
-  test harness's ``torchtitan_ft.testing.mlp.ft_stack``; torchft's: set up the same way).
+  test harness's ``torchtitan_ft.testing.mlp_rank.ft_stack``; torchft's: set up the same way).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def ft_setup(
     were constructed."""
     if impl == "torchft":
         return _torchft_setup(replica, lighthouse_addr, model, timeout_s, marks)
-    from torchtitan_ft.testing.mlp import ft_stack
+    from torchtitan_ft.testing.mlp_rank import ft_stack
 
     marks = {} if marks is None else marks
     inner = optimizer(model.parameters())

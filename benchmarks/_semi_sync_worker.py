@@ -326,19 +326,9 @@ def _overlap_spans(backward_start: float, marks: dict[str, float]) -> dict[str, 
     }
 
 
-def replica_group(job: ReplicaJob) -> None:
-    """Trains one replica group for the run and writes its result to ``job.out_path``."""
+def _group_manager(job: ReplicaJob, pg: Any, model: nn.Module, opt: Any) -> Any:
+    """The replica group's Manager over ``pg``, healing ``model`` and its optimizer ``opt``."""
     from torchtitan_ft.manager import Manager
-
-    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s r{job.replica} %(message)s")
-    torch.set_num_threads(job.threads)
-    setup = job.setup
-    data = torch.load(job.data_path)
-    train, validation = data["train"][:, job.replica], data["validation"]
-
-    torch.manual_seed(setup.seed)
-    model = TinyLM(setup.vocab, setup.dim, setup.layers, setup.heads, setup.seq_len)
-    opt = torch.optim.AdamW(model.parameters(), lr=setup.inner_lr, weight_decay=0.0)
 
     def state_dict() -> dict[str, Any]:
         return {"model": model.state_dict(), "optim": opt.state_dict()}
@@ -348,8 +338,7 @@ def replica_group(job: ReplicaJob) -> None:
         opt.load_state_dict(sd["optim"])
 
     timeout = timedelta(seconds=job.timeout_s)
-    pg = CountingProcessGroupGloo(timeout)
-    manager = Manager(
+    return Manager(
         pg=pg,
         load_state_dict=load_state_dict,
         state_dict=state_dict,
@@ -366,6 +355,23 @@ def replica_group(job: ReplicaJob) -> None:
         replica_id=f"replica_{job.replica}",
         hostname=job.host,
     )
+
+
+def replica_group(job: ReplicaJob) -> None:
+    """Trains one replica group for the run and writes its result to ``job.out_path``."""
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s r{job.replica} %(message)s")
+    torch.set_num_threads(job.threads)
+    setup = job.setup
+    data = torch.load(job.data_path)
+    train, validation = data["train"][:, job.replica], data["validation"]
+
+    torch.manual_seed(setup.seed)
+    model = TinyLM(setup.vocab, setup.dim, setup.layers, setup.heads, setup.seq_len)
+    opt = torch.optim.AdamW(model.parameters(), lr=setup.inner_lr, weight_decay=0.0)
+
+    timeout = timedelta(seconds=job.timeout_s)
+    pg = CountingProcessGroupGloo(timeout)
+    manager = _group_manager(job, pg, model, opt)
     strategy = _build_strategy(job.strategy, manager, model, opt)
     backward_sync = [0.0]  # seconds inside the DDP wrapper's launches and wait, this step
     marks: dict[str, float] = {}  # this step's OVERLAP_MARKS (overlapped runs)

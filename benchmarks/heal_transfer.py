@@ -206,6 +206,53 @@ def mbps(nbytes: int, seconds: float) -> float:
     return round(nbytes / seconds / 1e6, 1)
 
 
+def _donor_stall(
+    conn: Connection, http_rx: HTTPTransport, metadata: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The donor's training while the receiver pulls checkpoints from it (``--heal-gap`` steps
+    apart): its steady step, and each heal's slowest step over it."""
+    conn.send(("train", args.step_s, args.steady_steps, args.heal_gap))
+    pulls = []
+    while True:
+        msg = conn.recv()
+        if msg[0] == "trained":
+            trained = msg[1]
+            break
+        started = time.perf_counter()
+        http_rx.recv_checkpoint(0, metadata, msg[1], TIMEOUT)
+        pulls.append(time.perf_counter() - started)
+        conn.send(("pulled",))
+
+    steady = statistics.median(trained["steady"])
+    steady_cpu = statistics.median(trained["thread_cpu"][1 : args.steady_steps])
+    heals = []
+    for (start, window), pull in zip(trained["windows"].items(), pulls, strict=True):
+        window = [i for i in window if i < len(trained["times"])]
+        worst = max(window, key=lambda i: trained["times"][i])
+        slowest = trained["times"][worst]
+        heals.append(
+            {
+                "staging": "cold (new buffer)" if not heals else "warm (reused buffer)",
+                "send_checkpoint_s": round(trained["snapshot_s"][start], 4),
+                "receiver_pull_s": round(pull, 4),
+                "steps_while_serving": len(window),
+                "slowest_step_s": round(slowest, 4),
+                "slowest_step_training_thread_cpu_s": round(trained["thread_cpu"][worst], 4),
+                "donor_other_threads_cpu_s_in_window": round(
+                    sum(trained["other_cpu"][i] for i in window), 4
+                ),
+                "slowest_over_steady": round(slowest / steady, 3),
+            }
+        )
+    return {
+        "steady_step_s": round(steady, 4),
+        "steady_step_training_thread_cpu_s": round(steady_cpu, 4),
+        "read_sweeps_per_step": trained["passes"],
+        "slowest_over_steady": max(h["slowest_over_steady"] for h in heals),
+        "heals": heals,
+    }
+
+
 def measure_size(
     conn: Connection,
     raw: socket.socket,
@@ -268,39 +315,7 @@ def measure_size(
             elif name == "http_borrowed":  # into a new receive buffer
                 first_borrowed = time.perf_counter() - started
 
-    conn.send(("train", args.step_s, args.steady_steps, args.heal_gap))
-    pulls = []
-    while True:
-        msg = conn.recv()
-        if msg[0] == "trained":
-            trained = msg[1]
-            break
-        started = time.perf_counter()
-        http_rx.recv_checkpoint(0, metadata, msg[1], TIMEOUT)
-        pulls.append(time.perf_counter() - started)
-        conn.send(("pulled",))
-
-    steady = statistics.median(trained["steady"])
-    steady_cpu = statistics.median(trained["thread_cpu"][1 : args.steady_steps])
-    heals = []
-    for (start, window), pull in zip(trained["windows"].items(), pulls, strict=True):
-        window = [i for i in window if i < len(trained["times"])]
-        worst = max(window, key=lambda i: trained["times"][i])
-        slowest = trained["times"][worst]
-        heals.append(
-            {
-                "staging": "cold (new buffer)" if not heals else "warm (reused buffer)",
-                "send_checkpoint_s": round(trained["snapshot_s"][start], 4),
-                "receiver_pull_s": round(pull, 4),
-                "steps_while_serving": len(window),
-                "slowest_step_s": round(slowest, 4),
-                "slowest_step_training_thread_cpu_s": round(trained["thread_cpu"][worst], 4),
-                "donor_other_threads_cpu_s_in_window": round(
-                    sum(trained["other_cpu"][i] for i in window), 4
-                ),
-                "slowest_over_steady": round(slowest / steady, 3),
-            }
-        )
+    donor_stall = _donor_stall(conn, http_rx, metadata, args)
     med = {k: statistics.median(v) for k, v in samples.items()}
     return {
         "state_bytes": nbytes,
@@ -318,13 +333,7 @@ def measure_size(
         "pg_gloo_MBps": mbps(nbytes, med["pg"]),
         "page_faults_only_MBps": mbps(nbytes, med["page_faults_only"]),
         "samples_MBps": {k: [mbps(nbytes, s) for s in v] for k, v in samples.items()},
-        "donor_stall": {
-            "steady_step_s": round(steady, 4),
-            "steady_step_training_thread_cpu_s": round(steady_cpu, 4),
-            "read_sweeps_per_step": trained["passes"],
-            "slowest_over_steady": max(h["slowest_over_steady"] for h in heals),
-            "heals": heals,
-        },
+        "donor_stall": donor_stall,
     }
 
 

@@ -479,6 +479,43 @@ def _hang(
     }
 
 
+def _stall_row(
+    victim_kind: str,
+    survivor_events: list[dict[str, Any]],
+    killed: float,
+    after: dict[str, Any],
+    alone: dict[str, Any],
+    steady_s: float,
+) -> dict[str, Any]:
+    """The stall row of one kill at ``killed`` (a time): the survivor's first commit ``after``
+    it, its first commit ``alone``, and its steps (``survivor_events``) in between."""
+    lost = [e for e in survivor_events if killed < e["t"] <= alone["t"]]
+    return {
+        "victim_kind": victim_kind,
+        "stall_s": round(after["t"] - killed, 3),
+        "steady_step_s": round(steady_s, 3),
+        "stall_over_steady": round((after["t"] - killed) / steady_s, 2),
+        "next_commit_included_victim": after["participants"] == 2,
+        "to_first_commit_without_victim_s": round(alone["t"] - killed, 3),
+        "discarded_steps": sum(not e["committed"] for e in lost),
+        "first_failed_step_s_after_kill": next(
+            (round(e["t"] - killed, 3) for e in lost if not e["committed"]), None
+        ),
+        "participants_after": after["participants"],
+        "survivor_steps_after_kill": [
+            {
+                "start_s": round(e["t0"] - killed, 3),
+                "end_s": round(e["t"] - killed, 3),
+                "committed": e["committed"],
+                "participants": e["participants"],
+                "wait_quorum_s": round(e["wait_quorum_s"], 3),
+            }
+            for e in survivor_events
+            if e["t"] > killed and e["t0"] <= alone["t"]
+        ],
+    }
+
+
 def run_size(
     size_mb: float,
     kinds: list[str],
@@ -523,33 +560,7 @@ def run_size(
                     lambda m: "t" in m and m["committed"] and m["participants"] == 1
                 )
             )
-            lost = [e for e in survivor.events if killed < e["t"] <= alone["t"]]
-            stalls.append(
-                {
-                    "victim_kind": victim.kind,
-                    "stall_s": round(after["t"] - killed, 3),
-                    "steady_step_s": round(steady_s, 3),
-                    "stall_over_steady": round((after["t"] - killed) / steady_s, 2),
-                    "next_commit_included_victim": after["participants"] == 2,
-                    "to_first_commit_without_victim_s": round(alone["t"] - killed, 3),
-                    "discarded_steps": sum(not e["committed"] for e in lost),
-                    "first_failed_step_s_after_kill": next(
-                        (round(e["t"] - killed, 3) for e in lost if not e["committed"]), None
-                    ),
-                    "participants_after": after["participants"],
-                    "survivor_steps_after_kill": [
-                        {
-                            "start_s": round(e["t0"] - killed, 3),
-                            "end_s": round(e["t"] - killed, 3),
-                            "committed": e["committed"],
-                            "participants": e["participants"],
-                            "wait_quorum_s": round(e["wait_quorum_s"], 3),
-                        }
-                        for e in survivor.events
-                        if e["t"] > killed and e["t0"] <= alone["t"]
-                    ],
-                }
-            )
+            stalls.append(_stall_row(victim.kind, survivor.events, killed, after, alone, steady_s))
             print(f"[{size_mb} MB] stall {stalls[-1]}", file=sys.stderr)
             # replacement
             if spare is not None:
@@ -966,7 +977,8 @@ def rank_row(count: int, steady: int, rng: random.Random, hangs: HangOptions) ->
     return row
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``benchmarks.recovery``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--sizes-mb",
@@ -1021,6 +1033,11 @@ def main() -> None:
     parser.add_argument("--lighthouse", default="", help=argparse.SUPPRESS)
     parser.add_argument("--kind", default="cold", help=argparse.SUPPRESS)
     parser.add_argument("--impl", default="ours", help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     if args.worker:
         worker(args.replica, args.size_mb, args.lighthouse, args.kind, args.impl)

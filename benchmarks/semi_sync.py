@@ -213,8 +213,8 @@ def _runs(args: argparse.Namespace, outer: OuterOptimizerConfig) -> list[tuple[s
     return runs
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Runs every strategy and prints one JSON document."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``benchmarks.semi_sync``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=Setup.steps, help="inner steps per run")
     parser.add_argument(
@@ -236,6 +236,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--only", nargs="*", default=None, help="run only these (per_step always runs)"
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Runs every strategy and prints one JSON document."""
+    parser = _parser()
     args = parser.parse_args(argv)
     steps = QUICK_STEPS if args.quick else args.steps
     outer = OuterOptimizerConfig(

@@ -343,7 +343,7 @@ def run_link(
                 hidden=LINK_HIDDEN,
             )
             with (folder / f"{i}.log").open("w") as log:
-                command = [sys.executable, "-m", "torchtitan_ft.testing.mlp"]
+                command = [sys.executable, "-m", "torchtitan_ft.testing.mlp_rank"]
                 procs.append(
                     _Job(
                         host.popen(
@@ -464,7 +464,8 @@ def _clean_summary(clean: dict, steps: int) -> dict:
     }
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``benchmarks.stragglers``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=4, help="replica groups (default 4)")
     parser.add_argument(
@@ -525,6 +526,11 @@ def main() -> None:
     parser.add_argument(
         "--timeout", type=float, default=900, help="seconds a run may take (default 900)"
     )
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
     for model in models:

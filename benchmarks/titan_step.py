@@ -403,9 +403,8 @@ def _median(values: list[float]) -> float:
     return round(statistics.median(values), 4)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    from torchtitan_ft.titan.compute_dtype import choose_param_dtype, probe_cpu
-
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``benchmarks.titan_step``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--warmup", type=int, default=4)
@@ -427,6 +426,13 @@ def main(argv: list[str] | None = None) -> dict:
         help="comma-separated link rates in Mbit/s or 'unlimited': put the replicate "
         "dimension across a link of each rate (hosts made of network namespaces; root)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from torchtitan_ft.titan.compute_dtype import choose_param_dtype, probe_cpu
+
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.warmup >= args.steps:
         raise SystemExit(f"--warmup ({args.warmup}) must be < --steps ({args.steps})")

@@ -2,7 +2,7 @@
 restart, and the numerics come out as if nothing had happened.
 
 Each replica group is one rank of the tiny-MLP harness
-(``torchtitan_ft.testing.mlp.train_worker``: Manager +
+(``torchtitan_ft.testing.mlp_rank.train_worker``: Manager +
 DDP + OptimizerWrapper + Adam, gloo, HTTP healing) with ``shared_batches`` (the batch depends
 on the step only, so equal progress means equal samples) and a commit log (one JSON line per
 iteration: step, committed, participants, state hash, losses), in the project's one MLP job

@@ -55,6 +55,27 @@ def _group_ids(out: Path, replica: int) -> list[str]:
     return ids
 
 
+def _check_history_kept_over_the_lighthouse_restart(tmp_path: Path, pages: dict[str, Path]) -> None:
+    """The page after the lighthouse restart against the one before it."""
+    # After the lighthouse restart, the page still shows the history before it...
+    dom = pages["after_lighthouse"].read_text()
+    kinds = {k for k, _, _ in _EVENT_ROW.findall(dom)}
+    assert {"lighthouse_start", "lighthouse_restart", "quorum", "joined"} <= kinds
+    # ... and each group's figures: what it showed before, plus what happened since.
+    before, after = (_views(tmp_path, pages[m]) for m in ("before_lighthouse", "after_lighthouse"))
+    assert before.keys() <= after.keys(), (before, after)
+    # The init_sync heals at step 0: a page whose figures started again would have none.
+    assert sum(v["heal_count"] for v in before.values()) >= 2, before
+    for rid, was in before.items():
+        now = after[rid]
+        assert now["heals"][: len(was["heals"])] == was["heals"], (rid, was, now)
+        assert now["heal_count"] >= was["heal_count"], (rid, was, now)
+        assert now["discarded_steps"] >= was["discarded_steps"], (rid, was, now)
+        # SIGKILLed: the last second of time figures may be lost, the rest is restored.
+        for key in ("in_quorum_s", "away_s"):
+            assert now[key] >= was[key] - 1.5, (rid, key, was, now)
+
+
 @pytest.mark.timeout(600)
 def test_page_tells_the_story_of_a_kill_a_heal_a_hang_and_a_lighthouse_restart(
     tmp_path: Path,
@@ -75,23 +96,7 @@ def test_page_tells_the_story_of_a_kill_a_heal_a_hang_and_a_lighthouse_restart(
     moments = {"before_lighthouse", "after_lighthouse", "after_sigkill", "after_sigstop", "end"}
     assert moments <= pages.keys()
 
-    # After the lighthouse restart, the page still shows the history before it...
-    dom = pages["after_lighthouse"].read_text()
-    kinds = {k for k, _, _ in _EVENT_ROW.findall(dom)}
-    assert {"lighthouse_start", "lighthouse_restart", "quorum", "joined"} <= kinds
-    # ... and each group's figures: what it showed before, plus what happened since.
-    before, after = (_views(tmp_path, pages[m]) for m in ("before_lighthouse", "after_lighthouse"))
-    assert before.keys() <= after.keys(), (before, after)
-    # The init_sync heals at step 0: a page whose figures started again would have none.
-    assert sum(v["heal_count"] for v in before.values()) >= 2, before
-    for rid, was in before.items():
-        now = after[rid]
-        assert now["heals"][: len(was["heals"])] == was["heals"], (rid, was, now)
-        assert now["heal_count"] >= was["heal_count"], (rid, was, now)
-        assert now["discarded_steps"] >= was["discarded_steps"], (rid, was, now)
-        # SIGKILLed: the last second of time figures may be lost, the rest is restored.
-        for key in ("in_quorum_s", "away_s"):
-            assert now[key] >= was[key] - 1.5, (rid, key, was, now)
+    _check_history_kept_over_the_lighthouse_restart(tmp_path, pages)
 
     # After the kill: the dead process left (why), its restart joined and healed.
     dom = pages["after_sigkill"].read_text()

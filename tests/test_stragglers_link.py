@@ -111,7 +111,7 @@ class Job:
                 self.procs.append(
                     net[name].popen(
                         [
-                            *(sys.executable, "-m", "torchtitan_ft.testing.mlp"),
+                            *(sys.executable, "-m", "torchtitan_ft.testing.mlp_rank"),
                             json.dumps(dataclasses.asdict(cfg)),
                         ],
                         cwd=ROOT,

@@ -201,8 +201,7 @@ def preload(modules: list[str]) -> None:
 def warm_up() -> None:
     """Pays first-call costs on a tiny model (see ``--no-warmup``), without touching torch's
     global random state or any setting the training would see."""
-    import torch
-    import torch.distributed as dist
+    import torch  # load order: the restart loop stays light; only a warming spare loads torch
 
     with torch.random.fork_rng(devices=[]):  # the layer's initialisation draws numbers
         layer = torch.nn.Linear(16, 16)
@@ -213,8 +212,8 @@ def warm_up() -> None:
         optimizer.zero_grad()
         layer(torch.ones(4, 16)).square().mean().backward()
         optimizer.step()
-    store = dist.HashStore()
-    group = dist.ProcessGroupGloo(store, 0, 1)
+    store = torch.distributed.HashStore()
+    group = torch.distributed.ProcessGroupGloo(store, 0, 1)
     group.allreduce([torch.ones(4)]).wait()
 
 

@@ -1,6 +1,6 @@
 """Multi-process fault-tolerance tests: real lighthouse, Manager, ProcessGroupGloo, HTTPTransport.
 
-Each replica-group rank is its own process running ``torchtitan_ft.testing.mlp.train_worker``
+Each replica-group rank is its own process running ``torchtitan_ft.testing.mlp_rank.train_worker``
 (a tiny MLP with
 DistributedDataParallel + OptimizerWrapper + Adam). The parent runs the lighthouse, SIGKILLs
 nothing itself unless it plays torchrun tearing down a group, and compares what the workers

@@ -215,6 +215,15 @@ def median_step_s(run: TrainRun) -> float:
     return statistics.median(gaps[1:]) if len(gaps) > 2 else 1.0
 
 
+def print_logged_while_cut_off(
+    host: str, runs: list[LoggedProcess], lh: LoggedProcess, cut: float, back: float
+) -> None:
+    """What ``runs`` and the lighthouse ``lh`` logged while ``host`` was cut off (the report)."""
+    print(f"logged while {host} was cut off:")
+    print("\n".join(logged_between(run, cut, back) for run in runs))
+    print(logged_between(lh, cut, back, "lighthouse: "))
+
+
 # ------------------------------------------------------------------------------ the tests
 
 
@@ -278,9 +287,7 @@ def test_groups_on_two_hosts_heal_across_hosts_and_ride_out_partitions(tmp_path:
             f"heartbeat timeout {HEARTBEAT_TIMEOUT_S} s)"
         )
         assert stall_a < PG_TIMEOUT_S + HEARTBEAT_TIMEOUT_S + 15 * step_s
-        print("logged while B was cut off:")
-        print("\n".join(logged_between(run, cut, back) for run in (a, b)))
-        print(logged_between(lh, cut, back, "lighthouse: "))
+        print_logged_while_cut_off("B", [a, b], lh, cut, back)
 
         # 3. B rejoins and heals from A.
         wait_until(lambda: joint_commits(b, after=back) >= 2, "group 1 commits with group 0 again")
@@ -303,9 +310,7 @@ def test_groups_on_two_hosts_heal_across_hosts_and_ride_out_partitions(tmp_path:
             "both groups commit again once L is back",
             QUORUM_TIMEOUT_S,
         )
-        print("logged while L was cut off:")
-        print("\n".join(logged_between(run, cut, back) for run in (a, b)))
-        print(logged_between(lh, cut, back, "lighthouse: "))
+        print_logged_while_cut_off("L", [a, b], lh, cut, back)
         for run in (a, b):
             around = [c for c in commits(run) if c.time > cut - 3 * step_s]
             assert all(c.committed for c in around), f"{run.name} discarded a step: {around}"

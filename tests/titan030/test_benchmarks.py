@@ -8,6 +8,7 @@ import pytest
 
 from tests.test_benchmarks import (  # noqa: F401 (collected here, run on 0.3.0)
     _benchmark,
+    test_goodput_prints_every_method,
     test_stragglers_titan_row_runs_its_clean_run,
 )
 

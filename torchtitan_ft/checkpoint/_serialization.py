@@ -234,7 +234,7 @@ class _MeshesOnDemand:
         self._cache: Any = None
 
     def decode(self, layout: Any, local: torch.Tensor) -> torch.Tensor:
-        from torchtitan_ft.checkpoint import _dtensor
+        from torchtitan_ft.checkpoint import _dtensor  # DTensor modules only where used (above)
 
         if self._cache is None:
             self._cache = _dtensor.MeshCache()
@@ -247,7 +247,7 @@ def _encode(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:
         return obj
     if isinstance(obj, torch.Tensor):
         if _is_dtensor(obj):
-            from torchtitan_ft.checkpoint import _dtensor
+            from torchtitan_ft.checkpoint import _dtensor  # DTensor modules only where used
 
             layout = _dtensor.encode_layout(obj, path)  # type: ignore[arg-type]
             return {"DT": [layout, _encode(obj.to_local(), tensors, f"{path} local shard")]}
@@ -331,7 +331,7 @@ def _excerpt(value: Any) -> str:
 
 def _is_dtensor(t: torch.Tensor) -> bool:
     try:
-        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import DTensor  # optional: builds without distributed
     except ImportError:  # builds without distributed
         return False
     return isinstance(t, DTensor)

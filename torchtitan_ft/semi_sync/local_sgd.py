@@ -436,7 +436,7 @@ def _copy_state(state: dict[str, Any]) -> dict[str, Any]:
 
 def _as_param_grad(p: nn.Parameter, local_grad: torch.Tensor) -> torch.Tensor:
     """``local_grad`` shaped as ``p``'s gradient (a DTensor for a DTensor parameter)."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # only a DTensor parameter needs it (cost)
 
     if isinstance(p, DTensor):
         return DTensor.from_local(

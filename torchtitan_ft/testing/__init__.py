@@ -10,7 +10,8 @@ Processes and jobs:
   processes driven by JSON lines (the benchmarks);
 - :mod:`torchtitan_ft.testing.mlp`: the tiny-MLP harness, a replica-group rank training a tiny
   MLP with the whole FT loop as its own process (the multi-process tests, the chaos test,
-  ``scripts/failure_demo.py --model mlp``);
+  ``scripts/failure_demo.py --model mlp``); the rank itself is
+  :mod:`torchtitan_ft.testing.mlp_rank`;
 - :mod:`torchtitan_ft.testing.mlp_job`: the one job of such groups under a lighthouse process
   (spawn, replace, inject faults, read, stop, clean up);
 - :mod:`torchtitan_ft.testing.commit_log`: that harness's per-step records and the invariants
@@ -40,5 +41,6 @@ Conditions to test under:
 - :mod:`torchtitan_ft.testing.flood`: a flood of HTTP/2 connections that hold a gRPC server's
   connection slots (the connection-guard tests and ``benchmarks/flood.py``);
 - :mod:`torchtitan_ft.testing.gpu_check`: the parts of ``scripts/gpu_check.py``, the prepared
-  check of the device paths (one process per part, a JSON result each).
+  check of the device paths (one process per part, a JSON result each); the parts that run the
+  FT stack are in :mod:`torchtitan_ft.testing.gpu_parts`.
 """

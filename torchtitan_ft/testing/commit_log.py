@@ -1,6 +1,6 @@
 """The tiny-MLP harness's commit logs and the chaos invariants over them.
 
-Workers (``torchtitan_ft.testing.mlp.train_worker`` with ``commit_log``) append one JSON line per
+Workers (``testing.mlp_rank.train_worker`` with ``commit_log``) append one JSON line per
 iteration; the functions below read those lines back and check, as pure functions of the records:
 
 * ``state_divergence``: replica groups that committed the same step hold bitwise-identical

@@ -28,9 +28,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from torchtitan_ft.titan import releases
 
 
 def process_usage() -> tuple[float, int]:
@@ -42,7 +45,7 @@ def process_usage() -> tuple[float, int]:
 
 def state_hash(model_parts: list[Any], optimizers: Any) -> str:
     """SHA-256 over this rank's local model shards and optimizer state tensors, in name order."""
-    import torch
+    import torch  # load order: the module announces its rank before torch is imported
 
     digest = hashlib.sha256()
 
@@ -73,8 +76,6 @@ def announce(out: Path, tag: str) -> None:
 def run_tag() -> str:
     """``r<G>`` for replica group G (from the command line's replica id), ``job`` without
     fault tolerance: read before the config is parsed, to announce the rank at once."""
-    import sys
-
     if "--fault_tolerance.no-enable" in sys.argv:
         return "job"
     for arg in sys.argv:
@@ -85,8 +86,11 @@ def run_tag() -> str:
 
 def main() -> None:
     announce(Path(os.environ["GOODPUT_OUT"]), run_tag())
-    import torchtitan_ft.titan.train as entry  # applies the CPU fixes before TorchTitan
-    from torchtitan_ft.titan.trainer import FaultTolerantTrainer
+    # load order: the rank is announced first; the entry point applies the CPU fixes before
+    # TorchTitan is imported, and the installed release's trainer is the base (0.2.2 or 0.3.0)
+    import torchtitan_ft.titan.train as entry
+
+    FaultTolerantTrainer = releases.installed().module.trainer_class()
 
     class RecordingTrainer(FaultTolerantTrainer):
         def __init__(self, job_config: Any) -> None:

@@ -26,6 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from torchtitan_ft.titan import releases
+
 ALONE_WAIT_S = 150.0
 """How long a survivor waits for the other groups' ``ready`` files (``FT_E2E_MAX_ALONE``)."""
 
@@ -42,8 +46,7 @@ def ready_path(out: Path, replica: int, rank: int) -> Path:
 
 def main() -> None:
     """The trainer's entry point with :class:`DumpingTrainer`'s hooks (run under torchrun)."""
-    import torchtitan_ft.titan.train as entry  # applies the CPU fixes before TorchTitan is imported
-    from torchtitan_ft.titan import releases
+    import torchtitan_ft.titan.train as entry  # load order: the CPU fixes before TorchTitan
 
     FaultTolerantTrainer = releases.installed().module.trainer_class()
 
@@ -85,8 +88,6 @@ def main() -> None:
                 time.sleep(0.2)
 
         def train(self) -> None:
-            import torch
-
             super().train()
             strategy = getattr(self.replica_axis, "strategy", None)
             state = {

@@ -28,7 +28,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from torchtitan_ft.events import Event, EventKind, read_events
+from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.testing.processes import descendants
 from torchtitan_ft.titan.releases.job import TitanJob
 from torchtitan_ft.titan.releases.job import command as titan_command
@@ -348,8 +351,6 @@ def ft_env(config: str | Path, lighthouse: str, **extra: str) -> dict[str, str]:
 @contextlib.contextmanager
 def lighthouse(min_replicas: int, **kwargs: Any) -> Iterator[str]:
     """A lighthouse on 127.0.0.1 (ephemeral port) for the block; yields its address."""
-    from torchtitan_ft.lighthouse import LighthouseServer
-
     server = LighthouseServer(bind="127.0.0.1:0", min_replicas=min_replicas, **kwargs)
     try:
         yield server.address()
@@ -414,6 +415,7 @@ def group_events(tmp_path: Path, replica: int, kind: EventKind, rank: int = 0) -
 def logged_scalars(dump_folder: Path, replica: int, tag: str) -> list[tuple[int, float]]:
     """``(step, value)`` of every ``tag`` scalar TensorBoard recorded for replica group
     ``replica`` under ``dump_folder`` (all its runs: ``tb/<time>/replica_<id>``), by step."""
+    # an optional dependency (TorchTitan's metrics extra), only for the tests that read it
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     values = []
@@ -436,8 +438,6 @@ def step_metrics(output: str, rank: int = 0) -> dict[int, tuple[float, float]]:
 
 def assert_identical(a: Any, b: Any, where: str = "") -> None:
     """``a`` and ``b`` (nested dicts / lists of tensors and values) are bitwise equal."""
-    import torch
-
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
         assert torch.equal(a, b), f"{where} differs"

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 from torchtitan.tools.logging import logger
 
+from torchtitan_ft.titan import releases
 from torchtitan_ft.titan.semi_sync_axis import SemiSyncReplicaAxis, in_flight_note
 from torchtitan_ft.titan.training_data import CommittedBatches
 
@@ -368,8 +369,6 @@ class ReplicaCheckpointer:
     def close(self) -> None:
         """Wait for an async full save (as the installed release spells it), then
         TorchTitan's close."""
-        from torchtitan_ft.titan import releases
-
         releases.installed().module.wait_for_checkpoint_save(self._inner)
         self._inner.close()
 

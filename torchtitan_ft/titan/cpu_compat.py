@@ -27,7 +27,7 @@ _DEVICE_TYPE_MODULE = "torchtitan.tools.utils"
 
 def cuda_available() -> bool:
     """True when torch sees a CUDA (or ROCm) device; then nothing here changes anything."""
-    import torch
+    import torch  # load order: titan/__init__ imports this module, torch-free
 
     return torch.cuda.is_available()
 
@@ -74,7 +74,7 @@ Execute = Callable[[ModuleType], None]
 def _exec_with_cpu_device_type(module: ModuleType, execute: Execute) -> None:
     """Fix 1: run the module while torch reports device type ``"cpu"`` when it has no
     accelerator (torch itself is restored right after)."""
-    import torch._utils as torch_utils
+    import torch._utils as torch_utils  # load order: titan/__init__ imports this module, torch-free
 
     original = torch_utils._get_available_device_type
 
@@ -138,7 +138,7 @@ def _exec_with_cpu_profiler(module: ModuleType, execute: Execute) -> None:
     execute(module)
     if cuda_available():
         return
-    import torch
+    import torch  # load order: titan/__init__ imports this module, torch-free
 
     def profile(*args: Any, activities: Iterable[Any] | None = None, **kwargs: Any) -> Any:
         if activities is not None:
@@ -200,7 +200,7 @@ def force_sum_reduction(model_parts: Iterable[torch.nn.Module]) -> int:
     """
     if cuda_available():
         return 0
-    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FSDPModule  # load order: this module stays torch-free
 
     changed = 0
     for part in model_parts:
@@ -218,15 +218,14 @@ def set_pg_timeouts_cpu(timeout: timedelta, parallel_dims: Any) -> None:
     timeout while a slower rank still finishes work permitted by the old one; then the timeout
     of every mesh group and of the default group is set.
     """
-    import torch
-    from torch.distributed import distributed_c10d
-    from torchtitan.tools.logging import logger
+    import torch  # load order: titan/__init__ imports this module, which stays torch-free
+    from torchtitan.tools.logging import logger  # load order: this module patches TorchTitan
 
     logger.info(f"Synchronizing and adjusting timeout for all ProcessGroups to {timeout}")
     torch.distributed.barrier()
     groups = [mesh.get_group() for mesh in parallel_dims.get_all_one_dimensional_meshes().values()]
     for group in [*groups, None]:
-        distributed_c10d._set_pg_timeout(timeout, group)
+        torch.distributed.distributed_c10d._set_pg_timeout(timeout, group)
 
 
 class RSSMemoryMonitor:
@@ -239,7 +238,7 @@ class RSSMemoryMonitor:
     """
 
     def __init__(self, device: str = "cpu") -> None:
-        import torch
+        import torch  # load order: titan/__init__ imports this module, torch-free
 
         self.device = torch.device(device)
         self.device_name = f"cpu ({platform.processor() or platform.machine()})"
@@ -257,6 +256,7 @@ class RSSMemoryMonitor:
 
     def get_peak_stats(self) -> Any:
         """Peak RSS since the last reset, in TorchTitan's ``DeviceMemStats`` shape."""
+        # load order: this module patches TorchTitan, so it imports none of it at its top
         from torchtitan.components.metrics import DeviceMemStats
 
         peak = _peak_rss_bytes()

@@ -70,6 +70,7 @@ def tolerate_torn_error_files() -> None:
     then raised ``JSONDecodeError`` out of its monitoring loop and exited, so the group was
     never restarted (seen in ``benchmarks.goodput``: a two-group kill). torchrun 2.13 behaves
     so; the launcher says it in one line when it happens."""
+    # load order: run_train.sh and the agent import this module torch-free (test_cpu_compat)
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
     original = ProcessFailure.__post_init__
@@ -97,6 +98,7 @@ def tolerate_torn_error_files() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Runs torchrun with ``argv`` (default: the command line)."""
+    # load order: importing this module stays torch-free; only the agent runs torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
@@ -158,7 +160,7 @@ def replacement(args: list[str]) -> str:
     off or the config does not parse: the worker then reports the config error itself)."""
     if not mentions_replacement(args):
         return "cold"
-    from torchtitan_ft.titan.config import ConfigError, parse_job
+    from torchtitan_ft.titan.config import ConfigError, parse_job  # load order: torch-free import
 
     try:
         ft = parse_job(args).config.fault_tolerance

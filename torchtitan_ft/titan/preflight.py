@@ -11,16 +11,26 @@ from).
 import copy
 import math
 import os
+import socket
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from torchtitan.models import _supported_models
+from torchtitan.tools import utils
+from torchtitan.tools.logging import logger
+
+from torchtitan_ft.addresses import hostname_problem
 from torchtitan_ft.manager.settings import (
     DEFAULT_LIGHTHOUSE_ADDR,
     LIGHTHOUSE_ENV,
+    Source,
     is_lighthouse_url,
+    resolve_timeouts,
+    validate_env,
 )
+from torchtitan_ft.semi_sync import fragments_from_fqns
 from torchtitan_ft.semi_sync.config import QuorumMode, SyncMethod, check_quorum_mode
 from torchtitan_ft.timeouts import Key, Value, check_order, config_value, seconds_value
 from torchtitan_ft.titan.compute_dtype import choose_param_dtype, probe_cpu
@@ -37,6 +47,7 @@ from torchtitan_ft.titan.config_schema import (
     type_matches,
     uses_semi_sync,
 )
+from torchtitan_ft.titan.replica_axis import meta_model
 
 # --- values -----------------------------------------------------------------------------------
 
@@ -215,8 +226,6 @@ def timeout_values(
     ``fault_tolerance`` fields; with ``env``, a ``TORCHFT_*`` variable in place of a field the
     user did not set (``config_schema.ENV_OVERRIDABLE``, as the Manager resolves them); with
     ``job_config``, TorchTitan's ``comm.train_timeout_seconds`` and ``init_timeout_seconds``."""
-    from torchtitan_ft.manager.settings import Source, resolve_timeouts
-
     values = {
         Key.PROCESS_GROUP: config_value("process_group_timeout_ms", ft.process_group_timeout_ms),
         Key.STEP: config_value("step_timeout_ms", ft.step_timeout_ms),
@@ -280,14 +289,13 @@ def check_local_paths(job_config: Any) -> None:
     both before any process group exists. A relative path starts at the working directory,
     as in TorchTitan.
     """
+    # load order: the train specs load modules cpu_compat patches (the agent never applies it)
     from torchtitan.protocols.train_spec import get_train_spec
 
     name = job_config.model.name
     try:
         spec = get_train_spec(name)
     except ValueError:
-        from torchtitan.models import _supported_models
-
         raise ConfigError(
             f"model.name={name!r} is not a registered model; expected one of "
             f"{', '.join(repr(m) for m in sorted(_supported_models))}"
@@ -314,10 +322,6 @@ def check_local_address(job_config: Any, env: Mapping[str, str] | None = None) -
     name) is not an address of this machine: the group's servers listen on it, so a config
     written for another machine would fail there with a bare socket error. The error suggests
     this machine's address towards the lighthouse (``env``: default ``os.environ``)."""
-    import socket
-
-    from torchtitan_ft.addresses import hostname_problem
-
     ft = job_config.fault_tolerance
     if not ft.enable:
         return
@@ -334,8 +338,6 @@ def check_manager_env(job_config: Any, env: Mapping[str, str] | None = None) -> 
     """Raise :class:`ConfigError` for a ``TORCHFT_*`` variable the Manager would refuse
     (``manager.settings.validate_env``; ``env``: default ``os.environ``), before TorchTitan
     builds anything: one line naming the variable instead of a traceback in every rank."""
-    from torchtitan_ft.manager.settings import validate_env
-
     ft = job_config.fault_tolerance
     if not ft.enable:
         return
@@ -364,9 +366,6 @@ def check_model_fragments(job_config: Any) -> None:
     fqns = fragment_fqns(job_config.fault_tolerance)
     if not fqns or not uses_semi_sync(job_config):
         return
-    from torchtitan_ft.semi_sync import fragments_from_fqns
-    from torchtitan_ft.titan.replica_axis import meta_model
-
     model = meta_model(job_config)
     where = f"{SECTION}.module_fqns_per_model_fragment"
     for name in (n for names in fqns for n in names):
@@ -490,9 +489,7 @@ def trainer_job_config(
             ``training.mixed_precision_param`` (then it is used as is).
         world_size: the processes of this replica group (torchrun's ``WORLD_SIZE``).
     """
-    from torchtitan.tools.logging import logger
-    from torchtitan.tools.utils import device_type
-
+    device_type = utils.device_type
     cpu = probe_cpu() if device_type == "cpu" else None
     configured = config.training.mixed_precision_param if explicit_param_dtype else None
     choice = choose_param_dtype(device_type, cpu, configured)

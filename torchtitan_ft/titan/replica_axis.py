@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -13,11 +14,20 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
 
+from torchtitan_ft.checkpoint import PGTransport
+from torchtitan_ft.manager import Manager, WorldSizeMode, model_fingerprint
+from torchtitan_ft.manager.settings import resolve_timeouts
+from torchtitan_ft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 from torchtitan_ft.replica_ids import titan_replica_name
 from torchtitan_ft.semi_sync.config import QuorumMode
+from torchtitan_ft.titan import releases
 from torchtitan_ft.titan.config_schema import manager_timeouts, quorum_mode, uses_semi_sync
+from torchtitan_ft.titan.training_data import CommittedBatches
 
 GradientReduce = Callable[[torch.Tensor], None]
 """Averages a gradient shard across replica groups, in place."""
@@ -90,8 +100,6 @@ def _fsdp_modules(model_parts: Iterable[torch.nn.Module]) -> list[Any]:
     """Every FSDP module of ``model_parts``. Raises ``RuntimeError`` when there is none: with
     one rank per replica group TorchTitan applies no FSDP, so the model must be wrapped on a
     1-rank mesh first (:func:`shard_on_single_rank`), or nothing would be synchronised."""
-    from torch.distributed.fsdp import FSDPModule
-
     modules = [m for part in model_parts for m in part.modules() if isinstance(m, FSDPModule)]
     if not modules:
         raise RuntimeError(
@@ -249,8 +257,6 @@ class OverlappedGradientSync:
 
 def has_fsdp(model: torch.nn.Module) -> bool:
     """Whether any submodule of ``model`` is FSDP-wrapped."""
-    from torch.distributed.fsdp import FSDPModule
-
     return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
@@ -262,9 +268,6 @@ def shard_on_single_rank(model: torch.nn.Module, device_type: str) -> torch.nn.M
     numerics of that path (parameters stay fp32, AMP still autocasts since TorchTitan sees no
     FSDP in its ParallelDims) and costs one all-reduce of the full gradient per step.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     if dist.get_world_size() != 1:
         raise RuntimeError(
             "fault tolerance needs FSDP inside each replica group; this group has "
@@ -342,9 +345,7 @@ class ReplicaSlice:
         def parallelize_fn(model: torch.nn.Module, parallel_dims: Any, job_config: Any) -> Any:
             model = parallelize(model, parallel_dims, job_config)
             if not has_fsdp(model):
-                from torchtitan.tools.utils import device_type
-
-                model = shard_on_single_rank(model, device_type)
+                model = shard_on_single_rank(model, utils.device_type)
             return model
 
         return dataclasses.replace(
@@ -513,8 +514,6 @@ class ManagedReplicaAxis:
         batches are consumed only by committed steps this group took part in, others are
         retried (or, with ``skip_left_out``, skipped when the step committed without this
         group)."""
-        from torchtitan_ft.titan.training_data import CommittedBatches
-
         self._gate.batches = CommittedBatches(
             dataloader, self.replica_id, self.group_size, skip_left_out=self._skip_left_out
         )
@@ -545,8 +544,6 @@ def meta_model(job_config: Any) -> torch.nn.Module:
     """A meta-device copy of the model ``job_config`` describes, built the way the installed
     TorchTitan's Trainer builds it (see the release modules in
     :mod:`torchtitan_ft.titan.releases`). Cheap: no memory is allocated for the weights."""
-    from torchtitan_ft.titan import releases
-
     return releases.installed().module.meta_model(job_config)
 
 
@@ -554,8 +551,6 @@ def model_config_fingerprint(job_config: Any) -> str:
     """The model fingerprint (:func:`torchtitan_ft.manager.model_fingerprint`) of the model
     ``job_config`` describes: parameter names, global shapes and dtypes of its
     :func:`meta_model`."""
-    from torchtitan_ft.manager import model_fingerprint
-
     return model_fingerprint(meta_model(job_config))
 
 
@@ -569,11 +564,6 @@ def build_manager_runtime(job_config: Any) -> ManagerRuntime:
     (:class:`~torchtitan_ft.checkpoint.PGTransport`; replica ranks are its ranks), "http" over
     each rank's checkpoint server (the Manager's default transport).
     """
-    import socket
-
-    from torchtitan_ft.manager import Manager, WorldSizeMode
-    from torchtitan_ft.process_group import ProcessGroupGloo, ProcessGroupNCCL
-
     ft = job_config.fault_tolerance
     pg_class = ProcessGroupGloo if ft.process_group == "gloo" else ProcessGroupNCCL
     pg = pg_class(timeout=timedelta(milliseconds=ft.process_group_timeout_ms))
@@ -581,9 +571,6 @@ def build_manager_runtime(job_config: Any) -> ManagerRuntime:
     timeouts = manager_timeouts(ft)
     transport = None
     if ft.checkpoint_transport == "pg":
-        from torchtitan_ft.checkpoint import PGTransport
-        from torchtitan_ft.manager.settings import resolve_timeouts
-
         step_timeout = resolve_timeouts(os.environ, timeout=timeouts["timeout"])[0].value
         transport = PGTransport(pg, timeout=step_timeout, device=torch.device(device))
 

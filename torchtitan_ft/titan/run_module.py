@@ -31,7 +31,10 @@ import tomllib
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from torchtitan_ft.titan import cpu_compat
+from torchtitan_ft.titan.known_warnings import quiet_known_warnings
 from torchtitan_ft.titan.launch import USER_ERROR_EXIT
+from torchtitan_ft.titan.training_data import register_datasets
 
 PROJECT_TRAINER = "torchtitan_ft.titan.train"
 """This project's trainer: run_train.sh's default ``TRAIN_FILE``."""
@@ -134,6 +137,7 @@ def one_fragment_line(
 def _has_fragment_fn(model: str) -> bool:
     """Whether TorchTitan's train spec of ``model`` has a ``fragment_fn`` (True for a name it
     does not know: its trainer reports that)."""
+    # load order: --check runs before the CPU fixes; the train specs load modules they patch
     from torchtitan.protocols.train_spec import get_train_spec
 
     try:
@@ -144,7 +148,7 @@ def _has_fragment_fn(model: str) -> bool:
 
 
 def _titan_ft_fields() -> set[str]:
-    from torchtitan.components.ft.config import FaultTolerance
+    from torchtitan.components.ft.config import FaultTolerance  # load order: as above
 
     return {f.name for f in dataclasses.fields(FaultTolerance)}
 
@@ -245,15 +249,9 @@ def main(argv: list[str] | None = None) -> None:
     # Before TorchTitan is imported: its ConfigManager.parse_args takes sys.argv[1:] as a
     # default argument, fixed when torchtitan.config is first imported.
     sys.argv = [module, *rest]
-    from torchtitan_ft.titan import cpu_compat
 
     cpu_compat.apply_before_torchtitan_import()
-    # The project's local corpora (no network here), under the names its configs use.
-    from torchtitan_ft.titan.training_data import register_datasets
-
-    register_datasets()
-    from torchtitan_ft.titan.known_warnings import quiet_known_warnings
-
+    register_datasets()  # the project's local corpora (no network here), as its configs name them
     quiet_known_warnings()  # a filter on TorchTitan's logger: its init_logger keeps it
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

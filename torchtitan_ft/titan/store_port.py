@@ -82,7 +82,7 @@ def pick(rng: random.Random | None = None) -> int | None:
 def install() -> None:
     """Makes torchrun's agent in this process pick its worker store port with :func:`pick`
     (falling back to its own ``get_free_port``)."""
-    from torch.distributed.elastic.rendezvous import api
+    from torch.distributed.elastic.rendezvous import api  # load order: launch imports us torch-free
 
     original = api.get_free_port
     if getattr(original, "picks_outside_ephemeral", False):

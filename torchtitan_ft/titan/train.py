@@ -19,14 +19,35 @@ from torchtitan_ft.titan.launch import USER_ERROR_EXIT
 
 cpu_compat.apply_before_torchtitan_import()
 
+# TorchTitan and what imports it, after the CPU fixes
+import torch  # noqa: E402
+from torchtitan.tools.logging import init_logger, logger  # noqa: E402
+
+from torchtitan_ft.manager import (  # noqa: E402
+    AddressInUseError,
+    QuorumTimeoutError,
+    ReplicaGroupMismatchError,
+)
+from torchtitan_ft.titan import releases  # noqa: E402
+from torchtitan_ft.titan.config import (  # noqa: E402
+    ConfigError,
+    check_local_address,
+    check_local_paths,
+    check_manager_env,
+    check_model_fragments,
+    config_file_from_args,
+    parse_job,
+    trainer_job_config,
+)
+from torchtitan_ft.titan.known_warnings import quiet_known_warnings  # noqa: E402
+from torchtitan_ft.titan.training_data import register_datasets  # noqa: E402
+
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "debug_cpu.toml"
 """The embedded default config (present in a source checkout / editable install)."""
 
 
 def with_default_config(args: list[str]) -> list[str]:
     """``args`` plus ``--job.config_file DEFAULT_CONFIG`` if no config file was given."""
-    from torchtitan_ft.titan.config import config_file_from_args
-
     if config_file_from_args(args) is None and DEFAULT_CONFIG.exists():
         return ["--job.config_file", str(DEFAULT_CONFIG), *args]
     return args
@@ -57,27 +78,13 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     (:func:`~torchtitan_ft.titan.preflight.trainer_job_config`). ``trainer_class`` defaults to
     ``FaultTolerantTrainer`` (tests pass a subclass).
     """
-    from torchtitan_ft.titan import releases
-
     release = releases.installed()
     if release is not releases.Release.V0_2:
         release.module.main(argv, trainer_class)
         return
 
-    from torchtitan.tools.logging import init_logger, logger
-
-    from torchtitan_ft.titan.config import (
-        ConfigError,
-        check_local_address,
-        check_local_paths,
-        check_manager_env,
-        check_model_fragments,
-        parse_job,
-        trainer_job_config,
-    )
-    from torchtitan_ft.titan.known_warnings import quiet_known_warnings
+    # a release switch: 0.2.2's trainer, which does not import on 0.3.0
     from torchtitan_ft.titan.trainer import FaultTolerantTrainer
-    from torchtitan_ft.titan.training_data import register_datasets
 
     init_logger()
     quiet_known_warnings()
@@ -124,15 +131,6 @@ def run_trainer(build: Callable[[], Any], run: Callable[[Any], None]) -> None:
     process group and ends the process (:func:`end_finished_process`); the Manager's user
     errors (a taken port, no quorum, a group of another size) end the process with one line
     (every release's ``main``)."""
-    import torch
-    from torchtitan.tools.logging import logger
-
-    from torchtitan_ft.manager import (
-        AddressInUseError,
-        QuorumTimeoutError,
-        ReplicaGroupMismatchError,
-    )
-
     trainer = None
     try:
         trainer = build()

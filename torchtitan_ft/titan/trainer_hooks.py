@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
@@ -62,8 +63,6 @@ def init_optimizer_state(model_parts: list[torch.nn.Module], optimizers: Any) ->
     """Create the optimizers' state with one zero-lr step, as TorchTitan's FT optimizer
     container does when it is built (``get_optimizer_state_dict`` initialises the state that
     way): Adam's step counter then runs one ahead of a run without FT."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
     for model, optimizer in zip(model_parts, optimizers.optimizers, strict=True):
         get_optimizer_state_dict(model, optimizer)
 

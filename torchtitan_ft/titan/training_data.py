@@ -205,7 +205,7 @@ def train_tokenizer(output_dir: Path, vocab_size: int = VOCAB_SIZE) -> Path:
     ``output_dir`` and returns it. Deterministic: the corpus is, and BPE merges are chosen by
     count with a fixed tie-break.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # heavy, rare
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -240,7 +240,7 @@ def _text(sample: dict[str, Any]) -> str:
 
 def _loader_for(name: str):
     def load(path: str):
-        from datasets import load_dataset
+        from datasets import load_dataset  # heavy: only where the corpus is read
 
         if path == str(corpus_path(name)):
             ensure_corpus(name)
@@ -258,6 +258,7 @@ def register_datasets() -> None:
     """
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # load order: run_module imports this module before the CPU fixes and TorchTitan
     from torchtitan.hf_datasets import DatasetConfig
     from torchtitan.hf_datasets.text_datasets import DATASETS
 

@@ -25,6 +25,7 @@ survive a fork).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import selectors
@@ -130,7 +131,7 @@ def _become_worker(request: Request, fds: list[int]) -> Command:
     os.chdir(request.cwd)
     threads = request.env.get("OMP_NUM_THREADS")
     if threads and threads.isdigit():
-        import torch
+        import torch  # load order: the zygote's own imports are the preload it times
 
         torch.set_num_threads(int(threads))
     return parse_command(request.argv)
@@ -204,8 +205,6 @@ def serve(path: str) -> Command:
 
 def preload(modules: tuple[str, ...] = PRELOAD) -> float:
     """Import ``modules``; seconds it took."""
-    import importlib
-
     started = time.monotonic()
     for name in modules:
         importlib.import_module(name)

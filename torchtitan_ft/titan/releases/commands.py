@@ -30,6 +30,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from torchtitan_ft.titan.launch import USER_ERROR_EXIT
+from torchtitan_ft.titan.run_module import torchft_import_error
 
 TITAN_FT_TRAIN_0_2 = "torchtitan.experiments.ft.train"
 """TorchTitan 0.2.x's fault-tolerance trainer module (its FT doc's ``TRAIN_FILE``)."""
@@ -142,8 +143,6 @@ def trainer_module(train_file: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from torchtitan_ft.titan.run_module import torchft_import_error
-
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         sys.stderr.write("usage: python -m torchtitan_ft.titan.releases.commands TRAIN_FILE ...\n")

@@ -8,8 +8,10 @@ import copy
 from typing import Any
 
 import torch
+from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.config import FaultTolerance as FaultToleranceBase
 from torchtitan.config import JobConfig as JobConfigBase
+from torchtitan.tools import utils
 
 __all__ = [
     "FaultToleranceBase",
@@ -24,9 +26,9 @@ def meta_model(job_config: Any) -> torch.nn.Module:
     """A meta-device copy of the model ``job_config`` describes, built the way TorchTitan's
     Trainer builds it (model args updated from the config; model converters not applied).
     Cheap: no memory is allocated for the weights."""
-    from torchtitan.config import TORCH_DTYPE_MAP
+    # load order: the train specs import the modules cpu_compat patches, and config_schema
+    # imports this module in processes that never apply it (the torchrun agent's preflight)
     from torchtitan.protocols.train_spec import get_train_spec
-    from torchtitan.tools import utils
 
     spec = get_train_spec(job_config.model.name)
     model_args = copy.deepcopy(spec.model_args[job_config.model.flavor])
@@ -40,6 +42,7 @@ def meta_model(job_config: Any) -> torch.nn.Module:
 
 def trainer_class() -> type:
     """This release's ``FaultTolerantTrainer`` (:mod:`torchtitan_ft.titan.trainer`)."""
+    # load order: the trainer's config extends this module's bases (config_schema reads them)
     from torchtitan_ft.titan.trainer import FaultTolerantTrainer
 
     return FaultTolerantTrainer

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torchtitan.config import TORCH_DTYPE_MAP
+from torchtitan.tools import utils
 from torchtitan.trainer import Trainer
 
 __all__ = [
@@ -40,9 +42,6 @@ def meta_model(job_config: Any) -> torch.nn.Module:
     """A meta-device copy of the model ``job_config.model_spec`` describes, built as 0.3.0's
     Trainer builds it (``update_from_config``, then ``build`` under the training dtype).
     Cheap: no memory is allocated for the weights."""
-    from torchtitan.config import TORCH_DTYPE_MAP
-    from torchtitan.tools import utils
-
     model_config = copy.deepcopy(job_config.model_spec.model)
     model_config.update_from_config(config=job_config)
     with (
@@ -54,6 +53,7 @@ def meta_model(job_config: Any) -> torch.nn.Module:
 
 def main(argv: list[str] | None = None, trainer_class: type | None = None) -> None:
     """See :func:`torchtitan_ft.titan.releases.v0_3.trainer.main`."""
+    # load order: .trainer's config extends this module's bases (config_schema reads them)
     from torchtitan_ft.titan.releases.v0_3.trainer import main as train_main
 
     train_main(argv, trainer_class)
@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
 
 def trainer_class() -> type:
     """This release's ``FaultTolerantTrainer`` (:mod:`.trainer`)."""
+    # load order: .trainer's config extends this module's bases (config_schema reads them)
     from torchtitan_ft.titan.releases.v0_3.trainer import FaultTolerantTrainer
 
     return FaultTolerantTrainer

@@ -23,7 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import tyro
 from torchtitan.config.manager import ConfigManager, custom_registry
+from torchtitan.hf_datasets.text_datasets import DATASETS
+from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
+from torchtitan.trainer import Trainer
 
 from torchtitan_ft.titan.config_cli import (
     config_file_from_args,
@@ -33,6 +37,7 @@ from torchtitan_ft.titan.config_cli import (
 )
 from torchtitan_ft.titan.config_schema import SECTION, ConfigError
 from torchtitan_ft.titan.releases.v0_3 import toml_config
+from torchtitan_ft.titan.training_data import TOKENIZER_DIR
 
 DEFAULT_MODULE, DEFAULT_CONFIG = "llama3", "llama3_debugmodel"
 """The registry config used when the command line names none (0.2.2's embedded default is
@@ -94,8 +99,6 @@ def as_config_of(config_class: type, registry_config: Any) -> Any:
 
     Raises :class:`ConfigError` for a registry config of another trainer: its fields would be
     lost."""
-    from torchtitan.trainer import Trainer
-
     if type(registry_config) is not Trainer.Config:
         raise ConfigError(
             f"the registry config is a {type(registry_config).__qualname__}, another trainer's "
@@ -127,8 +130,6 @@ def parse(args: list[str], config_class: type | None) -> ParsedJob:
     Raises :class:`ConfigError` for a bad ``--module``/``--config`` and for a TOML file that
     cannot be read or has a bad key or value (named with the file, as on 0.2.2); tyro itself
     exits 2 with its usage message for a bad flag, as TorchTitan's trainer does."""
-    import tyro
-
     args = last_config_file_only(args)
     config_file = config_file_from_args(args)
     args = without_config_file(args)
@@ -183,7 +184,6 @@ def _swap_dataset(section: Any, where: str, log: Callable[[str], None]) -> None:
     name = section.dataset
     if name not in _DATASET_SWAPS or section.dataset_path is not None:
         return
-    from torchtitan.hf_datasets.text_datasets import DATASETS
 
     if os.path.exists(DATASETS[name].path):
         return
@@ -205,8 +205,6 @@ def runnable_here(parsed: ParsedJob, cuda: bool, ranks: int, log: Callable[[str]
     ``ranks``: the processes of the replica group, torchrun's ``WORLD_SIZE``) where the
     registry's values cannot and the user did not set them (see the module docstring); each
     change is logged as one line."""
-    from torchtitan_ft.titan.training_data import TOKENIZER_DIR
-
     config, explicit = parsed.config, parsed.explicit
     path = config.hf_assets_path
     if "hf_assets_path" not in {n.rpartition(".")[2] for n in explicit} and not os.path.isdir(path):
@@ -226,8 +224,6 @@ def runnable_here(parsed: ParsedJob, cuda: bool, ranks: int, log: Callable[[str]
 
 
 def _sdpa_for_flex(config: Any, log: Callable[[str], None]) -> None:
-    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
-
     swapped = 0
     for _, _, parent, attr in list(config.model_spec.model.traverse(FlexAttention.Config)):
         if parent is None:

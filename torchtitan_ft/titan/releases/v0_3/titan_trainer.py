@@ -27,9 +27,20 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torchtitan.tools.logging import init_logger, logger
+from torchtitan.trainer import Trainer
 
-from torchtitan_ft.titan import cpu_compat
-from torchtitan_ft.titan.releases.v0_3.parse import ParsedJob, load_registry_config
+from torchtitan_ft.titan import cpu_compat, releases
+from torchtitan_ft.titan.config_schema import ConfigError
+from torchtitan_ft.titan.known_warnings import quiet_known_warnings
+from torchtitan_ft.titan.releases.v0_3.parse import (
+    ParsedJob,
+    group_ranks,
+    load_registry_config,
+    parse,
+    runnable_here,
+)
+from torchtitan_ft.titan.training_data import register_datasets
 
 NCCL_ON_CPU = (
     "torchtitan_ft: CPU: fault_tolerance.process_group='nccl' (the registry's) needs a GPU; "
@@ -40,8 +51,6 @@ NCCL_ON_CPU = (
 def is_other_trainers_config(config: Any) -> bool:
     """Whether a registry config builds another trainer than ``torchtitan.trainer.Trainer``
     (whose configs this project's trainer trains)."""
-    from torchtitan.trainer import Trainer
-
     return type(config) is not Trainer.Config
 
 
@@ -82,14 +91,8 @@ def _sum_reduction(parallelize: Any) -> Any:
 def main(argv: list[str] | None = None) -> None:
     """Parse as ``torchtitan.train`` does, make the config runnable here, train with the
     trainer the config builds (closing it and the process group as ``torchtitan.train``)."""
-    from torchtitan.tools.logging import init_logger, logger
-
-    from torchtitan_ft.titan import releases
-    from torchtitan_ft.titan.config_schema import ConfigError
-    from torchtitan_ft.titan.known_warnings import quiet_known_warnings
-    from torchtitan_ft.titan.releases.v0_3.parse import group_ranks, parse, runnable_here
+    # load order: importing titan.train fails where TorchTitan came first unfixed (a test's)
     from torchtitan_ft.titan.train import _config_error, run_trainer
-    from torchtitan_ft.titan.training_data import register_datasets
 
     init_logger()
     quiet_known_warnings()

@@ -30,6 +30,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchtitan.distributed.activation_checkpoint import FullAC, MemoryBudgetAC, SelectiveAC
+
 from torchtitan_ft.titan.config_cli import check_toml_values
 from torchtitan_ft.titan.config_schema import SECTION, ConfigError, FaultTolerance, type_matches
 
@@ -222,8 +224,6 @@ def _set_optimizer(config: Any, values: dict[str, Any]) -> None:
 
 def _activation_checkpoint(mode: Any) -> Any:
     """0.3.0's policy config for 0.2.2's ``activation_checkpoint.mode``."""
-    from torchtitan.distributed.activation_checkpoint import FullAC, MemoryBudgetAC, SelectiveAC
-
     classes = {"selective": SelectiveAC, "full": FullAC, "memory_budget": MemoryBudgetAC}
     if mode == "none":
         return None

@@ -11,12 +11,24 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torchtitan.tools import utils
+from torchtitan.tools.logging import init_logger, logger
 from torchtitan.trainer import Trainer
 
-from torchtitan_ft.titan import cpu_compat
-from torchtitan_ft.titan.config_schema import JobConfig
+from torchtitan_ft.titan import cpu_compat, releases
+from torchtitan_ft.titan.compute_dtype import choose_param_dtype, probe_cpu
+from torchtitan_ft.titan.config_schema import ConfigError, JobConfig
+from torchtitan_ft.titan.known_warnings import quiet_known_warnings
+from torchtitan_ft.titan.preflight import (
+    check_local_address,
+    check_manager_env,
+    validate_job_config,
+)
+from torchtitan_ft.titan.releases.v0_3 import titan_trainer
+from torchtitan_ft.titan.releases.v0_3.parse import group_ranks, parse, runnable_here
 from torchtitan_ft.titan.replica_axis import ReplicaSlice, has_fsdp, shard_on_single_rank
 from torchtitan_ft.titan.trainer_hooks import ReplicaAxisHooks, replica_leaf_folder
+from torchtitan_ft.titan.training_data import register_datasets
 
 
 class _BuiltWith:
@@ -54,9 +66,7 @@ def _always_fsdp(parallelize: Any) -> Any:
     def parallelize_fn(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
         model = parallelize(model, **kwargs)
         if not has_fsdp(model):
-            from torchtitan.tools.utils import device_type
-
-            model = shard_on_single_rank(model, device_type)
+            model = shard_on_single_rank(model, utils.device_type)
         return model
 
     return parallelize_fn
@@ -109,21 +119,8 @@ class FaultTolerantTrainer(ReplicaAxisHooks, Trainer):
 def main(argv: list[str] | None = None, trainer_class: type | None = None) -> None:
     """Parse, check, train; mirrors ``torchtitan.train.main`` with this package's config.
     ``trainer_class`` defaults to :class:`FaultTolerantTrainer` (tests pass a subclass)."""
-    from torchtitan.tools.logging import init_logger, logger
-
-    from torchtitan_ft.titan import releases
-    from torchtitan_ft.titan.compute_dtype import choose_param_dtype, probe_cpu
-    from torchtitan_ft.titan.config_schema import ConfigError
-    from torchtitan_ft.titan.known_warnings import quiet_known_warnings
-    from torchtitan_ft.titan.preflight import (
-        check_local_address,
-        check_manager_env,
-        validate_job_config,
-    )
-    from torchtitan_ft.titan.releases.v0_3 import titan_trainer
-    from torchtitan_ft.titan.releases.v0_3.parse import group_ranks, parse, runnable_here
+    # load order: importing titan.train fails where TorchTitan came first unfixed (a test's)
     from torchtitan_ft.titan.train import _config_error, _user_error, run_trainer
-    from torchtitan_ft.titan.training_data import register_datasets
 
     args = list(sys.argv[1:] if argv is None else argv)
     quiet_known_warnings()  # before the first config is built: its checks warn
