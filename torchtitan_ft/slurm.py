@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import TextIO
 from urllib.parse import urlparse
 
+from torchtitan_ft.titan.releases.job import FtGroup, TitanJob, command
+
 LIGHTHOUSE_PORT = 29510
 """The lighthouse job's default port (torchft's)."""
 COMMAND_TIMEOUT_S = 30.0
@@ -573,6 +575,7 @@ class Punisher:
 
 
 def _mlp_command(work: Path, replicas: int) -> GroupCommand:
+    # load order: testing.slurm_cluster imports this module
     from torchtitan_ft.testing.slurm_cluster import mlp_group_command
 
     return mlp_group_command(work, replicas)
@@ -582,7 +585,6 @@ def titan_command(replicas: int, workers: int, max_restarts: int, flags: list[st
     """The group command of ``--job titan``: ``run_train.sh`` with the group's
     ``--fault_tolerance`` flags, ``NGPU=workers``, ``MAX_RESTARTS=max_restarts`` and the
     trainer's ``flags`` after them (``torchtitan_ft.titan.releases.job``)."""
-    from torchtitan_ft.titan.releases.job import FtGroup, TitanJob, command
 
     def group(replica: int, attempt: int, lighthouse: str) -> Submission:
         cmd = command(

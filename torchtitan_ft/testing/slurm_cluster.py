@@ -9,7 +9,7 @@ folder removed.
         subprocess.run(["sbatch", "--wrap", "sleep 1"], env=cluster.environ())
 
 Also :func:`mlp_group_command`, the runner's group command for the tiny-MLP job
-(``python -m torchtitan_ft.testing.mlp``): each job's commit log, state and events under the
+(``python -m torchtitan_ft.testing.mlp_rank``): each job's commit log, state and events under the
 work folder, by replica and attempt.
 """
 
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from torchtitan_ft.slurm import Liveness, Slurm, Submission, liveness
 from torchtitan_ft.testing.commit_log import commit_log_path
+from torchtitan_ft.testing.mlp import WorkerConfig
 from torchtitan_ft.testing.processes import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -244,7 +245,6 @@ def mlp_group_command(work: Path, replicas: int, **worker: object):  # type: ign
     ``work/events/r{r}_i{n}`` and its final state to ``work/r{r}_i{n}.pt``; every group stops
     at the step written to ``work/stop_step`` once all ``replicas`` take part. ``worker``
     overrides the other ``WorkerConfig`` fields (default: 20 ms a step, 10 s timeouts)."""
-    from torchtitan_ft.testing.mlp import WorkerConfig
 
     def group(replica: int, attempt: int, lighthouse: str) -> Submission:
         cfg = WorkerConfig(
@@ -260,7 +260,7 @@ def mlp_group_command(work: Path, replicas: int, **worker: object):  # type: ign
         )
         (work / "commit_logs").mkdir(parents=True, exist_ok=True)
         return Submission(
-            (sys.executable, "-m", "torchtitan_ft.testing.mlp", json.dumps(asdict(cfg))),
+            (sys.executable, "-m", "torchtitan_ft.testing.mlp_rank", json.dumps(asdict(cfg))),
             {"OMP_NUM_THREADS": "1"},
         )
 

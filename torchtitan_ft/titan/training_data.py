@@ -259,11 +259,10 @@ def register_datasets() -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # load order: run_module imports this module before the CPU fixes and TorchTitan
-    from torchtitan.hf_datasets import DatasetConfig
-    from torchtitan.hf_datasets.text_datasets import DATASETS
+    from torchtitan.hf_datasets import text_datasets
 
     for name in _CORPORA:
-        DATASETS[name] = DatasetConfig(
+        text_datasets.DATASETS[name] = text_datasets.DatasetConfig(
             path=str(corpus_path(name)), loader=_loader_for(name), sample_processor=_text
         )
 
