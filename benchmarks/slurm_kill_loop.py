@@ -67,31 +67,91 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def _runner_argv(args: argparse.Namespace, work: Path, events: Path) -> list[str]:
+    """The Slurm runner's command line: the MLP job of ``args.groups`` groups, fast timeouts."""
+    return [
+        sys.executable,
+        "-m",
+        "torchtitan_ft.slurm",
+        "run",
+        f"--name={NAME}",
+        f"--replicas={args.groups}",
+        "--min_replicas=1",
+        "--job=mlp",
+        f"--workdir={work}",
+        f"--events={events}",
+        "--lighthouse_bind_host=127.0.0.1",
+        "--lighthouse_host=127.0.0.1",
+        f"--lighthouse_port={free_port()}",
+        "--lighthouse_arg=--join_timeout_ms=1000",
+        "--lighthouse_arg=--heartbeat_timeout_ms=1000",
+        "--lighthouse_arg=--quorum_tick_ms=50",
+        f"--poll_s={args.poll_s}",
+        f"--max_resubmits={args.kills + 1}",
+    ]
+
+
+def _back(work: Path, events: Path, kill: dict) -> float | None:
+    """From ``kill`` to the first committed step any later job of its group took
+    part in; None before there is one."""
+    submitted = [e for e in _events(events) if e["event"] == "submitted"]
+    old = next(e for e in submitted if e["job_id"] == kill["job_id"])
+    firsts = [
+        _first_commit(work, old["replica"], e["attempt"], kill["time"])
+        for e in submitted
+        if e["role"] == "group" and e["replica"] == old["replica"] and e["attempt"] > old["attempt"]
+    ]
+    at = min((f for f in firsts if f is not None), default=None)
+    return None if at is None else at - kill["time"]
+
+
+def _where_time_went(kills: list[dict], record: list[dict]) -> tuple[list[float], list[float]]:
+    """Per kill: seconds to the runner seeing the job ended, and to its resubmission."""
+    noticed = [
+        e["time"] - k["time"]
+        for k in kills
+        for e in record
+        if e["event"] == "ended" and e["job_id"] == k["job_id"]
+    ]
+    resubmitted = []
+    for k in kills:
+        old = next(e for e in record if e["event"] == "submitted" and e["job_id"] == k["job_id"])
+        resubmitted += [
+            e["time"] - k["time"]
+            for e in record
+            if e["event"] == "submitted"
+            and e["role"] == "group"
+            and e["replica"] == old["replica"]
+            and e["attempt"] == old["attempt"] + 1
+        ]
+    return noticed, resubmitted
+
+
+def _stop_at_a_common_step(args: argparse.Namespace, work: Path, events: Path) -> None:
+    """Once every group's current job commits, tells all groups to stop 20 steps after the
+    newest committed step (``work/stop_step``)."""
+    submitted = [e for e in _events(events) if e["event"] == "submitted"]
+    last = {e["replica"]: e["attempt"] for e in submitted if e["role"] == "group"}
+    # A group's last job may have been killed at its start: wait for every current job.
+    wait_until(
+        "every group's current job committing",
+        lambda: all(_first_commit(work, r, a, 0.0) for r, a in last.items()),
+        timeout_s=args.back_timeout_s,
+    )
+    step = max(
+        r.step
+        for rep, att in last.items()
+        for r in read_commit_log(commit_log_path(work / "commit_logs", rep, att), rep, att)
+    )
+    (work / "stop_step").write_text(str(step + 20))
+
+
 def run(args: argparse.Namespace) -> dict:
     root = Path(tempfile.mkdtemp(prefix="slurm_kill_loop_"))
     work, events = root / "job", root / "runner.jsonl"
     with SlurmCluster(root / "slurm") as cluster:
         runner = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torchtitan_ft.slurm",
-                "run",
-                f"--name={NAME}",
-                f"--replicas={args.groups}",
-                "--min_replicas=1",
-                "--job=mlp",
-                f"--workdir={work}",
-                f"--events={events}",
-                "--lighthouse_bind_host=127.0.0.1",
-                "--lighthouse_host=127.0.0.1",
-                f"--lighthouse_port={free_port()}",
-                "--lighthouse_arg=--join_timeout_ms=1000",
-                "--lighthouse_arg=--heartbeat_timeout_ms=1000",
-                "--lighthouse_arg=--quorum_tick_ms=50",
-                f"--poll_s={args.poll_s}",
-                f"--max_resubmits={args.kills + 1}",
-            ],
+            _runner_argv(args, work, events),
             cwd=ROOT,
             env=cluster.environ(),
             stderr=subprocess.PIPE,
@@ -108,19 +168,7 @@ def run(args: argparse.Namespace) -> dict:
             deadline = time.monotonic() + args.budget_s
 
             def back(kill: dict) -> float | None:
-                """From ``kill`` to the first committed step any later job of its group took
-                part in; None before there is one."""
-                submitted = [e for e in _events(events) if e["event"] == "submitted"]
-                old = next(e for e in submitted if e["job_id"] == kill["job_id"])
-                firsts = [
-                    _first_commit(work, old["replica"], e["attempt"], kill["time"])
-                    for e in submitted
-                    if e["role"] == "group"
-                    and e["replica"] == old["replica"]
-                    and e["attempt"] > old["attempt"]
-                ]
-                at = min((f for f in firsts if f is not None), default=None)
-                return None if at is None else at - kill["time"]
+                return _back(work, events, kill)
 
             def last_kill() -> dict:
                 return json.loads(kills_out.getvalue().splitlines()[-1])
@@ -150,40 +198,8 @@ def run(args: argparse.Namespace) -> dict:
             backs = [b for k in kills if (b := back(k)) is not None]
             # Where the time went: from the kill to the runner seeing the job ended, and to
             # its resubmission (the rest is Slurm starting the job, imports and the heal).
-            record = _events(events)
-            noticed = [
-                e["time"] - k["time"]
-                for k in kills
-                for e in record
-                if e["event"] == "ended" and e["job_id"] == k["job_id"]
-            ]
-            resubmitted = []
-            for k in kills:
-                old = next(
-                    e for e in record if e["event"] == "submitted" and e["job_id"] == k["job_id"]
-                )
-                resubmitted += [
-                    e["time"] - k["time"]
-                    for e in record
-                    if e["event"] == "submitted"
-                    and e["role"] == "group"
-                    and e["replica"] == old["replica"]
-                    and e["attempt"] == old["attempt"] + 1
-                ]
-            submitted = [e for e in _events(events) if e["event"] == "submitted"]
-            last = {e["replica"]: e["attempt"] for e in submitted if e["role"] == "group"}
-            # A group's last job may have been killed at its start: wait for every current job.
-            wait_until(
-                "every group's current job committing",
-                lambda: all(_first_commit(work, r, a, 0.0) for r, a in last.items()),
-                timeout_s=args.back_timeout_s,
-            )
-            step = max(
-                r.step
-                for rep, att in last.items()
-                for r in read_commit_log(commit_log_path(work / "commit_logs", rep, att), rep, att)
-            )
-            (work / "stop_step").write_text(str(step + 20))
+            noticed, resubmitted = _where_time_went(kills, _events(events))
+            _stop_at_a_common_step(args, work, events)
             _, err = runner.communicate(timeout=args.back_timeout_s)
             outcome = _events(events)[-1]["event"]
         finally:

@@ -601,7 +601,7 @@ def titan_command(replicas: int, workers: int, max_restarts: int, flags: list[st
     return group
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m torchtitan_ft.slurm",
         description="Run a fault-tolerant job on Slurm (docs/launchers.md, 'Slurm').",
@@ -651,60 +651,72 @@ def main(argv: Sequence[str] | None = None) -> int:
     loop = cmds.add_parser("kill_loop")
     loop.add_argument("--mtbf_secs", type=float, default=300.0, help="mean time between kills")
     loop.add_argument("--kills", type=int, default=None, help="stop after this many")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _punish(slurm: Slurm, args: argparse.Namespace) -> int:
+    """``punisher``: cancels group jobs as torchft's punisher does."""
+    punisher = Punisher(slurm, args.name, args.seed)
+    if args.action == "kill_one":
+        return 0 if punisher.kill_one() else 1
+    if args.action == "kill_all":
+        punisher.kill_all()
+        return 0
+    stop = False
+
+    def on_signal(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    punisher.kill_loop(args.mtbf_secs, args.kills, lambda: stop)
+    return 0
+
+
+def _run(slurm: Slurm, args: argparse.Namespace) -> int:
+    """``run``: submits the lighthouse and the groups, and watches them until they end."""
+    workdir = args.workdir.resolve()
+    group = (
+        _mlp_command(workdir, args.replicas)
+        if args.job == "mlp"
+        else titan_command(
+            args.replicas, args.workers_per_replica, args.max_restarts, args.trainer_args
+        )
+    )
+    lighthouse: LighthouseJob | str = args.lighthouse or LighthouseJob(
+        args.min_replicas,
+        args.lighthouse_port,
+        args.lighthouse_bind_host,
+        args.lighthouse_host,
+        tuple(args.lighthouse_arg),
+        tuple(args.lighthouse_sbatch_arg),
+    )
+    if args.events:
+        args.events.parent.mkdir(parents=True, exist_ok=True)
+    events = open(args.events, "a") if args.events else None  # noqa: SIM115
+    runner = SlurmRunner(
+        slurm,
+        name=args.name,
+        replicas=args.replicas,
+        min_replicas=args.min_replicas,
+        group_command=group,
+        lighthouse=lighthouse,
+        workdir=workdir,
+        max_resubmits=args.max_resubmits,
+        poll_s=args.poll_s,
+        sbatch_args=args.sbatch_arg,
+        events=events,
+    )
+    signal.signal(signal.SIGTERM, runner.request_stop)
+    signal.signal(signal.SIGINT, runner.request_stop)
+    return runner.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     slurm = Slurm()
     try:
-        if args.command == "punisher":
-            punisher = Punisher(slurm, args.name, args.seed)
-            if args.action == "kill_one":
-                return 0 if punisher.kill_one() else 1
-            if args.action == "kill_all":
-                punisher.kill_all()
-                return 0
-            stop = False
-
-            def on_signal(*_: object) -> None:
-                nonlocal stop
-                stop = True
-
-            signal.signal(signal.SIGTERM, on_signal)
-            punisher.kill_loop(args.mtbf_secs, args.kills, lambda: stop)
-            return 0
-        workdir = args.workdir.resolve()
-        group = (
-            _mlp_command(workdir, args.replicas)
-            if args.job == "mlp"
-            else titan_command(
-                args.replicas, args.workers_per_replica, args.max_restarts, args.trainer_args
-            )
-        )
-        lighthouse: LighthouseJob | str = args.lighthouse or LighthouseJob(
-            args.min_replicas,
-            args.lighthouse_port,
-            args.lighthouse_bind_host,
-            args.lighthouse_host,
-            tuple(args.lighthouse_arg),
-            tuple(args.lighthouse_sbatch_arg),
-        )
-        if args.events:
-            args.events.parent.mkdir(parents=True, exist_ok=True)
-        events = open(args.events, "a") if args.events else None  # noqa: SIM115
-        runner = SlurmRunner(
-            slurm,
-            name=args.name,
-            replicas=args.replicas,
-            min_replicas=args.min_replicas,
-            group_command=group,
-            lighthouse=lighthouse,
-            workdir=workdir,
-            max_resubmits=args.max_resubmits,
-            poll_s=args.poll_s,
-            sbatch_args=args.sbatch_arg,
-            events=events,
-        )
-        signal.signal(signal.SIGTERM, runner.request_stop)
-        signal.signal(signal.SIGINT, runner.request_stop)
-        return runner.run()
+        return _punish(slurm, args) if args.command == "punisher" else _run(slurm, args)
     except (SlurmError, ValueError) as e:
         print(f"slurm: {e}", file=sys.stderr)
         return 2

@@ -99,16 +99,7 @@ def open_parts(
         heartbeat_interval=heartbeat_interval,
         transport=checkpoint_transport,
     )
-    recovery = RecoveryWatch() if settings.group_rank.value == 0 else None
-    events = open_event_writer(
-        settings.events_dir.value,
-        group.replica_id,
-        settings.group_rank.value,
-        lambda: ledger.step,
-        listener=recovery.observe if recovery is not None else None,
-    )
-    counters = Counters()
-    ledger = StepLedger(rules.max_retries, counters, events)
+    events, counters, ledger, recovery = _account(settings, group.replica_id, rules)
     collectives = StepCollectives(
         pg,
         timeout=settings.timeout.value,
@@ -159,14 +150,7 @@ def open_parts(
         counters=counters,
         log=log,
     )
-    events.emit(
-        EventKind.START,
-        pid=os.getpid(),
-        process_started=this_process_started(),
-        group_world_size=settings.group_world_size.value,
-        settings=settings.record(),
-        overridden=list(settings.overridden),
-    )
+    _record_start(events, settings)
     return ManagerParts(
         group=group,
         events=events,
@@ -186,4 +170,34 @@ def open_parts(
         quorum=quorum,
         hung=hung,
         retry=retry,
+    )
+
+
+def _account(
+    settings: ManagerSettings, replica_id: str, rules: StepRules
+) -> tuple[EventWriter, Counters, StepLedger, RecoveryWatch | None]:
+    """The event stream, the counters and the step account whose committed step every event
+    carries; on group rank 0 also the watch of its own recoveries, fed by the stream."""
+    recovery = RecoveryWatch() if settings.group_rank.value == 0 else None
+    events = open_event_writer(
+        settings.events_dir.value,
+        replica_id,
+        settings.group_rank.value,
+        lambda: ledger.step,
+        listener=recovery.observe if recovery is not None else None,
+    )
+    counters = Counters()
+    ledger = StepLedger(rules.max_retries, counters, events)
+    return events, counters, ledger, recovery
+
+
+def _record_start(events: EventWriter, settings: ManagerSettings) -> None:
+    """The ``START`` event: this process, its group's size and its resolved settings."""
+    events.emit(
+        EventKind.START,
+        pid=os.getpid(),
+        process_started=this_process_started(),
+        group_world_size=settings.group_world_size.value,
+        settings=settings.record(),
+        overridden=list(settings.overridden),
     )
