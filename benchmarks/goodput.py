@@ -225,7 +225,11 @@ def torchft_problem() -> str | None:
         return f"the torchft 0.2.0 reference is not installed under {REFERENCE_DIR}"
     if not RUNTIME_DEPS_DIR.is_dir():
         return f"torchft's dependencies are not installed under {RUNTIME_DEPS_DIR}"
-    if importlib.util.find_spec("torchtitan.experiments.ft.train") is None:
+    try:  # a missing parent package raises instead of answering None
+        trainer = importlib.util.find_spec("torchtitan.experiments.ft.train")
+    except ModuleNotFoundError:
+        trainer = None
+    if trainer is None:
         return (
             "this TorchTitan has no torchtitan.experiments.ft.train (0.3.0 names its FT trainer "
             "by a registry config, which the recording trainer does not wrap): run the "
