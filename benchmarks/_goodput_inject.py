@@ -137,6 +137,8 @@ class Injector:
                 f"; SIGKILL rank {fault.rank} of group {victims[0]} with it" if victims else ""
             )
             self.pending.append((self.now() + self.opts.lighthouse_down_s, lighthouse.start))
+        else:  # a new FaultKind needs its injector here (docs/development.md)
+            raise ValueError(f"the goodput benchmark cannot inject {kind!r}: no injector")
 
     def _hang(self, inj: Injected, group: int) -> None:
         rank = inj.fault.rank
