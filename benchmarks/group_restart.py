@@ -78,18 +78,11 @@ def main() -> None:
         return
 
     from torchtitan_ft.lighthouse import LighthouseServer
-    from torchtitan_ft.manager import ManagerServer
+    from torchtitan_ft.testing.servers import loopback_manager_server
 
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=100)
-    server = ManagerServer(
-        "group",
-        lighthouse.address(),
-        hostname="127.0.0.1",
-        bind="127.0.0.1:0",
-        store_addr="127.0.0.1:1",
-        world_size=WORLD_SIZE,
-        heartbeat_interval=timedelta(milliseconds=100),
-        connect_timeout=TIMEOUT,
+    server = loopback_manager_server(
+        lighthouse.address(), world_size=WORLD_SIZE, connect_timeout=TIMEOUT
     )
     back: list[float] = []
     steady: list[float] = []

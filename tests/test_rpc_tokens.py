@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 
 import grpc
 import pytest
 from google.protobuf.descriptor import MethodDescriptor
 
 from torchtitan_ft.lighthouse import LighthouseServer
-from torchtitan_ft.manager import ManagerServer
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.rpc_server import Rpc, rpc_table
+from torchtitan_ft.testing.servers import loopback_manager_server
 
 TOKEN = "job-s3cret"
 WITHOUT = [(), (("authorization", "Bearer wrong"),), (("authorization", TOKEN),)]
@@ -30,17 +29,7 @@ def _lighthouse() -> tuple[str, Callable[[], None]]:
 
 def _manager() -> tuple[str, Callable[[], None]]:
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, auth_token=TOKEN)
-    server = ManagerServer(
-        "group",
-        lighthouse.address(),
-        hostname="127.0.0.1",
-        bind="127.0.0.1:0",
-        store_addr="127.0.0.1:1",
-        world_size=1,
-        heartbeat_interval=timedelta(milliseconds=100),
-        connect_timeout=timedelta(seconds=10),
-        auth_token=TOKEN,
-    )
+    server = loopback_manager_server(lighthouse.address(), auth_token=TOKEN)
 
     def stop() -> None:
         server.shutdown()

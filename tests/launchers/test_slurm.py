@@ -164,6 +164,24 @@ def _committed(work: Path, replica: int, attempt: int, since: float = 0.0) -> li
     ]
 
 
+FAST_LIGHTHOUSE = (
+    "--lighthouse_arg=--join_timeout_ms=1000",
+    "--lighthouse_arg=--heartbeat_timeout_ms=1000",
+    "--lighthouse_arg=--quorum_tick_ms=50",
+)
+"""The lighthouse job's flags for a test: a lost or late group is noticed within a second."""
+
+
+def _wait_both_committing(runner: subprocess.Popen[str], work: Path) -> None:
+    """Until groups 0 and 1 each committed a step in their first job (raising if the runner
+    exits first)."""
+    wait_until(
+        "both groups committing together",
+        _while_running(runner, lambda: all(_committed(work, r, 0) for r in (0, 1))),
+        timeout_s=300,
+    )
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)  # Python and torch imports in three jobs: minutes on a loaded machine
 def test_cancelled_group_is_resubmitted_and_rejoins(cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -176,17 +194,11 @@ def test_cancelled_group_is_resubmitted_and_rejoins(cluster: SlurmCluster, tmp_p
         "--replicas=2",
         "--min_replicas=1",
         f"--lighthouse_port={port}",
-        "--lighthouse_arg=--join_timeout_ms=1000",
-        "--lighthouse_arg=--heartbeat_timeout_ms=1000",
-        "--lighthouse_arg=--quorum_tick_ms=50",
+        *FAST_LIGHTHOUSE,
         "--max_resubmits=3",
     )
     try:
-        wait_until(
-            "both groups committing together",
-            _while_running(runner, lambda: all(_committed(work, r, 0) for r in (0, 1))),
-            timeout_s=300,
-        )
+        _wait_both_committing(runner, work)
         victim = next(
             e["job_id"] for e in _events(work) if e["event"] == "submitted" and e["replica"] == 1
         )
@@ -239,16 +251,10 @@ def test_cancelled_lighthouse_is_resubmitted_and_training_goes_on(
         "--name=lhft",
         "--replicas=2",
         f"--lighthouse_port={free_port()}",
-        "--lighthouse_arg=--join_timeout_ms=1000",
-        "--lighthouse_arg=--heartbeat_timeout_ms=1000",
-        "--lighthouse_arg=--quorum_tick_ms=50",
+        *FAST_LIGHTHOUSE,
     )
     try:
-        wait_until(
-            "both groups committing together",
-            _while_running(runner, lambda: all(_committed(work, r, 0) for r in (0, 1))),
-            timeout_s=300,
-        )
+        _wait_both_committing(runner, work)
         lighthouse = next(e["job_id"] for e in _events(work) if e["role"] == "lighthouse")
         cancelled = time.time()
         subprocess.run(["scancel", str(lighthouse)], env=cluster.environ(), check=True)

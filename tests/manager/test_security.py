@@ -32,6 +32,7 @@ from torchtitan_ft.manager import ManagerClient, ManagerServer, QuorumResult
 from torchtitan_ft.manager.server import connection_cap
 from torchtitan_ft.proto import torchft_pb2 as pb
 from torchtitan_ft.testing.flood import FLOOD_BOUND, Flood
+from torchtitan_ft.testing.servers import loopback_manager_server
 
 TOKEN = "s3cret-job-token"
 T = timedelta(seconds=10)
@@ -51,14 +52,9 @@ class Group:
         group_key: str | None = None,
     ) -> None:
         self.token = token
-        self.server = ManagerServer(
-            "group",
+        self.server = loopback_manager_server(
             lighthouse.address(),
-            hostname="127.0.0.1",
-            bind="127.0.0.1:0",
-            store_addr="127.0.0.1:1",
             world_size=world_size,
-            heartbeat_interval=timedelta(milliseconds=100),
             connect_timeout=T,
             auth_token=token,
             group_key=group_key,

@@ -17,6 +17,7 @@ from torchtitan_ft.manager.client import LocalManagerClient, ManagerClient, Quor
 from torchtitan_ft.manager.decisions import QuorumResult
 from torchtitan_ft.manager.server import ManagerServer
 from torchtitan_ft.rpc_server import DaemonThreads
+from torchtitan_ft.testing.servers import loopback_manager_server
 
 
 def test_a_done_thread_serves_the_next_call() -> None:
@@ -57,16 +58,7 @@ def test_address_check_knows_an_unchanged_quorum() -> None:
 
 
 def _server(lighthouse: str, name: str) -> ManagerServer:
-    return ManagerServer(
-        replica_id=name,
-        lighthouse_addr=lighthouse,
-        hostname="127.0.0.1",
-        bind="127.0.0.1:0",
-        store_addr="127.0.0.1:1",
-        world_size=1,
-        heartbeat_interval=timedelta(milliseconds=100),
-        connect_timeout=timedelta(seconds=10),
-    )
+    return loopback_manager_server(lighthouse, replica_id=name)
 
 
 def test_the_in_process_client_joins_quorums_beside_a_grpc_client() -> None:
