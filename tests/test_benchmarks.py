@@ -52,6 +52,7 @@ def test_recovery_titan_row_prints_the_replacement_time() -> None:
     assert 0 < spare["full_quorum_s"] <= spare["replacement_s"], spare
 
 
+@pytest.mark.slow  # a minute; the stall and the replacement: tests/test_chaos.py, test_spare.py
 @pytest.mark.timeout(180)
 def test_recovery_prints_stall_and_replacement() -> None:
     """Once it crashed at once: ``'Proc' object has no attribute 'q'``, draining the victim's

@@ -74,9 +74,16 @@ def _free_port_pair() -> int:
     raise RuntimeError("no two consecutive free ports on 127.0.0.1")
 
 
+@pytest.mark.slow  # the default release's job: tests/titan030/test_local_job.py, by default
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_local_job_prints_one_prefix_per_line_and_no_known_harmless_warning() -> None:
+    check_local_job()
+
+
+def check_local_job() -> None:
+    """``./run_local.sh``'s job trains 2 steps; every line carries one prefix and no known
+    harmless warning is printed."""
     run = subprocess.run(
         [sys.executable, "scripts/local_job.py", "--steps", "2", "--port", str(_free_port_pair())],
         cwd=ROOT,
