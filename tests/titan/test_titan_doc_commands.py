@@ -341,14 +341,16 @@ def test_unknown_names_list_the_known_ones(env: dict[str, str], message: str) ->
         resolve_env(env)
 
 
-def _run_train_sh(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+def _run_train_sh(
+    env: dict[str, str], *args: str, timeout_s: float = 120
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(ROOT / "run_train.sh"), *args],
         cwd=ROOT,
         env={**os.environ, "PYTHON": sys.executable, **env},
         capture_output=True,
         text=True,
-        timeout=remaining(120),
+        timeout=remaining(timeout_s),
     )
 
 
@@ -363,10 +365,30 @@ def test_unknown_name_stops_run_train_sh_with_one_line() -> None:
 @pytest.mark.light
 @pytest.mark.multiprocess
 def test_config_file_wins_over_a_name_and_says_so(tmp_path: Path) -> None:
+    """The one-step run has TorchTitan 0.2.2's profiler on too (no other process start for
+    it): on a CPU-only torch it stopped as training started ("Expected ProfilerActivity or
+    dict, got NoneType") until CPU fix 5; now it writes the step's trace."""
     env = {"CONFIG_FILE": "configs/debug_cpu.toml", "CONFIG": "llama3_8b"}
-    result = _run_train_sh(env, "--training.steps=1", f"--job.dump_folder={tmp_path}")
+    result = _run_train_sh(
+        env,
+        "--training.steps=1",
+        f"--job.dump_folder={tmp_path}",
+        *PROFILE_STEP_1,
+        timeout_s=280,  # torchrun, the imports and a traced step: 52 s alone, past 120 at load 30
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "CONFIG_FILE=configs/debug_cpu.toml is set, so MODEL/MODULE/CONFIG are not used" in (
         result.stderr
     )
     assert "step:  1" in result.stdout + result.stderr  # debug_cpu.toml trained, not 8B
+    traces = tmp_path / "profile_traces" / "iteration_1"
+    assert [p.name for p in traces.glob("*.json")] == ["rank0_trace.json"]
+
+
+PROFILE_STEP_1 = (
+    "--profiling.enable_profiling",
+    "--profiling.profile_freq=1",
+    "--profiling.profiler_warmup=0",
+    "--profiling.profiler_active=1",
+)
+"""TorchTitan 0.2.2's profiler, tracing step 1."""
