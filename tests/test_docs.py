@@ -1,9 +1,9 @@
 """The docs stay true to the code: the generated configuration reference and tables are
 current, every config field and lighthouse flag is documented, links resolve, the code blocks
 of the README and docs parse (Python compiles and its imports exist, a ``Manager(...)`` binds
-to the real signature, bash passes ``bash -n``), the commands name files, modules and flags
-that exist, and the configuration mistakes a user can make stop the job with one line naming
-the key."""
+to the real signature, the parameter server's example runs, bash passes ``bash -n``), the
+commands name files, modules and flags that exist, and the configuration mistakes a user can
+make stop the job with one line naming the key."""
 
 from __future__ import annotations
 
@@ -339,6 +339,25 @@ def test_calls_in_python_blocks_bind_to_the_signatures() -> None:
             inspect.signature(target).bind(*args, **kwargs)
         except TypeError as e:
             pytest.fail(f"{block.where}: {name}(...) does not bind: {e}")
+
+
+def test_the_parameter_server_example_runs() -> None:
+    """docs/parameter_server.md's example, run as written (the server and its client in one
+    process), then one request of the client: it pushes a delta and fetches the sum."""
+    import torch
+
+    (block,) = [b for b in fenced_blocks(DOCS / "parameter_server.md") if b.lang == "python"]
+    names: dict[str, Any] = {"__name__": "parameter_server_md"}
+    exec(compile(block.text, block.where, "exec"), names)
+    server, pg = names["server"], names["pg"]
+    try:
+        pg.broadcast_one(torch.ones(4), root=1).wait()  # the client pushes
+        params = torch.zeros(4)
+        pg.broadcast_one(params, root=0).wait()  # and fetches
+        assert params.tolist() == [1.0] * 4
+    finally:
+        pg.shutdown()
+        server.shutdown()
 
 
 @pytest.mark.parametrize("block", SHELL_BLOCKS, ids=_ids(SHELL_BLOCKS))

@@ -3,6 +3,8 @@ checks), and the in-process client of group rank 0."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 import time
@@ -17,6 +19,7 @@ from torchtitan_ft.manager.client import LocalManagerClient, ManagerClient, Quor
 from torchtitan_ft.manager.decisions import QuorumResult
 from torchtitan_ft.manager.server import ManagerServer
 from torchtitan_ft.rpc_server import DaemonThreads
+from torchtitan_ft.testing.mlp import mp_context
 from torchtitan_ft.testing.servers import loopback_manager_server
 
 
@@ -150,3 +153,61 @@ def test_the_in_process_client_names_the_lighthouse_even_when_its_loop_is_starve
         assert f"no quorum from the lighthouse at http://127.0.0.1:{port}" in str(raised.value)
     finally:
         server.shutdown()
+
+
+def _ask_unreachable_lighthouse(port: int, results: Any) -> None:  # a forked process
+    """Group rank 0's in-process quorum call of 2 s against a lighthouse at ``port``, where
+    nothing listens; says when it asks (``time.monotonic``, the same clock in every process)
+    and what it raised."""
+    server = _server(f"http://127.0.0.1:{port}", "stopped")
+    local = LocalManagerClient(server, server.address())
+    try:
+        results.put(("asking", time.monotonic()))
+        local._quorum(
+            group_rank=0,
+            step=0,
+            checkpoint_metadata="",
+            shrink_only=False,
+            timeout=timedelta(seconds=2),
+        )
+        results.put(("answered", "", ""))
+    except Exception as e:  # the test reads it
+        results.put(("raised", type(e).__name__, str(e)))
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.multiprocess
+def test_a_trainer_without_cpu_across_the_deadline_still_names_the_lighthouse() -> None:
+    """The starved trainer of tests/titan/test_user_errors.py's unreachable-lighthouse run,
+    on purpose: group rank 0's process (the ManagerServer and its in-process client, every
+    thread, gRPC's own included) gets no CPU at all (SIGSTOP) from before the lighthouse
+    request's budget ends (1.5 s of the 2 s call) until after the call's deadline, and the
+    error is still the lighthouse's. A cgroup quota cannot do this on purpose: its throttle
+    lasts at most one CFS period and hands out CPU at each period's start, so whether both
+    instants fall in one throttled stretch is chance (a 0.3-CPU quota on the TorchTitan run
+    passed against the unfixed server)."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    results = mp_context().Queue()
+    proc = mp_context().Process(target=_ask_unreachable_lighthouse, args=(port, results))
+    proc.start()
+    try:
+        kind, asked_at = results.get(timeout=60)
+        assert kind == "asking"
+        time.sleep(max(asked_at + 1.2 - time.monotonic(), 0))
+        os.kill(proc.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        time.sleep(max(asked_at + 2.4 - time.monotonic(), 0))
+        os.kill(proc.pid, signal.SIGCONT)
+        # The stop must cover both instants, or the race was not exercised (a late test).
+        assert stopped_at < asked_at + 1.45, f"stopped {stopped_at - asked_at:.2f} s in"
+        kind, name, message = results.get(timeout=30)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+    assert (kind, name) == ("raised", "QuorumTimeoutError"), (kind, name, message)
+    assert f"no quorum from the lighthouse at http://127.0.0.1:{port}" in message

@@ -82,6 +82,11 @@ def test_quiet_known_warnings_ignores_the_harmless_python_warnings(monkeypatch) 
             "DTensor random operators may not have complete support on mtia device mesh",
             stacklevel=1,
         )
+        warnings.warn(  # TorchTitan 0.3.0's scheduler container loading a healed state
+            "To get the last learning rate computed by the scheduler, please use `get_last_lr()`.",
+            UserWarning,
+            stacklevel=1,
+        )
     logger.removeFilter(known)
     assert [str(w.message) for w in caught] == [
         "DTensor random operators may not have complete support on mtia device mesh"

@@ -28,6 +28,8 @@ QUIETED = (
     "DTensor random operators may not have complete support on cpu",
     "model.safetensors.index.json not found",
     "CUDA graph capture is only supported",
+    "please use `get_last_lr()`",  # a healing group's LR scheduler load
+    "_warn_get_lr_called_within_step",  # that warning's source line
     "already served",  # manager.rendezvous's TCPStore line: at DEBUG
     "\x1b[",  # TorchTitan's colour codes: run_train.sh's output is not a terminal here
 )

@@ -2,6 +2,7 @@
 commands.py), as tables: pure, so they run beside either release (the commands themselves run
 on 0.3.0 in tests/titan030/test_doc_commands.py)."""
 
+import re
 import shlex
 
 import pytest
@@ -11,6 +12,7 @@ from torchtitan_ft.titan.releases.commands import (
     config_module,
     form_on_0_3,
     needs_torchft,
+    old_name_problem,
     torchft_problem,
     train_file_problem,
     trainer_module,
@@ -101,3 +103,33 @@ def test_without_a_torchft_a_titan_ft_config_says_how_to_run() -> None:
 def test_torchtitan_train_runs_through_the_titan_trainer_wrapper() -> None:
     assert trainer_module("torchtitan.train") == TITAN_TRAINER_0_3
     assert trainer_module("torchtitan_ft.titan.train") == "torchtitan_ft.titan.train"
+
+
+HEADER_ARGS = ["--fault_tolerance.enable", "--fault_tolerance.group_size=2"]
+
+
+@pytest.mark.parametrize("module", ["llama3_ft", "ft.llama3", "LLAMA3_FT"])
+def test_a_0_2_name_of_the_ft_debug_model_gives_its_0_3_0_commands(module: str) -> None:
+    """configs/llama3_ft_debug_cpu.toml's start command (MODEL=llama3_ft ...) stopped each
+    worker with TorchTitan 0.3.0's "Cannot import module 'llama3_ft'"."""
+    line = old_name_problem(module, {}, [*HEADER_ARGS, "--module", module, "--config=x"])
+    assert line and "\n" not in line and repr(module) in line
+    ours, titans = re.findall(r"`([^`]*)`", line)
+    assert shlex.split(ours) == [
+        "CONFIG_FILE=configs/llama3_ft_debug_cpu.toml", "./run_train.sh",
+        "--module", "llama3", "--config", "llama3_debugmodel", *HEADER_ARGS,
+    ]  # fmt: skip
+    assert shlex.split(titans) == [
+        "MODULE=torchft.llama3", "CONFIG=llama3_torchft_debugmodel", "./run_train.sh",
+        *HEADER_ARGS,
+    ]  # fmt: skip
+
+
+def test_a_config_file_given_stays_in_the_0_3_0_command() -> None:
+    line = old_name_problem("llama3_ft", {"CONFIG_FILE": "mine.toml"}, HEADER_ARGS)
+    assert line and "`CONFIG_FILE=mine.toml ./run_train.sh --module llama3" in line
+
+
+@pytest.mark.parametrize("module", [None, "llama3", "torchft.llama3", "my.models"])
+def test_other_config_modules_run(module: str | None) -> None:
+    assert old_name_problem(module, {}, HEADER_ARGS) is None

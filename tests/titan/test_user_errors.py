@@ -58,7 +58,10 @@ def _run_train(
 @pytest.mark.multiprocess
 def test_unreachable_lighthouse_stops_the_group_with_one_line(tmp_path: Path) -> None:
     """A wrong TORCHFT_LIGHTHOUSE (nothing listens there): after quorum_timeout_ms every rank
-    stops with the lighthouse's address and what to check, and no traceback."""
+    stops with the lighthouse's address and what to check, and no traceback. The same error
+    from a trainer starved of CPU across the deadline, on purpose:
+    tests/manager/test_server_threads.py (the in-process client, its loop or its whole
+    process stopped)."""
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

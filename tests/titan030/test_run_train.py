@@ -30,6 +30,11 @@ def run_train(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
             "the 0.3.0 form of this command is `MODULE=torchft.llama3",
         ),
         ({"TRAIN_FILE": "torchtitan.experiments.forge.x"}, "forge.x", "leave TRAIN_FILE unset"),
+        (  # the start command in the header of configs/llama3_ft_debug_cpu.toml
+            {"MODEL": "llama3_ft", "CONFIG": "llama3_ft_debugmodel"},
+            "config module 'llama3_ft'",
+            "`CONFIG_FILE=configs/llama3_ft_debug_cpu.toml ./run_train.sh --module llama3",
+        ),
     ],
 )
 def test_what_0_3_0_cannot_read_is_one_line(env: dict, named: str, instead: str) -> None:

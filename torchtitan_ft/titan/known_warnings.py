@@ -28,6 +28,11 @@ HARMLESS_WARNINGS = (
     # mesh each rank fills its shards from its own CPU generator (seeded alike). The initial
     # values then differ from a GPU run's; training is unaffected.
     r"DTensor random operators may not have complete support on cpu device mesh",
+    # TorchTitan 0.3.0's LR scheduler container, loading a state (a heal or a checkpoint),
+    # recomputes each scheduler's last rate with LambdaLR.get_lr(), the rate its restored step
+    # gives; torch warns about any get_lr() call outside step(), meant for a user reading the
+    # rate (get_last_lr() is for that). The rate TorchTitan sets is the right one.
+    r"To get the last learning rate computed by the scheduler, please use `get_last_lr\(\)`",
 )
 """Python warnings (regular expressions matched at the message's start) that are ignored."""
 

@@ -17,6 +17,9 @@ here and what runs instead:
 * ``TRAIN_FILE=torchtitan.train`` (0.3.0's one entry point) runs, through
   :mod:`.v0_3.titan_trainer` (the config made runnable here); another ``torchtitan.*`` module
   is not a 0.3.0 entry point;
+* ``MODEL=llama3_ft`` (or ``ft.llama3``), 0.2.x's name of the FT debug model, which 0.3.0 has
+  no config module for: the line gives the two 0.3.0 commands of that job (this project's
+  trainer with configs/llama3_ft_debug_cpu.toml, or TorchTitan's FT trainer by its config);
 * a config of TorchTitan's FT trainer (``--module torchft.llama3``) needs a ``torchft``: with
   none importable (or the real torchft beside the compatibility package) the line says how to
   run it, or this project's trainer instead.
@@ -57,6 +60,14 @@ DILOCO_NAMES = frozenset(
 configuration 0.3.0's ``llama3_torchft_debugmodel`` has; 0.2.x's other configs are per-step."""
 
 _DEBUG_CONFIGS = frozenset({"", "llama3_debugmodel", *DILOCO_NAMES})
+
+MODULES_0_2_ONLY = frozenset({"llama3_ft", "ft.llama3"})
+"""0.2.x's ``MODEL`` names of the FT debug model that TorchTitan 0.3.0 has no config module
+for (its FT trainer's is ``torchft.llama3``): 0.3.0's parser stops a worker on them with
+"Cannot import module"."""
+
+FT_DEBUG_CONFIG_FILE = "configs/llama3_ft_debug_cpu.toml"
+"""This project's CPU form of the FT debug model (what those 0.2.x names select on 0.2.2)."""
 
 OUR_TRAINER_0_3 = (
     "./run_train.sh --module llama3 --config llama3_debugmodel --fault_tolerance.enable "
@@ -124,6 +135,41 @@ def train_file_problem(train_file: str, env: Mapping[str, str], args: Sequence[s
     return None
 
 
+def _without_registry_flags(args: Sequence[str]) -> list[str]:
+    """``args`` without their ``--module`` and ``--config`` flags (with their values)."""
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("--module", "--config"):
+            skip = True
+        elif not arg.startswith(("--module=", "--config=")):
+            kept.append(arg)
+    return kept
+
+
+def old_name_problem(module: str | None, env: Mapping[str, str], args: Sequence[str]) -> str | None:
+    """Why the config module ``module`` cannot run on TorchTitan 0.3.0 when it is one of
+    0.2.x's names of the FT debug model (:data:`MODULES_0_2_ONLY`, e.g. the start command in
+    the header of configs/llama3_ft_debug_cpu.toml), with the two commands that train it on
+    0.3.0 (one line); None for any other module."""
+    if module is None or module.lower() not in MODULES_0_2_ONLY:
+        return None
+    rest = _without_registry_flags(args)
+    config_file = env.get("CONFIG_FILE") or FT_DEBUG_CONFIG_FILE
+    ours = [f"CONFIG_FILE={config_file}", "./run_train.sh", "--module", "llama3"]
+    ours += ["--config", "llama3_debugmodel", *rest]
+    titans = [f"MODULE={TITAN_FT_REGISTRY_0_3[0]}", f"CONFIG={TITAN_FT_REGISTRY_0_3[1]}"]
+    titans += ["./run_train.sh", *rest]
+    return (
+        f"torchtitan_ft: config module {module!r} is TorchTitan 0.2.x's name of its FT debug "
+        f"model; TorchTitan 0.3.0 has no such module. On 0.3.0 the same job is "
+        f"`{shlex.join(ours)}` (torchtitan_ft's trainer, {config_file} over the registry's "
+        f"llama3 debugmodel), or with TorchTitan's own FT trainer `{shlex.join(titans)}`"
+    )
+
+
 def torchft_problem(module: str, import_error: str | None) -> str | None:
     """Why the config registry ``module``'s trainer cannot run (one line), or None.
     ``import_error`` is the last line of ``import torchft``'s error (None: it imports)."""
@@ -150,6 +196,8 @@ def main(argv: list[str] | None = None) -> None:
     train_file, rest = args[0], args[1:]
     module = config_module(rest, os.environ)
     problem = train_file_problem(train_file, os.environ, rest)
+    if problem is None:
+        problem = old_name_problem(module, os.environ, rest)
     if problem is None and needs_torchft(module):
         problem = torchft_problem(module or "", torchft_import_error())
     if problem:
