@@ -294,6 +294,14 @@ class Accounts:
                 return True
         return False
 
+    def trained_together_since(self, records: list[Record], since: float) -> bool:
+        """Every group took part in a commit after ``since`` (Unix time): a commit from before
+        it may predate a fault that struck as the run reached its target."""
+        return any(
+            r.committed and r.time > since and len(r.participants or ()) == self.opts.groups
+            for r in records
+        )
+
     def summary(
         self,
         records: list[Record],

@@ -209,11 +209,11 @@ class MethodRun:
     def _stop(self) -> dict[str, dict]:
         """Every group back (at most 300 s), a few steps together, then stop and collect."""
         self.injector.end_all()
-        deadline = time.time() + 300
+        since = time.time()
+        deadline = since + 300
         if self.launcher.ft:
             while time.time() < deadline:
-                last = [r for r in self.records() if r.committed and r.participants]
-                if last and len(last[-1].participants) == self.opts.groups:
+                if self.accounts.trained_together_since(self.records(), since):
                     break
                 time.sleep(0.2)
         step = max((r.step for r in self.records()), default=0) + STOP_MARGIN_STEPS

@@ -568,6 +568,27 @@ def test_goodput_counts_a_state_loss_s_rolled_back_samples_and_waits_for_them(
     assert accounts.samples_now(records) == 20
 
 
+def test_goodput_stops_only_after_every_group_trained_together_again(tmp_path: Path) -> None:
+    """The run stops once every group took part in a commit after the stop began: a fault that
+    struck as the target was reached (two groups killed just after a step of all three) must
+    not let the survivor stop alone while the others come back, which then find no holder."""
+    from benchmarks._goodput_accounts import Accounts, Record
+    from benchmarks._goodput_job import Method
+    from benchmarks.goodput import options, parse
+
+    opts = options(parse(["--quick", "--out", str(tmp_path)]))
+    accounts = Accounts(Method.TORCHTITAN_FT, opts, started=0.0)
+
+    def step(time: float, participants: list[int], committed: bool = True) -> Record:
+        return Record(2, 9, time, 1, committed, [1, 1, 1], participants, 1.0, 100.0, 10)
+
+    before = [step(1.0, [0, 1, 2])]
+    assert not accounts.trained_together_since(before, since=2.0)
+    assert not accounts.trained_together_since([*before, step(3.0, [2])], since=2.0)
+    assert not accounts.trained_together_since([*before, step(3.0, [0, 1, 2], False)], 2.0)
+    assert accounts.trained_together_since([*before, step(4.0, [0, 1, 2])], since=2.0)
+
+
 @pytest.mark.slow  # tests/manager/test_rounds.py and test_security.py test the restart itself
 @pytest.mark.timeout(300)
 def test_group_restart_prints_how_long_a_restarted_group_took() -> None:
