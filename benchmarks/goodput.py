@@ -217,7 +217,10 @@ class MethodRun:
                     break
                 time.sleep(0.2)
         step = max((r.step for r in self.records()), default=0) + STOP_MARGIN_STEPS
-        self.launcher.stop_file.write_text(str(step))
+        # written whole, then renamed: a worker reading it half-written would crash on ''
+        staged = self.launcher.stop_file.with_suffix(".tmp")
+        staged.write_text(str(step))
+        staged.replace(self.launcher.stop_file)
         self.launcher.wait_exit(deadline + 60)
         finals = {}
         for path in self.folder.glob("final_*.json"):
