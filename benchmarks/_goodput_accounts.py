@@ -15,13 +15,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks._goodput_job import LOCAL_BATCH, Injected, Method, Options
+from benchmarks._goodput_job import LOCAL_BATCH, Injected, Method, Options, checkpoint_every
 from torchtitan_ft.events import EventKind, read_events
 from torchtitan_ft.recoveries import Recovery, recoveries
 from torchtitan_ft.testing.faults import FaultKind
 from torchtitan_ft.testing.goodput_accounting import (
     faults_losing_state,
+    job_samples,
     ledger_check,
+    samples_rolled_back,
     second_lines,
     state_losses,
     time_to_samples,
@@ -272,10 +274,17 @@ class Accounts:
         return self.method is not Method.CHECKPOINT_RESTART
 
     def samples_now(self, records: list[Record]) -> int:
+        """The job's committed samples at the last record (FT: :func:`job_samples`, back to
+        the checkpoint after a state loss)."""
         if not records:
             return 0
         if self.ft:
-            return max(record_samples(r, self.opts) for r in records)
+            losses = state_losses(second_lines(records))
+            series = job_samples(
+                [(r.time, record_samples(r, self.opts)) for r in records],
+                [loss["time"] for loss in losses],
+            )
+            return series[-1][1]
         return record_samples(records[-1], self.opts)
 
     def training_started(self, records: list[Record]) -> bool:
@@ -284,6 +293,14 @@ class Accounts:
             if r.committed and (r.participants is None or len(r.participants) == self.opts.groups):
                 return True
         return False
+
+    def trained_together_since(self, records: list[Record], since: float) -> bool:
+        """Every group took part in a commit after ``since`` (Unix time): a commit from before
+        it may predate a fault that struck as the run reached its target."""
+        return any(
+            r.committed and r.time > since and len(r.participants or ()) == self.opts.groups
+            for r in records
+        )
 
     def summary(
         self,
@@ -299,21 +316,27 @@ class Accounts:
         event stream (the recoveries, ``recoveries_of``)."""
         opts = self.opts
         t0 = self.started + (self.t0 or 0.0)
+        lines = second_lines(records) if self.ft else []
+        losses = state_losses(lines)
         points = [(r.time - t0, record_samples(r, opts)) for r in records if r.committed]
+        if self.ft:  # a state loss undoes the steps after the state the job went on from
+            points = job_samples(points, [loss["time"] - t0 for loss in losses])
         target = target if target is not None else self.samples_now(records)
-        at = time_to_samples(points, target, rollback=not self.ft)
+        at = time_to_samples(points, target, rollback=True)
         # a healing step logs the loss of the model it replaced: not the job's
         lineage = [r for r in records if r.committed and r.loss is not None and not r.healed]
         final_loss = next(
             (r.loss for r in lineage if record_samples(r, opts) >= target),
             lineage[-1].loss if lineage else None,
         )
-        lines = second_lines(records) if self.ft else []
-        losses = state_losses(lines)
-        for i in faults_losing_state([self.started + i.time for i in injected], losses):
-            injected[i].state_lost = True
         for inj in injected:
             self._fault_figures(inj, records)
+        fault_times = [self.started + i.time for i in injected]
+        for loss in losses:
+            loss["samples_rolled_back"] = self._rolled_back(loss, points, records, t0)
+            for i in faults_losing_state(fault_times, [loss]):
+                injected[i].state_lost = True
+                injected[i].samples_rolled_back += loss["samples_rolled_back"]
         done = [i for i in injected if not i.effect.startswith("not injected")]
         survived = [
             i
@@ -328,9 +351,15 @@ class Accounts:
             "startup_s": round(self.t0, 1) if self.t0 is not None else None,
             "load_avg_1m": [self.load_at_start, os.getloadavg()[0]],
             "reached_target": at is not None,
+            "checkpoint_every_steps": checkpoint_every(self.method, opts),
             "faults_injected": len(done),
             "faults_survived": len(survived),
             "job_restarts": job_restarts + len(losses),
+            "samples_rolled_back": (
+                sum(loss["samples_rolled_back"] for loss in losses)
+                if self.ft
+                else sum(i.samples_rolled_back for i in injected)
+            ),
             "state_losses": [{**loss, "time": round(loss["time"] - t0, 2)} for loss in losses],
             "group_restarts": len({(r.group, r.pid) for r in records})
             - len({r.group for r in records}),
@@ -357,6 +386,20 @@ class Accounts:
                 for r in lineage
             ],
         }
+
+    def _rolled_back(
+        self,
+        loss: dict[str, Any],
+        series: list[tuple[float, int]],
+        records: list[Record],
+        t0: float,
+    ) -> int:
+        """Samples the per-step job's state ``loss`` rolled back (:func:`samples_rolled_back`):
+        it went on from the ledger its first second-line commit held before that step."""
+        first = next(r for r in records if r.committed and r.time == loss["time"])
+        step = len(first.participants or ()) * self.opts.ranks * LOCAL_BATCH
+        resumed = record_samples(first, self.opts) - step
+        return samples_rolled_back(series, loss["time"] - t0, resumed)
 
     def _data_checks(self, records: list[Record], finals: dict[str, dict]) -> dict[str, Any]:
         """Samples lost and trained twice (the ledger for this project's FT, the batches drawn

@@ -50,6 +50,13 @@ class Options:
         return self.groups * self.ranks * LOCAL_BATCH
 
 
+def checkpoint_every(method: Method, opts: Options) -> int | None:
+    """Steps between the TorchTitan checkpoints ``method`` writes: ``--checkpoint-every`` for
+    every method but ideal, the fault-free baseline, which writes none (so the cost of writing
+    them is part of each other method's figure); None for ideal."""
+    return None if method is Method.IDEAL else opts.checkpoint_every
+
+
 @dataclass
 class Injected:
     """One fault as the run injected it, and (filled in by the accounting) what it cost."""

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._goodput_job import CONFIG, ROOT, Method, Options
+from benchmarks._goodput_job import CONFIG, ROOT, Method, Options, checkpoint_every
 from benchmarks._reference import REFERENCE_DIR, RUNTIME_DEPS_DIR
 from torchtitan_ft.testing import netns
 from torchtitan_ft.testing.cpulimit import CpuLimit
@@ -296,6 +296,22 @@ class Launcher:
         seconds = self.opts.process_group_timeout_ms // 1000 + (1 if ft else 0)
         return f"--comm.train_timeout_seconds={seconds}"
 
+    def _checkpoint_flags(self) -> tuple[str, ...]:
+        """TorchTitan's checkpoints of this method's job(s), as users run them: every
+        :func:`~benchmarks._goodput_job.checkpoint_every` steps into ``checkpoint/`` of the
+        method's folder, the newest 2 kept; none for ideal. An FT job's groups share the
+        folder (this project's: the lowest participating group writes the full checkpoint,
+        each group its reader files; torchft's: TorchTitan's FT checkpointer)."""
+        every = checkpoint_every(self.method, self.opts)
+        if every is None:
+            return ()
+        return (
+            "--checkpoint.enable",
+            f"--checkpoint.interval={every}",
+            f"--checkpoint.folder={self.folder / 'checkpoint'}",
+            "--checkpoint.keep_latest_k=2",
+        )
+
     def _group_launch(self, g: int, lighthouse: Lighthouse, host: netns.Host | None) -> Launch:
         opts = self.opts
         hostname = host.address if host else "127.0.0.1"
@@ -310,7 +326,7 @@ class Launcher:
                          process_group_timeout_ms=opts.process_group_timeout_ms)  # fmt: skip
         launch = self._job(
             opts.ranks, lighthouse.address, self.folder / "events" / f"g{g}", ft=ft,
-            flags=(self._train_timeout_flag(ft=True), *own),
+            flags=(self._train_timeout_flag(ft=True), *own, *self._checkpoint_flags()),
         )  # fmt: skip
         limit = CpuLimit(f"goodput_g{g}", [], cpus=opts.cpus_per_group)
         log = self.folder / f"group{g}.log"
@@ -324,10 +340,7 @@ class Launcher:
             "--fault_tolerance.no-enable",
             f"--parallelism.data_parallel_replicate_degree={opts.groups}",
             f"--parallelism.data_parallel_shard_degree={opts.ranks}",
-            "--checkpoint.enable",
-            f"--checkpoint.interval={opts.checkpoint_every}",
-            f"--checkpoint.folder={self.folder / 'checkpoint'}",
-            "--checkpoint.keep_latest_k=2",
+            *self._checkpoint_flags(),
         )
         limits = [
             CpuLimit(f"goodput_native{g}", [], cpus=opts.cpus_per_group) for g in range(opts.groups)

@@ -45,6 +45,11 @@ Methods, in this order, under the same schedule (times after launch):
   ranks ``g * ranks`` on) in a cgroup of the per-group quota, as the FT groups: a cgroup weighs
   as one process against the machine's other processes, so the split matters under load.
 
+Every method but ideal writes TorchTitan checkpoints every ``--checkpoint-every`` steps, as users
+run them (the FT methods too: a restarted group loads the newest at start, and a job that lost
+its state resumes from it), so the time spent writing them is part of its figure; ideal writes
+none.
+
 Faults (``testing.faults.fault_schedule``: seeded, exponential intervals of mean
 ``--mean-interval``, kinds in shuffled rounds): SIGKILL of one rank; SIGSTOP of one rank for
 ``--hang-s`` (longer than the process-group timeout), then SIGCONT; a group's link down for
@@ -59,11 +64,15 @@ The benchmark's parts: ``_goodput_launch`` (the processes), ``_goodput_inject`` 
 ``_goodput_accounts`` (the figures).
 
 Per method (JSON ``methods.<name>``): ``time_to_target_s``, ``goodput`` (ideal's time / this),
-``faults_injected``, ``faults_survived`` (the job committed again, the victim group took part
-again, and the job did not lose its state after it), ``job_restarts`` (the native job's restarts,
+``checkpoint_every_steps`` (null for ideal), ``faults_injected``, ``faults_survived`` (the job
+committed again, the victim group took part again, and the job did not lose its state after
+it), ``job_restarts`` (the native job's restarts,
 plus each loss of the per-step job's state: ``state_losses``, each with its time, the job step it
-fell back from, the step it started over at and the groups), ``group_restarts`` (torchrun's),
-``samples_lost`` /
+fell back from, the step it started over at, the groups and ``samples_rolled_back``; after a
+loss the job's samples count again from the state it went on from, so ``time_to_target_s``
+waits for the undone steps), ``samples_rolled_back`` (samples that a restart or a state loss
+undid and the job trained again: counted here, not as trained twice), ``group_restarts``
+(torchrun's), ``samples_lost`` /
 ``samples_duplicated`` (ledger check for FT, checkpoint lineage for checkpoint-restart),
 ``groups_identical`` (every group's rank k holds the same model and optimizer bytes),
 for torchft also ``samples_lost_by`` (what the records show of each lost batch: read while its
@@ -200,15 +209,18 @@ class MethodRun:
     def _stop(self) -> dict[str, dict]:
         """Every group back (at most 300 s), a few steps together, then stop and collect."""
         self.injector.end_all()
-        deadline = time.time() + 300
+        since = time.time()
+        deadline = since + 300
         if self.launcher.ft:
             while time.time() < deadline:
-                last = [r for r in self.records() if r.committed and r.participants]
-                if last and len(last[-1].participants) == self.opts.groups:
+                if self.accounts.trained_together_since(self.records(), since):
                     break
                 time.sleep(0.2)
         step = max((r.step for r in self.records()), default=0) + STOP_MARGIN_STEPS
-        self.launcher.stop_file.write_text(str(step))
+        # written whole, then renamed: a worker reading it half-written would crash on ''
+        staged = self.launcher.stop_file.with_suffix(".tmp")
+        staged.write_text(str(step))
+        staged.replace(self.launcher.stop_file)
         self.launcher.wait_exit(deadline + 60)
         finals = {}
         for path in self.folder.glob("final_*.json"):
@@ -333,7 +345,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--checkpoint-every",
         type=int,
         default=10,
-        help="checkpoint-restart: steps between DCP checkpoints",
+        help="steps between the TorchTitan checkpoints of every method but ideal",
     )
     p.add_argument(
         "--cap-factor",

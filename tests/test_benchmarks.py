@@ -285,7 +285,9 @@ def test_goodput_prints_every_method(tmp_path: Path) -> None:
             "samples_lost",
             "samples_duplicated",
             "groups_identical",
+            "checkpoint_every_steps",
         } <= entry.keys(), name
+        assert entry["checkpoint_every_steps"] == (None if name == "ideal" else 10), name
     assert "skipped" in out["methods"]["torchft"] or "goodput" in out["methods"]["torchft"]
     assert out["methods"]["ideal"]["goodput"] == 1.0
     assert "replacement_s" in out and "timeouts" in out and "cpu_quota" in out
@@ -509,6 +511,83 @@ def test_goodput_names_a_process_that_trained_its_own_line() -> None:
     assert second_lines([*records, healed, fresh]) == [
         {"group": 2, "pid": 3, "step": 1, "job_step": 4, "time": 11.0}
     ]
+
+
+@pytest.mark.parametrize(
+    ("method", "interval"),
+    [("ideal", None), ("torchtitan_ft", 7), ("torchft", 7), ("checkpoint_restart", 7)],
+)
+def test_goodput_every_method_but_ideal_writes_checkpoints(
+    tmp_path: Path, method: str, interval: int | None
+) -> None:
+    """The FT methods write TorchTitan checkpoints at checkpoint-restart's interval, as users
+    run them; the fault-free baseline writes none, so their cost is in the others' figures."""
+    from benchmarks._goodput_job import Method, checkpoint_every
+    from benchmarks._goodput_launch import Launcher
+    from benchmarks.goodput import options, parse
+
+    opts = options(parse(["--quick", "--checkpoint-every", "7", "--out", str(tmp_path)]))
+    assert checkpoint_every(Method(method), opts) == interval
+    flags = Launcher(Method(method), opts, tmp_path / method)._checkpoint_flags()
+    if interval is None:
+        assert flags == ()
+    else:
+        assert "--checkpoint.enable" in flags and "--checkpoint.interval=7" in flags
+        assert f"--checkpoint.folder={tmp_path / method / 'checkpoint'}" in flags
+
+
+def test_goodput_counts_a_state_loss_s_rolled_back_samples_and_waits_for_them(
+    tmp_path: Path,
+) -> None:
+    """Two groups commit steps 1-4 (4 samples each), a correlated kill takes both, and their
+    replacements go on from the checkpoint of step 2: steps 3 and 4 are rolled back (8
+    samples), counted as such on the loss and its fault, not as trained twice, and the job
+    reaches 16 samples when it commits step 4 again, not the first time."""
+    from benchmarks._goodput_accounts import Accounts, Record
+    from benchmarks._goodput_job import Injected, Method
+    from benchmarks.goodput import options, parse
+    from torchtitan_ft.testing.faults import Fault, FaultKind
+
+    opts = options(parse(["--quick", "--groups", "2", "--out", str(tmp_path)]))
+
+    def step(group: int, pid: int, time: float, n: int) -> Record:
+        return Record(group, pid, time, n, True, [n, n], [0, 1], 1.0, 100.0, 10)
+
+    records = [step(g, 1 + g, float(n), n) for n in (1, 2, 3, 4) for g in (0, 1)]
+    records += [step(g, 3 + g, float(n + 3), n) for n in (3, 4, 5) for g in (0, 1)]
+    accounts = Accounts(Method.TORCHTITAN_FT, opts, started=0.0)
+    accounts.t0 = 0.0
+    fault = Injected(Fault(4.5, FaultKind.CORRELATED, (0, 1), 0), 4.5, [0, 1], effect="kill")
+    out = accounts.summary(records, {}, [fault], job_restarts=0, target=16)
+    assert [
+        (x["job_step"], x["to_step"], x["samples_rolled_back"]) for x in out["state_losses"]
+    ] == [(4, 3, 8)]
+    assert out["samples_rolled_back"] == 8 and out["job_restarts"] == 1
+    assert out["faults"][0]["samples_rolled_back"] == 8 and out["faults"][0]["state_lost"]
+    assert out["faults_survived"] == 0
+    assert out["time_to_target_s"] == 7.0  # step 4 committed again (not 4.0, the first time)
+    assert accounts.samples_now(records) == 20
+
+
+def test_goodput_stops_only_after_every_group_trained_together_again(tmp_path: Path) -> None:
+    """The run stops once every group took part in a commit after the stop began: a fault that
+    struck as the target was reached (two groups killed just after a step of all three) must
+    not let the survivor stop alone while the others come back, which then find no holder."""
+    from benchmarks._goodput_accounts import Accounts, Record
+    from benchmarks._goodput_job import Method
+    from benchmarks.goodput import options, parse
+
+    opts = options(parse(["--quick", "--out", str(tmp_path)]))
+    accounts = Accounts(Method.TORCHTITAN_FT, opts, started=0.0)
+
+    def step(time: float, participants: list[int], committed: bool = True) -> Record:
+        return Record(2, 9, time, 1, committed, [1, 1, 1], participants, 1.0, 100.0, 10)
+
+    before = [step(1.0, [0, 1, 2])]
+    assert not accounts.trained_together_since(before, since=2.0)
+    assert not accounts.trained_together_since([*before, step(3.0, [2])], since=2.0)
+    assert not accounts.trained_together_since([*before, step(3.0, [0, 1, 2], False)], 2.0)
+    assert accounts.trained_together_since([*before, step(4.0, [0, 1, 2])], since=2.0)
 
 
 @pytest.mark.slow  # tests/manager/test_rounds.py and test_security.py test the restart itself

@@ -9,7 +9,9 @@ import pytest
 
 from torchtitan_ft.testing.goodput_accounting import (
     faults_losing_state,
+    job_samples,
     ledger_check,
+    samples_rolled_back,
     second_lines,
     state_losses,
     time_to_samples,
@@ -33,6 +35,42 @@ from torchtitan_ft.testing.goodput_accounting import (
 )
 def test_time_to_samples(points: list, target: int, rollback: bool, expected: float) -> None:
     assert time_to_samples(points, target, rollback=rollback) == expected
+
+
+@pytest.mark.parametrize(
+    ("points", "loss_times", "expected"),
+    [
+        # no loss: the highest so far (a restarted group's own lower count does not count)
+        ([(1, 10), (2, 20), (3, 0), (4, 30)], [], [(1, 10), (2, 20), (3, 20), (4, 30)]),
+        # a loss at 3: the job starts over from what its first second-line commit holds
+        (
+            [(1, 10), (2, 30), (3, 20), (4, 30), (5, 40)],
+            [3],
+            [(1, 10), (2, 30), (3, 20), (4, 30), (5, 40)],
+        ),
+        (
+            [(1, 10), (2, 30), (3, 6), (4, 0), (5, 12)],
+            [3],
+            [(1, 10), (2, 30), (3, 6), (4, 6), (5, 12)],
+        ),
+        # two losses; an observation before the first loss sorted in from out of order
+        (
+            [(5, 8), (1, 10), (3, 4), (2, 20), (4, 2)],
+            [3, 4.5],
+            [(1, 10), (2, 20), (3, 4), (4, 4), (5, 8)],
+        ),
+    ],
+)
+def test_job_samples(points: list, loss_times: list, expected: list) -> None:
+    assert job_samples(points, loss_times) == expected
+
+
+def test_rolled_back_samples_are_the_job_s_less_the_state_it_went_on_from() -> None:
+    series = job_samples([(1, 12), (2, 24), (3, 36), (4, 18), (5, 24)], [4])
+    # 36 samples before the loss at 4; the checkpoint it resumed from held 12
+    assert samples_rolled_back(series, 4, resumed=12) == 24
+    assert samples_rolled_back(series, 4, resumed=0) == 36  # no checkpoint: from scratch
+    assert samples_rolled_back(series, 0.5, resumed=0) == 0  # nothing before it
 
 
 @pytest.mark.parametrize(

@@ -337,13 +337,15 @@ def _load_states(tmp_path: Path, rank: int) -> list[dict]:
 
 
 def assert_groups_identical(tmp_path: Path, ranks: int) -> None:
-    """Both groups end at ``STEPS`` with bitwise-identical healed state, rank by rank, each
+    """Both groups end at ``STEPS`` with bitwise-identical healed state and model state dict
+    (what a checkpoint saves: a parameter the heal left out differs there), rank by rank, each
     group's reader at its ledger entry, the ledger adding up to the Manager's count."""
     for rank in range(ranks):  # every rank holds its own shards: compare rank by rank
         states = _load_states(tmp_path, rank)
         for state in states:
             assert state["manager"]["step"] == state["healed"]["train_state"]["step"] == STEPS
         assert_identical(states[0]["healed"], states[1]["healed"], f"rank{rank}")
+        assert_identical(states[0]["model"], states[1]["model"], f"rank{rank} model")
         # Every committed step consumed one batch of each participant's slice; each group's
         # reader stands exactly at its ledger entry (the restarted group read forward to it).
         # With fault_tolerance.numerics = "torchtitan_ft_trainer", the ledger also counts the

@@ -82,6 +82,70 @@ def test_heal_copies_model_optimizer_and_counters_without_adam_skew() -> None:
         torch.testing.assert_close(got.full_tensor(), want.full_tensor())
 
 
+class _FusedPair(torch.nn.Module):
+    """One fused weight saved as two (``wa``, ``wb``) by state-dict hooks, as TorchTitan 0.3.0's
+    ``FusedQKVLinear`` saves ``wqkv`` as ``wq``/``wk``/``wv``; a persistent and a
+    non-persistent buffer beside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fused = torch.nn.Linear(8, 8, bias=False)
+        self.register_buffer("counts", torch.zeros(2))
+        self.register_buffer("cache", torch.arange(3.0), persistent=False)
+        self.register_state_dict_post_hook(self._split)
+        self.register_load_state_dict_pre_hook(self._merge)
+
+    @staticmethod
+    def _split(module, state_dict, prefix, local_metadata) -> None:
+        state_dict[f"{prefix}wa"], state_dict[f"{prefix}wb"] = state_dict.pop(
+            f"{prefix}fused.weight"
+        ).chunk(2)
+
+    @staticmethod
+    def _merge(module, state_dict, prefix, *args) -> None:
+        parts = state_dict.pop(f"{prefix}wa"), state_dict.pop(f"{prefix}wb")
+        state_dict[f"{prefix}fused.weight"] = torch.cat(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fused(x)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def _fused_replica(seed: int):
+    torch.manual_seed(seed)
+    model = shard_on_single_rank(torch.nn.Sequential(_FusedPair(), torch.nn.Linear(8, 2)), "cpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = HealedState(
+        [model], _Container(optimizer), _Stateful(lr_step=0), _Stateful(step=0, ntokens_seen=0)
+    )
+    return model, optimizer, state
+
+
+@pytest.mark.usefixtures("single_rank_group")
+def test_a_parameter_saved_under_other_names_is_healed() -> None:
+    """A parameter that the model's state-dict hooks save under other names (TorchTitan
+    0.3.0's llama3 fuses its QKV weights and saves them split) is sent and received like any
+    other, with the persistent buffers; the non-persistent ones stay the receiver's own."""
+    donor_model, donor_opt, donor_state = _fused_replica(seed=0)
+    _train_step(donor_model, donor_opt)
+    donor_model[0].counts.fill_(5.0)
+    model, _, state = _fused_replica(seed=1)
+    model[0].cache.fill_(-1.0)
+
+    sent = donor_state.state_dict()
+    assert set(sent["model"][0]) == {"0.fused.weight", "0.counts", "1.weight", "1.bias"}
+    state.load_state_dict(_over_the_wire(sent))
+
+    got, want = model.state_dict(), donor_model.state_dict()  # what a checkpoint would save
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(_full(got[name]), _full(want[name]), msg=name)
+    assert model[0].cache.tolist() == [-1.0, -1.0, -1.0]
+
+
 @pytest.mark.usefixtures("single_rank_group")
 def test_offering_state_does_not_initialise_an_empty_optimizer() -> None:
     _, optimizer, state = _replica(seed=0)

@@ -1,7 +1,9 @@
-"""The goodput benchmark's accounting, as pure functions of its per-step records: when the job's
-committed samples reached a target (:func:`time_to_samples`), whether every batch was trained
-exactly once (:func:`ledger_check`), and when the job lost its state (:func:`second_lines`,
-:func:`state_losses`) and which faults it did so after (:func:`faults_losing_state`).
+"""The goodput benchmark's accounting, as pure functions of its per-step records: the per-step FT
+job's committed samples over time (:func:`job_samples`), when they reached a target
+(:func:`time_to_samples`), whether every batch was trained exactly once (:func:`ledger_check`),
+and when the job lost its state (:func:`second_lines`, :func:`state_losses`), which faults it
+did so after (:func:`faults_losing_state`) and the samples each loss rolled back
+(:func:`samples_rolled_back`).
 
 A record here is anything with ``time`` (Unix seconds), ``pid``, ``group``, ``step`` and
 ``committed`` (``benchmarks.goodput.Record``).
@@ -43,6 +45,37 @@ def time_to_samples(
             reached = time
         best = current
     return reached
+
+
+def job_samples(
+    points: Iterable[tuple[float, int]], loss_times: Sequence[float]
+) -> list[tuple[float, int]]:
+    """The per-step FT job's committed samples at each observation, from (time, samples the
+    observing process's ledger holds): the highest so far (a restarted group reports its own,
+    lower count until it heals), except that each state loss (``loss_times``: the time of its
+    first second-line commit, :func:`state_losses`) starts over from the count observed then:
+    the job went back to a checkpoint (or to nothing) and the steps after it were undone."""
+    out: list[tuple[float, int]] = []
+    losses = sorted(loss_times)
+    best = 0
+    for time, samples in sorted(points):
+        if losses and time >= losses[0]:
+            while losses and time >= losses[0]:
+                losses.pop(0)
+            best = samples
+        else:
+            best = max(best, samples)
+        out.append((time, best))
+    return out
+
+
+def samples_rolled_back(series: Sequence[tuple[float, int]], loss_time: float, resumed: int) -> int:
+    """Samples a state loss at ``loss_time`` rolled back: the job's committed samples just
+    before it (``series``: :func:`job_samples`) less ``resumed``, those in the state the job
+    went on from (its checkpoint's; 0 without one). They are trained again, and counted so,
+    not as trained twice: the final model holds each once."""
+    before = [samples for time, samples in sorted(series) if time < loss_time]
+    return max(0, before[-1] - resumed) if before else 0
 
 
 def ledger_check(finals: dict[int, dict], groups: int) -> dict:

@@ -2,9 +2,11 @@
 ``TRAIN_FILE=torchtitan_ft.testing.titan_dump ./run_train.sh ...`` trains as
 ``torchtitan_ft.titan.train`` does, with test hooks. Once built, each rank writes
 ``ready_r<replica>_rank<rank>``; after the last step it dumps its healed state (model,
-optimizer, lr scheduler, train state, data ledger), the Manager's state, its reader position and
-the sync strategy's state to ``state_r<replica>_rank<rank>.pt`` (:func:`dump_path`), so that a
-test can check that replica groups end identical. Environment of a run:
+optimizer, lr scheduler, train state, data ledger), its model's own ``state_dict()`` (what a
+checkpoint saves, whatever the heal chose to send; local shards), the Manager's state, its
+reader position and the sync strategy's state to ``state_r<replica>_rank<rank>.pt``
+(:func:`dump_path`), so that a test can check that replica groups end identical.
+Environment of a run:
 
 * ``FT_E2E_OUT``: directory of the ``ready`` and ``state`` files;
 * ``FT_E2E_ALONE_SLEEP_S``: seconds to sleep after a step with fewer participants than
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 
 from torchtitan_ft.titan import releases
+from torchtitan_ft.titan.healing import to_local_tree
 
 ALONE_WAIT_S = 150.0
 """How long a survivor waits for the other groups' ``ready`` files (``FT_E2E_MAX_ALONE``)."""
@@ -92,6 +95,7 @@ def main() -> None:
             strategy = getattr(self.replica_axis, "strategy", None)
             state = {
                 "healed": self.healed_state.state_dict(),
+                "model": [to_local_tree(part.state_dict()) for part in self.model_parts],
                 "manager": self.replica_axis.manager.state_dict(),
                 "position": getattr(self.batches, "position", None),  # per-step FT only
                 "strategy": strategy.state_dict() if strategy is not None else None,

@@ -145,11 +145,20 @@ def _check_lengths(what: str, received: list[Any], local: list[Any]) -> None:
 
 
 def _persistent_tensors(part: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters and persistent buffers of ``part`` (what its state_dict holds), by name,
-    as the module objects themselves (sharded DTensors under FSDP, outside forward/backward)."""
-    names = set(part.state_dict().keys())
-    named = [*part.named_parameters(), *part.named_buffers()]
-    return {name: tensor for name, tensor in named if name in names}
+    """The parameters and persistent buffers of ``part``, by their module names, as the module
+    objects themselves (sharded DTensors under FSDP, outside forward/backward).
+
+    Chosen from the modules, not from ``part.state_dict()``'s keys: a module's state-dict hooks
+    may save a tensor under other names (TorchTitan 0.3.0's llama3 saves its fused ``wqkv``
+    weight as ``wq``/``wk``/``wv``), and a selection by those keys would leave that parameter
+    out of every heal. Non-persistent buffers (e.g. a RoPE cache) are rebuilt by the model and
+    not sent."""
+    tensors: dict[str, torch.Tensor] = dict(part.named_parameters())
+    for name, buffer in part.named_buffers():
+        module_name, _, buffer_name = name.rpartition(".")
+        if buffer_name not in part.get_submodule(module_name)._non_persistent_buffers_set:
+            tensors[name] = buffer
+    return tensors
 
 
 def _copy_model_state(current: Mapping[str, torch.Tensor], received: Mapping[str, Any]) -> None:
