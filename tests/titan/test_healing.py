@@ -6,7 +6,12 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from torchtitan_ft.titan.healing import HealedState, like_param, optimizer_state_dict
+from torchtitan_ft.titan.healing import (
+    HealedState,
+    TrainStateAtStepStart,
+    like_param,
+    optimizer_state_dict,
+)
 from torchtitan_ft.titan.replica_axis import shard_on_single_rank
 
 
@@ -225,3 +230,37 @@ def test_advance_one_step_moves_trainer_step_and_lr_schedules() -> None:
     state.advance_one_step()
     assert train_state.state == {"step": 16, "ntokens_seen": 7}
     assert schedulers.state == {"lr_step": 15}
+
+
+class _Trainer:
+    """TorchTitan's count: a step's tokens are added when its batch is drawn."""
+
+    def __init__(self, step: int, ntokens_seen: int) -> None:
+        self.step, self.ntokens_seen = step, ntokens_seen
+
+    def start_step(self) -> None:  # what FaultTolerantTrainer.train_step and TorchTitan do
+        self.step += 1
+        self.ntokens_at_step_start = self.ntokens_seen
+
+    def draw(self, tokens: int) -> None:
+        self.ntokens_seen += tokens
+
+
+@pytest.mark.parametrize("donor_drew_first", [False, True])
+def test_a_per_step_heal_counts_the_steps_tokens_once_whenever_the_donor_is_read(
+    donor_drew_first: bool,
+) -> None:
+    """The donor's state is read on the quorum thread before or after its step's batch is drawn;
+    either way the healer, which drew its own batch, ends the step with the donor's count."""
+    donor, healer = _Trainer(step=9, ntokens_seen=900), _Trainer(step=0, ntokens_seen=0)
+    donor.start_step()
+    healer.start_step()
+    healer.draw(100)
+    if donor_drew_first:
+        donor.draw(100)
+    sent = TrainStateAtStepStart(donor).state_dict()
+    if not donor_drew_first:
+        donor.draw(100)
+    TrainStateAtStepStart(healer).load_state_dict(sent)
+    assert (healer.step, healer.ntokens_seen) == (donor.step, donor.ntokens_seen) == (10, 1000)
+    assert healer.ntokens_at_step_start == 900  # a discarded step goes back to the healed count

@@ -74,7 +74,8 @@ class HealedState:
         model_parts: the trainer's (parallelized) model parts.
         optimizers: TorchTitan's OptimizersContainer (its ``.optimizers`` list is used).
         lr_schedulers: TorchTitan's LRSchedulersContainer (Stateful, plain values).
-        train_state: the Trainer itself (Stateful: step and tokens seen).
+        train_state: the trainer's step and tokens seen (Stateful: the Trainer itself, or
+            :class:`TrainStateAtStepStart` on the per-step path).
         data: the group's data ledger (Stateful, e.g. ``CommittedBatches``) or None.
     """
 
@@ -137,6 +138,37 @@ class HealedState:
         train_state["step"] += 1
         self._train_state.load_state_dict(train_state)
         self._lr_schedulers.step()
+
+
+class TrainStateAtStepStart:
+    """A trainer's step and tokens seen as a per-step heal sends and applies them.
+
+    TorchTitan counts a step's tokens when it draws the step's batch, and a donor's state is read
+    on the quorum thread, before or after that draw. Sent as the trainer's own ``state_dict``,
+    the count would include the donor's step in progress or not, by chance, and the healer's own
+    draw of that step would be overwritten: the groups then end one batch apart. Here the count
+    sent is the donor's at the start of its step in progress (what its last committed step left),
+    and the healer keeps what its own step in progress drew on top of it, so both count the same
+    tokens once the step commits.
+
+    Args:
+        trainer: the TorchTitan trainer; ``ntokens_at_step_start`` is set on it at the start of
+            each step (``FaultTolerantTrainer.train_step``) and here by a heal.
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self._trainer
+        return {"step": trainer.step, "ntokens_seen": trainer.ntokens_at_step_start}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        trainer = self._trainer
+        drawn = trainer.ntokens_seen - trainer.ntokens_at_step_start
+        trainer.step = state["step"]
+        trainer.ntokens_at_step_start = state["ntokens_seen"]
+        trainer.ntokens_seen = state["ntokens_seen"] + drawn
 
 
 def _check_lengths(what: str, received: list[Any], local: list[Any]) -> None:

@@ -23,7 +23,7 @@ from torchtitan.tools.logging import logger
 from torchtitan_ft.titan import cpu_compat
 from torchtitan_ft.titan.checkpointing import ReplicaCheckpointer
 from torchtitan_ft.titan.config_schema import uses_semi_sync
-from torchtitan_ft.titan.healing import HealedState
+from torchtitan_ft.titan.healing import HealedState, TrainStateAtStepStart
 from torchtitan_ft.titan.metrics import attach_ft_metrics, attach_log_prefix
 from torchtitan_ft.titan.replica_axis import ReplicaAxis, build_replica_axis
 from torchtitan_ft.titan.semi_sync_axis import build_semi_sync_axis
@@ -151,8 +151,11 @@ class ReplicaAxisHooks:
             )
         trainer.batches = axis.track_data(trainer.dataloader)
         ledger = trainer.batches if trainer.batches is not trainer.dataloader else None
+        trainer.ntokens_at_step_start = trainer.ntokens_seen
+        # A semi-sync donor sends its state from its sync point, at the end of its step, whole.
+        train_state = trainer if uses_semi_sync(config) else TrainStateAtStepStart(trainer)
         trainer.healed_state = HealedState(
-            trainer.model_parts, trainer.optimizers, trainer.lr_schedulers, trainer, ledger
+            trainer.model_parts, trainer.optimizers, trainer.lr_schedulers, train_state, ledger
         )
         axis.register_state(trainer.healed_state)
         trainer.optimizers, trainer.lr_schedulers = axis.gate_step(
@@ -199,11 +202,11 @@ class ReplicaAxisHooks:
         trainer: Any = self
         if self._titan_lowers_at is None:
             self._titan_lowers_at = self.titan_lowers_pg_timeouts_at(trainer.step - 1)
-        tokens_before = trainer.ntokens_seen
+        trainer.ntokens_at_step_start = trainer.ntokens_seen
         super().train_step(data_iterator)  # type: ignore[misc]
         if not self.replica_axis.step_committed():
             trainer.step -= 1
-            trainer.ntokens_seen = tokens_before
+            trainer.ntokens_seen = trainer.ntokens_at_step_start  # a heal may have set it
         if self._pg_timeouts_lowered:
             return
         here = lowers_pg_timeouts_here(trainer.step, self._titan_lowers_at)
