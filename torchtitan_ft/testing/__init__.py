@@ -28,7 +28,10 @@ Processes and jobs:
   SIGKILLed and the time until torchrun's replacement participates again (a ``--full`` test
   and ``benchmarks.recovery``);
 - :mod:`torchtitan_ft.testing.goodput_worker`: the trainer of ``benchmarks.goodput``, this
-  project's trainer plus one JSON line per step about what it committed.
+  project's trainer plus one JSON line per step about what it committed;
+- :mod:`torchtitan_ft.testing.nightly_worker`: one replica group on torchft-nightly's own
+  ``Manager`` (run with a venv that has its wheel), one JSON line per committed step, for the
+  mixed-fleet test ``tests/compat/test_torchft_nightly_mixed.py``.
 
 Conditions to test under:
 
