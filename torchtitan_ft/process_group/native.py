@@ -173,7 +173,7 @@ class ProcessGroupNativeGloo(NativeProcessGroup):
 
     Args:
         store_addr: ``"host:port/prefix"`` of that TCPStore, served by a process that outlives
-            every replica group (the prefix may be empty: ``"host:port/"``).
+            every replica group; the prefix (not empty) keeps this group's keys apart.
         rank: this process's rank on that store, distinct among all processes that will ever
             be members (e.g. its global rank).
         world_size: the number of such ranks (an upper bound of any membership).
