@@ -114,9 +114,9 @@ def test_reconfigure_refuses_a_set_and_handles_without_its_own() -> None:
 def test_a_plain_torch_group_without_reconfigure_is_refused_ours_pass() -> None:
     plain = dist.ProcessGroup(dist.HashStore(), 0, 1)
     with pytest.raises(ValueError, match="enable_reconfigure=True"):
-        as_manager_group(plain)
+        as_manager_group(plain, T)
     ours = ProcessGroupGloo(T)
-    assert as_manager_group(ours) is ours
+    assert as_manager_group(ours, T) is ours
 
 
 @pytest.mark.skipif(native_reconfigure_available(), reason="this torch has native reconfigure")

@@ -179,7 +179,6 @@ class Manager:
         **option_keywords: Any,
     ) -> None:
         options = ManagerOptions.of(options, option_keywords)
-        pg = as_manager_group(pg)
         rules = StepRules(
             min_replica_size, world_size_mode, max_retries, init_sync, use_async_quorum
         )
@@ -202,6 +201,7 @@ class Manager:
             default_store_host=hostname,
             **options.settings_arguments(),
         )
+        pg = as_manager_group(pg, settings.timeout.value)
         pg_timeout = pg.get_timeout() if isinstance(pg, ProcessGroup) else None
         timeouts.check_order(timeout_values(settings, pg_timeout))
         self._settings, self._rules, self._pg = settings, rules, pg

@@ -89,7 +89,7 @@ class NativeProcessGroup(BackendProcessGroup):
 
     def __init__(self, pg: dist.ProcessGroup, timeout: timedelta = timedelta(seconds=60)) -> None:
         require_native_reconfigure()
-        if not getattr(pg, "supports_reconfigure", False):
+        if not supports_reconfigure(pg):
             raise ValueError(
                 f"{type(pg).__name__} (backend {_backend_name(pg)}) does not support "
                 "reconfigure: create it with enable_reconfigure=True"
@@ -257,9 +257,19 @@ def reconfigure_with_store(
     pg.reconfigure(opts).wait()
 
 
-def as_manager_group(pg: Any) -> Any:
+def supports_reconfigure(pg: Any) -> bool:
+    """Whether the torch group ``pg`` can be reconfigured (False also where torch cannot say:
+    an older torch, a group without a backend)."""
+    try:
+        return bool(getattr(pg, "supports_reconfigure", False))
+    except RuntimeError:  # torch raises for a group without a default backend
+        return False
+
+
+def as_manager_group(pg: Any, timeout: timedelta) -> Any:
     """What a Manager drives for ``pg``: a plain torch group created with
-    ``enable_reconfigure=True`` wrapped in :class:`NativeProcessGroup`; anything else as is.
+    ``enable_reconfigure=True`` wrapped in :class:`NativeProcessGroup` (``timeout``: the
+    Manager's, the bound of each collective and reconfigure); anything else as is.
 
     Raises:
         ValueError: ``pg`` is a plain torch group without reconfigure support (as torchft-nightly
@@ -267,13 +277,13 @@ def as_manager_group(pg: Any) -> Any:
     """
     if isinstance(pg, ProcessGroup) or not isinstance(pg, dist.ProcessGroup):
         return pg
-    if not getattr(pg, "supports_reconfigure", False):
+    if not supports_reconfigure(pg):
         raise ValueError(
             f"the Manager's pg {pg!r} does not support reconfigure: a torch process group "
             "must be created with enable_reconfigure=True (torch>=2.14), or use "
             "torchtitan_ft.process_group.ProcessGroupGloo"
         )
-    return NativeProcessGroup(pg)
+    return NativeProcessGroup(pg, timeout)
 
 
 def group_type_line(pg: ProcessGroup) -> str:
