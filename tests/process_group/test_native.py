@@ -20,7 +20,11 @@ import torch.distributed as dist
 from tests.manager.test_manager import UserState, _manager
 from tests.process_group.test_reconfigure_api import _allreduce, _in_threads
 from torchtitan_ft.lighthouse import LighthouseServer
-from torchtitan_ft.process_group import ReconfigureOptions, reconfigure_with_store
+from torchtitan_ft.process_group import (
+    ProcessGroupGloo,
+    ReconfigureOptions,
+    reconfigure_with_store,
+)
 from torchtitan_ft.process_group.base import native_reconfigure_available
 from torchtitan_ft.process_group.native import NativeProcessGroup, ProcessGroupNativeGloo
 
@@ -149,6 +153,30 @@ def test_managers_drive_plain_torch_groups_through_the_quorum(
             expected = torch.full((4,), step + 0.5)
             assert all(torch.equal(t, expected) for t in tensors), tensors
         assert [m.current_step() for m in managers] == [3, 3]
+    finally:
+        for m in managers:
+            m.shutdown()
+
+
+def test_a_native_group_beside_a_group_without_handles_fails_the_step_clearly(
+    lighthouse2: LighthouseServer, store: dist.TCPStore
+) -> None:
+    """A quorum whose other member sent no handle (the project's own group here; a torchft
+    0.2.0 group or lighthouse alike): the native group's reconfigure is refused with the
+    counts, the step is discarded on both, nothing hangs past the timeouts."""
+    short = timedelta(seconds=3)
+    native = _plain_native(dist.TCPStore("127.0.0.1", store.port, is_master=False), 0, 2)
+    managers = [
+        _manager(lighthouse2, "n0", pg=native, init_sync=False, timeout=short),
+        _manager(lighthouse2, "g1", pg=ProcessGroupGloo(short), init_sync=False, timeout=short),
+    ]
+    try:
+        for m in managers:
+            m.start_quorum()
+        votes = _in_threads([m.should_commit for m in managers])
+        assert votes == [False, False]
+        error = str(managers[0].errored())
+        assert "carries 0 reconfigure handles for 2 members" in error, error
     finally:
         for m in managers:
             m.shutdown()

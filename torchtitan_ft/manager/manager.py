@@ -227,9 +227,10 @@ class Manager:
         self._collectives, self._heal, self._quorum = parts.collectives, parts.healing, parts.quorum
         self._hung, self._retry, self._progress = parts.hung, parts.retry, parts.progress
         _say_started(self._log, settings, self._retry.warning(), group)
-        if native_reconfigure_available() and isinstance(pg, ProcessGroup):
-            self._log(logging.INFO, group_type_line(pg))
+        if isinstance(pg, ProcessGroup):
             pg.set_rank_info(self._replica_id, self._group_rank, settings.group_world_size.value)
+            if native_reconfigure_available():
+                self._log(logging.INFO, group_type_line(pg))
         if load_state_dict is not None and state_dict is not None:
             self.register_state_dict_fn("default", load_state_dict, state_dict)
 
