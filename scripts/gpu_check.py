@@ -14,7 +14,8 @@ each part's log in ``OUT/<part>.log``.
   import from that folder and from this checkout, and use the machine's own torch.
 - ``--site DIR``: that folder (default ``OUT/site-packages``). Given without ``--wheels``, the
   parts use what an earlier call installed there (wheels carried in chunks, one per call).
-- ``--parts``: some of environment, manager, nccl, semi_sync, titan (default: all).
+- ``--parts``: some of environment, manager, nccl, native_nccl2, semi_sync, titan (default:
+  all).
 
 Exit status 0 when no part failed, 1 when one did or the wheels did not install, 2 for bad
 arguments.

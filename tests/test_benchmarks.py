@@ -613,3 +613,35 @@ def test_slurm_kill_loop_prints_the_groups_back_and_their_times() -> None:
     assert out["kills"] == out["groups_back"] == 1 and len(out["back_s"]["all"]) == 1
     assert out["runner_outcome"] == "done" and out["whole_job_restarts"] == 0
     assert out["identical_end"] is True
+
+
+@pytest.mark.timeout(400)
+def test_native_pg_prints_both_group_types_or_why_not() -> None:
+    import torch
+    import torch.distributed as dist
+
+    if not hasattr(dist.ProcessGroup, "reconfigure"):  # torch 2.13: one line and exit 2
+        result = subprocess.run(
+            [sys.executable, "-m", "benchmarks.native_pg"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 2
+        assert torch.__version__ in result.stdout  # the line names the installed torch
+        return
+    out = _benchmark("benchmarks.native_pg", "--trials", "1", "--numel", "1024", timeout=360)
+    figures = {
+        "membership_ms",
+        "membership_form_ms",
+        "steady_allreduce_ms",
+        "hung_release_ms",
+        "hung_usable_ms",
+        "kill_detect_ms",
+        "kill_usable_ms",
+    }
+    assert set(out["results"]) == {"ours", "native"}
+    assert all(set(r) == figures for r in out["results"].values()), out["results"]
+    assert out["faster_membership"] in out["results"]

@@ -1,4 +1,7 @@
-"""``torchft.process_group``: torchtitan_ft.process_group's groups and wrappers."""
+"""``torchft.process_group``: torchtitan_ft.process_group's groups and wrappers, with
+torchft-nightly's reconfigure API (``ReconfigureOptions``, ``reconfigure_with_store``; every
+group's ``set_rank_info``, ``get_reconfigure_handle`` and ``reconfigure``) beside 0.2.0's
+``configure``."""
 
 from torchtitan_ft.process_group import (
     ErrorSwallowingProcessGroupWrapper,
@@ -12,7 +15,9 @@ from torchtitan_ft.process_group import (
     ProcessGroupGloo,
     ProcessGroupNCCL,
     ProcessGroupWrapper,
+    ReconfigureOptions,
     create_store_client,
+    reconfigure_with_store,
 )
 
 # The Work type the error-swallowing wrapper returns: private in torchft and here, kept under
@@ -31,5 +36,7 @@ __all__ = [
     "ProcessGroupGloo",
     "ProcessGroupNCCL",
     "ProcessGroupWrapper",
+    "ReconfigureOptions",
     "create_store_client",
+    "reconfigure_with_store",
 ]

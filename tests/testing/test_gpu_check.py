@@ -15,7 +15,16 @@ from types import ModuleType
 
 import pytest
 
-from torchtitan_ft.testing.gpu_check import PARTS, Part, PartResult, Status, overall, plan, settle
+from torchtitan_ft.testing.gpu_check import (
+    PARTS,
+    Part,
+    PartResult,
+    Status,
+    overall,
+    plan,
+    run_part,
+    settle,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
@@ -118,3 +127,16 @@ def test_a_part_past_its_limit_is_stopped_and_fails(tmp_path: Path, monkeypatch)
         "did not finish within its limit of 0 s",
     )
     assert (tmp_path / "environment.log").exists()
+
+
+def test_the_native_nccl2_part_is_skipped_on_cpu_with_its_reason(tmp_path: Path) -> None:
+    # The part imports torch in this process; the module's other tests run without it.
+    import torch
+
+    from torchtitan_ft.process_group.base import native_reconfigure_available
+
+    result = run_part("native_nccl2", "cpu", tmp_path)
+    assert result.status is Status.SKIPPED, result
+    expected = "needs CUDA" if native_reconfigure_available() else torch.__version__
+    assert expected in result.reason
+    assert json.loads((tmp_path / "native_nccl2.json").read_text())["status"] == "skipped"

@@ -15,6 +15,7 @@ from torchtitan_ft.titan.config import (
     check_lighthouse_addr,
     check_local_address,
     check_local_paths,
+    check_process_group_kind,
     check_timeout_order,
     parse_job,
     parse_job_config,
@@ -482,6 +483,41 @@ def test_entry_point_reports_config_error_before_any_process_group(
 def test_malformed_lighthouse_url_is_named(ft, env, message) -> None:
     with pytest.raises(ConfigError, match=message):
         check_lighthouse_addr(ft, env)
+
+
+@pytest.mark.parametrize(
+    ("fields", "native", "message"),
+    [
+        ({}, False, None),  # "rebuilt", the default, on any torch
+        (
+            {"process_group_kind": "native", "process_group_store": "h:1"},
+            False,
+            r"process_group_kind='native' needs torch>=2.14 \(enable_reconfigure\); torch "
+            r"2.13.0 is installed: use 'rebuilt'",
+        ),
+        (
+            {"process_group_kind": "native", "process_group": "nccl", "process_group_store": "h:1"},
+            True,
+            r"process_group='nccl': set it to 'gloo'",
+        ),
+        ({"process_group_kind": "native"}, True, r"process_group_store='' must be the host:port"),
+        (
+            {"process_group_kind": "native", "process_group_store": "h"},
+            True,
+            r"process_group_store='h' must be the host:port",
+        ),
+        ({"process_group_kind": "native", "process_group_store": "h:29600"}, True, None),
+    ],
+)
+def test_native_process_group_kind_needs_torch_gloo_and_a_store(
+    fields: dict, native: bool, message: str | None
+) -> None:
+    ft = FaultTolerance(enable=True, group_size=1, **fields)
+    if message is None:
+        check_process_group_kind(ft, native, "2.13.0")
+    else:
+        with pytest.raises(ConfigError, match=message):
+            check_process_group_kind(ft, native, "2.13.0")
 
 
 def test_good_lighthouse_urls_pass() -> None:

@@ -73,8 +73,9 @@ from torchtitan_ft.manager.settings import (
 from torchtitan_ft.manager.state_loss import STATE_LOST_EXIT, StateLostError
 from torchtitan_ft.manager.stats import ManagerStats
 from torchtitan_ft.manager.step_collectives import ExceptionWithTraceback, profiled
-from torchtitan_ft.process_group.base import ProcessGroup
+from torchtitan_ft.process_group.base import ProcessGroup, native_reconfigure_available
 from torchtitan_ft.process_group.futures import completed_future
+from torchtitan_ft.process_group.native import as_manager_group, group_type_line
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -200,6 +201,7 @@ class Manager:
             default_store_host=hostname,
             **options.settings_arguments(),
         )
+        pg = as_manager_group(pg, settings.timeout.value)
         pg_timeout = pg.get_timeout() if isinstance(pg, ProcessGroup) else None
         timeouts.check_order(timeout_values(settings, pg_timeout))
         self._settings, self._rules, self._pg = settings, rules, pg
@@ -225,6 +227,10 @@ class Manager:
         self._collectives, self._heal, self._quorum = parts.collectives, parts.healing, parts.quorum
         self._hung, self._retry, self._progress = parts.hung, parts.retry, parts.progress
         _say_started(self._log, settings, self._retry.warning(), group)
+        if isinstance(pg, ProcessGroup):
+            pg.set_rank_info(self._replica_id, self._group_rank, settings.group_world_size.value)
+            if native_reconfigure_available():
+                self._log(logging.INFO, group_type_line(pg))
         if load_state_dict is not None and state_dict is not None:
             self.register_state_dict_fn("default", load_state_dict, state_dict)
 

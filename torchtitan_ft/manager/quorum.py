@@ -35,6 +35,7 @@ from torchtitan_ft.manager.state_loss import (
     state_loss_line,
 )
 from torchtitan_ft.manager.step_collectives import StepCollectives, profiled
+from torchtitan_ft.process_group.base import ReconfigureOptions
 from torchtitan_ft.proto import torchft_pb2 as pb
 
 
@@ -189,6 +190,7 @@ class QuorumThread:
                     commit_failures=request.commit_failures,
                     timeout=request.timeout,
                     progress=request.progress,
+                    reconfigure_handle=self._handle(),
                 )
             self.result = result
             self._announce_state_loss(result)
@@ -320,7 +322,15 @@ class QuorumThread:
             EventKind.EXCLUDED if excluded else EventKind.READMITTED, relative_speed=relative
         )
 
+    def _handle(self) -> str:
+        """This rank's reconfigure handle, sent with its quorum request, where its process
+        group exchanges handles through the quorum (a native torch group); else none."""
+        exchanges = getattr(self._pg, "exchanges_handles", None)
+        return self._pg.get_reconfigure_handle() if exchanges is not None and exchanges() else ""
+
     def _reconfigure(self, result: QuorumResult) -> bool:
+        if self._handle():
+            return self._reconfigure_native(result)
         prefixed = quorum_store_address(result.store_address, result.quorum_id, self._group_rank)
         self._log(
             logging.INFO,
@@ -341,6 +351,34 @@ class QuorumThread:
                         result.replica_ids, self._group_world_size, self._group_rank
                     ),
                 )
+        except Exception as e:  # recorded: the step is discarded, the next quorum retries
+            self._collectives.report_error(e)
+            return False
+        self._quorum_id = result.quorum_id
+        return True
+
+    def _reconfigure_native(self, result: QuorumResult) -> bool:
+        """Reconfigure a native torch group with the quorum's members' handles for this group
+        rank (replica-rank order; torchft-nightly's wire, ``reconfigure_handles``) under the
+        quorum id as its uuid."""
+        self._log(
+            logging.INFO,
+            f"reconfiguring for quorum {result.quorum_id}: replica rank "
+            f"{result.replica_rank}/{result.replica_world_size}, native handles",
+        )
+        opts = ReconfigureOptions()
+        opts.uuid = result.quorum_id
+        opts.handles = list(result.reconfigure_handles)
+        try:
+            if len(opts.handles) != result.replica_world_size:
+                raise RuntimeError(
+                    f"quorum {result.quorum_id} carries {len(opts.handles)} reconfigure "
+                    f"handles for {result.replica_world_size} members: a member, its "
+                    "ManagerServer or the lighthouse does not pass handles (torchft 0.2.0's "
+                    "drops them); use the same process group type in every group"
+                )
+            with profiled("torchft::manager::_pg::configure"):
+                self._pg.reconfigure(opts).wait()
         except Exception as e:  # recorded: the step is discarded, the next quorum retries
             self._collectives.report_error(e)
             return False

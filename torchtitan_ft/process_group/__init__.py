@@ -2,7 +2,8 @@
 
 ``collectives`` (the table of collectives: each declared once, every group type derives its
 methods from it), ``base`` (the base class and Work types), ``backend`` (a group over a torch
-backend, rebuilt on every configure), ``gloo`` and ``nccl`` (its two backends), ``baby`` (the
+backend, rebuilt on every configure), ``gloo`` and ``nccl`` (its two backends), ``native``
+(torch >= 2.14's own reconfigurable group, reconfigured rather than rebuilt), ``baby`` (the
 backends in a child process that is killed when a collective hangs), ``wrappers`` (forwarding,
 errors as data, routing through the Manager), ``fakes`` (groups for tests), ``store`` (the
 quorum's TCPStore), ``futures`` and ``quantized`` (what collectives return and an int8
@@ -25,6 +26,10 @@ _PUBLIC = {
     "ProcessGroupDummy": "torchtitan_ft.process_group.fakes",
     "ProcessGroupGloo": "torchtitan_ft.process_group.gloo",
     "ProcessGroupNCCL": "torchtitan_ft.process_group.nccl",
+    "NativeProcessGroup": "torchtitan_ft.process_group.native",
+    "ProcessGroupNativeGloo": "torchtitan_ft.process_group.native",
+    "reconfigure_with_store": "torchtitan_ft.process_group.native",
+    "ReconfigureOptions": "torchtitan_ft.process_group.base",
     "create_store_client": "torchtitan_ft.process_group.store",
     "parse_store_addr": "torchtitan_ft.process_group.store",
     "ErrorSwallowingProcessGroupWrapper": "torchtitan_ft.process_group.wrappers",

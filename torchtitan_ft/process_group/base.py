@@ -11,8 +11,11 @@ can be passed to ``torch.distributed`` collectives and, once registered
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -31,6 +34,22 @@ from torch.distributed.distributed_c10d import (
 )
 from torch.futures import Future
 
+try:  # torch >= 2.14: native reconfigurable process groups
+    from torch._C._distributed_c10d import ReconfigureOptions
+except ImportError:
+
+    @dataclass
+    class ReconfigureOptions:  # type: ignore[no-redef]
+        """torch 2.14's ``ReconfigureOptions`` where torch lacks it: the communicator's
+        ``uuid`` (fresh per reconfigure), the members' ``handles`` (a list: ranks by position),
+        its ``timeout`` (None: the group's) and backend ``hints``."""
+
+        uuid: int = 0
+        handles: list[str] | set[str] = field(default_factory=list)
+        timeout: timedelta | None = None
+        hints: dict[str, str] = field(default_factory=dict)
+
+
 from torchtitan_ft.process_group.collectives import COLLECTIVES, Args, Collective
 from torchtitan_ft.process_group.futures import completed_future
 
@@ -43,6 +62,12 @@ COLLECTIVE_ERRORS = (RuntimeError, OSError)
 
 NO_TIMEOUT = timedelta(0)
 """What ``Work.wait()`` receives when the caller gave no timeout (also from C++ callers)."""
+
+
+def native_reconfigure_available() -> bool:
+    """Whether this torch has native reconfigurable process groups (torch >= 2.14:
+    ``init_process_group(..., enable_reconfigure=True)``, ``ProcessGroup.reconfigure``)."""
+    return hasattr(dist.ProcessGroup, "reconfigure")
 
 
 def is_collective_error(e: BaseException) -> bool:
@@ -197,6 +222,9 @@ class ProcessGroup(dist.ProcessGroup):
     def __init__(self) -> None:
         super().__init__(0, 1)
         self._registered_name: str | None = None
+        self._rank_info: dict[str, Any] = {}
+        self._handle_id = uuid.uuid4().hex
+        self._handle_store: dist.TCPStore | None = None
 
     # ---- lifecycle ----
 
@@ -229,6 +257,86 @@ class ProcessGroup(dist.ProcessGroup):
 
     def _configure(self, config: GroupConfig) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not implement configure")
+
+    # ---- torchft-nightly's reconfigure API (torch 2.14's names) ----
+
+    @property
+    def supports_reconfigure(self) -> bool:  # type: ignore[override]
+        """True: every group here can be reconfigured (torchft-nightly's Manager asks)."""
+        return True
+
+    def exchanges_handles(self) -> bool:
+        """Whether the Manager exchanges this group's handles through the quorum and calls
+        :meth:`reconfigure` (a native torch group) rather than :meth:`configure` over the
+        quorum's store (False: the project's groups, which rebuild over that store)."""
+        return False
+
+    def set_rank_info(
+        self,
+        replica_id: str,
+        group_rank: int,
+        group_world_size: int,
+        global_rank: int | None = None,
+    ) -> None:
+        """This rank's identity, used by later :meth:`reconfigure` calls (torchft-nightly's
+        Manager calls it once)."""
+        self._rank_info = {
+            "replica_id": replica_id,
+            "group_rank": group_rank,
+            "group_world_size": group_world_size,
+            "global_rank": global_rank,
+        }
+
+    def get_reconfigure_handle(self) -> str:
+        """This rank's handle for :meth:`reconfigure`, as torchft-nightly's groups make it:
+        JSON with a per-object id and a TCPStore this object serves (on first call; peers
+        dial ``MASTER_ADDR``, else 127.0.0.1), on which the reconfigure's rendezvous runs
+        when this rank is the first member."""
+        if self._handle_store is None:
+            self._handle_store = dist.TCPStore(
+                "127.0.0.1", 0, is_master=True, wait_for_workers=False
+            )
+        host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        return json.dumps(
+            {
+                "id": self._handle_id,
+                "store": f"{host}:{self._handle_store.port}",
+                "global_rank": self._rank_info.get("global_rank"),
+            }
+        )
+
+    def reconfigure(self, opts: ReconfigureOptions) -> Work:
+        """Rebuild the group with the members whose handles (:meth:`get_reconfigure_handle`)
+        ``opts.handles`` lists, this rank at its own handle's position, over the first
+        member's store under ``torchft/<opts.uuid>``: :meth:`configure` with those values.
+
+        Raises:
+            ValueError: ``opts.handles`` is not a list, or lacks this rank's handle.
+        """
+        if not isinstance(opts.handles, list):
+            raise ValueError(
+                f"reconfigure needs the handles as a list (ranks by position), got "
+                f"{type(opts.handles).__name__}"
+            )
+        peers = [json.loads(handle) for handle in opts.handles]
+        ids = [peer["id"] for peer in peers]
+        if self._handle_id not in ids:
+            raise ValueError(
+                f"reconfigure handles {opts.handles} do not include this rank's "
+                f"(id {self._handle_id})"
+            )
+        global_ranks = [peer.get("global_rank") for peer in peers]
+        self.configure(
+            store_addr=f"{peers[0]['store']}/torchft/{opts.uuid}",
+            replica_id=str(self._rank_info.get("replica_id", "")),
+            rank=ids.index(self._handle_id),
+            world_size=len(peers),
+            quorum_id=opts.uuid,
+            group_rank=self._rank_info.get("group_rank"),
+            group_world_size=self._rank_info.get("group_world_size"),
+            global_ranks=None if None in global_ranks else global_ranks,
+        )
+        return CompletedWork(None)
 
     def errored(self) -> Exception | None:
         """The error that makes this group unusable until the next ``configure``, if any."""

@@ -25,6 +25,7 @@ from torchtitan_ft.process_group.base import (
     CompletedWork,
     GroupConfig,
     ProcessGroup,
+    ReconfigureOptions,
     is_collective_error,
     reduce_op_of,
 )
@@ -74,6 +75,28 @@ class ProcessGroupWrapper(ProcessGroup):
 
     def _configure(self, config: GroupConfig) -> None:
         self._pg.configure(**asdict(config))
+
+    def exchanges_handles(self) -> bool:
+        """The wrapped group's :meth:`ProcessGroup.exchanges_handles`."""
+        return self._pg.exchanges_handles()
+
+    def set_rank_info(
+        self,
+        replica_id: str,
+        group_rank: int,
+        group_world_size: int,
+        global_rank: int | None = None,
+    ) -> None:
+        """Set the wrapped group's rank info."""
+        self._pg.set_rank_info(replica_id, group_rank, group_world_size, global_rank)
+
+    def get_reconfigure_handle(self) -> str:
+        """The wrapped group's handle."""
+        return self._pg.get_reconfigure_handle()
+
+    def reconfigure(self, opts: ReconfigureOptions) -> Work:
+        """Reconfigure the wrapped group."""
+        return self._pg.reconfigure(opts)
 
     def errored(self) -> Exception | None:
         """The wrapped group's :meth:`ProcessGroup.errored`."""
@@ -152,6 +175,18 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroupWrapper):
             self._error = None
         try:
             self._pg.configure(**asdict(config))
+        except COLLECTIVE_ERRORS as e:
+            if is_collective_error(e):
+                self.report_error(e)
+            raise
+
+    def reconfigure(self, opts: ReconfigureOptions) -> Work:
+        """Clear the recorded error and reconfigure the wrapped group (a failure is recorded
+        and raised, as in :meth:`configure`)."""
+        with self._lock:
+            self._error = None
+        try:
+            return self._pg.reconfigure(opts)
         except COLLECTIVE_ERRORS as e:
             if is_collective_error(e):
                 self.report_error(e)

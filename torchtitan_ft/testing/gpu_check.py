@@ -19,6 +19,10 @@ The parts (:data:`PARTS`):
   all-reduce, abort, configure again), and an all-reduce stuck on a peer that never joins it,
   failed past its timeout, after which the group reconfigures. Needs CUDA; on CPU the same
   sequence runs on the gloo groups (figures ``gloo_rehearsal``), and the part is skipped;
+- ``native_nccl2``: torch's native reconfigurable group over ``nccl2`` (torch >= 2.14's
+  ``enable_reconfigure=True``) in ``NativeProcessGroup``, one rank: reconfigure, all-reduce a
+  device tensor, abort, three times. Skipped on CPU (the native gloo group has its tests) and
+  where torch has no native reconfigure, with the reason;
 - ``semi_sync``: DiLoCo with int8-quantized pseudo-gradients, two groups, a few outer steps:
   every sync commits, the groups end with bitwise-identical models;
 - ``titan``: TorchTitan's llama3 debug model through ``./run_train.sh``, 2 replica groups of 1
@@ -76,7 +80,8 @@ PARTS = {
     for p in (
         Part("environment", {"cuda": 30, "cpu": 60}),
         Part("manager", {"cuda": 60, "cpu": 90}),
-        Part("nccl", {"cuda": 120, "cpu": 120}),
+        Part("nccl", {"cuda": 100, "cpu": 120}),
+        Part("native_nccl2", {"cuda": 20, "cpu": 60}),
         Part("semi_sync", {"cuda": 60, "cpu": 90}),
         Part("titan", {"cuda": 180, "cpu": 420}),
     )

@@ -21,10 +21,12 @@ import torch.distributed as dist
 from torchtitan_ft import DiLoCo, Manager, OptimizerWrapper, ProcessGroupGloo
 from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.process_group import (
+    NativeProcessGroup,
     ProcessGroupBabyGloo,
     ProcessGroupBabyNCCL,
     ProcessGroupNCCL,
 )
+from torchtitan_ft.process_group.base import native_reconfigure_available
 from torchtitan_ft.testing import titan_jobs as _jobs
 from torchtitan_ft.testing.gpu_check import PARTS, Checks, Device
 from torchtitan_ft.testing.titan_dump import dump_path, ready_path
@@ -282,6 +284,55 @@ def nccl(device: Device, out: Path, checks: Checks, figures: dict) -> str | None
             checks.expect(f"{name}: the sequence ran", False, f"{type(e).__name__}: {e}"[:300])
         _check_cycle(checks, name, cycle)
     return None if device == "cuda" else "needs CUDA (NCCL); the gloo rehearsal of it ran"
+
+
+# ---------------------------------------------------------------------- native nccl2
+
+NATIVE_CYCLES = 3
+"""Reconfigures of the ``native_nccl2`` part, each followed by an all-reduce and an abort."""
+
+
+def native_nccl2(device: Device, out: Path, checks: Checks, figures: dict) -> str | None:
+    """torch's native reconfigurable group over ``nccl2`` (``init_process_group(...,
+    enable_reconfigure=True)``) as the Manager drives it, one rank (one GPU): reconfigure with a
+    fresh uuid, all-reduce a device tensor, abort, NATIVE_CYCLES times; each reconfigure's
+    time is a figure."""
+    if not native_reconfigure_available():
+        return f"torch {torch.__version__} has no native reconfigure (needs torch>=2.14)"
+    if device != "cuda":
+        return (
+            "needs CUDA (nccl2); the native gloo group runs on CPU in "
+            "tests/process_group/test_native.py"
+        )
+    dev = _torch_device(device)
+    torch.cuda.set_device(dev)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    timeout = timedelta(seconds=PG_TIMEOUT_S)
+    dist.init_process_group(
+        "nccl2",
+        store=dist.PrefixStore("native", store),
+        rank=0,
+        world_size=1,
+        timeout=timeout,
+        enable_reconfigure=True,
+    )
+    try:
+        pg = NativeProcessGroup(dist.group.WORLD, timeout)
+        figures["backend"] = pg.getBackendName()
+        figures["reconfigure_s"] = []
+        for cycle in range(NATIVE_CYCLES):
+            started = time.monotonic()
+            pg.configure(f"127.0.0.1:{store.port}/native-q{cycle}", "gpu_check_0", 0, 1)
+            figures["reconfigure_s"].append(round(time.monotonic() - started, 3))
+            t = torch.full((4,), float(cycle + 2), device=dev)
+            pg.allreduce([t]).wait()
+            torch.cuda.synchronize(dev)
+            ok = torch.equal(t.cpu(), torch.full((4,), float(cycle + 2)))
+            checks.expect(f"nccl2: all-reduce after reconfigure {cycle}", ok, f"got {t.cpu()}")
+            pg.abort()  # the next reconfigure must bring it back
+    finally:
+        dist.destroy_process_group()
+    return None
 
 
 # ---------------------------------------------------------------------- semi-sync

@@ -43,6 +43,7 @@ SECTION = "fault_tolerance"
 """The section's name, in TOML (``[fault_tolerance]``) and on the command line."""
 
 ProcessGroupBackend = Literal["gloo", "nccl"]
+ProcessGroupKindName = Literal["rebuilt", "native"]
 QuorumModeName = Literal[tuple(sorted(m.value for m in QuorumMode))]  # QuorumMode, as TOML text
 WorldSizeModeName = Literal["dynamic", "fixed_with_spares"]
 CheckpointTransportName = Literal["http", "pg"]
@@ -75,6 +76,30 @@ class FaultTolerance(TitanFaultTolerance):
     Backend of the cross-replica-group process group ("gloo" or "nccl"). Default "gloo", the
     only one testable on CPU. "nccl" is faster on GPUs but its failure detection relies on
     timeouts. Applies when ``enable``.
+    """
+
+    process_group_kind: ProcessGroupKindName = "rebuilt"
+    """
+    How the cross-replica-group process group follows a membership change. "rebuilt" (default):
+    the project's group, rebuilt over the quorum's TCPStore at each new quorum, on any torch.
+    "native": torch's own reconfigurable gloo (``enable_reconfigure=True``, torch >= 2.14,
+    with ``process_group = "gloo"``), reconfigured with the members' handles, which the quorum
+    carries; it needs ``process_group_store``. Measured side by side (docs/performance.md,
+    "torch's native reconfigure"): "native" is not faster on a membership change (about 10 ms
+    slower at 3 groups) and its steady allreduce is a little faster; every member depends on
+    ``process_group_store`` for every later membership change, where "rebuilt" depends on no
+    single process. Both release a hung collective at once and fail fast on a dead peer.
+    Applies when ``enable``.
+    """
+
+    process_group_store: str = ""
+    """
+    ``host:port`` of a TCPStore that serves the "native" process group's rendezvous for the
+    whole job, run by a process that outlives every replica group (e.g. on the lighthouse's
+    host). Every rank of every group uses it: it is created over it once, and each membership
+    change rendezvouses there; while it is unreachable no new quorum can form the group (the
+    steps are discarded until it is back). Default "" (unset: an error with "native").
+    Applies when ``enable`` and ``process_group_kind = "native"``.
     """
 
     process_group_timeout_ms: int = 10000

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+import torch
 from torchtitan.models import _supported_models
 from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
@@ -30,6 +31,8 @@ from torchtitan_ft.manager.settings import (
     resolve_timeouts,
     validate_env,
 )
+from torchtitan_ft.netaddr import split_host_port
+from torchtitan_ft.process_group.base import native_reconfigure_available
 from torchtitan_ft.semi_sync import fragments_from_fqns
 from torchtitan_ft.semi_sync.config import QuorumMode, SyncMethod, check_quorum_mode
 from torchtitan_ft.timeouts import Key, Value, check_order, config_value, seconds_value
@@ -137,6 +140,7 @@ def _check_enabled_relations(ft: Any, job_config: Any) -> None:
     )
     check_timeout_order(ft, job_config)
     check_lighthouse_addr(ft)
+    check_process_group_kind(ft, native_reconfigure_available(), torch.__version__)
     _require(
         not ft.retry_inflight_allreduce,
         f"{SECTION}.retry_inflight_allreduce=true is not supported with TorchTitan: the "
@@ -160,6 +164,31 @@ def _check_enabled_relations(ft: Any, job_config: Any) -> None:
             f"{SECTION}.enable is on: the replica axis is managed by fault tolerance "
             f"(use {SECTION}.group_size)",
         )
+
+
+def check_process_group_kind(ft: Any, native_available: bool, torch_version: str) -> None:
+    """``process_group_kind = "native"`` needs torch's native reconfigure (``native_available``
+    on ``torch_version``), gloo and a ``process_group_store``; one line for the first missing."""
+    if ft.process_group_kind != "native":
+        return
+    _require(
+        native_available,
+        f"{SECTION}.process_group_kind='native' needs torch>=2.14 (enable_reconfigure); torch "
+        f"{torch_version} is installed: use 'rebuilt'",
+    )
+    _require(
+        ft.process_group == "gloo",
+        f"{SECTION}.process_group_kind='native' wraps gloo, got {SECTION}.process_group="
+        f"{ft.process_group!r}: set it to 'gloo' or use process_group_kind='rebuilt'",
+    )
+    try:
+        split_host_port(ft.process_group_store)
+    except ValueError as e:
+        raise ConfigError(
+            f"{SECTION}.process_group_store={ft.process_group_store!r} must be the host:port of "
+            f"a TCPStore that outlives every replica group when "
+            f"{SECTION}.process_group_kind='native' ({e})"
+        ) from None
 
 
 def check_fragment_fqns(ft: Any) -> None:

@@ -22,7 +22,12 @@ from torchtitan.tools.logging import logger
 from torchtitan_ft.checkpoint import PGTransport
 from torchtitan_ft.manager import Manager, WorldSizeMode, model_fingerprint
 from torchtitan_ft.manager.settings import resolve_timeouts
-from torchtitan_ft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+from torchtitan_ft.process_group import (
+    ProcessGroup,
+    ProcessGroupGloo,
+    ProcessGroupNativeGloo,
+    ProcessGroupNCCL,
+)
 from torchtitan_ft.replica_ids import titan_replica_name
 from torchtitan_ft.semi_sync.config import QuorumMode
 from torchtitan_ft.titan import releases
@@ -554,6 +559,24 @@ def model_config_fingerprint(job_config: Any) -> str:
     return model_fingerprint(meta_model(job_config))
 
 
+def cross_group_pg(ft: Any, group_rank: int, group_world_size: int) -> ProcessGroup:
+    """The cross-group process group ``ft`` (the ``fault_tolerance`` section) asks for, for
+    group rank ``group_rank`` of ``group_world_size``: the project's gloo or NCCL group, or
+    with ``process_group_kind = "native"`` torch's reconfigurable gloo over
+    ``process_group_store``, this rank's place there its global rank (replica id x group
+    size + group rank)."""
+    timeout = timedelta(milliseconds=ft.process_group_timeout_ms)
+    if ft.process_group_kind == "native":
+        return ProcessGroupNativeGloo(
+            f"{ft.process_group_store}/torchtitan_ft_native",
+            rank=ft.replica_id * group_world_size + group_rank,
+            world_size=ft.group_size * group_world_size,
+            timeout=timeout,
+        )
+    pg_class = ProcessGroupGloo if ft.process_group == "gloo" else ProcessGroupNCCL
+    return pg_class(timeout=timeout)
+
+
 def build_manager_runtime(job_config: Any) -> ManagerRuntime:
     """This rank's Manager and cross-group process group, from ``job_config.fault_tolerance``
     (mapping: :mod:`torchtitan_ft.titan.config_schema`); the one place both FT axes get theirs.
@@ -565,8 +588,7 @@ def build_manager_runtime(job_config: Any) -> ManagerRuntime:
     each rank's checkpoint server (the Manager's default transport).
     """
     ft = job_config.fault_tolerance
-    pg_class = ProcessGroupGloo if ft.process_group == "gloo" else ProcessGroupNCCL
-    pg = pg_class(timeout=timedelta(milliseconds=ft.process_group_timeout_ms))
+    pg = cross_group_pg(ft, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
     device = "cpu" if ft.process_group == "gloo" else f"cuda:{torch.cuda.current_device()}"
     timeouts = manager_timeouts(ft)
     transport = None
