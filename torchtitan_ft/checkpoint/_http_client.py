@@ -37,6 +37,7 @@ _CHUNK_ALIGN = 1 << 16
 _MAX_ERROR_BODY = 4096
 _RETRY_FIRST_S = 0.005
 _RETRY_MAX_S = 0.1
+_PROBE_PIECE = 64 << 10
 R = TypeVar("R")
 
 
@@ -83,6 +84,8 @@ class Response:
         self.length = int(length)
         self.progress: PrefaultJob | None = None
         """Told of every body piece read, to pace page population."""
+        self.stall_s: float | None = None
+        """The socket's timeout when it is the source's stall bound (for the error)."""
 
     def readinto(self, view: memoryview, deadline: float) -> None:
         """Fills ``view`` with the next body bytes; raises on EOF, timeout or overrun."""
@@ -98,6 +101,10 @@ class Response:
             try:
                 n = self.sock.recv_into(piece, len(piece), socket.MSG_WAITALL)
             except BlockingIOError:
+                if self.stall_s is not None and time.monotonic() < deadline:
+                    raise TimeoutError(
+                        f"no byte from the donor for {self.stall_s:g} s (stalled)"
+                    ) from None
                 raise TimeoutError("timed out waiting for the donor") from None
             if n == 0:
                 raise ConnectionResetError(
@@ -123,12 +130,20 @@ class Response:
 
 
 class Source:
-    """The receiving end of one transfer: a donor's host, port and base path."""
+    """The receiving end of one transfer: a donor's host, port and base path.
 
-    def __init__(self, host: str, port: int, base: str, auth_token: str | None) -> None:
+    ``stall_s``: a connection that gets no byte for this long (a pulled cable: nothing resets
+    it) fails with ``TimeoutError``, so that the heal can fall back to another path before its
+    deadline; ``None``: only the deadline bounds it.
+    """
+
+    def __init__(
+        self, host: str, port: int, base: str, auth_token: str | None, stall_s: float | None = None
+    ) -> None:
         self._host = host
         self._port = port
         self._base = base
+        self._stall_s = stall_s
         self._auth = f"Authorization: Bearer {auth_token}\r\n" if auth_token else ""
         self._cancel = threading.Event()
         self._socks: list[socket.socket] = []
@@ -158,6 +173,26 @@ class Source:
             finally:
                 prefault.cancel()
             return header, tensors
+
+    def probe(self, nbytes: int, deadline: float, cutoff: Callable[[], float]) -> float:
+        """Times a download of ``nbytes`` zero bytes from the donor (``/probe``), connection
+        included; returns the rate in MB/s. A probe still running at ``cutoff()`` (a
+        monotonic time, read between pieces: a race of probes ends the others once one is
+        done) or at ``deadline`` measures what came so far. Raises OSError (path
+        unreachable, nothing came) or ValueError (the donor has no probe)."""
+        started = time.perf_counter()
+        got = 0
+        with self._get(f"{self._base}/probe?bytes={nbytes}", "", 200, deadline) as resp:
+            buf = memoryview(bytearray(min(nbytes, _PROBE_PIECE)))
+            try:
+                while resp.length and time.monotonic() < cutoff():
+                    n = min(len(buf), resp.length)
+                    resp.readinto(buf[:n], deadline)
+                    got += n
+            except TimeoutError:
+                if not got:
+                    raise
+        return got / 1e6 / max(time.perf_counter() - started, 1e-9)
 
     def header(self, step: int, deadline: float) -> tuple[Header, str]:
         with self._get(f"{self._base}/{step}/header", "", 200, deadline) as resp:
@@ -276,13 +311,15 @@ class Source:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("transfer deadline passed")
-        sock = socket.create_connection((self._host, self._port), timeout=remaining)
+        bound = remaining if self._stall_s is None else min(remaining, self._stall_s)
+        sock = socket.create_connection((self._host, self._port), timeout=bound)
         try:
             with self._lock:
                 self._socks.append(sock)
             if self._cancel.is_set():
                 raise ConnectionAbortedError("transfer aborted after another chunk failed")
-            set_io_timeout(sock, deadline - time.monotonic())
+            left = deadline - time.monotonic()
+            set_io_timeout(sock, left if self._stall_s is None else min(left, self._stall_s))
             host = url_host(self._host)
             request = (
                 f"GET {path} HTTP/1.1\r\nHost: {host}:{self._port}\r\n{self._auth}{headers}"
@@ -290,6 +327,7 @@ class Source:
             )
             sock.sendall(request.encode("latin-1"))
             resp = Response(sock)
+            resp.stall_s = self._stall_s
             if resp.status != expect:
                 body = resp.read(min(resp.length, _MAX_ERROR_BODY), deadline)
                 text = body.decode(errors="replace").strip()
