@@ -57,8 +57,11 @@ class Response:
     released, the socket's kernel timeout bounding each call.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, stall_s: float | None = None) -> None:
         self.sock = sock
+        self.stall_s = stall_s
+        """The socket's timeout when it is the source's stall bound, not the deadline (for
+        the error)."""
         head = bytearray()
         while (end := head.find(b"\r\n\r\n")) < 0:
             if len(head) > _MAX_HEAD:
@@ -84,8 +87,6 @@ class Response:
         self.length = int(length)
         self.progress: PrefaultJob | None = None
         """Told of every body piece read, to pace page population."""
-        self.stall_s: float | None = None
-        """The socket's timeout when it is the source's stall bound (for the error)."""
 
     def readinto(self, view: memoryview, deadline: float) -> None:
         """Fills ``view`` with the next body bytes; raises on EOF, timeout or overrun."""
@@ -101,11 +102,7 @@ class Response:
             try:
                 n = self.sock.recv_into(piece, len(piece), socket.MSG_WAITALL)
             except BlockingIOError:
-                if self.stall_s is not None and time.monotonic() < deadline:
-                    raise TimeoutError(
-                        f"no byte from the donor for {self.stall_s:g} s (stalled)"
-                    ) from None
-                raise TimeoutError("timed out waiting for the donor") from None
+                raise self._timed_out() from None
             if n == 0:
                 raise ConnectionResetError(
                     f"donor closed the connection with {self.length - got} body bytes missing"
@@ -126,7 +123,14 @@ class Response:
         try:
             return self.sock.recv(n)
         except BlockingIOError:
-            raise TimeoutError("timed out waiting for the donor") from None
+            raise self._timed_out() from None
+
+    def _timed_out(self) -> TimeoutError:
+        """The error of a read that got nothing within the socket's timeout: the stall bound,
+        or the deadline."""
+        if self.stall_s is not None:
+            return TimeoutError(f"no byte from the donor for {self.stall_s:g} s (stalled)")
+        return TimeoutError("timed out waiting for the donor")
 
 
 class Source:
@@ -319,15 +323,15 @@ class Source:
             if self._cancel.is_set():
                 raise ConnectionAbortedError("transfer aborted after another chunk failed")
             left = deadline - time.monotonic()
-            set_io_timeout(sock, left if self._stall_s is None else min(left, self._stall_s))
+            stall = self._stall_s if self._stall_s is not None and self._stall_s < left else None
+            set_io_timeout(sock, left if stall is None else stall)
             host = url_host(self._host)
             request = (
                 f"GET {path} HTTP/1.1\r\nHost: {host}:{self._port}\r\n{self._auth}{headers}"
                 "Connection: close\r\n\r\n"
             )
             sock.sendall(request.encode("latin-1"))
-            resp = Response(sock)
-            resp.stall_s = self._stall_s
+            resp = Response(sock, stall)
             if resp.status != expect:
                 body = resp.read(min(resp.length, _MAX_ERROR_BODY), deadline)
                 text = body.decode(errors="replace").strip()
