@@ -136,7 +136,8 @@ class FaultTolerance(TitanFaultTolerance):
     ``socket.gethostname()``, which must resolve to an address the other machines reach. It also
     decides where the servers listen: a loopback name ("127.0.0.1", "localhost", "::1") keeps
     the ManagerServer on loopback (otherwise it listens on all interfaces); the checkpoint
-    server listens on the address ``hostname`` resolves to. Use "127.0.0.1" for single-machine
+    server listens on the address ``hostname`` resolves to and offers its other interfaces
+    too (``heal_interfaces``). Use "127.0.0.1" for single-machine
     runs and tests; with groups on several machines, each machine's address on the network
     they share. It must be an address of this machine (checked at start-up), and a loopback
     one stops this group at its first quorum with a group on another machine (even if it
