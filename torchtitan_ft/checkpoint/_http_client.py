@@ -179,14 +179,16 @@ class Source:
             return header, tensors
 
     def probe(self, nbytes: int, deadline: float, cutoff: Callable[[], float]) -> float:
-        """Times a download of ``nbytes`` zero bytes from the donor (``/probe``), connection
-        included; returns the rate in MB/s. A probe still running at ``cutoff()`` (a
+        """Times a download of ``nbytes`` zero bytes from the donor (``/probe``) from the
+        response's head on (connecting and asking are round trips, not bandwidth, and on a
+        loaded machine mostly scheduling); returns the rate in MB/s. A probe still running at
+        ``cutoff()`` (a
         monotonic time, read between pieces: a race of probes ends the others once one is
         done) or at ``deadline`` measures what came so far. Raises OSError (path
         unreachable, nothing came) or ValueError (the donor has no probe)."""
-        started = time.perf_counter()
         got = 0
         with self._get(f"{self._base}/probe?bytes={nbytes}", "", 200, deadline) as resp:
+            started = time.perf_counter()
             buf = memoryview(bytearray(min(nbytes, _PROBE_PIECE)))
             try:
                 while resp.length and time.monotonic() < cutoff():

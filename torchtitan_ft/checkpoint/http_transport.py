@@ -97,9 +97,10 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-PROBE_BYTES = 1 << 20
-"""What a path's probe downloads: enough to tell a 100 Mbit/s link (~85 ms) from a fast one
-(milliseconds), little enough to cost nothing beside a heal."""
+PROBE_BYTES = 4 << 20
+"""What a path's probe downloads: enough to tell a 100 Mbit/s link (~0.34 s alone; its token
+bucket's first burst a small part of it) from a fast one (milliseconds). The probes race
+(``PROBE_GRACE``), so a heal pays about twice the fastest path's probe, not the slow one's."""
 PROBE_LIMIT_S = 1.0
 """A probe's time limit; a slower path is measured by what arrived so far."""
 PROBE_GRACE = 1.0

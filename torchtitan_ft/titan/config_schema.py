@@ -262,15 +262,15 @@ class FaultTolerance(TitanFaultTolerance):
     """
     The network interfaces a heal may use, comma-separated (e.g. "ib0" or "ib0,ib1"): an
     operator's pin. Default "" = every interface: each rank's checkpoint server offers all its
-    up, non-loopback addresses, and a healing rank probes each of the donor's paths (1 MiB,
-    once per donor, kept 10 minutes), fetches over the fastest and falls back to the next when
-    one fails or stalls for 10 s (torchft #329: a host name resolving to the slow network
-    healed at its speed). Pin when the probe would mislead (e.g. a path that is fast but
-    metered) or to keep heals off a network. An interface that does not exist on this
-    machine stops the trainer at start with one line. Unset, the ``TORCHFT_HEAL_INTERFACES``
-    env var applies if set (the field wins when set). The process group's network is gloo's
-    or NCCL's own (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``). Applies when ``enable``
-    and ``checkpoint_transport = "http"``.
+    up, non-loopback addresses, and a healing rank probes each of the donor's paths (4 MiB over
+    all at once, the slower cut short; once per donor, kept 10 minutes), fetches over the
+    fastest and falls back to the next when one fails or stalls for 10 s (torchft #329: a host
+    name resolving to the slow network healed at its speed). Pin when the probe would mislead
+    (e.g. a path that is fast but metered) or to keep heals off a network. An interface that
+    does not exist on this machine stops the trainer at start with one line. Unset, the
+    ``TORCHFT_HEAL_INTERFACES`` env var applies if set (the field wins when set). The process
+    group's network is gloo's or NCCL's own (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``).
+    Applies when ``enable`` and ``checkpoint_transport = "http"``.
     """
 
     retry_inflight_allreduce: bool = False
