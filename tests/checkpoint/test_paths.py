@@ -19,6 +19,7 @@ from torchtitan_ft.checkpoint.paths import (
     first_that_works,
     measured,
     missing_interfaces,
+    not_here,
     offered,
     order,
 )
@@ -254,3 +255,22 @@ def test_measured_then_ordered_takes_the_fastest_probe() -> None:
 def test_path_label_names_the_link() -> None:
     assert PathUsed("10.1.0.5:1", "ib0", 950.0).label() == "10.1.0.5:1 on ib0"
     assert PathUsed("node1:1", None, None).label() == "node1:1"
+
+
+@pytest.mark.parametrize(
+    ("addresses", "expected"),
+    [
+        # a donor elsewhere: its address that is also this host's (a bridge's) is dropped
+        (["10.0.0.5:1", "172.17.0.1:1", "10.1.0.5:1"], ["10.0.0.5:1", "10.1.0.5:1"]),
+        # donor and healer on one host: every path stays
+        (["172.17.0.1:1", "10.0.0.5:1"], ["172.17.0.1:1", "10.0.0.5:1"]),
+        (["[fd00::9]:1", "[fd00::1]:1"], ["[fd00::9]:1"]),
+        ([], []),
+    ],
+)
+def test_paths_that_lead_back_to_this_host_are_dropped(
+    addresses: list[str], expected: list[str]
+) -> None:
+    here = {"172.17.0.1", "fd00::1"}
+    got = not_here([Candidate(a) for a in addresses], lambda host: host in here)
+    assert [c.address for c in got] == expected

@@ -64,6 +64,7 @@ from typing import Any, TypeVar
 
 from torchtitan_ft.addresses import (
     interface_with,
+    is_local_address,
     is_loopback,
     local_interfaces,
     route_source,
@@ -83,6 +84,7 @@ from torchtitan_ft.checkpoint.paths import (
     encode_offer,
     first_that_works,
     measured,
+    not_here,
     offered,
     order,
 )
@@ -312,9 +314,11 @@ class HTTPTransport(CheckpointTransport[T]):
     def _ranked(
         self, peer: str, base: str, candidates: list[Candidate], deadline: float
     ) -> list[Candidate]:
-        """The donor's paths in the order to try them (``paths.order``): probed (or taken from
-        the cache for this donor), with the link speed of the local interface the kernel
-        routes each through, and kept to the pinned interfaces when the donor named its."""
+        """The donor's paths in the order to try them (``paths.order``): those not on this
+        host (``paths.not_here``), kept to the pinned interfaces when the donor named its,
+        probed (or taken from the cache for this donor), with the link speed of the local
+        interface the kernel routes each through."""
+        candidates = not_here(candidates, is_local_address)
         pinned = self._interfaces if any(c.interface for c in candidates) else ()
         if pinned:
             candidates = order(candidates, pinned)

@@ -277,6 +277,21 @@ def decode_offer(metadata: str) -> tuple[str, list[Candidate]]:
 # ----------------------------------------------------------------------- what the healer knows
 
 
+def not_here(candidates: Sequence[Candidate], is_local: Callable[[str], bool]) -> list[Candidate]:
+    """``candidates`` without those whose host is an address of the healer's own host
+    (``is_local``), unless the donor's first one is too (donor and healer share a host).
+
+    A donor on another host may offer an address that every host of the cluster holds (a
+    container bridge's, say): dialled here it reaches this host, not the donor."""
+    if not candidates or is_local(_host(candidates[0])):
+        return list(candidates)
+    return [c for c in candidates if not is_local(_host(c))]
+
+
+def _host(candidate: Candidate) -> str:
+    return candidate.address.rpartition(":")[0].strip("[]")
+
+
 class ProbeCache:
     """Each donor's probed rates, kept for ``ttl_s`` seconds (pure: the time is an input).
 
