@@ -334,6 +334,29 @@ def test_link_cpu_prints_both_bucket_settings() -> None:
         assert setting["machine_softirq_s_per_op"] >= 0
 
 
+@pytest.mark.slow  # two hosts, a donor and five healer processes: 1 to 6 min under load
+@pytest.mark.multihost
+@pytest.mark.timeout(660)
+@pytest.mark.skipif(
+    limit_unavailable_reason() is not None, reason=f"no limited links: {limit_unavailable_reason()}"
+)
+def test_heal_paths_takes_the_fast_link_and_finishes_on_the_slow_one_when_it_is_pulled() -> None:
+    out = _benchmark("benchmarks.heal_paths", "--quick", timeout=630)
+    slow, fast = out["links"]["eth0"], out["links"]["eth1"]
+    assert (slow["path"]["interface"], fast["path"]["interface"]) == ("eth0", "eth1")
+    assert slow["rate_mb_s"] < 100 / 8 * 1.1 < fast["rate_mb_s"]  # the tbf limit holds
+    heal = out["heal"]
+    assert out["heal_took_fast_link"] and heal["path"]["interface"] == "eth1", heal
+    assert heal["path"]["probe_mb_s"] > 0 and heal["path"]["failures"] == []
+    assert heal["rate_vs_fast_link"] == pytest.approx(heal["rate_mb_s"] / fast["rate_mb_s"], 0.01)
+    fallback = out["fallback"]
+    assert out["fallback_finished_on_slow_link"] and fallback["finished_on"] == "eth0", fallback
+    assert fallback["bytes"] == 12_000_000
+    (failure,) = fallback["path"]["failures"]
+    assert failure.startswith(fast["path"]["address"]) and "stalled" in failure, failure
+    assert out["cpu"]["model"] and out["cpu"]["flags"]
+
+
 def _torchft_record(group: int, step: int, committed: bool, participating: bool, drawn: int):
     from benchmarks._goodput_accounts import Record
 

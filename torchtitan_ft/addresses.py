@@ -32,12 +32,16 @@ address to set:
 - :func:`gloo_bind_address`: the local address the cross-group gloo transport listens on and
   advertises: the one the kernel routes towards the quorum's store, unless
   ``GLOO_SOCKET_IFNAME`` names an interface.
+- :func:`local_interfaces`: this host's network interfaces, their addresses, whether they are
+  up and the link speed the kernel reports (the heal's paths, ``checkpoint.paths``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import socket
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -56,6 +60,12 @@ HOSTNAME_SETTING = "fault_tolerance.hostname"
 """How the setting is named in messages (the Manager's ``hostname`` argument)."""
 _DISCARD_PORT = 9
 """Any port: connecting a UDP socket only picks a route, it sends nothing."""
+_SIOCGIFFLAGS = 0x8913
+_SIOCGIFADDR = 0x8915
+_IFF_UP = 0x1
+_IFF_LOOPBACK = 0x8
+_IF6_TABLE = "/proc/net/if_inet6"
+_SYS_NET = "/sys/class/net"
 
 
 def is_loopback(host: str) -> bool:
@@ -140,6 +150,83 @@ def route_source(host: str) -> str | None:
             except OSError:
                 continue
             return str(probe.getsockname()[0])
+    return None
+
+
+@dataclass(frozen=True)
+class Interface:
+    """One network interface of this host, as the kernel reports it."""
+
+    name: str
+    addresses: tuple[str, ...]
+    """Its IPv4 address (the primary one) and its global IPv6 addresses, in that order."""
+    up: bool
+    loopback: bool
+    speed_mbit_s: float | None
+    """The link speed the kernel reports (``/sys/class/net/<name>/speed``); ``None`` when it
+    reports none (loopback, virtual or down links)."""
+
+
+def local_interfaces() -> list[Interface]:
+    """This host's network interfaces (``socket.if_nameindex``), each with its primary IPv4
+    address (``SIOCGIFADDR``), its global-scope IPv6 addresses (``/proc/net/if_inet6``; a
+    link-local one needs a scope and is left out), its flags and link speed. Linux only."""
+    ipv6: dict[str, list[str]] = {}
+    try:
+        with open(_IF6_TABLE) as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) == 6 and fields[3] == "00":  # scope: global
+                    ipv6.setdefault(fields[5], []).append(
+                        str(ipaddress.IPv6Address(bytes.fromhex(fields[0])))
+                    )
+    except OSError:
+        pass  # no IPv6 here
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                reply = fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, request)
+            except OSError:
+                continue  # gone since the listing
+            flags = struct.unpack("H", reply[16:18])[0]
+            try:
+                reply = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, request)
+                v4 = [socket.inet_ntoa(reply[20:24])]
+            except OSError:
+                v4 = []  # no IPv4 address
+            found.append(
+                Interface(
+                    name,
+                    tuple(v4 + ipv6.get(name, [])),
+                    bool(flags & _IFF_UP),
+                    bool(flags & _IFF_LOOPBACK),
+                    link_speed_mbit_s(name),
+                )
+            )
+    return found
+
+
+def link_speed_mbit_s(name: str) -> float | None:
+    """The speed the kernel reports for interface ``name`` in Mbit/s, ``None`` if none (a
+    virtual link reports -1 or nothing, a tunnel or loopback an error)."""
+    try:
+        with open(f"{_SYS_NET}/{name}/speed") as f:
+            speed = float(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return speed if speed > 0 else None
+
+
+def interface_with(address: str, interfaces: Sequence[Interface]) -> Interface | None:
+    """The interface of ``interfaces`` that holds ``address`` (an IP literal), if any."""
+    literal = ip_literal(address)
+    if literal is None:
+        return None
+    for interface in interfaces:
+        if any(ipaddress.ip_address(a) == literal for a in interface.addresses):
+            return interface
     return None
 
 

@@ -65,9 +65,13 @@ class EventKind(StrEnum):
     HEAL_END = "heal_end"
     """A heal this rank started ended. Fields: ``outcome`` (a :class:`HealOutcome`),
     ``seconds`` (transfer, plus load when applied), ``bytes`` (tensor bytes received; 0 when
-    the transfer failed), ``path`` (the address the state came over: the donor's checkpoint
-    URL for HTTP, ``"process group"`` for the process-group transport; ``""`` when the
-    transfer failed before it had one), ``error`` (``""`` unless failed or not applied)."""
+    the transfer failed), ``path`` (the path the state came over: ``<host:port> on
+    <interface>`` for HTTP, the donor's interface as it offered it, or its URL from a
+    transport that does not say; ``"process group"`` for the process-group transport; ``""``
+    when the transfer failed before it had one), ``error`` (``""`` unless failed or not
+    applied); over HTTP also ``path_address``, ``path_interface`` (``None``: not said),
+    ``path_probe_mb_s`` (the probed rate, ``None``: not probed, e.g. the only path) and
+    ``path_failures`` (the paths tried before it, each ``address (why)``)."""
     STRAGGLER = "straggler"
     """The lighthouse started or stopped reporting this replica group as a straggler (its
     compute slower than the others' by ``--straggler_factor``, or its link, by its link probes,

@@ -9,13 +9,14 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import torch
 
 from tests.checkpoint.state_dicts import assert_bitwise_equal, mixed_state_dict
 from torchtitan_ft.checkpoint import CheckpointTransferError, HTTPTransport, _http_client
+from torchtitan_ft.checkpoint.paths import PathUsed
 
 TIMEOUT = timedelta(seconds=10)
 
@@ -277,6 +278,74 @@ def test_unreachable_or_silent_donor_raises(receiver: HTTPTransport) -> None:
         receiver.recv_checkpoint(0, "<n/a>", 1, TIMEOUT)
 
 
+def test_a_heal_records_the_path_it_came_over(
+    donor: HTTPTransport, receiver: HTTPTransport
+) -> None:
+    port = urlsplit(donor.metadata()).port
+    assert parse_qs(urlsplit(donor.metadata()).query) == {"via": ["lo/127.0.0.1"]}
+    donor.send_checkpoint([1], 3, {"w": torch.arange(10)}, TIMEOUT)
+    assert receiver.last_path is None
+    receiver.recv_checkpoint(0, donor.metadata(), 3, TIMEOUT)
+    # one path: nothing to probe
+    assert receiver.last_path == PathUsed(f"127.0.0.1:{port}", "lo", None, ())
+    # a URL without the offer (a donor of before it): its host alone
+    bare = donor.metadata().partition("?")[0]
+    got = receiver.recv_checkpoint(0, bare, 3, TIMEOUT)
+    assert torch.equal(got["w"], torch.arange(10))
+    assert receiver.last_path == PathUsed(f"127.0.0.1:{port}", None, None, ())
+
+
+def test_the_donors_paths_are_probed_and_a_dead_one_tried_last(
+    donor: HTTPTransport, receiver: HTTPTransport
+) -> None:
+    """Two paths offered, the first (the donor's preferred) with nothing listening: the probe
+    finds it refused and the heal goes over the live one at once."""
+    port = urlsplit(donor.metadata()).port
+    donor.send_checkpoint([1], 3, {"w": torch.arange(10)}, TIMEOUT)
+    url = f"http://127.0.0.1:{port}/checkpoint?via=eth7%2F127.0.0.2&via=lo%2F127.0.0.1"
+    got = receiver.recv_checkpoint(0, url, 3, TIMEOUT)
+    assert torch.equal(got["w"], torch.arange(10))
+    used = receiver.last_path
+    assert used is not None and (used.address, used.interface) == (f"127.0.0.1:{port}", "lo")
+    assert used.probe_mb_s is not None and used.probe_mb_s > 0 and used.failures == ()
+
+
+def test_no_reachable_path_names_each_address_tried_and_why(receiver: HTTPTransport) -> None:
+    silent = socket.create_server(("127.0.0.1", 0))  # never answers: a stalled path
+    port = silent.getsockname()[1]
+    stalls: HTTPTransport = HTTPTransport(
+        TIMEOUT, 0, hostname="127.0.0.1", stall_timeout=timedelta(seconds=0.3)
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/checkpoint?via=eth7%2F127.0.0.3&via=lo%2F127.0.0.1"
+        started = time.monotonic()
+        with pytest.raises(CheckpointTransferError) as error:
+            stalls.recv_checkpoint(2, url, 1, TIMEOUT)
+        assert time.monotonic() - started < 5  # the stall bound, not the 10 s timeout
+    finally:
+        stalls.shutdown()
+        silent.close()
+    message = str(error.value)
+    assert "no address of the donor worked" in message
+    assert f"127.0.0.3:{port} (ConnectionRefusedError" in message
+    assert f"127.0.0.1:{port} (TimeoutError: no byte from the donor for 0.3 s" in message
+
+
+def test_the_probe_route_sends_what_was_asked(donor: HTTPTransport) -> None:
+    status, body, _ = get(donor, f"{base(donor)}/probe?bytes=5000")
+    assert (status, body) == (200, bytes(5000))
+    for bad in ("", "-1", f"{(16 << 20) + 1}", "x"):
+        status, body, _ = get(donor, f"{base(donor)}/probe?bytes={bad}")
+        assert status == 400 and b"expected 0 to 16777216" in body, (bad, body)
+
+
+def test_a_pinned_interface_that_does_not_exist_stops_the_transport() -> None:
+    with pytest.raises(ValueError) as error:
+        HTTPTransport(TIMEOUT, 0, hostname="127.0.0.1", interfaces=["ib7"])
+    assert "heal interface 'ib7' does not exist on this host" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
 def test_constructor_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="timeout"):
         HTTPTransport(timedelta(0), 0, hostname="127.0.0.1")
@@ -286,6 +355,10 @@ def test_constructor_rejects_bad_arguments() -> None:
         HTTPTransport(TIMEOUT, 0, hostname="127.0.0.1", auth_token="")
     with pytest.raises(ValueError, match="reuse_receive_buffer must be a bool, got 'yes'"):
         HTTPTransport(TIMEOUT, 0, hostname="127.0.0.1", reuse_receive_buffer="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="interfaces must be a sequence of names, got 'ib0'"):
+        HTTPTransport(TIMEOUT, 0, hostname="127.0.0.1", interfaces="ib0")
+    with pytest.raises(ValueError, match="stall_timeout must be a positive timedelta"):
+        HTTPTransport(TIMEOUT, 0, hostname="127.0.0.1", stall_timeout=timedelta(0))
 
 
 _DONOR = """

@@ -12,13 +12,14 @@ import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import torch
 
 from tests.checkpoint.state_dicts import assert_bitwise_equal
 from torchtitan_ft.checkpoint import CheckpointTransferError, HTTPTransport, _http_client
-from torchtitan_ft.events import EventWriter
+from torchtitan_ft.events import Event, EventKind, EventWriter
 from torchtitan_ft.manager import healing
 from torchtitan_ft.manager.decisions import QuorumResult
 from torchtitan_ft.manager.healing import Healing, land_in_place
@@ -265,3 +266,39 @@ def test_donor_killed_mid_heal_leaves_the_live_state_untouched(
     finally:
         donor.kill()
         donor.wait()
+
+
+def test_heal_end_records_the_path_the_state_came_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The donor's address and interface (the link the status page names), the probed rate and
+    the paths tried before it."""
+    monkeypatch.setattr(healing, "ManagerClient", _DonorGroupStub)
+    seen: list[Event] = []
+    receiver: HTTPTransport = HTTPTransport(TIMEOUT, num_chunks=0, hostname="127.0.0.1")
+    donor: HTTPTransport = HTTPTransport(TIMEOUT, num_chunks=0, hostname="127.0.0.1")
+    heal = Healing(
+        receiver,
+        group_rank=0,
+        timeout=TIMEOUT,
+        connect_timeout=TIMEOUT,
+        auth_token=None,
+        counters=Counters(),
+        events=EventWriter(None, "replica_1:u", 0, lambda: 0, seen.append),
+        log=lambda level, msg: None,
+    )
+    heal.register("default", lambda state: None, lambda: {"w": torch.zeros(4)})
+    try:
+        _DonorGroupStub.metadata = donor.metadata()
+        state = {"user": {"default": {"w": torch.ones(4)}}, "torchft": {"step": 5}}
+        donor.send_checkpoint([1], 5, state, TIMEOUT)
+        heal.new_step()
+        heal.exchange(_heal_result(5), {"step": 0})
+        _apply(heal, [], [])
+    finally:
+        donor.shutdown()
+        receiver.shutdown()
+    (end,) = [e for e in seen if e.kind is EventKind.HEAL_END]
+    port = urlsplit(donor.metadata()).port
+    assert end["outcome"] == "applied"
+    assert end["path"] == f"127.0.0.1:{port} on lo"
+    assert (end["path_address"], end["path_interface"]) == (f"127.0.0.1:{port}", "lo")
+    assert end["path_probe_mb_s"] is None and end["path_failures"] == []  # one path: no probe

@@ -192,6 +192,7 @@ def test_auth_token_env_no_client_can_present_names_the_variable() -> None:
         ("TORCHFT_LIGHTHOUSE", "lighthouse:29510", "is not http://host:port"),
         ("TORCHFT_SAMPLES_PER_BATCH", "0", "TORCHFT_SAMPLES_PER_BATCH must be a positive"),
         ("TORCHFT_LIGHTHOUSE_OUTAGE", "stall", "TORCHFT_LIGHTHOUSE_OUTAGE must be one of 'wait'"),
+        ("TORCHFT_HEAL_INTERFACES", "ib0,,eth1", "TORCHFT_HEAL_INTERFACES must name network"),
     ],
 )
 def test_bad_env_var_is_an_error_even_when_an_argument_overrides_it(var, bad, match) -> None:
@@ -206,6 +207,7 @@ def test_bad_env_var_is_an_error_even_when_an_argument_overrides_it(var, bad, ma
         "samples_per_batch": 8,
         "lighthouse_outage": "wait",
         "on_state_loss": "stop",
+        "heal_interfaces": "lo",
     }
     with pytest.raises(ValueError, match=match):
         resolve_manager_settings(env={var: bad}, **arguments)
@@ -304,3 +306,38 @@ def test_on_state_loss_argument_then_env_then_checkpoint(arg, env, expected) -> 
 def test_a_bad_on_state_loss_names_the_choices(arg, env, origin) -> None:
     with pytest.raises(ValueError, match=f"{origin}.* must be one of 'stop', 'from_scratch'"):
         resolve_manager_settings(env=env, on_state_loss=arg)
+
+
+@pytest.mark.parametrize(
+    ("arg", "env", "expected", "source"),
+    [
+        (None, {}, (), "default"),
+        (None, {"TORCHFT_HEAL_INTERFACES": ""}, (), "default"),
+        (None, {"TORCHFT_HEAL_INTERFACES": "ib0"}, ("ib0",), "env"),
+        (None, {"TORCHFT_HEAL_INTERFACES": " ib0, ib1 "}, ("ib0", "ib1"), "env"),
+        ("eth1", {"TORCHFT_HEAL_INTERFACES": "ib0"}, ("eth1",), "argument"),
+        (["ib0", "eth1"], {}, ("ib0", "eth1"), "argument"),
+        # the field set to "" (every interface) wins over the variable
+        ("", {"TORCHFT_HEAL_INTERFACES": "ib0"}, (), "argument"),
+    ],
+)
+def test_heal_interfaces_argument_then_env_then_every_interface(arg, env, expected, source) -> None:
+    settings = resolve_manager_settings(env=env, heal_interfaces=arg)
+    assert settings.heal_interfaces.value == expected
+    assert settings.heal_interfaces.source.value == source
+    assert settings.record()["heal_interfaces"]["value"] == list(expected)
+    assert "heal_interfaces=" in settings.describe()
+
+
+@pytest.mark.parametrize(
+    ("arg", "env", "match"),
+    [
+        ("ib0,", {}, r"heal_interfaces must name network interfaces .*'' is not"),
+        (["ib0", "a b"], {}, r"heal_interfaces .*'a b' is not an interface name"),
+        (None, {"TORCHFT_HEAL_INTERFACES": "eth0/1"}, r"env var TORCHFT_HEAL_INTERFACES .*eth0/1"),
+        ("averyveryverylongname", {}, r"'averyveryverylongname' is not an interface name"),
+    ],
+)
+def test_a_malformed_heal_interface_is_named(arg, env, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        resolve_manager_settings(env=env, heal_interfaces=arg)

@@ -55,7 +55,9 @@ def test_host_names_are_checked() -> None:
     with pytest.raises(ValueError, match="not 'sw'"):
         HostNetwork(["sw"])
     with pytest.raises(ValueError, match="link rate must be > 0"):
-        netns.Host("A", "ns", "10.0.0.2", "sw", "p0").limit(0)
+        netns.Host("A", "ns", ["10.0.0.2"], "sw", ["p0"]).limit(0)
+    with pytest.raises(ValueError, match="links must be 1 to 3, got 0"):
+        HostNetwork(["A"], links=0)
 
 
 @pytest.mark.multihost
@@ -78,6 +80,29 @@ def test_hosts_reach_each_other_and_nothing_else() -> None:
         assert _connect(a, b.address, 7000) == "TimeoutError"
         a.reconnect()
         _until_reachable(a, b.address, 7000)  # once the kernel retries its neighbour lookup
+        server.kill()
+        server.wait()
+
+
+@pytest.mark.multihost
+@needs_namespaces
+def test_two_links_are_separate_networks_pulled_one_at_a_time() -> None:
+    with HostNetwork(["A", "B"], links=2) as net:
+        a, b = net["A"], net["B"]
+        assert b.addresses == [str(netns.SUBNETS[0][3]), str(netns.SUBNETS[1][3])]
+        routes = a.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+        assert {ipaddress.ip_network(line.split()[0]) for line in routes.splitlines()} == set(
+            netns.SUBNETS[:2]
+        )
+        assert netns.interface(1) in routes
+        server = b.popen([sys.executable, "-c", _SERVE, "0.0.0.0"])
+        for address in b.addresses:
+            _until_reachable(a, address, 7000)
+        a.disconnect(1)  # link 1 pulled: link 0 still carries
+        assert _connect(a, b.addresses[1], 7000) == "TimeoutError"
+        assert _connect(a, b.addresses[0], 7000) == "ok"
+        a.reconnect(1)
+        _until_reachable(a, b.addresses[1], 7000)
         server.kill()
         server.wait()
 

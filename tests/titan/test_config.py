@@ -12,6 +12,7 @@ from torchtitan_ft.titan.config import (
     ConfigError,
     FaultTolerance,
     JobConfig,
+    check_heal_interfaces,
     check_lighthouse_addr,
     check_local_address,
     check_local_paths,
@@ -613,6 +614,32 @@ def test_hostname_of_another_machine_stops_the_entry_point_with_the_address_to_u
     for hostname in ("127.0.0.1", ""):  # unset: this machine's name, an address of it
         check_local_address(parse_job_config([*ft, f"--fault_tolerance.hostname={hostname}"]))
     check_local_address(parse_job_config(["--fault_tolerance.hostname=192.0.2.77"]))  # FT off
+
+
+@pytest.mark.parametrize(
+    ("flags", "env"),
+    [
+        (["--fault_tolerance.heal_interfaces=lo,ib7"], {}),
+        ([], {"TORCHFT_HEAL_INTERFACES": "ib7"}),
+    ],
+)
+def test_a_pinned_heal_interface_that_does_not_exist_stops_at_start_in_one_line(
+    flags: list[str], env: dict[str, str]
+) -> None:
+    ft = ["--fault_tolerance.enable", "--fault_tolerance.group_size=1"]
+    config = parse_job_config([*ft, "--fault_tolerance.hostname=127.0.0.1", *flags])
+    with pytest.raises(ConfigError) as error:
+        check_heal_interfaces(config.fault_tolerance, env)
+    message = str(error.value)
+    assert message.startswith("heal interface 'ib7' does not exist on this host (its interfaces: ")
+    assert "lo" in message and "\n" not in message
+    # the field wins over the variable; existing interfaces pass
+    fine = parse_job_config([*ft, "--fault_tolerance.heal_interfaces=lo"])
+    check_heal_interfaces(fine.fault_tolerance, {"TORCHFT_HEAL_INTERFACES": "ib7"})
+    with pytest.raises(ConfigError, match="TORCHFT_HEAL_INTERFACES must name network"):
+        check_heal_interfaces(
+            parse_job_config(ft).fault_tolerance, {"TORCHFT_HEAL_INTERFACES": "a b"}
+        )
 
 
 # --- TorchTitan's FT doc: semi-sync spelling, fragments, global batch ------------------------

@@ -68,6 +68,7 @@ ENV = {
     "TORCHFT_QUORUM_RETRIES": "3",
     "TORCHFT_LIGHTHOUSE_OUTAGE": "wait",
     "TORCHFT_ON_STATE_LOSS": "from_scratch",
+    "TORCHFT_HEAL_INTERFACES": "lo",
 }
 
 
@@ -85,6 +86,7 @@ def test_a_variable_applies_when_the_field_is_not_set() -> None:
     assert settings.quorum_retries.value == 3
     assert settings.lighthouse_outage.value is LighthouseOutage.WAIT
     assert settings.on_state_loss.value is OnStateLoss.FROM_SCRATCH
+    assert settings.heal_interfaces.value == ("lo",)
     for name in (
         "timeout",
         "quorum_timeout",
@@ -92,6 +94,7 @@ def test_a_variable_applies_when_the_field_is_not_set() -> None:
         "quorum_retries",
         "lighthouse_outage",
         "on_state_loss",
+        "heal_interfaces",
     ):
         assert getattr(settings, name).source is Source.ENV
     assert settings.overridden == ()

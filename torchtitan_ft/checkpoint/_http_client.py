@@ -37,6 +37,7 @@ _CHUNK_ALIGN = 1 << 16
 _MAX_ERROR_BODY = 4096
 _RETRY_FIRST_S = 0.005
 _RETRY_MAX_S = 0.1
+_PROBE_PIECE = 64 << 10
 R = TypeVar("R")
 
 
@@ -56,8 +57,11 @@ class Response:
     released, the socket's kernel timeout bounding each call.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, stall_s: float | None = None) -> None:
         self.sock = sock
+        self.stall_s = stall_s
+        """The socket's timeout when it is the source's stall bound, not the deadline (for
+        the error)."""
         head = bytearray()
         while (end := head.find(b"\r\n\r\n")) < 0:
             if len(head) > _MAX_HEAD:
@@ -98,7 +102,7 @@ class Response:
             try:
                 n = self.sock.recv_into(piece, len(piece), socket.MSG_WAITALL)
             except BlockingIOError:
-                raise TimeoutError("timed out waiting for the donor") from None
+                raise self._timed_out() from None
             if n == 0:
                 raise ConnectionResetError(
                     f"donor closed the connection with {self.length - got} body bytes missing"
@@ -119,16 +123,31 @@ class Response:
         try:
             return self.sock.recv(n)
         except BlockingIOError:
-            raise TimeoutError("timed out waiting for the donor") from None
+            raise self._timed_out() from None
+
+    def _timed_out(self) -> TimeoutError:
+        """The error of a read that got nothing within the socket's timeout: the stall bound,
+        or the deadline."""
+        if self.stall_s is not None:
+            return TimeoutError(f"no byte from the donor for {self.stall_s:g} s (stalled)")
+        return TimeoutError("timed out waiting for the donor")
 
 
 class Source:
-    """The receiving end of one transfer: a donor's host, port and base path."""
+    """The receiving end of one transfer: a donor's host, port and base path.
 
-    def __init__(self, host: str, port: int, base: str, auth_token: str | None) -> None:
+    ``stall_s``: a connection that gets no byte for this long (a pulled cable: nothing resets
+    it) fails with ``TimeoutError``, so that the heal can fall back to another path before its
+    deadline; ``None``: only the deadline bounds it.
+    """
+
+    def __init__(
+        self, host: str, port: int, base: str, auth_token: str | None, stall_s: float | None = None
+    ) -> None:
         self._host = host
         self._port = port
         self._base = base
+        self._stall_s = stall_s
         self._auth = f"Authorization: Bearer {auth_token}\r\n" if auth_token else ""
         self._cancel = threading.Event()
         self._socks: list[socket.socket] = []
@@ -158,6 +177,28 @@ class Source:
             finally:
                 prefault.cancel()
             return header, tensors
+
+    def probe(self, nbytes: int, deadline: float, cutoff: Callable[[], float]) -> float:
+        """Times a download of ``nbytes`` zero bytes from the donor (``/probe``) from the
+        response's head on (connecting and asking are round trips, not bandwidth, and on a
+        loaded machine mostly scheduling); returns the rate in MB/s. A probe still running at
+        ``cutoff()`` (a
+        monotonic time, read between pieces: a race of probes ends the others once one is
+        done) or at ``deadline`` measures what came so far. Raises OSError (path
+        unreachable, nothing came) or ValueError (the donor has no probe)."""
+        got = 0
+        with self._get(f"{self._base}/probe?bytes={nbytes}", "", 200, deadline) as resp:
+            started = time.perf_counter()
+            buf = memoryview(bytearray(min(nbytes, _PROBE_PIECE)))
+            try:
+                while resp.length and time.monotonic() < cutoff():
+                    n = min(len(buf), resp.length)
+                    resp.readinto(buf[:n], deadline)
+                    got += n
+            except TimeoutError:
+                if not got:
+                    raise
+        return got / 1e6 / max(time.perf_counter() - started, 1e-9)
 
     def header(self, step: int, deadline: float) -> tuple[Header, str]:
         with self._get(f"{self._base}/{step}/header", "", 200, deadline) as resp:
@@ -276,20 +317,23 @@ class Source:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("transfer deadline passed")
-        sock = socket.create_connection((self._host, self._port), timeout=remaining)
+        bound = remaining if self._stall_s is None else min(remaining, self._stall_s)
+        sock = socket.create_connection((self._host, self._port), timeout=bound)
         try:
             with self._lock:
                 self._socks.append(sock)
             if self._cancel.is_set():
                 raise ConnectionAbortedError("transfer aborted after another chunk failed")
-            set_io_timeout(sock, deadline - time.monotonic())
+            left = deadline - time.monotonic()
+            stall = self._stall_s if self._stall_s is not None and self._stall_s < left else None
+            set_io_timeout(sock, left if stall is None else stall)
             host = url_host(self._host)
             request = (
                 f"GET {path} HTTP/1.1\r\nHost: {host}:{self._port}\r\n{self._auth}{headers}"
                 "Connection: close\r\n\r\n"
             )
             sock.sendall(request.encode("latin-1"))
-            resp = Response(sock)
+            resp = Response(sock, stall)
             if resp.status != expect:
                 body = resp.read(min(resp.length, _MAX_ERROR_BODY), deadline)
                 text = body.decode(errors="replace").strip()

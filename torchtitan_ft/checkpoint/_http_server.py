@@ -21,7 +21,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -44,6 +44,11 @@ _MAX_HEAD_BYTES = 8 << 10
 _MAX_HEADER_LINES = 32
 _ACCEPT_PAUSE_S = 0.1
 _RESOURCES = ("header", "data", "full")
+PROBE = "probe"
+"""``GET /checkpoint/probe?bytes=<n>``: ``n`` zero bytes, to time a path (``http_transport``)."""
+MAX_PROBE_BYTES = 16 << 20
+"""The most a probe may ask for."""
+_ZEROS = bytes(1 << 20)
 _LINGER_RESET = struct.pack("ii", 1, 0)
 
 
@@ -228,18 +233,42 @@ class CheckpointServer:
         port: port to listen on (0: a free one).
         timeout_s: bound on serving one response, and lease lifetime.
         auth_token: when set, only requests with ``Authorization: Bearer <token>`` are answered.
+        also: more addresses to listen on, on the same port (a donor's other paths); one that
+            cannot be bound is left out with a warning (``addresses`` lists those bound).
     """
 
-    def __init__(self, host: str, port: int, timeout_s: float, auth_token: str | None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout_s: float,
+        auth_token: str | None,
+        also: Sequence[str] = (),
+    ) -> None:
         self.store = SnapshotStore(lease_timeout=timeout_s)
         self.timeout_s = timeout_s
         self._auth_token = auth_token
         self._refusals = RefusalLog("the checkpoint server")
-        listener = _listen(host, port)
-        self.address: tuple[str, int] = listener.getsockname()[:2]
+        listeners = [_listen(host, port)]
+        self.address: tuple[str, int] = listeners[0].getsockname()[:2]
+        self.addresses = [host]
+        """The addresses listened on, ``host`` first."""
+        for extra in also:
+            try:
+                listeners.append(_listen(extra, self.address[1]))
+            except OSError as e:
+                logger.warning(
+                    "the checkpoint server cannot listen on %s port %d too (%s); that path is "
+                    "not offered",
+                    extra,
+                    self.address[1],
+                    e,
+                )
+                continue
+            self.addresses.append(extra)
         self._workers = _WorkerPool(self._serve, _MAX_WORKERS)
         self._watchdog = _Watchdog()
-        self._acceptor = _Acceptor(listener, min(HEAD_TIMEOUT_S, timeout_s), self._dispatch)
+        self._acceptor = _Acceptor(listeners, min(HEAD_TIMEOUT_S, timeout_s), self._dispatch)
         self._thread = threading.Thread(
             target=self._acceptor.run, name=f"heal-http-{self.address[1]}", daemon=True
         )
@@ -291,6 +320,9 @@ class CheckpointServer:
             raise _Refused(405, f"{request.method} is not supported; only GET")
         url = urlsplit(request.path)
         parts = url.path.split("/")
+        if parts[1:] == ["checkpoint", PROBE]:
+            self._serve_probe(request.sock, parse_qs(url.query).get("bytes", [""])[0])
+            return
         if len(parts) != 4 or parts[1] != "checkpoint" or parts[3] not in _RESOURCES:
             raise _Refused(404, f"no such resource {url.path!r}")
         step = _decimal(parts[2])
@@ -306,6 +338,20 @@ class CheckpointServer:
             lease_id = query.get("lease", [""])[0]
             range_ = request.headers.get("range")
             self._serve_data(request.sock, step, snapshot_id, lease_id, range_, overrun)
+
+    def _serve_probe(self, sock: socket.socket, count: str) -> None:
+        nbytes = _decimal(count)
+        if nbytes is None or nbytes > MAX_PROBE_BYTES:
+            raise _Refused(400, f"bytes={_shorten(count)!r}: expected 0 to {MAX_PROBE_BYTES}")
+        head = _response_head(
+            200, ("Content-Type", "application/octet-stream"), ("Content-Length", str(nbytes))
+        )
+        sock.sendall(head)
+        view = memoryview(_ZEROS)
+        while nbytes > 0:
+            piece = min(nbytes, len(view))
+            sock.sendall(view[:piece])
+            nbytes -= piece
 
     def _serve_header(self, sock: socket.socket, step: int) -> None:
         snap, lease_id = self.store.lease(step)
@@ -458,18 +504,19 @@ class _Acceptor:
 
     def __init__(
         self,
-        listener: socket.socket,
+        listeners: Sequence[socket.socket],
         head_timeout: float,
         dispatch: Callable[[_Request], None],
     ) -> None:
-        self._listener = listener
+        self._listeners = list(listeners)
         self._head_timeout = head_timeout
         self._dispatch = dispatch
         self._incoming: dict[socket.socket, _Incoming] = {}  # insertion order: oldest first
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
-        listener.setblocking(False)
-        self._selector.register(listener, selectors.EVENT_READ)
+        for listener in self._listeners:
+            listener.setblocking(False)
+            self._selector.register(listener, selectors.EVENT_READ)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._paused_until: float | None = None
         self._last_fd_warning = -math.inf
@@ -480,12 +527,13 @@ class _Acceptor:
                 now = time.monotonic()
                 if self._paused_until is not None and now >= self._paused_until:
                     self._paused_until = None
-                    self._selector.register(self._listener, selectors.EVENT_READ)
+                    for listener in self._listeners:
+                        self._selector.register(listener, selectors.EVENT_READ)
                 for key, _ in self._selector.select(self._wait_s(now)):
                     if key.fileobj is self._wake_r:
                         return
-                    if key.fileobj is self._listener:
-                        self._accept()
+                    if key.fileobj in self._listeners:
+                        self._accept(key.fileobj)  # type: ignore[arg-type]
                     elif key.fileobj in self._incoming:  # not evicted earlier in this batch
                         self._read(key.fileobj)  # type: ignore[arg-type]
                 self._expire(time.monotonic())
@@ -493,11 +541,11 @@ class _Acceptor:
             for sock in list(self._incoming):
                 self._drop(sock)
             self._selector.close()
-            for sock in (self._listener, self._wake_r, self._wake_w):
+            for sock in (*self._listeners, self._wake_r, self._wake_w):
                 sock.close()
 
     def close(self) -> None:
-        """Makes ``run`` return (and close the listening socket)."""
+        """Makes ``run`` return (and close the listening sockets)."""
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
 
@@ -507,10 +555,10 @@ class _Acceptor:
             deadlines.append(self._paused_until)
         return max(0.0, min(deadlines) - now) if deadlines else None
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         for _ in range(_MAX_PENDING):
             try:
-                sock, address = self._listener.accept()
+                sock, address = listener.accept()
             except BlockingIOError:
                 return
             except OSError as e:
@@ -530,7 +578,8 @@ class _Acceptor:
 
     def _pause(self, error: OSError) -> None:
         now = time.monotonic()
-        self._selector.unregister(self._listener)
+        for listener in self._listeners:
+            self._selector.unregister(listener)
         self._paused_until = now + _ACCEPT_PAUSE_S
         if now - self._last_fd_warning >= 60:
             self._last_fd_warning = now

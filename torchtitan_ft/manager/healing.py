@@ -17,6 +17,7 @@ import torch
 from torch.profiler import record_function
 
 from torchtitan_ft.checkpoint import CheckpointTransport
+from torchtitan_ft.checkpoint.paths import PathUsed
 from torchtitan_ft.events import EventKind, EventWriter, HealOutcome
 from torchtitan_ft.manager.client import ManagerClient
 from torchtitan_ft.manager.decisions import QuorumResult
@@ -73,7 +74,9 @@ class Healing:
         self._served = False
         self._source = ""
         self._path = ""
-        """The address the current heal's state comes over (``HEAL_END``'s ``path``)."""
+        """The path the current heal's state comes over (``HEAL_END``'s ``path``)."""
+        self._path_used: PathUsed | None = None
+        """Its address, interface, probed rate and failed paths, when the transport said."""
         self._to_step = 0
         self._reports: list[pb.HealReport] = []
 
@@ -126,6 +129,7 @@ class Healing:
         if result.heal:
             self._source = result.recover_src_manager_address
             self._path = ""
+            self._path_used = None
             self._to_step = result.max_step
             self._events.emit(
                 EventKind.HEAL_START,
@@ -175,10 +179,14 @@ class Healing:
         recv = getattr(self.transport, "recv_checkpoint_borrowed", None)
         self._borrowed = recv is not None
         self._path = "process group" if metadata == "<n/a>" else metadata
+        before = getattr(self.transport, "last_path", None)
         with record_function("torchft::manager::_checkpoint_transport::recv_checkpoint"):
             state = (recv or self.transport.recv_checkpoint)(
                 src_rank=src_rank, metadata=metadata, step=result.max_step, timeout=self._timeout
             )
+        used = getattr(self.transport, "last_path", None)
+        if isinstance(used, PathUsed) and used is not before:  # HTTPTransport's, this receive's
+            self._path, self._path_used = used.label(), used
         self._received_bytes = tensor_bytes(state)
         self._counters.add(heal_bytes_received=self._received_bytes)
         _check_healed_state(state, self._load_fns.keys(), result.max_step)
@@ -252,6 +260,17 @@ class Healing:
                 started=time.time() - seconds,
             )
         )
+        used = self._path_used
+        detail = (
+            {}
+            if used is None
+            else {
+                "path_address": used.address,
+                "path_interface": used.interface,
+                "path_probe_mb_s": None if used.probe_mb_s is None else round(used.probe_mb_s, 1),
+                "path_failures": list(used.failures),
+            }
+        )
         self._events.emit(
             EventKind.HEAL_END,
             outcome=outcome,
@@ -259,6 +278,7 @@ class Healing:
             bytes=received,
             path=self._path,
             error="" if error is None else f"{type(error).__name__}: {error}",
+            **detail,
         )
 
     def take_reports(self) -> list[pb.HealReport]:

@@ -4,16 +4,16 @@ keyword arguments of the same names (``Manager(..., auth_token="...")``); ``Mana
 maps the keywords onto it. torchft's own arguments stay the Manager's, in torchft's order.
 
 The settings among them that an env var can also give (``auth_token``, ``events_dir``,
-``samples_per_batch``, ``lighthouse_outage``, ``on_state_loss``) are resolved, argument >
-env var > default, with the others in ``settings.resolve_manager_settings``; a field left
-``None`` means "not given here".
+``samples_per_batch``, ``lighthouse_outage``, ``on_state_loss``, ``heal_interfaces``) are
+resolved, argument > env var > default, with the others in
+``settings.resolve_manager_settings``; a field left ``None`` means "not given here".
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +112,17 @@ class ManagerOptions:
     and trains on from the quorum's step (the lost steps are trained again). Argument >
     ``TORCHFT_ON_STATE_LOSS`` > ``"checkpoint"``."""
 
+    heal_interfaces: str | Sequence[str] | None = None
+    """The network interfaces heals may use (an operator's pin), a sequence of names or one
+    comma-separated string, e.g. ``"ib0"``: with the default (HTTP) transport, every rank
+    serves its state only on those interfaces' addresses and heals only over the donor's
+    paths on them. Default ``None``: every interface; the donor offers all its up,
+    non-loopback addresses and the healer probes each path and takes the fastest, falling
+    back to the next when one fails (docs/operations.md, "The heal's network path"). An
+    interface that does not exist on this host stops the Manager's construction with one
+    line naming it. Argument > ``TORCHFT_HEAL_INTERFACES`` > every interface. Ignored with a
+    ``checkpoint_transport`` of your own (pin it there)."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.retry_inflight_allreduce, bool):
             raise ValueError(
@@ -150,4 +161,5 @@ class ManagerOptions:
             "samples_per_batch": self.samples_per_batch,
             "lighthouse_outage": self.lighthouse_outage,
             "on_state_loss": self.on_state_loss,
+            "heal_interfaces": self.heal_interfaces,
         }

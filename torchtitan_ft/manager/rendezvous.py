@@ -127,6 +127,7 @@ def join_replica_group(
                 num_chunks=0,
                 hostname=hostname,
                 auth_token=auth_token,
+                interfaces=settings.heal_interfaces.value,
             )
     except BaseException:
         if client is not None:

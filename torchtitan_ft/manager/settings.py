@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
@@ -40,6 +40,7 @@ QUORUM_RETRIES_ENV = "TORCHFT_QUORUM_RETRIES"
 SAMPLES_PER_BATCH_ENV = "TORCHFT_SAMPLES_PER_BATCH"
 LIGHTHOUSE_OUTAGE_ENV = "TORCHFT_LIGHTHOUSE_OUTAGE"
 ON_STATE_LOSS_ENV = "TORCHFT_ON_STATE_LOSS"
+HEAL_INTERFACES_ENV = "TORCHFT_HEAL_INTERFACES"
 
 DEFAULT_TIMEOUT = timedelta(seconds=60)
 DEFAULT_QUORUM_TIMEOUT = timedelta(seconds=60)
@@ -115,6 +116,9 @@ class ManagerSettings:
     """What group rank 0's ManagerServer does while the lighthouse cannot be reached."""
     on_state_loss: Resolved[OnStateLoss] = Resolved(OnStateLoss.CHECKPOINT, Source.DEFAULT)
     """What the group does when the lighthouse reports the job's state lost."""
+    heal_interfaces: Resolved[tuple[str, ...]] = Resolved((), Source.DEFAULT)
+    """The network interfaces heals may use (the default transport's ``interfaces``); empty:
+    every interface, the fastest path measured."""
     overridden: tuple[str, ...] = ()
     """The ``TORCHFT_*`` variables that are set but lose to an argument (``overridden_env``)."""
 
@@ -134,6 +138,8 @@ class ManagerSettings:
                 value = value.total_seconds()
             elif isinstance(value, Enum):
                 value = value.value
+            elif isinstance(value, tuple):
+                value = list(value)
             out[f.name] = {"value": value, "source": resolved.source.value}
             if resolved.env_var is not None:
                 out[f.name]["env_var"] = resolved.env_var
@@ -157,6 +163,7 @@ class ManagerSettings:
             "samples_per_batch",
             "lighthouse_outage",
             "on_state_loss",
+            "heal_interfaces",
         )
         described = [f"{n}={getattr(self, n).describe()}" for n in names]
         return ", ".join([*described, f"auth_token={self.auth_token.describe(secret=True)}"])
@@ -208,6 +215,41 @@ def _samples_per_batch(arg: int | None, env: Mapping[str, str]) -> Resolved[int 
             f"{origin} must be a positive number of samples per batch, got {picked.value!r}"
         )
     return value  # type: ignore[return-value]
+
+
+def resolve_heal_interfaces(
+    arg: str | Sequence[str] | None, env: Mapping[str, str]
+) -> Resolved[tuple[str, ...]]:
+    """Argument > ``TORCHFT_HEAL_INTERFACES`` > none (every interface): interface names, a
+    sequence or one comma-separated string (an empty value is unset). Raises ValueError
+    naming where a malformed name came from (empty between commas, a ``/``, a space, more
+    than 15 characters: not a Linux interface name). Whether they exist here is checked
+    where the transport is built (``checkpoint.paths.offered``)."""
+    if arg is not None:
+        picked: Resolved[object] = Resolved(arg, Source.ARGUMENT)
+    elif env.get(HEAL_INTERFACES_ENV):
+        picked = Resolved(env[HEAL_INTERFACES_ENV], Source.ENV, HEAL_INTERFACES_ENV)
+    else:
+        return Resolved((), Source.DEFAULT)
+    raw = picked.value
+    if isinstance(raw, str):
+        if not raw.strip():
+            return Resolved((), picked.source, picked.env_var)
+        names: list[object] = [n.strip() for n in raw.split(",")]
+    else:
+        names = list(raw)  # type: ignore[call-overload]
+    origin = f"env var {picked.env_var}" if picked.env_var else "heal_interfaces"
+    bad = [
+        n
+        for n in names
+        if not isinstance(n, str) or not 0 < len(n) <= 15 or "/" in n or any(c.isspace() for c in n)
+    ]
+    if bad:
+        raise ValueError(
+            f"{origin} must name network interfaces (e.g. 'ib0' or 'ib0,eth1'), got {raw!r}: "
+            f"{', '.join(repr(b) for b in bad)} is not an interface name"
+        )
+    return Resolved(tuple(names), picked.source, picked.env_var)
 
 
 E = TypeVar("E", bound=Enum)
@@ -265,6 +307,7 @@ _ENV_SETTINGS = {
     SAMPLES_PER_BATCH_ENV: "samples_per_batch",
     LIGHTHOUSE_OUTAGE_ENV: "lighthouse_outage",
     ON_STATE_LOSS_ENV: "on_state_loss",
+    HEAL_INTERFACES_ENV: "heal_interfaces",
 }
 """The ``TORCHFT_*`` variables the Manager reads -> the setting each one gives."""
 
@@ -296,6 +339,7 @@ def validate_env(env: Mapping[str, str]) -> None:
     _samples_per_batch(None, env)
     _lighthouse_outage(None, env)
     _on_state_loss(None, env)
+    resolve_heal_interfaces(None, env)
 
 
 def overridden_env(settings: ManagerSettings, env: Mapping[str, str]) -> tuple[str, ...]:
@@ -418,6 +462,7 @@ def resolve_manager_settings(
     samples_per_batch: int | None = None,
     lighthouse_outage: LighthouseOutage | str | None = None,
     on_state_loss: OnStateLoss | str | None = None,
+    heal_interfaces: str | Sequence[str] | None = None,
     default_store_host: str = "127.0.0.1",
 ) -> ManagerSettings:
     """Resolves the Manager's settings: argument, else env var, else default.
@@ -440,6 +485,7 @@ def resolve_manager_settings(
     | samples_per_batch | TORCHFT_SAMPLES_PER_BATCH | none (the status page shows batches) |
     | lighthouse_outage | TORCHFT_LIGHTHOUSE_OUTAGE | ``previous_quorum`` |
     | on_state_loss | TORCHFT_ON_STATE_LOSS | ``checkpoint`` |
+    | heal_interfaces | TORCHFT_HEAL_INTERFACES (comma-separated) | none (every interface) |
 
     torchft 0.2.0 reads the same four ``TORCHFT_*`` variables but lets them override the
     arguments; here an argument wins, as for every other setting.
@@ -480,6 +526,7 @@ def resolve_manager_settings(
         samples_per_batch=_samples_per_batch(samples_per_batch, env),
         lighthouse_outage=_lighthouse_outage(lighthouse_outage, env),
         on_state_loss=_on_state_loss(on_state_loss, env),
+        heal_interfaces=resolve_heal_interfaces(heal_interfaces, env),
     )
     settings = dataclasses.replace(settings, overridden=overridden_env(settings, env))
     if settings.quorum_retries.value < 0:

@@ -12,6 +12,12 @@ on the bridge and nothing can leave. :meth:`HostNetwork.start` checks that after
         net["B"].disconnect()      # B's cable pulled at the switch; its processes live on
         net["B"].reconnect()
 
+A network of ``links=2`` or more joins the hosts by that many separate links, each its own
+bridge and subnet (:data:`SUBNETS`): a host's link ``k`` is its interface ``eth<k>``
+(:func:`interface`) with address ``host.addresses[k]``; ``limit``, ``disconnect`` and
+``reconnect`` take the link (default 0). Two hosts with a slow and a fast link, say
+(``benchmarks.heal_paths``).
+
 What a partition looks like here: :meth:`Host.disconnect` sets the switch's end of the host's
 veth pair down. Packets to and from the host are dropped silently, as when a cable or a switch
 fails; the host's own interface keeps its address and route, so its connections are not reset
@@ -53,10 +59,11 @@ PREFIX = "ttft"
 """Start of every namespace name this module makes (torchtitan_ft)."""
 SUBNET = ipaddress.IPv4Network("10.213.77.0/24")
 """The private /24 the hosts' addresses come from; they exist only inside the namespaces."""
+SUBNETS = (SUBNET, ipaddress.IPv4Network("10.213.78.0/24"), ipaddress.IPv4Network("10.213.79.0/24"))
+"""Link ``k``'s subnet (a network has at most this many links)."""
 INTERFACE = "eth0"
-"""Each host's interface towards the switch."""
+"""Each host's interface towards the switch (its link 0)."""
 _SWITCH = "sw"
-_BRIDGE = "br0"
 _FIRST_HOST = 2
 """Host ``i`` gets ``SUBNET[_FIRST_HOST + i]`` (.1 stays unused, as a gateway would be)."""
 _HOST_NAME = re.compile(r"^[A-Za-z0-9]{1,10}$")
@@ -78,6 +85,19 @@ _QUEUE_LATENCY = "100ms"
 """How long a packet may wait in the tbf queue before it is dropped (TCP then backs off)."""
 
 _counter = iter(range(1, 1 << 30))
+
+
+def interface(link: int) -> str:
+    """A host's interface name for link ``link`` (``eth0``, ``eth1``, ...)."""
+    return f"eth{link}"
+
+
+def _bridge(link: int) -> str:
+    return f"br{link}"
+
+
+def _switch_port(host_index: int, link: int) -> str:
+    return f"p{host_index}" if link == 0 else f"p{host_index}l{link}"
 
 
 class NetworkSetupError(RuntimeError):
@@ -188,15 +208,21 @@ def _tbf(mbit: float, min_burst_bytes: int) -> list[str]:
 class Host:
     """One host of a :class:`HostNetwork`: a namespace, its address, its link to the switch."""
 
-    def __init__(self, name: str, namespace: str, address: str, switch: str, port: str) -> None:
+    def __init__(
+        self, name: str, namespace: str, addresses: Sequence[str], switch: str, ports: Sequence[str]
+    ) -> None:
         self.name = name
         self.namespace = namespace
-        self.address = address
-        """This host's IPv4 address (in :data:`SUBNET`)."""
+        self.addresses = list(addresses)
+        """This host's IPv4 address on each link (link ``k``'s in ``SUBNETS[k]``)."""
+        self.address = self.addresses[0]
+        """This host's IPv4 address on link 0 (in :data:`SUBNET`)."""
         self._switch = switch
-        self._port = port
+        self._ports = list(ports)
+        self._port = self._ports[0]
         self.link_mbit: float | None = None
-        """The bandwidth limit of this host's link in Mbit/s (each way); ``None``: unlimited."""
+        """The bandwidth limit of this host's link 0 in Mbit/s (each way); ``None``:
+        unlimited."""
         self._started: list[subprocess.Popen[Any]] = []
         """What :meth:`popen` started: killed on close even if it had not yet entered the
         namespace when the namespace's processes were listed."""
@@ -229,10 +255,13 @@ class Host:
         """Runs ``argv`` inside this host to completion; ``kwargs`` go to ``subprocess.run``."""
         return subprocess.run(self.command(argv), **kwargs)
 
-    def limit(self, mbit: float | None, *, min_burst_bytes: int = MIN_BURST_BYTES) -> None:
-        """Limits this host's link to ``mbit`` Mbit/s in each direction; ``None`` lifts it.
+    def limit(
+        self, mbit: float | None, *, min_burst_bytes: int = MIN_BURST_BYTES, link: int = 0
+    ) -> None:
+        """Limits this host's link ``link`` to ``mbit`` Mbit/s in each direction; ``None``
+        lifts it.
 
-        A token bucket (``tc ... tbf``) on the host's ``eth0`` bounds what it sends, and one
+        A token bucket (``tc ... tbf``) on the host's interface bounds what it sends, and one
         on the switch's port bounds what it receives. ``min_burst_bytes``: the bucket's floor
         (:data:`MIN_BURST_BYTES`; ``benchmarks.link_cpu`` compares it with the old 64 KiB).
         """
@@ -240,7 +269,8 @@ class Host:
             raise ValueError(f"link rate must be > 0 Mbit/s or None (unlimited), got {mbit!r}")
         if min_burst_bytes < 1:
             raise ValueError(f"min_burst_bytes must be >= 1, got {min_burst_bytes}")
-        for namespace, device in ((self.namespace, INTERFACE), (self._switch, self._port)):
+        ends = ((self.namespace, interface(link)), (self._switch, self._ports[link]))
+        for namespace, device in ends:
             if mbit is not None:
                 _run(
                     "tc",
@@ -255,36 +285,41 @@ class Host:
                 )
             elif "tbf" in _run("tc", "-n", namespace, "qdisc", "show", "dev", device).stdout:
                 _run("tc", "-n", namespace, "qdisc", "del", "dev", device, "root")
-        self.link_mbit = mbit
+        if link == 0:
+            self.link_mbit = mbit
 
-    def disconnect(self) -> None:
-        """Pulls this host's cable at the switch: its traffic is dropped silently."""
-        _ip("-n", self._switch, "link", "set", self._port, "down")
+    def disconnect(self, link: int = 0) -> None:
+        """Pulls this host's cable of link ``link`` at the switch: its traffic is dropped
+        silently."""
+        _ip("-n", self._switch, "link", "set", self._ports[link], "down")
 
-    def reconnect(self) -> None:
+    def reconnect(self, link: int = 0) -> None:
         """Plugs the cable back in (undoes :meth:`disconnect`)."""
-        _ip("-n", self._switch, "link", "set", self._port, "up")
+        _ip("-n", self._switch, "link", "set", self._ports[link], "up")
 
-    def _port_stats(self) -> dict[str, Any]:
-        done = _ip("-n", self._switch, "-s", "-j", "link", "show", "dev", self._port)
+    def _port_stats(self, link: int) -> dict[str, Any]:
+        done = _ip("-n", self._switch, "-s", "-j", "link", "show", "dev", self._ports[link])
         return json.loads(done.stdout)[0]["stats64"]
 
-    def bytes_sent(self) -> int:
-        """Bytes this host has put on its link so far (Ethernet frames, headers included)."""
-        return int(self._port_stats()["rx"]["bytes"])
+    def bytes_sent(self, link: int = 0) -> int:
+        """Bytes this host has put on its link ``link`` so far (Ethernet frames, headers
+        included)."""
+        return int(self._port_stats(link)["rx"]["bytes"])
 
-    def bytes_received(self) -> int:
-        """Bytes delivered to this host over its link so far."""
-        return int(self._port_stats()["tx"]["bytes"])
+    def bytes_received(self, link: int = 0) -> int:
+        """Bytes delivered to this host over its link ``link`` so far."""
+        return int(self._port_stats(link)["tx"]["bytes"])
 
 
 class HostNetwork:
-    """Hosts named ``hosts`` on one bridge; a context manager (see the module doc).
+    """Hosts named ``hosts`` on one bridge per link (``links``, default 1, at most
+    ``len(SUBNETS)``); a context manager (see the module doc).
 
-    Host ``i`` of ``hosts`` gets address ``SUBNET[2 + i]``. Names are 1-10 letters or digits.
+    Host ``i`` of ``hosts`` gets address ``SUBNETS[k][2 + i]`` on link ``k``. Names are 1-10
+    letters or digits.
     """
 
-    def __init__(self, hosts: Sequence[str]) -> None:
+    def __init__(self, hosts: Sequence[str], links: int = 1) -> None:
         names = list(hosts)
         bad = [n for n in names if not _HOST_NAME.match(n) or n == _SWITCH]
         if bad or not names:
@@ -295,15 +330,18 @@ class HostNetwork:
             raise ValueError(f"host names must be distinct, got {names!r}")
         if len(names) > SUBNET.num_addresses - _FIRST_HOST - 1:
             raise ValueError(f"{SUBNET} holds at most {SUBNET.num_addresses - 3} hosts")
+        if not 1 <= links <= len(SUBNETS):
+            raise ValueError(f"links must be 1 to {len(SUBNETS)}, got {links!r}")
+        self._links = links
         base = f"{PREFIX}-{os.getpid()}-{next(_counter)}"
         self._switch = f"{base}-{_SWITCH}"
         self._hosts = {
             name: Host(
                 name,
                 f"{base}-{name}",
-                str(SUBNET[_FIRST_HOST + i]),
+                [str(SUBNETS[k][_FIRST_HOST + i]) for k in range(links)],
                 self._switch,
-                f"p{i}",
+                [_switch_port(i, k) for k in range(links)],
             )
             for i, name in enumerate(names)
         }
@@ -343,8 +381,9 @@ class HostNetwork:
         remove_leftovers()
         try:
             self._add_namespace(self._switch)
-            _ip("-n", self._switch, "link", "add", _BRIDGE, "type", "bridge")
-            _ip("-n", self._switch, "link", "set", _BRIDGE, "up")
+            for link in range(self._links):
+                _ip("-n", self._switch, "link", "add", _bridge(link), "type", "bridge")
+                _ip("-n", self._switch, "link", "set", _bridge(link), "up")
             for host in self:
                 self._add_host(host)
             for host in self:
@@ -359,27 +398,30 @@ class HostNetwork:
 
     def _add_host(self, host: Host) -> None:
         self._add_namespace(host.namespace)
-        ns, port = host.namespace, host._port
-        _ip(
-            "-n",
-            self._switch,
-            "link",
-            "add",
-            port,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            INTERFACE,
-            "netns",
-            ns,
-        )
-        _ip("-n", self._switch, "link", "set", port, "master", _BRIDGE, "up")
+        ns = host.namespace
         _ip("-n", ns, "link", "set", "lo", "up")
-        # No IPv6 link-local address: the host's only address is its one in SUBNET.
-        _ip("-n", ns, "link", "set", INTERFACE, "addrgenmode", "none")
-        _ip("-n", ns, "address", "add", f"{host.address}/{SUBNET.prefixlen}", "dev", INTERFACE)
-        _ip("-n", ns, "link", "set", INTERFACE, "up")
+        for link, (port, address) in enumerate(zip(host._ports, host.addresses, strict=True)):
+            device = interface(link)
+            _ip(
+                "-n",
+                self._switch,
+                "link",
+                "add",
+                port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                device,
+                "netns",
+                ns,
+            )
+            _ip("-n", self._switch, "link", "set", port, "master", _bridge(link), "up")
+            # No IPv6 link-local address: the host's only addresses are its ones in SUBNETS.
+            _ip("-n", ns, "link", "set", device, "addrgenmode", "none")
+            prefix = SUBNETS[link].prefixlen
+            _ip("-n", ns, "address", "add", f"{address}/{prefix}", "dev", device)
+            _ip("-n", ns, "link", "set", device, "up")
 
     def close(self) -> None:
         """Kills every process left in the hosts and deletes everything :meth:`start` made.
@@ -398,7 +440,7 @@ class HostNetwork:
 
 
 def _check_isolated(host: Host) -> None:
-    """Raises unless ``host`` has no default route, routes only into SUBNET, and holds no
+    """Raises unless ``host`` has no default route, routes only into SUBNETS, and holds no
     address but its own and loopback's."""
     ns = host.namespace
     for family in ("-4", "-6"):
@@ -407,15 +449,15 @@ def _check_isolated(host: Host) -> None:
             raise NetworkSetupError(f"host {host.name} ({ns}) has a default route: {default}")
     for route in json.loads(_ip("-n", ns, "-j", "-4", "route", "show").stdout or "[]"):
         dst = ipaddress.ip_network(route["dst"], strict=False)
-        if not dst.subnet_of(SUBNET):
-            raise NetworkSetupError(f"host {host.name} ({ns}) routes {dst} outside {SUBNET}")
+        if not any(dst.subnet_of(net) for net in SUBNETS):
+            raise NetworkSetupError(f"host {host.name} ({ns}) routes {dst} outside {SUBNETS}")
     for link in json.loads(_ip("-n", ns, "-j", "address", "show").stdout or "[]"):
         for info in link.get("addr_info", []):
             address = ipaddress.ip_address(info["local"])
-            if not (address.is_loopback or str(address) == host.address):
+            if not (address.is_loopback or str(address) in host.addresses):
                 raise NetworkSetupError(
                     f"host {host.name} ({ns}) has address {address} on {link['ifname']}; "
-                    f"expected only {host.address} and loopback"
+                    f"expected only {', '.join(host.addresses)} and loopback"
                 )
 
 

@@ -34,6 +34,7 @@ from torchtitan_ft.titan.config_schema import (
 from torchtitan_ft.titan.preflight import (
     MAX_TIMEOUT_MS,
     Derived,
+    check_heal_interfaces,
     check_lighthouse_addr,
     check_local_address,
     check_local_paths,
@@ -55,6 +56,7 @@ __all__ = [
     "JobConfig",
     "ParsedJob",
     "check_cli_args",
+    "check_heal_interfaces",
     "check_lighthouse_addr",
     "check_local_address",
     "check_local_paths",

@@ -161,7 +161,8 @@ class FaultTolerance(TitanFaultTolerance):
     ``socket.gethostname()``, which must resolve to an address the other machines reach. It also
     decides where the servers listen: a loopback name ("127.0.0.1", "localhost", "::1") keeps
     the ManagerServer on loopback (otherwise it listens on all interfaces); the checkpoint
-    server listens on the address ``hostname`` resolves to. Use "127.0.0.1" for single-machine
+    server listens on the address ``hostname`` resolves to and offers its other interfaces
+    too (``heal_interfaces``). Use "127.0.0.1" for single-machine
     runs and tests; with groups on several machines, each machine's address on the network
     they share. It must be an address of this machine (checked at start-up), and a loopback
     one stops this group at its first quorum with a group on another machine (even if it
@@ -280,6 +281,21 @@ class FaultTolerance(TitanFaultTolerance):
     train on from the quorum's step (step 0 when every group is a fresh process), the lost
     steps' progress gone. Unset, the ``TORCHFT_ON_STATE_LOSS`` env var applies if set (the
     field wins when set). Applies when ``enable``.
+    """
+
+    heal_interfaces: str = ""
+    """
+    The network interfaces a heal may use, comma-separated (e.g. "ib0" or "ib0,ib1"): an
+    operator's pin. Default "" = every interface: each rank's checkpoint server offers all its
+    up, non-loopback addresses, and a healing rank probes each of the donor's paths (4 MiB over
+    all at once, the slower cut short; once per donor, kept 10 minutes), fetches over the
+    fastest and falls back to the next when one fails or stalls for 10 s (torchft #329: a host
+    name resolving to the slow network healed at its speed). Pin when the probe would mislead
+    (e.g. a path that is fast but metered) or to keep heals off a network. An interface that
+    does not exist on this machine stops the trainer at start with one line. Unset, the
+    ``TORCHFT_HEAL_INTERFACES`` env var applies if set (the field wins when set). The process
+    group's network is gloo's or NCCL's own (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``).
+    Applies when ``enable`` and ``checkpoint_transport = "http"``.
     """
 
     retry_inflight_allreduce: bool = False
@@ -525,6 +541,7 @@ ENV_OVERRIDABLE = {
     "quorum_retries": "TORCHFT_QUORUM_RETRIES",
     "lighthouse_outage": "TORCHFT_LIGHTHOUSE_OUTAGE",
     "on_state_loss": "TORCHFT_ON_STATE_LOSS",
+    "heal_interfaces": "TORCHFT_HEAL_INTERFACES",
 }
 """Fields whose ``TORCHFT_*`` variable (torchft's name) applies when the user did not set the
 field; a field the user set wins over its variable (the Manager says so in one line)."""
@@ -538,7 +555,8 @@ def is_set(ft: Any, name: str) -> bool:
 
 def manager_timeouts(ft: Any) -> dict[str, Any]:
     """The Manager's ``timeout``, ``quorum_timeout``, ``connect_timeout``, ``quorum_retries``,
-    ``lighthouse_outage`` and ``on_state_loss`` arguments: a field the user set, else None,
+    ``lighthouse_outage``, ``on_state_loss`` and ``heal_interfaces`` arguments: a field the
+    user set, else None,
     so that the Manager takes the field's ``TORCHFT_*`` variable (:data:`ENV_OVERRIDABLE`) or
     its default, which equals the field's."""
 
@@ -554,6 +572,7 @@ def manager_timeouts(ft: Any) -> dict[str, Any]:
         "quorum_retries": given("quorum_retries", ft.quorum_retries),
         "lighthouse_outage": given("lighthouse_outage", ft.lighthouse_outage),
         "on_state_loss": given("on_state_loss", ft.on_state_loss),
+        "heal_interfaces": given("heal_interfaces", ft.heal_interfaces),
     }
 
 

@@ -22,12 +22,14 @@ from torchtitan.models import _supported_models
 from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
 
-from torchtitan_ft.addresses import hostname_problem
+from torchtitan_ft.addresses import hostname_problem, local_interfaces
+from torchtitan_ft.checkpoint.paths import missing_interfaces
 from torchtitan_ft.manager.settings import (
     DEFAULT_LIGHTHOUSE_ADDR,
     LIGHTHOUSE_ENV,
     Source,
     is_lighthouse_url,
+    resolve_heal_interfaces,
     resolve_timeouts,
     validate_env,
 )
@@ -359,6 +361,20 @@ def check_local_address(job_config: Any, env: Mapping[str, str] | None = None) -
     problem = hostname_problem(
         ft.hostname or socket.gethostname(), lighthouse, unset=not ft.hostname
     )
+    if problem is not None:
+        raise ConfigError(problem)
+    check_heal_interfaces(ft, env)
+
+
+def check_heal_interfaces(ft: Any, env: Mapping[str, str]) -> None:
+    """Raise :class:`ConfigError` when the pinned heal interfaces (``heal_interfaces``, else
+    ``TORCHFT_HEAL_INTERFACES``) are malformed or do not all exist on this machine: one line
+    naming them, before any process group."""
+    try:
+        names = resolve_heal_interfaces(manager_timeouts(ft)["heal_interfaces"], env).value
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    problem = missing_interfaces(names, local_interfaces())
     if problem is not None:
         raise ConfigError(problem)
 
