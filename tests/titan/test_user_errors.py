@@ -101,7 +101,7 @@ def test_config_error_through_run_train_sh_is_the_workers_only_line(tmp_path: Pa
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=400,  # torchrun and the imports: past 120 s at load 20 on a 2-core machine
     )  # fmt: skip
     assert result.returncode == 2
     lines = (result.stdout + result.stderr).splitlines()
