@@ -27,6 +27,10 @@ def _launch(tmp_path: Path, exit_code: int) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+# The default tier: tests/titan/test_user_errors.py::
+# test_config_error_through_run_train_sh_is_the_workers_only_line (the same launcher under
+# run_train.sh, a real worker's config error: its one line and nothing from torchrun).
+@pytest.mark.slow
 @pytest.mark.light
 @pytest.mark.multiprocess
 def test_config_error_exit_adds_nothing_to_the_workers_line(tmp_path: Path) -> None:

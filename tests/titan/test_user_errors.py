@@ -101,7 +101,7 @@ def test_config_error_through_run_train_sh_is_the_workers_only_line(tmp_path: Pa
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=400,  # torchrun and the imports: past 120 s at load 20 on a 2-core machine
     )  # fmt: skip
     assert result.returncode == 2
     lines = (result.stdout + result.stderr).splitlines()
@@ -112,6 +112,11 @@ def test_config_error_through_run_train_sh_is_the_workers_only_line(tmp_path: Pa
     assert not [line for line in lines if "Traceback" in line or "failed (exitcode" in line]
 
 
+# The default tier: the same line from the entry point in one process
+# (test_bad_torchft_env_var_stops_the_entry_point_before_any_process_group[...abc...]) and
+# the chain leaving only the worker's line
+# (test_config_error_through_run_train_sh_is_the_workers_only_line).
+@pytest.mark.slow
 def test_bad_torchft_env_var_through_run_train_sh_is_one_line(tmp_path: Path) -> None:
     """TORCHFT_MANAGER_PORT=abc gave about 100 lines and 3 tracebacks (issue 20, N8)."""
     env = {
@@ -135,6 +140,11 @@ def test_bad_torchft_env_var_through_run_train_sh_is_one_line(tmp_path: Path) ->
     assert not [line for line in lines if "Traceback" in line]
 
 
+# The default tier: the same line from the entry point in one process
+# (test_timeouts_out_of_order_stop_the_entry_point_before_any_process_group) and the chain
+# leaving only the worker's line
+# (test_config_error_through_run_train_sh_is_the_workers_only_line).
+@pytest.mark.slow
 @pytest.mark.light
 @pytest.mark.multiprocess
 def test_timeouts_out_of_order_through_run_train_sh_stop_before_training(tmp_path: Path) -> None:
@@ -159,9 +169,32 @@ def test_timeouts_out_of_order_through_run_train_sh_stop_before_training(tmp_pat
     assert not [line for line in lines if "Traceback" in line or "step:" in line]
 
 
+def test_timeouts_out_of_order_stop_the_entry_point_before_any_process_group(capsys) -> None:
+    """A quorum timeout below the process-group timeout: one line naming both values and the
+    value to raise, exit status 2, before any process group (issue 37)."""
+    import torch.distributed as dist
+
+    from torchtitan_ft.titan.train import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--fault_tolerance.enable", "--fault_tolerance.group_size=1",
+              "--fault_tolerance.lighthouse_addr=http://127.0.0.1:29510",
+              "--fault_tolerance.hostname=127.0.0.1",
+              "--fault_tolerance.process_group_timeout_ms=30000",
+              "--fault_tolerance.quorum_timeout_ms=5000",
+              "--fault_tolerance.connect_timeout_ms=5000"])  # fmt: skip
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("torchtitan_ft: config error: timeouts out of order: "), line
+    for value in ("quorum_timeout_ms=5000", "process_group_timeout_ms=30000", "at least 30000"):
+        assert value in line, line
+    assert not dist.is_initialized()
+
+
 @pytest.mark.parametrize(
     ("var", "value", "message"),
     [
+        ("TORCHFT_MANAGER_PORT", "abc", "TORCHFT_MANAGER_PORT must be an integer, got 'abc'"),
         ("TORCHFT_MANAGER_PORT", "70000", "TORCHFT_MANAGER_PORT must be a port in [0, 65536)"),
         ("TORCHFT_TIMEOUT_SEC", "nan", "TORCHFT_TIMEOUT_SEC must be a number of seconds"),
         ("TORCHFT_QUORUM_RETRIES", "-1", "TORCHFT_QUORUM_RETRIES must be >= 0"),
