@@ -134,12 +134,14 @@ def read_records(out: Path, group: int) -> list[dict[str, Any]]:
     return records
 
 
-def kill_when(out: Path, group: int, at_step: int, killed: dict[str, Any]) -> None:
-    """SIGKILLs group ``group``'s worker process once it committed ``at_step``; fills
-    ``killed`` with its pid and the time."""
+def kill_when(out: Path, group: int, at_step: int, groups: int, killed: dict[str, Any]) -> None:
+    """SIGKILLs group ``group``'s worker process once it committed ``at_step`` in a quorum of
+    all ``groups`` groups (so that another group holds the job's state: killing its only
+    holder would rightly end the job with the state lost); fills ``killed`` with its pid and
+    the time."""
     while True:
         records = read_records(out, group)
-        steps = [r["step"] for r in records if r["event"] == "step"]
+        steps = [r["step"] for r in records if r["event"] == "step" and r["participants"] == groups]
         if steps and steps[-1] >= at_step:
             pid = [r["pid"] for r in records if r["event"] == "start"][-1]
             os.kill(pid, signal.SIGKILL)
@@ -270,7 +272,9 @@ def run_job(args: argparse.Namespace, out: Path, ray_dir: Path) -> dict[str, Any
     ray_up = time.time()
     killed: dict[str, Any] = {}
     killer = threading.Thread(
-        target=kill_when, args=(out, args.kill_group, args.kill_at_step, killed), daemon=True
+        target=kill_when,
+        args=(out, args.kill_group, args.kill_at_step, args.groups, killed),
+        daemon=True,
     )
     killer.start()
     trainer = TorchTrainer(
