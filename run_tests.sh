@@ -3,7 +3,8 @@
 # quick once installed): torchtitan_ft with its dependencies into the base Python (PYTHON,
 # default python3; scripts/install.sh), the torchft 0.2.0 reference for the wire-compatibility
 # tests, Debian's chromium for the status-page browser test, Debian's Slurm and munge for the
-# Slurm launcher's tests (scripts/install_slurm.sh), and one venv per TorchTitan
+# Slurm launcher's tests (scripts/install_slurm.sh), with --full Ray Train for the Ray
+# launcher's test (scripts/install_ray.sh: .cache/ray/venv), and one venv per TorchTitan
 # release over the base (scripts/install_torchtitan_env.sh: .cache/tt022/venv and
 # .cache/tt030/venv). The main suite runs in the 0.2.2 venv, tests/titan030 in the 0.3.0 one,
 # each with the venv's bin first on PATH and PYTHON set to its Python, so that the processes the
@@ -33,6 +34,13 @@ PYTHON="$base" bash scripts/install.sh
 PYTHON="$base" bash scripts/install_reference.sh
 bash scripts/install_browser.sh
 bash scripts/install_slurm.sh
+# Ray Train for the Ray launcher's test, only for the full tier (about 270 MB).
+for arg in "$@"; do
+    if [ "$arg" = "--full" ]; then
+        PYTHON="$base" bash scripts/install_ray.sh >/dev/null
+        break
+    fi
+done
 py022="$(PYTHON="$base" bash scripts/install_torchtitan_env.sh 0.2.2)"
 py030="$(PYTHON="$base" bash scripts/install_torchtitan_env.sh 0.3.0)"
 

@@ -241,6 +241,7 @@ def test_manager_takes_torchfts_arguments_in_its_order_and_ours_by_keyword_only(
         "samples_per_batch",
         "lighthouse_outage",
         "on_state_loss",
+        "heal_interfaces",
     ]
 
 

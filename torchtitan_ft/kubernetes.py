@@ -10,7 +10,8 @@ What it writes (docs/launchers.md, "Kubernetes"; no cluster has run them):
   each pod running ``run_train.sh`` with its group's ``W`` ranks (torchrun restarts them inside
   the pod); the group id is the pod's ordinal (the ``apps.kubernetes.io/pod-index`` label,
   Kubernetes >= 1.28), so a pod that dies comes back as the same group while the others keep
-  training; a headless Service names the pods;
+  training; a headless Service names the pods; each pod's name is its group's launcher job
+  on the lighthouse's status page (``TORCHFT_LAUNCHER_JOB=pod:<name>``);
 * the job token from a Secret the operator creates (``kubectl create secret generic
   NAME-token --from-literal=token=...``): the manifests name it, never hold it.
 
@@ -28,6 +29,7 @@ from typing import Any
 import yaml
 
 from torchtitan_ft.auth import AUTH_TOKEN_ENV
+from torchtitan_ft.launcher_job import LAUNCHER_JOB_ENV
 
 LIGHTHOUSE_PORT = 29510
 TOKEN_KEY = "token"
@@ -187,6 +189,10 @@ def group_manifests(job: KubernetesJob) -> list[dict[str, Any]]:
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{GROUP_ID_LABEL}']"}},
         },
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        # The group's launcher job on the lighthouse's status page; $(POD_NAME) is expanded by
+        # Kubernetes from the variable above.
+        {"name": LAUNCHER_JOB_ENV, "value": "pod:$(POD_NAME)"},
         {"name": "NUM_REPLICA_GROUPS", "value": str(job.replicas)},
         {"name": "TORCHFT_LIGHTHOUSE", "value": lighthouse},
         {"name": "NGPU", "value": str(job.workers_per_replica)},

@@ -11,6 +11,9 @@ ranks, so a dead rank or group comes back alone and the other groups never resta
   a lighthouse role of its own that ends when the job does (``--exit_when_idle_ms``).
   ``torchx run -s local_cwd torchtitan_ft.torchx:titan --replicas 2 -- --training.steps 20``.
 
+Each group's role names itself to the lighthouse as ``torchx:<app id>/replica_<i>``
+(``TORCHFT_LAUNCHER_JOB``), the launcher job on the status page.
+
 Both pass the submitting environment's ``TORCHFT_*`` variables and ``GLOO_SOCKET_IFNAME`` to
 every role, except the job token ``TORCHFT_AUTH_TOKEN`` and a group key ``TORCHFT_GROUP_KEY``:
 they never enter an application definition (TorchX prints those, and schedulers record them);
@@ -32,6 +35,7 @@ from typing import Dict, List, Optional
 import torchx.specs as specs
 
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, GROUP_KEY_ENV
+from torchtitan_ft.launcher_job import LAUNCHER_JOB_ENV
 
 LIGHTHOUSE_PORT = 29510
 """The lighthouse's default port, torchft's."""
@@ -85,7 +89,14 @@ def _group_env(
         **(env or {}),
         "REPLICA_GROUP_ID": str(replica_id),
         "NUM_REPLICA_GROUPS": str(replicas),
+        LAUNCHER_JOB_ENV: launcher_job(replica_id),
     }
+
+
+def launcher_job(replica_id: int) -> str:
+    """Group ``replica_id``'s launcher job on the lighthouse's status page:
+    ``torchx:<app id>/replica_<i>`` (TorchX fills in the app id when it submits)."""
+    return f"torchx:{specs.macros.app_id}/replica_{replica_id}"
 
 
 def hsdp(

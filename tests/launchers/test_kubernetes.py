@@ -55,6 +55,12 @@ def test_each_pod_is_one_group_whose_id_is_its_ordinal() -> None:
     assert env["GLOO_SOCKET_IFNAME"]["value"] == "eth0"
     service = lighthouse_service["metadata"]["name"]
     assert env["TORCHFT_LIGHTHOUSE"]["value"] == f"http://{service}.default.svc:29510"
+    # The pod's name is the group's launcher job; Kubernetes expands $(POD_NAME) only from a
+    # variable defined before it.
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["TORCHFT_LAUNCHER_JOB"]["value"] == "pod:$(POD_NAME)"
+    names = [e["name"] for e in container["env"]]
+    assert names.index("POD_NAME") < names.index("TORCHFT_LAUNCHER_JOB")
 
 
 def test_the_token_comes_from_the_secret_and_is_never_written() -> None:

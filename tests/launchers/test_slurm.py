@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.request import urlopen
 
 import pytest
 
@@ -219,6 +220,13 @@ def test_cancelled_group_is_resubmitted_and_rejoins(cluster: SlurmCluster, tmp_p
         ]
         ended = [e for e in _events(work) if e["event"] == "ended"]
         assert [(e["job_id"], e["state"]) for e in ended] == [(victim, "CANCELLED")]
+        # The status page names each group's Slurm job: the live groups their current jobs,
+        # the cancelled process its own.
+        jobs = {(e["replica"], e["attempt"]): e["job_id"] for e in submitted}
+        status = json.loads(urlopen(f"http://127.0.0.1:{port + 1}/status.json", timeout=10).read())
+        in_quorum = {g["launcher_job"] for g in status["groups"] if g["in_quorum"]}
+        assert in_quorum == {f"slurm:{jobs[0, 0]}", f"slurm:{jobs[1, 1]}"}, status["groups"]
+        assert f"slurm:{victim}" in {g["launcher_job"] for g in status["groups"]}
         step = max(r.step for r in _committed(work, 0, 0)) + 10
         (work / "stop_step").write_text(str(step))
         _, err = runner.communicate(timeout=300)

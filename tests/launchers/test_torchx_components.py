@@ -5,6 +5,7 @@ environment passed through, the job token never."""
 from __future__ import annotations
 
 import pytest
+from torchx.specs import macros
 
 from torchtitan_ft import torchx as components
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, GROUP_KEY_ENV
@@ -93,3 +94,18 @@ def test_titan_min_replicas_above_the_group_count_is_named() -> None:
         ValueError, match=r"min_replicas must be between 1 and replicas \(2\), got 3"
     ):
         components.titan(replicas=2, min_replicas=3)
+
+
+@pytest.mark.parametrize("component", [components.hsdp, components.titan])
+def test_each_group_names_its_torchx_app_and_role_as_its_launcher_job(
+    component, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHFT_LAUNCHER_JOB", "from-the-submitter")  # the role's own wins
+    app = component(replicas=2)
+    submitted = macros.Values(img_root="", app_id="app-7", replica_id="0", rank0_env="")
+    jobs = {
+        r.name: submitted.apply(r).env["TORCHFT_LAUNCHER_JOB"]
+        for r in app.roles
+        if r.name != "lighthouse"
+    }
+    assert jobs == {"replica_0": "torchx:app-7/replica_0", "replica_1": "torchx:app-7/replica_1"}

@@ -265,8 +265,8 @@ def test_status_command_prints_the_summary(servers, capsys) -> None:
     main(["status", "--lighthouse", server.address(), "--status", status, "--token", "t0ken"])
     out = capsys.readouterr().out
     assert "job: 0 batches committed" in out and "(2 groups)" in out
-    rows = [line.split()[:2] for line in out.splitlines() if line.startswith("r-")]
-    assert rows == [["r-0", "yes"], ["r-1", "yes"]]
+    rows = [line.split()[:3] for line in out.splitlines() if line.startswith("r-")]
+    assert rows == [["r-0", "-", "yes"], ["r-1", "-", "yes"]]  # no launcher job said
     events = [line.split()[2:4] for line in out.splitlines() if line.startswith("  #")]
     assert events[-2:] == [["joined", "r-0"], ["joined", "r-1"]]
 

@@ -7,6 +7,7 @@ from collections import deque
 
 import pytest
 
+from torchtitan_ft.launcher_job import LAUNCHER_JOB_MAX
 from torchtitan_ft.lighthouse.groups import (
     GROUPS_FILE,
     SAVE_CHANGED_S,
@@ -250,3 +251,17 @@ def test_an_unreadable_groups_file_starts_from_zero_and_says_so(tmp_path, caplog
     (tmp_path / GROUPS_FILE).write_text('{"version": 1, "groups": {"a": ')  # torn
     assert GroupsFile(str(tmp_path)).load(now=0.0).groups == {}
     assert "cannot restore the groups' figures" in caplog.text
+
+
+def test_launcher_job_is_kept_cut_to_its_bound_and_survives_a_restart() -> None:
+    book = GroupBook()
+    book.report("a", pb.GroupProgress(launcher_job="slurm:17"), now=1.0)
+    book.report("a", pb.GroupProgress(), now=2.0)  # a report without it keeps the last one
+    book.report("b", pb.GroupProgress(launcher_job="x" * (LAUNCHER_JOB_MAX + 5)), now=2.0)
+    views = {v["replica_id"]: v["launcher_job"] for v in book.views(now=3.0)}
+    assert views == {"a": "slurm:17", "b": "x" * LAUNCHER_JOB_MAX}
+    saved = json.loads(json.dumps(book.to_json(now=3.0)))
+    restored = GroupBook.from_json(saved, now=4.0)
+    assert {v["replica_id"]: v["launcher_job"] for v in restored.views(now=4.0)} == views
+    del saved["groups"]["a"]["launcher_job"]  # a file from before launcher jobs
+    assert GroupBook.from_json(saved, now=4.0).groups["a"].launcher_job is None

@@ -91,3 +91,25 @@ def test_the_job_shows_committed_samples_or_says_why_batches(samples, unit, comm
     text = render(status, {"events": []})
     assert f"job: {committed} {unit} committed" in text
     assert ("no replica group reports its samples per batch" in text) is note
+
+
+def test_each_group_shows_its_launcher_job_on_the_page_in_json_and_in_the_summary() -> None:
+    state = LighthouseState(
+        DecisionOptions(min_replicas=1, join_timeout=1.0, heartbeat_timeout=5.0)
+    )
+    state.groups.quorum(["r-0", "r-1"], now=0.0)
+    state.groups.report("r-0", pb.GroupProgress(launcher_job="slurm:4312"), now=1.0)
+    state.groups.report("r-1", pb.GroupProgress(), now=1.0)  # said none
+    status = state.status()
+    assert {g["replica_id"]: g["launcher_job"] for g in status["groups"]} == {
+        "r-0": "slurm:4312",
+        "r-1": None,
+    }
+    page = render_html(status, False, list(state.history)).decode()
+    assert "<th>launcher job</th>" in page
+    rows = {g: re.search(rf'data-group="{g}">(.*?)</tr>', page)[1] for g in ("r-0", "r-1")}
+    assert rows["r-0"].startswith("<td>r-0</td><td>slurm:4312</td>")
+    assert rows["r-1"].startswith("<td>r-1</td><td>-</td>")
+    text = render(status, {"events": []})
+    lines = [line.split()[:2] for line in text.splitlines() if line.startswith("r-")]
+    assert lines == [["r-0", "slurm:4312"], ["r-1", "-"]]

@@ -341,3 +341,40 @@ def test_heal_interfaces_argument_then_env_then_every_interface(arg, env, expect
 def test_a_malformed_heal_interface_is_named(arg, env, match) -> None:
     with pytest.raises(ValueError, match=match):
         resolve_manager_settings(env=env, heal_interfaces=arg)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {"TORCHFT_LAUNCHER_JOB": "pod:ft-groups-1", "SLURM_JOB_ID": "17"},
+            Resolved("pod:ft-groups-1", Source.ENV, "TORCHFT_LAUNCHER_JOB"),
+        ),
+        ({"SLURM_JOB_ID": "17"}, Resolved("slurm:17", Source.ENV, "SLURM_JOB_ID")),
+        (
+            {"TORCHFT_LAUNCHER_JOB": "", "SLURM_JOB_ID": "17"},
+            Resolved("slurm:17", Source.ENV, "SLURM_JOB_ID"),
+        ),
+        ({}, Resolved(None, Source.DEFAULT)),
+    ],
+)
+def test_launcher_job_env_then_slurm_job_id_then_none(env, expected) -> None:
+    settings = resolve_manager_settings(env=env)
+    assert settings.launcher_job == expected
+    assert f"launcher_job={expected.describe()}" in settings.describe()
+    assert settings.record()["launcher_job"]["value"] == expected.value
+
+
+@pytest.mark.parametrize(
+    ("env", "var"),
+    [
+        ({"TORCHFT_LAUNCHER_JOB": "two words"}, "TORCHFT_LAUNCHER_JOB"),
+        ({"TORCHFT_LAUNCHER_JOB": "x" * 129}, "TORCHFT_LAUNCHER_JOB"),
+        ({"TORCHFT_LAUNCHER_JOB": "pod:\u00e9"}, "TORCHFT_LAUNCHER_JOB"),
+        ({"SLURM_JOB_ID": "1\n2"}, "SLURM_JOB_ID"),
+    ],
+)
+def test_a_bad_launcher_job_names_the_variable_and_the_value(env, var) -> None:
+    with pytest.raises(ValueError, match=f"env var {var} must give a job name") as e:
+        resolve_manager_settings(env=env)
+    assert repr(env[var]) in str(e.value)

@@ -80,3 +80,9 @@ def test_a_groups_heal_started_when_its_first_rank_started() -> None:
     for ranks in ([0.0, 105.0, 100.0], [105.0, 0.0, 100.0]):  # 0: a rank that sent none
         merged = group_progress([rank(started) for started in ranks])
         assert (merged.heals[0].started, merged.heals[0].bytes) == (100.0, 30)
+
+
+def test_group_progress_carries_the_launcher_job_a_rank_sent() -> None:
+    said = pb.GroupProgress(launcher_job="slurm:17")
+    assert group_progress([pb.GroupProgress(), None, said]).launcher_job == "slurm:17"
+    assert group_progress([pb.GroupProgress()]).launcher_job == ""  # none said

@@ -5,7 +5,9 @@ Each group's quorum request may carry a ``GroupProgress`` (our Manager sends one
 0.2.0's sends none, and its group then shows only its membership): recent step times, the
 job's committed batches as the group counts them, and its committed samples when its trainer
 said how many samples a batch holds (the Manager's ``samples_per_batch``), its discarded
-steps, the heals and the recoveries that ended since its last request. :class:`GroupBook`
+steps, the heals and the recoveries that ended since its last request, and the launcher's
+name for the job its process runs in (a Slurm job id, a TorchX app id and role, a pod name;
+the Manager's ``launcher_job`` setting). :class:`GroupBook`
 keeps, per group, a short series of steps per second, its heals, its recoveries' breakdowns
 (``lighthouse.recoveries``, with the departures of processes the state saw go), and its time
 in and out of the quorum; and for
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from torchtitan_ft.launcher_job import LAUNCHER_JOB_MAX
 from torchtitan_ft.lighthouse.history import HistoryKind
 from torchtitan_ft.lighthouse.recoveries import (
     DEPARTURES_KEPT,
@@ -118,6 +121,9 @@ class Group:
     away_since: float | None = None
     reports: bool = False
     """Whether it sends ``GroupProgress`` (our Manager) or not (torchft 0.2.0's)."""
+    launcher_job: str | None = None
+    """The launcher's name for the job its process runs in (``GroupProgress.launcher_job``);
+    None: not said."""
 
     def in_quorum_now(self, now: float) -> float:
         since = self.in_quorum_since
@@ -262,6 +268,8 @@ class GroupBook:
             if timing.step_seconds > 0:
                 group.steps_per_s.append((now, 1.0 / timing.step_seconds))
         group.batches_committed = progress.batches_committed
+        if progress.launcher_job:
+            group.launcher_job = progress.launcher_job[:LAUNCHER_JOB_MAX]  # a longer one: cut
         if progress.HasField("samples_committed"):
             group.samples_committed = progress.samples_committed
         discarded = group.discarded_steps
@@ -388,6 +396,7 @@ class GroupBook:
         return {
             "replica_id": rid,
             "reports": group.reports,
+            "launcher_job": group.launcher_job,
             "steps_per_s": series[-1] if series else None,
             "steps_per_s_series": series,
             "batches_committed": group.batches_committed,
@@ -428,6 +437,7 @@ class GroupBook:
                 "first_seen": g.first_seen,
                 "last_seen": g.last_seen,
                 "reports": g.reports,
+                "launcher_job": g.launcher_job,
                 "batches_committed": g.batches_committed,
                 "samples_committed": g.samples_committed,
                 "discarded_steps": g.discarded_steps,
@@ -469,6 +479,8 @@ class GroupBook:
                 first_seen=float(gd["first_seen"]), last_seen=float(gd["last_seen"])
             )
             g.reports = bool(gd["reports"])
+            job = gd.get("launcher_job")  # older files: none
+            g.launcher_job = None if job is None else str(job)
             g.batches_committed = int(gd["batches_committed"])
             samples = gd["samples_committed"]
             g.samples_committed = None if samples is None else int(samples)

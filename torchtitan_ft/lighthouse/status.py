@@ -520,7 +520,8 @@ Green bars: time in the quorum. Marks: events (hover or click for the reason).</
 {timeline}
 <p id="mark-detail"></p>
 <h2>Groups</h2>
-<table id="groups"><tr><th>replica</th><th>in quorum</th><th>steps/s</th><th>recent steps/s</th>
+<table id="groups"><tr><th>replica</th><th>launcher job</th><th>in quorum</th><th>steps/s</th>
+<th>recent steps/s</th>
 <th>time in quorum (s)</th><th>time away (s)</th><th>heals (newest durations)</th>
 <th>last heal</th>
 <th>committed {unit}</th><th>discarded steps</th></tr>
@@ -708,6 +709,7 @@ def _group_row(g: dict, unit: str) -> str:
     return (
         f'<tr class="{"in-quorum" if g["in_quorum"] else "away"}" '
         f'data-group="{e(g["replica_id"])}"><td>{e(g["replica_id"])}</td>'
+        f"<td>{e(g['launcher_job'] or '-')}</td>"
         f"<td>{'yes' if g['in_quorum'] else 'no'}</td>"
         f"<td>{_figure(g['steps_per_s'], '.2f')}{not_reported}</td>"
         f"<td>{sparkline(g['steps_per_s_series'])}</td>"

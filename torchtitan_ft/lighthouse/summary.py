@@ -99,14 +99,15 @@ def render(status: dict, events: dict) -> str:
         lines.append(f"quorum {quorum['quorum_id']} (age {quorum['age_s']:.1f} s): {members}")
     lines += [
         "",
-        f"{'group':<28} {'in':<3} {'steps/s':>8} {'in quorum s':>11} {'away s':>8} "
-        f"{'heals':>5} {'last heal':<28} {'discarded':>9}",
+        f"{'group':<28} {'launcher job':<24} {'in':<3} {'steps/s':>8} {'in quorum s':>11} "
+        f"{'away s':>8} {'heals':>5} {'last heal':<28} {'discarded':>9}",
     ]
     for g in status["groups"]:
         last = g["heals"][-1] if g["heals"] else None
         heal = f"{last['seconds']:.3f} s {last['bytes']} B {last['outcome']}" if last else "-"
         lines.append(
-            f"{g['replica_id'][:28]:<28} {'yes' if g['in_quorum'] else 'no':<3} "
+            f"{g['replica_id'][:28]:<28} {g['launcher_job'] or '-':<24} "
+            f"{'yes' if g['in_quorum'] else 'no':<3} "
             f"{_num(g['steps_per_s'], '.2f'):>8} {g['in_quorum_s']:>11.1f} {g['away_s']:>8.1f} "
             f"{g['heal_count']:>5} {heal:<28} {g['discarded_steps']:>9}"
         )

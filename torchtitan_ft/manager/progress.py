@@ -1,6 +1,7 @@
 """What a rank tells the lighthouse with each quorum request (``pb.GroupProgress``): the
 previous step's timing (``steptimes``), the committed batches and, once the trainer said its
-``samples_per_batch``, samples, the discarded steps, the heals that ended since and, on group
+``samples_per_batch``, samples, the discarded steps, the launcher's job name (settings'
+``launcher_job``), the heals that ended since and, on group
 rank 0, its recoveries that ended since; group rank 0's ManagerServer merges its ranks'
 (``steptimes.group_progress``). The same step timings judge the timeouts once
 (``timeouts.OversizeWatch``): a warning and an ``oversized_timeout`` event per timeout far
@@ -28,7 +29,8 @@ class ProgressReport:
     """One rank's progress report (training thread).
 
     Args:
-        settings: this rank's settings: the timeouts to judge and ``samples_per_batch``.
+        settings: this rank's settings: the timeouts to judge, ``samples_per_batch`` and
+            ``launcher_job``.
         pg_timeout: the process group's own timeout, judged too (None: it has none).
         ledger: the Manager's step account (committed step, batches, discarded steps).
         healing: gives the reports of the heals that ended.
@@ -51,6 +53,7 @@ class ProgressReport:
     ) -> None:
         self.samples_per_batch: int | None = settings.samples_per_batch.value
         """Samples one replica group trains per step (None: not said)."""
+        self._launcher_job = settings.launcher_job.value
         self.timer = StepTimer()
         """Times each step and its compute part for the lighthouse's straggler report."""
         self._oversize = timeouts.OversizeWatch(
@@ -90,6 +93,8 @@ class ProgressReport:
         if self.samples_per_batch is not None:
             progress.samples_committed = ledger.batches_committed * self.samples_per_batch
         progress.discarded_steps = ledger.discarded_steps
+        if self._launcher_job is not None:
+            progress.launcher_job = self._launcher_job
         progress.heals.extend(self._healing.take_reports())
         if self._recovery is not None:
             progress.recoveries.extend(self._recovery.take_reports())

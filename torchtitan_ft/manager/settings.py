@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 from torchtitan_ft import timeouts
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, resolve_token
 from torchtitan_ft.events import EVENTS_DIR_ENV
+from torchtitan_ft.launcher_job import LAUNCHER_JOB_ENV
+from torchtitan_ft.launcher_job import from_env as launcher_job_from_env
 from torchtitan_ft.manager.outage import LighthouseOutage
 from torchtitan_ft.manager.state_loss import OnStateLoss
 
@@ -119,6 +121,11 @@ class ManagerSettings:
     heal_interfaces: Resolved[tuple[str, ...]] = Resolved((), Source.DEFAULT)
     """The network interfaces heals may use (the default transport's ``interfaces``); empty:
     every interface, the fastest path measured."""
+    launcher_job: Resolved[str | None] = Resolved(None, Source.DEFAULT)
+    """The launcher's name for the job this process runs in, which the status page shows for
+    the group (e.g. ``slurm:4312``, ``torchx:<app id>/replica_1``, ``pod:ft-groups-1``);
+    ``None``: none known. Env only: ``TORCHFT_LAUNCHER_JOB`` > ``slurm:`` + ``SLURM_JOB_ID``
+    (Slurm sets it in every job) > none (``_launcher_job``)."""
     overridden: tuple[str, ...] = ()
     """The ``TORCHFT_*`` variables that are set but lose to an argument (``overridden_env``)."""
 
@@ -164,6 +171,7 @@ class ManagerSettings:
             "lighthouse_outage",
             "on_state_loss",
             "heal_interfaces",
+            "launcher_job",
         )
         described = [f"{n}={getattr(self, n).describe()}" for n in names]
         return ", ".join([*described, f"auth_token={self.auth_token.describe(secret=True)}"])
@@ -252,6 +260,15 @@ def resolve_heal_interfaces(
     return Resolved(tuple(names), picked.source, picked.env_var)
 
 
+def _launcher_job(env: Mapping[str, str]) -> Resolved[str | None]:
+    """The launcher's job name (``launcher_job.from_env``): ``TORCHFT_LAUNCHER_JOB`` (the
+    TorchX components and the Kubernetes manifests set it) > ``slurm:<SLURM_JOB_ID>`` > none."""
+    found = launcher_job_from_env(env)
+    if found is None:
+        return Resolved(None, Source.DEFAULT)
+    return Resolved(found[0], Source.ENV, found[1])
+
+
 E = TypeVar("E", bound=Enum)
 
 
@@ -308,6 +325,7 @@ _ENV_SETTINGS = {
     LIGHTHOUSE_OUTAGE_ENV: "lighthouse_outage",
     ON_STATE_LOSS_ENV: "on_state_loss",
     HEAL_INTERFACES_ENV: "heal_interfaces",
+    LAUNCHER_JOB_ENV: "launcher_job",
 }
 """The ``TORCHFT_*`` variables the Manager reads -> the setting each one gives."""
 
@@ -340,6 +358,7 @@ def validate_env(env: Mapping[str, str]) -> None:
     _lighthouse_outage(None, env)
     _on_state_loss(None, env)
     resolve_heal_interfaces(None, env)
+    _launcher_job(env)
 
 
 def overridden_env(settings: ManagerSettings, env: Mapping[str, str]) -> tuple[str, ...]:
@@ -486,6 +505,7 @@ def resolve_manager_settings(
     | lighthouse_outage | TORCHFT_LIGHTHOUSE_OUTAGE | ``previous_quorum`` |
     | on_state_loss | TORCHFT_ON_STATE_LOSS | ``checkpoint`` |
     | heal_interfaces | TORCHFT_HEAL_INTERFACES (comma-separated) | none (every interface) |
+    | (launcher_job) | TORCHFT_LAUNCHER_JOB, else ``slurm:`` + SLURM_JOB_ID | none |
 
     torchft 0.2.0 reads the same four ``TORCHFT_*`` variables but lets them override the
     arguments; here an argument wins, as for every other setting.
@@ -496,7 +516,7 @@ def resolve_manager_settings(
     positive numbers of seconds (the message names the env var when the value came from one),
     a ``samples_per_batch`` that is not a positive integer, a ``lighthouse_outage`` that is
     not a ``LighthouseOutage`` value, an ``on_state_loss`` that is not an ``OnStateLoss``
-    value, a rank outside
+    value, a launcher job name that is not short printable ASCII, a rank outside
     ``[0, world_size)`` and a multi-rank group without a store port (its ranks could not find
     each other).
     """
@@ -527,6 +547,7 @@ def resolve_manager_settings(
         lighthouse_outage=_lighthouse_outage(lighthouse_outage, env),
         on_state_loss=_on_state_loss(on_state_loss, env),
         heal_interfaces=resolve_heal_interfaces(heal_interfaces, env),
+        launcher_job=_launcher_job(env),
     )
     settings = dataclasses.replace(settings, overridden=overridden_env(settings, env))
     if settings.quorum_retries.value < 0:

@@ -56,7 +56,8 @@ class StepTimer:
 def group_progress(progresses: Iterable[pb.GroupProgress | None]) -> pb.GroupProgress | None:
     """A group's progress from its ranks' (None when no rank sent any): the slowest timing per
     step (``slowest_per_step``), the highest committed batches, samples (when any rank sent
-    them) and discarded steps, and each heal (by the step it healed to) with the ranks' bytes
+    them) and discarded steps, the first launcher job name a rank sent (all ranks of a group
+    run in one launcher job), and each heal (by the step it healed to) with the ranks' bytes
     summed, the earliest start, the slowest rank's seconds and the worst outcome; the
     recoveries as sent (group rank 0 sends them)."""
     sent = [p for p in progresses if p is not None]
@@ -68,6 +69,7 @@ def group_progress(progresses: Iterable[pb.GroupProgress | None]) -> pb.GroupPro
     samples = [p.samples_committed for p in sent if p.HasField("samples_committed")]
     if samples:
         merged.samples_committed = max(samples)
+    merged.launcher_job = next((p.launcher_job for p in sent if p.launcher_job), "")
     heals: dict[int, pb.HealReport] = {}
     for p in sent:
         for heal in p.heals:

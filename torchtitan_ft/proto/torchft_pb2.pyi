@@ -52,7 +52,7 @@ class StepTiming(_message.Message):
     def __init__(self, step: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ...) -> None: ...
 
 class GroupProgress(_message.Message):
-    __slots__ = ("steps", "batches_committed", "discarded_steps", "heals", "samples_committed", "link_probes", "recoveries")
+    __slots__ = ("steps", "batches_committed", "discarded_steps", "heals", "samples_committed", "link_probes", "recoveries", "launcher_job")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     DISCARDED_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class GroupProgress(_message.Message):
     SAMPLES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     LINK_PROBES_FIELD_NUMBER: _ClassVar[int]
     RECOVERIES_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHER_JOB_FIELD_NUMBER: _ClassVar[int]
     steps: _containers.RepeatedCompositeFieldContainer[StepTiming]
     batches_committed: int
     discarded_steps: int
@@ -67,7 +68,8 @@ class GroupProgress(_message.Message):
     samples_committed: int
     link_probes: _containers.RepeatedCompositeFieldContainer[LinkProbeResult]
     recoveries: _containers.RepeatedCompositeFieldContainer[RecoveryReport]
-    def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., batches_committed: _Optional[int] = ..., discarded_steps: _Optional[int] = ..., heals: _Optional[_Iterable[_Union[HealReport, _Mapping]]] = ..., samples_committed: _Optional[int] = ..., link_probes: _Optional[_Iterable[_Union[LinkProbeResult, _Mapping]]] = ..., recoveries: _Optional[_Iterable[_Union[RecoveryReport, _Mapping]]] = ...) -> None: ...
+    launcher_job: str
+    def __init__(self, steps: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., batches_committed: _Optional[int] = ..., discarded_steps: _Optional[int] = ..., heals: _Optional[_Iterable[_Union[HealReport, _Mapping]]] = ..., samples_committed: _Optional[int] = ..., link_probes: _Optional[_Iterable[_Union[LinkProbeResult, _Mapping]]] = ..., recoveries: _Optional[_Iterable[_Union[RecoveryReport, _Mapping]]] = ..., launcher_job: _Optional[str] = ...) -> None: ...
 
 class RecoveryReport(_message.Message):
     __slots__ = ("kind", "process_started", "manager_built", "quorum_asked", "quorum_received", "healed", "first_commit", "heal_to_step", "donor_replica_rank", "donor_address", "heal_path", "heal_outcome", "heal_seconds", "heal_bytes")
