@@ -193,7 +193,7 @@ def test_heal_decisions_agree_in_both_directions(fleet, behind: str) -> None:
 
 # ------------------------------------------------------------------- nightly's Manager, training
 
-WORKER = Path(__file__).parents[2] / "torchtitan_ft" / "testing" / "nightly_worker.py"
+WORKER = Path(__file__).with_name("_nightly_worker.py")
 
 
 def _records(path: Path) -> list[dict[str, Any]]:

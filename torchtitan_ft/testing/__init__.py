@@ -29,9 +29,6 @@ Processes and jobs:
   and ``benchmarks.recovery``);
 - :mod:`torchtitan_ft.testing.goodput_worker`: the trainer of ``benchmarks.goodput``, this
   project's trainer plus one JSON line per step about what it committed;
-- :mod:`torchtitan_ft.testing.nightly_worker`: one replica group on torchft-nightly's own
-  ``Manager`` (run with a venv that has its wheel), one JSON line per committed step, for the
-  mixed-fleet test ``tests/compat/test_torchft_nightly_mixed.py``.
 
 Conditions to test under:
 

@@ -1,10 +1,11 @@
 """One replica group (one rank) training a tiny linear model on torchft-nightly's own ``Manager``
 and ``ProcessGroupGloo``, for tests/compat/test_torchft_nightly_mixed.py.
 
-Run it by path with an interpreter that has the ``torchft_nightly`` wheel (not this package:
-it imports only torch and torchft, so the nightly package is the ``torchft`` it finds):
+Run it by path with an interpreter that has the ``torchft_nightly`` wheel. It imports only
+torch and torchft, so the nightly package is the ``torchft`` it finds; it lives with the tests
+because the package never imports torchft (tests/test_torchft_compat.py):
 
-    python torchtitan_ft/testing/nightly_worker.py LIGHTHOUSE REPLICA_ID OUT_FILE STOP_FILE
+    python tests/compat/_nightly_worker.py LIGHTHOUSE REPLICA_ID OUT_FILE STOP_FILE
 
 Each committed step appends ``{"step", "hash", "healed"}`` (the step the Manager reports after
 the commit, a SHA-256 of the parameters' bytes, and whether this process ever healed) as one
