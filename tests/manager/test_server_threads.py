@@ -155,6 +155,47 @@ def test_the_in_process_client_names_the_lighthouse_even_when_its_loop_is_starve
         server.shutdown()
 
 
+def test_the_in_process_rank_names_the_lighthouse_when_another_rank_asked_it() -> None:
+    """As above, in a group of 2 whose rank 1 (over gRPC) arrives last and so makes the
+    lighthouse request: rank 0's in-process call, starved across its deadline, still ends with
+    the request's failure (a 2-rank TorchTitan group printed "DEADLINE_EXCEEDED: in process" for
+    rank 0 on a busy machine)."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = loopback_manager_server(f"http://127.0.0.1:{port}", replica_id="pair", world_size=2)
+    local = LocalManagerClient(server, server.address())
+    remote = ManagerClient(server.address(), timedelta(seconds=10))
+    errors: dict[int, Exception] = {}
+
+    def ask(rank: int, client: Any) -> None:
+        try:
+            client._quorum(
+                group_rank=rank,
+                step=0,
+                checkpoint_metadata="",
+                shrink_only=False,
+                timeout=timedelta(seconds=2),
+            )
+        except Exception as e:  # the test reads it
+            errors[rank] = e
+
+    loop = server._loop
+    try:
+        first = threading.Thread(target=ask, args=(0, local))
+        first.start()
+        while server._local_call is None:  # rank 0 waits in the round
+            time.sleep(0.01)
+        loop.call_soon_threadsafe(loop.call_later, 1.2, time.sleep, 1.6)
+        ask(1, remote)
+        first.join(30)
+        assert not first.is_alive()
+        assert f"no quorum from the lighthouse at http://127.0.0.1:{port}" in str(errors[0])
+    finally:
+        remote.close()
+        server.shutdown()
+
+
 def _ask_unreachable_lighthouse(port: int, results: Any) -> None:  # a forked process
     """Group rank 0's in-process quorum call of 2 s against a lighthouse at ``port``, where
     nothing listens; says when it asks (``time.monotonic``, the same clock in every process)

@@ -336,11 +336,12 @@ class LocalContext:
         self._metadata = tuple(metadata)
         self.trailing: Metadata = ()
         self.guard: asyncio.Timeout | None = None
-        """The call's deadline on the server's loop (``_guarded``); None until it starts."""
+        """The call's deadline on the server's loop (``_guarded``); None outside the call."""
 
     def answered_by(self, when: float) -> None:
         """The handler will answer by itself, by loop time ``when`` (the end of the lighthouse
-        request it made, which ends before the deadline): the guard moves to ``_LOCAL_NET_S``
+        request its round made, from this call or another rank's, which ends before the
+        deadline): the guard moves to ``_LOCAL_NET_S``
         after the later of ``when`` and the deadline, so that it fires only if that request
         hangs. However late a starved loop runs, the caller then gets the request's own error
         (e.g. "no quorum from the lighthouse at ...") rather than the deadline, whose timer a
@@ -368,5 +369,8 @@ async def _guarded(context: LocalContext, timeout_s: float, coro: Coroutine[Any,
     """``coro``'s result, or ``TimeoutError`` after ``timeout_s`` (later where the handler
     says it answers by itself, ``LocalContext.answered_by``): ``asyncio.wait_for`` without its
     extra task (one event-loop turn less on a quorum's path)."""
-    async with asyncio.timeout(timeout_s) as context.guard:
-        return await coro
+    try:
+        async with asyncio.timeout(timeout_s) as context.guard:
+            return await coro
+    finally:
+        context.guard = None  # the call is over: a later answered_by changes nothing

@@ -183,6 +183,9 @@ class ManagerServer:
 
         # Only touched on the event-loop thread.
         self._rounds = GroupRounds(replica_id, world_size)
+        # The in-process rank's (group rank 0's) latest quorum call: whichever rank's call asks
+        # the lighthouse, that call ends with the request (LocalContext.answered_by).
+        self._local_call: LocalContext | None = None
         self._round_ends: dict[int, asyncio.Future[Any]] = {}
         """round number -> what its waiting calls get (created by the first to wait)."""
         self._forming_changed: asyncio.Future[None] | None = None
@@ -397,6 +400,8 @@ class ManagerServer:
         if (error := self._rounds.rank_error(group_rank)) is not None:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, error)
 
+        if isinstance(context, LocalContext):
+            self._local_call = context
         call = Joined(
             group_rank=group_rank,
             peer=context.peer(),
@@ -446,8 +451,8 @@ class ManagerServer:
                 remaining = context.time_remaining() or 0.0
             budget = lighthouse_budget(remaining)
             self._spawn(self._run_lighthouse_quorum(decision, budget))
-            if isinstance(context, LocalContext):  # this call ends with the request it made
-                context.answered_by(asyncio.get_running_loop().time() + budget)
+            if self._local_call is not None:  # it waits in this round: it ends with the request
+                self._local_call.answered_by(asyncio.get_running_loop().time() + budget)
         end = self._round_end(decision.round)
         try:
             outcome: QuorumOutcome = await asyncio.shield(end)
