@@ -117,6 +117,7 @@ from benchmarks._goodput_launch import Launcher
 from benchmarks._reference import REFERENCE_DIR, RUNTIME_DEPS_DIR
 from torchtitan_ft.testing.cpulimit import CpuLimit
 from torchtitan_ft.testing.faults import DEFAULT_KINDS, Fault, FaultKind, fault_schedule
+from torchtitan_ft.testing.mlp import write_stop_step
 
 STOP_MARGIN_STEPS = 2
 """After the target: every group trains this many more steps together, then stops and dumps."""
@@ -217,10 +218,7 @@ class MethodRun:
                     break
                 time.sleep(0.2)
         step = max((r.step for r in self.records()), default=0) + STOP_MARGIN_STEPS
-        # written whole, then renamed: a worker reading it half-written would crash on ''
-        staged = self.launcher.stop_file.with_suffix(".tmp")
-        staged.write_text(str(step))
-        staged.replace(self.launcher.stop_file)
+        write_stop_step(self.launcher.stop_file, step)
         self.launcher.wait_exit(deadline + 60)
         finals = {}
         for path in self.folder.glob("final_*.json"):

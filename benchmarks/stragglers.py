@@ -69,7 +69,7 @@ from torchtitan_ft.lighthouse.exclusion import ExclusionOptions, StragglerPolicy
 from torchtitan_ft.lighthouse.stragglers import StragglerOptions
 from torchtitan_ft.testing import netns
 from torchtitan_ft.testing.cpulimit import CpuLimit
-from torchtitan_ft.testing.mlp import BATCH_SIZE, WorkerConfig, spawn_rank
+from torchtitan_ft.testing.mlp import BATCH_SIZE, WorkerConfig, spawn_rank, write_stop_step
 from torchtitan_ft.testing.processes import descendants
 from torchtitan_ft.titan.releases.job import FtGroup, TitanJob, command
 
@@ -229,7 +229,7 @@ def run(
         reports = lighthouse.run_in_loop(lambda: lighthouse.state.speeds.reports_started)
         exclusions = lighthouse.run_in_loop(lambda: lighthouse.state.metrics.exclusions)
         if not policy and model == "mlp":
-            stop_file.write_text(str(max(_step(events, n) for n in names) + 2))
+            write_stop_step(stop_file, max(_step(events, n) for n in names) + 2)
             for i, proc in enumerate(procs):
                 proc.join(60)
                 if proc.exitcode != 0:

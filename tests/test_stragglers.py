@@ -22,7 +22,7 @@ from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.lighthouse.exclusion import ExclusionOptions, StragglerPolicy
 from torchtitan_ft.lighthouse.stragglers import StragglerOptions
 from torchtitan_ft.testing.cpulimit import CpuLimit
-from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank
+from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank, write_stop_step
 
 pytestmark = pytest.mark.multiprocess
 
@@ -117,7 +117,7 @@ class Job:
 
     def stop(self) -> None:
         """Stops every group a few steps on, together."""
-        self.stop_file.write_text(str(max(self.step(i) for i in range(GROUPS)) + 3))
+        write_stop_step(self.stop_file, max(self.step(i) for i in range(GROUPS)) + 3)
         for i, proc in enumerate(self.procs):
             proc.join(90)
             assert proc.exitcode == 0, f"replica_{i} exit code {proc.exitcode}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -126,3 +127,11 @@ def spawn_rank(cfg: WorkerConfig) -> mp.process.BaseProcess:
     proc = mp_context().Process(target=train_worker, args=(cfg,), daemon=daemon)
     proc.start()
     return proc
+
+
+def write_stop_step(path: Path, step: int) -> None:
+    """Tell workers to stop at ``step`` through the file at ``path`` (``stop_step_file``): written
+    whole, then renamed into place, so a worker never reads it half-written (``int('')``)."""
+    staged = path.with_name(path.name + ".tmp")
+    staged.write_text(str(step))
+    staged.replace(path)

@@ -34,7 +34,7 @@ from torchtitan_ft.testing.commit_log import (
     read_commit_logs,
 )
 from torchtitan_ft.testing.faults import FaultKind, donor_may_die
-from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank
+from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank, write_stop_step
 from torchtitan_ft.testing.processes import LighthouseProcess
 
 T = TypeVar("T")
@@ -264,7 +264,7 @@ class MlpJob(contextlib.AbstractContextManager["MlpJob"]):
 
     def stop_at(self, step: int) -> None:
         """Every group stops once it committed ``step`` with ``stop_participants`` groups."""
-        self._stop_file.write_text(str(step))
+        write_stop_step(self._stop_file, step)
 
     def join(self, procs: Iterable[Any], timeout_s: float) -> None:
         """Waits for ``procs`` to exit; each must exit 0."""
