@@ -60,6 +60,13 @@ def test_address_check_knows_an_unchanged_quorum() -> None:
     assert not check.known(me, [me])
 
 
+def _dead_port() -> int:
+    """A loopback port nothing listens on (bound once, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _server(lighthouse: str, name: str) -> ManagerServer:
     return loopback_manager_server(lighthouse, replica_id=name)
 
@@ -134,9 +141,7 @@ def test_the_in_process_client_names_the_lighthouse_even_when_its_loop_is_starve
     handler that asks the lighthouse answers with the request's failure however late it runs.
     Here the loop is blocked from before the budget's end (1.5 s of the 2 s timeout) until
     after the deadline."""
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _dead_port()
     server = _server(f"http://127.0.0.1:{port}", "starved")
     local = LocalManagerClient(server, server.address())
     loop = server._loop
@@ -160,9 +165,7 @@ def test_the_in_process_rank_names_the_lighthouse_when_another_rank_asked_it() -
     lighthouse request: rank 0's in-process call, starved across its deadline, still ends with
     the request's failure (a 2-rank TorchTitan group printed "DEADLINE_EXCEEDED: in process" for
     rank 0 on a busy machine)."""
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _dead_port()
     server = loopback_manager_server(f"http://127.0.0.1:{port}", replica_id="pair", world_size=2)
     local = LocalManagerClient(server, server.address())
     remote = ManagerClient(server.address(), timedelta(seconds=10))
@@ -228,9 +231,7 @@ def test_a_trainer_without_cpu_across_the_deadline_still_names_the_lighthouse() 
     lasts at most one CFS period and hands out CPU at each period's start, so whether both
     instants fall in one throttled stretch is chance (a 0.3-CPU quota on the TorchTitan run
     passed against the unfixed server)."""
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _dead_port()
     results = mp_context().Queue()
     proc = mp_context().Process(target=_ask_unreachable_lighthouse, args=(port, results))
     proc.start()
