@@ -17,6 +17,7 @@ from torchtitan_ft.titan.config import (
     check_local_address,
     check_local_paths,
     check_process_group_kind,
+    check_profiler_schedule,
     check_timeout_order,
     parse_job,
     parse_job_config,
@@ -590,6 +591,30 @@ def test_missing_tokenizer_stops_the_entry_point_before_any_process_group(
     err = capsys.readouterr().err
     assert re.match(r"torchtitan_ft: config error: model.hf_assets_path=.* is not a directory", err)
     assert not dist.is_initialized()
+
+
+def test_a_profiler_cycle_shorter_than_warmup_and_active_stops_the_entry_point(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """TorchTitan asserts ``profile_freq >= warmup + active`` only when it builds the profiler,
+    after the process groups exist; the entry point says it first, in one line."""
+    import torch.distributed as dist
+
+    from torchtitan_ft.titan.train import main
+
+    profiling = ["--profiling.enable_profiling", "--profiling.profile_freq=2"]
+    with pytest.raises(SystemExit) as stop:
+        main([*profiling, "--profiling.profiler_warmup=3", "--profiling.profiler_active=1"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (
+        "torchtitan_ft: config error: profiling.profile_freq=2 is shorter than "
+        "profiling.profiler_warmup + profiling.profiler_active = 3 + 1: expected profile_freq "
+        ">= 4 (each cycle of profile_freq steps waits, warms up, then traces), or fewer warm-up "
+        "steps, e.g. --profiling.profiler_warmup=1\n"
+    )
+    assert not dist.is_initialized()
+    for flags in ([*profiling, "--profiling.profiler_warmup=1"], ["--profiling.profile_freq=1"]):
+        check_profiler_schedule(parse_job_config(flags).profiling, "profiling")  # fits, or off
 
 
 def test_hostname_of_another_machine_stops_the_entry_point_with_the_address_to_use(

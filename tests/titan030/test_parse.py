@@ -316,3 +316,24 @@ def test_fault_tolerance_errors_are_0_2_2_readers_word_for_word(tmp_path: Path) 
 def test_missing_toml_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--job.config_file 'nope.toml'.*does not exist"):
         parse(["--job.config_file", "nope.toml"], Config)
+
+
+def test_a_profiler_cycle_shorter_than_warmup_and_active_stops_the_entry_point(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """0.3.0 keeps the profiler's fields in ``profiler`` and asserts the same relation as
+    0.2.2 when it builds the profiler; the entry point says it first, in one line."""
+    import torch.distributed as dist
+
+    from torchtitan_ft.titan.releases.v0_3.trainer import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([*REGISTRY, "--profiler.enable_profiling", "--profiler.profile_freq=3"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "torchtitan_ft: config error: profiler.profile_freq=3 is shorter than "
+        "profiler.profiler_warmup + profiler.profiler_active = 3 + 1: expected profile_freq >= 4"
+    ), err
+    assert err.count("\n") == 1
+    assert not dist.is_initialized()

@@ -306,6 +306,25 @@ def validate_job_config(job_config: Any) -> None:
     validate_fault_tolerance(job_config.fault_tolerance, job_config)
 
 
+def check_profiler_schedule(profiler: Any, section: str) -> None:
+    """Raise :class:`ConfigError` when TorchTitan's profiler is on and its cycle
+    (``profile_freq`` steps) is shorter than its ``profiler_warmup + profiler_active`` steps:
+    TorchTitan asserts this when it builds the profiler, after the process groups and the model
+    exist, and the run ends in a traceback. ``section`` is where the release keeps the fields
+    (``profiling`` on 0.2.2, ``profiler`` on 0.3.0)."""
+    if not profiler.enable_profiling:
+        return
+    freq, warmup, active = profiler.profile_freq, profiler.profiler_warmup, profiler.profiler_active
+    if freq < warmup + active:
+        raise ConfigError(
+            f"{section}.profile_freq={freq} is shorter than {section}.profiler_warmup + "
+            f"{section}.profiler_active = {warmup} + {active}: expected profile_freq >= "
+            f"{warmup + active} (each cycle of profile_freq steps waits, warms up, then traces), "
+            f"or fewer warm-up steps, e.g. --{section}.profiler_warmup="
+            f"{max(0, freq - active)}"
+        )
+
+
 # --- files this machine must have -------------------------------------------------------------
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")
 """What TorchTitan's ``HuggingFaceTokenizer`` loads from ``model.hf_assets_path``."""

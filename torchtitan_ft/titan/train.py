@@ -35,6 +35,7 @@ from torchtitan_ft.titan.config import (  # noqa: E402
     check_local_paths,
     check_manager_env,
     check_model_fragments,
+    check_profiler_schedule,
     config_file_from_args,
     parse_job,
     trainer_job_config,
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         job = parse_job(args)
         config = job.config
         check_local_paths(config)
+        check_profiler_schedule(config.profiling, "profiling")
         check_local_address(config)
         check_manager_env(config)
         check_model_fragments(config)

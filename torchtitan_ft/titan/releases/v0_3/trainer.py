@@ -22,6 +22,7 @@ from torchtitan_ft.titan.known_warnings import quiet_known_warnings
 from torchtitan_ft.titan.preflight import (
     check_local_address,
     check_manager_env,
+    check_profiler_schedule,
     validate_job_config,
 )
 from torchtitan_ft.titan.releases.v0_3 import titan_trainer
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
         validate_job_config(config)
         check_local_address(config)
         check_manager_env(config)
+        check_profiler_schedule(config.profiler, "profiler")
         for note in parsed.notes:
             logger.info(note)
         runnable_here(parsed, cpu_compat.cuda_available(), group_ranks(), logger.info)
