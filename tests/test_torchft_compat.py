@@ -71,26 +71,38 @@ def _expected_exports() -> dict[str, dict[str, str]]:
     return expected
 
 
-@needs_reference
-def test_every_module_re_exports_what_the_mapping_provides_as_the_same_object() -> None:
-    expected = _expected_exports()
-    provided_modules = {
-        key for key, (equivalent, _) in _rows().items() if key in expected and _provided(equivalent)
-    }
-    # Modules "not provided" whose names the package still keeps under torchft's module name.
-    provided_modules |= {"torchft.work", "torchft.multiprocessing", "torchft.quantization"}
+@pytest.fixture(scope="module")
+def compat_process() -> dict:
+    """What one interpreter with the compatibility package first on its path reports (one
+    process for the tests below: each import of torch costs seconds of CPU). In this order:
+    the ``torchft`` modules present after importing the project's own modules
+    (``project_imported``); after ``import torchft`` alone, its ``__all__`` and whether its
+    root has the submodules TorchTitan reaches through it (``root``); then, for every module
+    of :func:`_expected_exports`, ``None`` where it does not exist, else its ``__all__`` and
+    whether each expected name is the same object as its torchtitan_ft equivalent
+    (``modules``; none without the reference, see ``needs_reference``)."""
+    expected = _expected_exports() if (TORCHFT / "manager.py").exists() else {}
     result = _python(
         f"""
-        import importlib, json
-        out = {{}}
+        import importlib, json, sys
+        import torchtitan_ft
+        from torchtitan_ft import (checkpoint, data, ddp, lighthouse, manager, optim,
+                                   parameter_server, process_group, semi_sync)
+        from torchtitan_ft.titan import run_module
+        out = {{"project_imported": sorted(m for m in sys.modules if m.split(".")[0] == "torchft")}}
+        import torchft
+        out["root"] = {{
+            "all": list(torchft.__all__),
+            "submodules": hasattr(torchft, "manager")
+            and hasattr(getattr(torchft, "process_group", None), "ManagedProcessGroup"),
+        }}
+        out["modules"] = {{}}
         for module, names in {expected!r}.items():
             try:
                 mod = importlib.import_module(module)
             except ModuleNotFoundError:
-                out[module] = None
+                out["modules"][module] = None
                 continue
-            public = sorted(n for n in vars(mod) if not n.startswith("__")
-                            and not isinstance(getattr(mod, n), type(mod)))
             same = {{}}
             for name, target in names.items():
                 owner, _, attr = target.rpartition(".")
@@ -99,12 +111,25 @@ def test_every_module_re_exports_what_the_mapping_provides_as_the_same_object() 
                 except ModuleNotFoundError:
                     obj = importlib.import_module(target)
                 same[name] = hasattr(mod, name) and getattr(mod, name) is obj
-            out[module] = {{"all": sorted(getattr(mod, "__all__", ())), "same": same}}
+            out["modules"][module] = {{"all": sorted(getattr(mod, "__all__", ())), "same": same}}
         print(json.dumps(out))
         """,
         COMPAT,
     )
-    found = json.loads(result.stdout)
+    return json.loads(result.stdout)
+
+
+@needs_reference
+def test_every_module_re_exports_what_the_mapping_provides_as_the_same_object(
+    compat_process: dict,
+) -> None:
+    expected = _expected_exports()
+    provided_modules = {
+        key for key, (equivalent, _) in _rows().items() if key in expected and _provided(equivalent)
+    }
+    # Modules "not provided" whose names the package still keeps under torchft's module name.
+    provided_modules |= {"torchft.work", "torchft.multiprocessing", "torchft.quantization"}
+    found = compat_process["modules"]
     for module, names in sorted(expected.items()):
         if module not in provided_modules:
             assert found[module] is None, f"{module} is 'not provided' but the package has it"
@@ -118,15 +143,15 @@ def test_every_module_re_exports_what_the_mapping_provides_as_the_same_object() 
 
 
 @needs_reference
-def test_the_root_exports_what_torchft_s_root_does_but_intel_gpu_groups() -> None:
+def test_the_root_exports_what_torchft_s_root_does_but_intel_gpu_groups(
+    compat_process: dict,
+) -> None:
     source = (TORCHFT / "__init__.py").read_text()
     theirs = set(re.findall(r'^\s+"(\w+)",$', source.split("__all__", 1)[1], re.MULTILINE))
     assert "Manager" in theirs
-    result = _python("import torchft; print(' '.join(torchft.__all__))", COMPAT)
-    ours = set(result.stdout.split())
-    assert ours == {n for n in theirs if "XCCL" not in n}
+    assert set(compat_process["root"]["all"]) == {n for n in theirs if "XCCL" not in n}
     # torchft's root also makes its submodules attributes (TorchTitan uses ft.process_group).
-    _python("import torchft; torchft.process_group.ManagedProcessGroup; torchft.manager", COMPAT)
+    assert compat_process["root"]["submodules"]
 
 
 def _fake_torchft_package(where: Path) -> Path:
@@ -180,7 +205,7 @@ def test_install_script_is_not_run_by_the_default_install() -> None:
     assert "compat" not in (ROOT / "scripts/install.sh").read_text()
 
 
-def test_the_project_never_imports_torchft() -> None:
+def test_the_project_never_imports_torchft(compat_process: dict) -> None:
     importing = [
         str(path.relative_to(ROOT))
         for path in (ROOT / "torchtitan_ft").rglob("*.py")
@@ -188,17 +213,7 @@ def test_the_project_never_imports_torchft() -> None:
     ]
     assert not importing
     # With the compatibility package importable, loading the project still leaves it alone.
-    _python(
-        """
-        import sys
-        import torchtitan_ft
-        from torchtitan_ft import (checkpoint, data, ddp, lighthouse, manager, optim,
-                                   parameter_server, process_group, semi_sync)
-        from torchtitan_ft.titan import run_module
-        assert "torchft" not in sys.modules, sorted(m for m in sys.modules if "torchft" == m)
-        """,
-        COMPAT,
-    )
+    assert compat_process["project_imported"] == []
 
 
 _JOB_VARIABLES = (

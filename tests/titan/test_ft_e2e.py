@@ -397,24 +397,35 @@ def test_kill_and_heal_with_torchtitan_ft_trainer_numerics(tmp_path: Path) -> No
 def assert_job_loss_logged_per_commit(tmp_path: Path, job: KilledAndHealed) -> None:
     """Through the kill and the heal, each group logged the job-level loss once for every
     step it committed and for no other; where both groups logged a step, the same value."""
+    assert_loss_logged_per_commit(
+        (tmp_path / "outputs0", tmp_path / "outputs1"),
+        [e.step for e in job.survivor.events(EventKind.COMMIT)],
+        {e.step for e in job.killed.events(EventKind.COMMIT)},
+        {e.step for e in job.restarted.events(EventKind.COMMIT)},
+    )
+
+
+def assert_loss_logged_per_commit(
+    dump_folders: tuple[Path, Path], survivor: list[int], killed: set[int], restarted: set[int]
+) -> None:
+    """What :func:`assert_job_loss_logged_per_commit` checks, from the two groups' dump
+    folders (one folder for both where they share it) and the steps each run committed:
+    group 0's ``survivor`` run, group 1's ``killed`` and ``restarted`` runs."""
     tag = "loss_metrics/global_avg_loss"
-    survivor = dict(logged_scalars(tmp_path / "outputs0", 0, tag))
-    commits = [e.step for e in job.survivor.events(EventKind.COMMIT)]
-    assert sorted(survivor) == commits
+    logged = dict(logged_scalars(dump_folders[0], 0, tag))
+    assert sorted(logged) == survivor
     # From its first commit on, every step (a group that started late healed into the job
     # and committed from the step after).
-    assert commits == list(range(commits[0], STEPS + 1)) and commits[0] <= KILL_AT_STEP
+    assert survivor == list(range(survivor[0], STEPS + 1)) and survivor[0] <= KILL_AT_STEP
     # Group 1: the restarted run logged all its commits; the killed run at most its own (a
     # SIGKILL may lose TensorBoard's unflushed tail).
-    group1 = logged_scalars(tmp_path / "outputs1", 1, tag)
-    restarted = {e.step for e in job.restarted.events(EventKind.COMMIT)}
-    killed = {e.step for e in job.killed.events(EventKind.COMMIT)}
+    group1 = logged_scalars(dump_folders[1], 1, tag)
     steps = [step for step, _ in group1]
     assert len(steps) == len(set(steps)) and restarted <= set(steps) <= restarted | killed
-    both = [(step, value) for step, value in group1 if step in survivor]
+    both = [(step, value) for step, value in group1 if step in logged]
     assert len(both) >= len(restarted)  # not just the steps before one of them started
     for step, value in both:
-        assert value == pytest.approx(survivor[step], rel=1e-6), step
+        assert value == pytest.approx(logged[step], rel=1e-6), step
 
 
 DILOCO = (

@@ -32,6 +32,7 @@ def _assert_trained(result: TrainRun, steps: int) -> dict:
 
 
 @pytest.mark.light
+@pytest.mark.slow  # default tier: the native HSDP run below (docs/development.md)
 def test_one_process_debugmodel_trains(tmp_path: Path) -> None:
     _assert_trained(run_train(tmp_path, 1, 5), 5)
 

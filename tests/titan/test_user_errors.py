@@ -235,12 +235,14 @@ def test_bad_ngpu_is_one_line_before_torchrun(value: str) -> None:
     ]
 
 
-@pytest.mark.parametrize("entry", ["torchtitan_ft.train", "torchtitan_ft.titan.train"])
-def test_trainer_outside_torchrun_is_one_line(entry: str) -> None:
-    """``python -m torchtitan_ft.train`` alone raised KeyError: 'LOCAL_RANK' (N11)."""
+def test_trainer_outside_torchrun_is_one_line() -> None:
+    """``python -m torchtitan_ft.train`` alone raised KeyError: 'LOCAL_RANK' (N11). Run under
+    the old entry name, in a process of its own; the new name's ``python -m`` runs in
+    ``test_config.py::test_bad_cli_value_exits_with_one_line``, and its check in-process in
+    :func:`test_trainer_outside_torchrun_stops_the_entry_point_before_any_process_group`."""
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
     result = subprocess.run(
-        [sys.executable, "-m", entry, "--training.steps=1"],
+        [sys.executable, "-m", "torchtitan_ft.train", "--training.steps=1"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=280,  # importing TorchTitan
     )  # fmt: skip
     assert result.returncode == 2, result.stderr[-2000:]
@@ -248,3 +250,23 @@ def test_trainer_outside_torchrun_is_one_line(entry: str) -> None:
     assert result.stderr.splitlines()[-1].startswith(
         "torchtitan_ft: the trainer runs under torchrun, which sets LOCAL_RANK"
     )
+
+
+def test_trainer_outside_torchrun_stops_the_entry_point_before_any_process_group(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch.distributed as dist
+
+    from torchtitan_ft.titan.train import main
+
+    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as stop:
+        main(["--training.steps=1"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith(
+        "torchtitan_ft: the trainer runs under torchrun, which sets LOCAL_RANK"
+    ), err
+    assert "Traceback" not in err
+    assert not dist.is_initialized()

@@ -53,13 +53,10 @@ OBSERVED = (
 """TensorBoard, and a profiler trace every :data:`PROFILE_EVERY` iterations of a process."""
 
 
+@pytest.mark.slow  # the default tier: test_torchx.py (the same checks, restarted by torchrun)
 @pytest.mark.multiprocess
 @pytest.mark.timeout(E2E_TIMEOUT_S)
-@pytest.mark.parametrize(
-    "ranks",
-    [1, pytest.param(2, marks=pytest.mark.slow)],  # 2 ranks: a minute more of the default tier
-    ids=["1rank", "2ranks"],
-)
+@pytest.mark.parametrize("ranks", [1, 2], ids=["1rank", "2ranks"])
 def test_killed_replica_group_heals_to_identical_state(tmp_path: Path, ranks: int) -> None:
     job = kill_and_restart_group_1(
         tmp_path,
@@ -82,8 +79,16 @@ def test_killed_replica_group_heals_to_identical_state(tmp_path: Path, ranks: in
         assert (swap in run.output) is (ranks > 1), run.output[-4000:]
         assert "\x1b[" not in run.output  # no colour codes: the output is a pipe
     assert_job_loss_logged_per_commit(tmp_path, job)  # reads tb/<time>/replica_<id>
-    for replica in (0, 1):
-        # The survivor and the restarted run train more than PROFILE_EVERY iterations each.
-        traces = tmp_path / f"outputs{replica}" / "profiling" / "traces"
-        found = {p.relative_to(traces).parts[1:] for p in traces.glob("iteration_*/*/*")}
+    assert_traces_per_replica({r: tmp_path / f"outputs{r}" for r in (0, 1)}, ranks)
+
+
+def assert_traces_per_replica(dump_folders: dict[int, Path], ranks: int) -> None:
+    """Each replica group's profiler traces (``{replica: its dump folder}``, one folder for
+    all where they share it) are in its own ``replica_<id>`` folder, one per rank: the
+    survivor and the restarted run train more than :data:`PROFILE_EVERY` iterations each."""
+    for replica, dump in dump_folders.items():
+        traces = dump / "profiling" / "traces"
+        found = {
+            p.relative_to(traces).parts[1:] for p in traces.glob(f"iteration_*/replica_{replica}/*")
+        }
         assert found == {(f"replica_{replica}", f"rank{r}_trace.json.gz") for r in range(ranks)}

@@ -3,7 +3,11 @@ starts a lighthouse and two replica groups of TorchTitan 0.3.0 (the job of ``./r
 group 1's trainer is SIGKILLed mid-run, its torchrun restarts it inside the group (the other
 group and the lighthouse never restart), it heals from group 0, both groups end with
 bitwise-identical state, and the application ends by itself once training is over (the
-lighthouse role's ``--exit_when_idle_ms``)."""
+lighthouse role's ``--exit_when_idle_ms``). The groups share one dump folder: each keeps its
+TensorBoard scalars (the job's loss once per commit through the kill and the heal) and its
+profiler traces in its own ``replica_<id>`` folder, and no trainer writes colour codes to its
+log file. This is the default tier's kill and heal on 0.3.0; ``tests/titan030/test_ft_e2e.py``
+runs the same checks on the job restarted by hand (``--full``)."""
 
 from __future__ import annotations
 
@@ -17,8 +21,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.titan.test_ft_e2e import MAX_ALONE, STEPS, assert_groups_identical
-from tests.titan030.test_ft_e2e import FT, NO_ACTIVATION_CHECKPOINTING, SMALL_CPU
+from tests.titan.test_ft_e2e import (
+    MAX_ALONE,
+    STEPS,
+    assert_groups_identical,
+    assert_loss_logged_per_commit,
+)
+from tests.titan030.test_ft_e2e import (
+    FT,
+    NO_ACTIVATION_CHECKPOINTING,
+    OBSERVED,
+    SMALL_CPU,
+    assert_traces_per_replica,
+)
 from torchtitan_ft.events import Event, EventKind, HealOutcome, read_events
 from torchtitan_ft.testing.processes import descendants, free_port
 from torchtitan_ft.testing.titan_dump import ready_path
@@ -70,7 +85,7 @@ def test_torchx_job_restarts_a_killed_rank_inside_its_group(tmp_path: Path) -> N
         "--",
         "--module", "llama3", "--config", "llama3_debugmodel",
         *SMALL_CPU, *ft_flags,
-        f"--training.steps={STEPS}", f"--dump_folder={tmp_path / 'dump'}",
+        f"--training.steps={STEPS}", f"--dump_folder={tmp_path / 'dump'}", *OBSERVED,
         NO_ACTIVATION_CHECKPOINTING,  # a tyro subcommand: the flags after it would be its own
     ]  # fmt: skip
     log = tmp_path / "torchx.log"
@@ -120,3 +135,24 @@ def test_torchx_job_restarts_a_killed_rank_inside_its_group(tmp_path: Path) -> N
     ]
     assert [h["outcome"] for h in heals][:1] == [HealOutcome.APPLIED.value], heals
     assert_groups_identical(tmp_path, ranks=1)
+
+    def commits(replica: int, run: str | None = None) -> list[int]:
+        return [
+            e.step
+            for e in _group(events, replica)
+            if e.kind is EventKind.COMMIT and run in (None, e.replica_id)
+        ]
+
+    killed = next(e for e in _group(events, 1) if e.kind is EventKind.START)
+    dump = tmp_path / "dump"
+    assert_loss_logged_per_commit(
+        (dump, dump),
+        commits(0),
+        set(commits(1, killed.replica_id)),
+        set(commits(1, restarted.replica_id)),
+    )
+    assert_traces_per_replica({0: dump, 1: dump}, ranks=1)
+    logs = list((tmp_path / "torchx").rglob("std*.log"))
+    assert logs, "torchx wrote no role logs"
+    for path in logs:
+        assert b"\x1b[" not in path.read_bytes(), path  # no colour codes: not a terminal
