@@ -295,8 +295,10 @@ class FaultTolerance(TitanFaultTolerance):
     probe would mislead (e.g. a path that is fast but metered) or to keep heals off a network.
     An interface that does not exist on this machine stops the trainer at start with one line.
     Unset, the ``TORCHFT_HEAL_INTERFACES`` env var applies if set (the field wins when set).
-    The process group's network is gloo's or NCCL's own (``GLOO_SOCKET_IFNAME``,
-    ``NCCL_SOCKET_IFNAME``).
+    The gloo process group follows the pin when it is given by the variable (it is built
+    before the Manager), else a faster link than the route's, unless ``GLOO_SOCKET_IFNAME``
+    is set (docs/operations.md, "The cross-group process group's address"); NCCL's is its own
+    (``NCCL_SOCKET_IFNAME``).
     Applies when ``enable`` and ``checkpoint_transport = "http"``.
     """
 
