@@ -301,6 +301,28 @@ def test_a_manager_with_timeouts_out_of_order_stops_before_any_server() -> None:
         )
 
 
+def test_the_managers_stall_timeout_reaches_its_transport() -> None:
+    from torchtitan_ft.manager import Manager
+    from torchtitan_ft.process_group import ProcessGroupGloo
+
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=5)),
+        load_state_dict=None,
+        state_dict=None,
+        min_replica_size=1,
+        lighthouse_addr="http://127.0.0.1:9",  # nothing listens: no quorum is asked here
+        rank=0,
+        world_size=1,
+        hostname="127.0.0.1",
+        timeout=timedelta(seconds=20),
+        heal_stall_timeout=timedelta(seconds=3),
+    )
+    try:
+        assert manager._checkpoint_transport._stall_s == 3.0
+    finally:
+        manager.shutdown(wait=False)
+
+
 def test_the_entry_point_stops_on_a_variable_out_of_order(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
