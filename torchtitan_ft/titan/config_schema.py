@@ -311,8 +311,10 @@ class FaultTolerance(TitanFaultTolerance):
     sooner; too low leaves a healthy path that pauses (a donor busy staging its snapshot, a
     congested link) and restarts the transfer from its first byte on a slower one. Unset, the
     ``TORCHFT_HEAL_STALL_TIMEOUT_SEC`` env var (seconds) applies if set (the field wins when
-    set). Must be < ``step_timeout_ms`` (the bound of the whole heal, all paths together).
-    Applies when ``enable`` and ``checkpoint_transport = "http"``.
+    set). Must be < ``step_timeout_ms`` (the bound of the whole heal, all paths together),
+    checked at start when set; left at its default beside a ``step_timeout_ms`` of 10000 or
+    less, it is not applied (docs/timeouts.md). Applies when ``enable`` and
+    ``checkpoint_transport = "http"``.
     """
 
     retry_inflight_allreduce: bool = False
