@@ -14,12 +14,20 @@ healer probes and picks.
 Runs, each healer a fresh process (its probe cache empty), over one donor process:
 
 1. ``links``: each link's rate, measured by a heal of ``--link-mb`` MB pinned to it
-   (``interfaces=("eth<k>",)``); the slow link's is what torchft's heal gets here (it fetches
-   from the host name; torchft itself is not run).
+   (``interfaces=("eth<k>",)``); the slow link's is what a heal from the host name gets here
+   (``torchft_equivalent_rate_mb_s``).
 2. ``heal``: a heal of ``--size-mb`` MB with no configuration; ``rate_vs_fast_link`` is its rate
    over the fast link's (goal >= 0.8), and ``path`` what its ``heal_end`` event would record
    (the address, the donor's interface, the probed rate).
-3. ``fallback``: a heal of ``--fallback-mb`` MB with no configuration; once 30 % of it crossed
+3. ``torchft``: torchft 0.2.0's own ``torchft.checkpointing.http_transport.HTTPTransport``
+   (``num_chunks=0``, its Manager's default) healing the same ``--size-mb`` MB between the same
+   hosts, with no configuration: its donor advertises ``socket.gethostname()``, which here
+   answers the donor's link-0 address (a host name that resolves to the slow link; the hosts
+   share the machine's own name, so the donor process is told its name that way, and
+   torchft's code runs unchanged). ``ours_over_torchft`` is our unconfigured heal's rate over
+   its. ``{"skipped": why}`` when the reference is not installed
+   (``scripts/install_reference.sh``; ``TORCHFT_REFERENCE_DIR`` points at another checkout's).
+4. ``fallback``: a heal of ``--fallback-mb`` MB with no configuration; once 30 % of it crossed
    the fast link, the donor's fast cable is pulled (``Host.disconnect``: packets dropped, no
    reset); the healer notices the stall (``--stall-s``) and restarts on the slow link. The fast
    link is limited to ``--fallback-fast-mbit`` for this run so that the pull lands mid-heal (an
@@ -66,6 +74,55 @@ def _donor(hostname: str) -> None:
     transport.shutdown(wait=False)
 
 
+def _torchft_donor(hostname: str) -> None:
+    """Runs in D: torchft 0.2.0's transport offers a state of the MB asked on each stdin line,
+    advertising ``hostname`` as this host's name; answers its URL."""
+    import socket
+
+    import torch
+
+    from benchmarks._reference import import_torchft
+
+    import_torchft()
+    from torchft.checkpointing.http_transport import HTTPTransport as TorchftTransport
+
+    socket.gethostname = lambda: hostname  # this host's name resolves to link 0's address
+    transport = TorchftTransport(TIMEOUT, 0)
+    for step, line in enumerate(sys.stdin, start=1):
+        state = {"w": torch.ones(int(float(line) * 1e6) // 4)}
+        transport.send_checkpoint([1], step, state, TIMEOUT)
+        print(json.dumps({"step": step, "metadata": transport.metadata()}), flush=True)
+    transport.shutdown(wait=False)
+
+
+def _torchft_healer(metadata: str, step: int) -> None:
+    """Runs in H: one heal with torchft 0.2.0's transport; prints its time and bytes."""
+    from urllib.parse import urlsplit
+
+    from benchmarks._reference import import_torchft
+    from torchtitan_ft.manager.stats import tensor_bytes
+
+    import_torchft()
+    from torchft.checkpointing.http_transport import HTTPTransport as TorchftTransport
+
+    transport = TorchftTransport(TIMEOUT, 0)
+    started = time.perf_counter()
+    state = transport.recv_checkpoint(1, metadata, step, TIMEOUT)
+    seconds = time.perf_counter() - started
+    nbytes = tensor_bytes(state)
+    print(
+        json.dumps(
+            {
+                "seconds": round(seconds, 3),
+                "bytes": nbytes,
+                "rate_mb_s": round(nbytes / 1e6 / seconds, 1),
+                "address": urlsplit(metadata).hostname,
+            }
+        )
+    )
+    transport.shutdown(wait=False)
+
+
 def _healer(metadata: str, step: int, interfaces: list[str], stall_s: float) -> None:
     """Runs in H: one heal from the donor; prints its time, bytes and path."""
     from torchtitan_ft.checkpoint import HTTPTransport
@@ -103,9 +160,9 @@ def _healer(metadata: str, step: int, interfaces: list[str], stall_s: float) -> 
 
 
 class _Donor:
-    def __init__(self, host: netns.Host) -> None:
+    def __init__(self, host: netns.Host, flag: str = "--donor") -> None:
         self.proc = host.popen(
-            [sys.executable, "-m", "benchmarks.heal_paths", "--donor", host.addresses[0]],
+            [sys.executable, "-m", "benchmarks.heal_paths", flag, host.addresses[0]],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -121,6 +178,11 @@ class _Donor:
         answer = json.loads(line)
         return int(answer["step"]), str(answer["metadata"])
 
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
 
 def _heal(
     healer: netns.Host,
@@ -128,10 +190,12 @@ def _heal(
     args: argparse.Namespace,
     interfaces: list[str] = (),  # type: ignore[assignment]
     during: Any = None,
+    flag: str = "--healer",
 ) -> dict[str, Any]:
     step, metadata = offer
-    command = [sys.executable, "-m", "benchmarks.heal_paths", "--healer", metadata, str(step)]
-    command += ["--stall-s", str(args.stall_s), *(f"--interface={i}" for i in interfaces)]
+    command = [sys.executable, "-m", "benchmarks.heal_paths", flag, metadata, str(step)]
+    if flag == "--healer":
+        command += ["--stall-s", str(args.stall_s), *(f"--interface={i}" for i in interfaces)]
     proc = healer.popen(
         command,
         stdout=subprocess.PIPE,
@@ -162,6 +226,21 @@ def _pull_when(donor: netns.Host, healer: netns.Host, nbytes: float, link: int) 
     return during
 
 
+def _torchft(donor_host: netns.Host, healer_host: netns.Host, args: argparse.Namespace) -> Any:
+    """torchft 0.2.0's heal of ``--size-mb`` MB (see the module doc), or why it was skipped."""
+    from benchmarks._reference import REFERENCE_DIR, RUNTIME_DEPS_DIR
+
+    if not list(REFERENCE_DIR.glob("torchft/_torchft*.so")) or not RUNTIME_DEPS_DIR.is_dir():
+        return {"skipped": f"torchft 0.2.0 is not installed under {REFERENCE_DIR}"}
+    donor = _Donor(donor_host, "--torchft-donor")
+    try:
+        heal = _heal(healer_host, donor.offer(args.size_mb), args, flag="--torchft-healer")
+    finally:
+        donor.close()
+    link = donor_host.addresses.index(heal["address"])
+    return {**heal, "interface": netns.interface(link)}
+
+
 def _cpu() -> dict[str, str]:
     """``lscpu``'s model name and flags (from /proc/cpuinfo)."""
     found: dict[str, str] = {}
@@ -185,21 +264,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             name = netns.interface(link)
             links[name] = _heal(healer_host, donor.offer(args.link_mb), args, [name])
         heal = _heal(healer_host, donor.offer(args.size_mb), args)
+        torchft = _torchft(donor_host, healer_host, args)
         for host in (donor_host, healer_host):
             host.limit(args.fallback_fast_mbit, link=1)
         # The fast path's probe crosses the link first.
         pull_at = PULL_AT * args.fallback_mb * 1e6 + PROBE_BYTES
         pull = _pull_when(donor_host, healer_host, pull_at, 1)
         fallback = _heal(healer_host, donor.offer(args.fallback_mb), args, during=pull)
-        assert donor.proc.stdin is not None
-        donor.proc.stdin.close()
-        donor.proc.wait(timeout=30)
+        donor.close()
     fast = links["eth1"]["rate_mb_s"]
     return {
         "links": links,
         "heal": {**heal, "rate_vs_fast_link": round(heal["rate_mb_s"] / fast, 3)},
         "heal_took_fast_link": heal["path"]["interface"] == "eth1",
         "torchft_equivalent_rate_mb_s": links["eth0"]["rate_mb_s"],
+        "torchft": torchft,
+        "ours_over_torchft": round(heal["rate_mb_s"] / torchft["rate_mb_s"], 2)
+        if "rate_mb_s" in torchft
+        else None,
         "fallback": {
             **fallback,
             "fast_link_mbit": args.fallback_fast_mbit,
@@ -227,6 +309,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--donor", metavar="HOSTNAME", help=argparse.SUPPRESS)
     parser.add_argument("--healer", nargs=2, metavar=("METADATA", "STEP"), help=argparse.SUPPRESS)
     parser.add_argument("--interface", action="append", default=[], help=argparse.SUPPRESS)
+    parser.add_argument("--torchft-donor", metavar="HOSTNAME", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--torchft-healer", nargs=2, metavar=("METADATA", "STEP"), help=argparse.SUPPRESS
+    )
     return parser
 
 
@@ -238,6 +324,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.healer:
         _healer(args.healer[0], int(args.healer[1]), args.interface, args.stall_s)
+        return
+    if args.torchft_donor:
+        _torchft_donor(args.torchft_donor)
+        return
+    if args.torchft_healer:
+        _torchft_healer(args.torchft_healer[0], int(args.torchft_healer[1]))
         return
     if args.quick:
         args.size_mb, args.link_mb, args.fallback_mb, args.fallback_fast_mbit = 16, 8, 12, 200

@@ -8,10 +8,13 @@ import pytest
 
 from torchtitan_ft.addresses import (
     Advertised,
+    GlooRule,
+    Interface,
     QuorumAddressCheck,
     Severity,
     advertised_host,
     advertised_store_host,
+    gloo_address,
     gloo_bind_address,
     hostname_problem,
     is_local_address,
@@ -166,6 +169,83 @@ def test_names_and_addresses() -> None:
     assert not is_local_address("192.0.2.77")  # TEST-NET-1: never an address of this host
     assert not is_local_address("not-an-address")
     assert route_source("127.0.0.1") == "127.0.0.1"
+
+
+# A host as the pure rule sees it: the route towards the store leaves over eth0 (1 Gbit/s);
+# ib0 is faster, eth1 reports no speed, docker0 is a bridge of this host alone.
+_ETH0 = Interface("eth0", ("10.0.0.2",), True, False, 1000.0)
+_IB0 = Interface("ib0", ("10.1.0.2", "fd00::2"), True, False, 100000.0)
+_IB1 = Interface("ib1", ("10.2.0.2",), True, False, 200000.0)
+_ETH1 = Interface("eth1", ("10.3.0.2",), True, False, None)
+_DOWN = Interface("ib2", ("10.4.0.2",), False, False, 400000.0)
+_V6 = Interface("ib3", ("fd00::9",), True, False, 400000.0)
+_LO = Interface("lo", ("127.0.0.1",), True, True, None)
+_HOST = [_LO, _ETH0, _IB0, _ETH1, _DOWN, _V6]
+
+
+@pytest.mark.parametrize(
+    ("store", "env", "interfaces", "route", "pinned", "answering", "expected"),
+    [
+        # a loopback store: every peer is here, whatever else is set
+        ("127.0.0.1", {"GLOO_SOCKET_IFNAME": "ib0"}, _HOST, None, ("ib0",), set(),
+         ("127.0.0.1", GlooRule.LOOPBACK, None)),
+        # GLOO_SOCKET_IFNAME: gloo's own choice, unchanged
+        ("10.0.0.1", {"GLOO_SOCKET_IFNAME": "eth1,eth0"}, _HOST, "10.0.0.2", ("ib0",),
+         {"10.1.0.2"}, (None, GlooRule.GLOO_SOCKET_IFNAME, "eth1")),
+        # no route towards the store: gloo's default
+        ("10.0.0.1", {}, _HOST, None, (), {"10.1.0.2"}, (None, GlooRule.DEFAULT, None)),
+        # the fastest link the store answers from (down, other-family and silent ones skipped)
+        ("10.0.0.1", {}, _HOST, "10.0.0.2", (), {"10.1.0.2"},
+         ("10.1.0.2", GlooRule.FASTEST_LINK, "ib0")),
+        ("10.0.0.1", {}, [*_HOST, _IB1], "10.0.0.2", (), {"10.1.0.2", "10.2.0.2"},
+         ("10.2.0.2", GlooRule.FASTEST_LINK, "ib1")),
+        ("10.0.0.1", {}, [*_HOST, _IB1], "10.0.0.2", (), {"10.1.0.2"},
+         ("10.1.0.2", GlooRule.FASTEST_LINK, "ib0")),
+        # the store's host cannot route back to the faster link: the route
+        ("10.0.0.1", {}, _HOST, "10.0.0.2", (), set(), ("10.0.0.2", GlooRule.ROUTE, "eth0")),
+        # the route's link reports no speed: nothing to compare, the route
+        ("10.3.0.1", {}, _HOST, "10.3.0.2", (), {"10.1.0.2"},
+         ("10.3.0.2", GlooRule.ROUTE, "eth1")),
+        # the route already is the fastest link
+        ("10.1.0.1", {}, _HOST, "10.1.0.2", (), {"10.0.0.2"}, ("10.1.0.2", GlooRule.ROUTE, "ib0")),
+        # IPv6 store: only IPv6 addresses
+        ("fd00::1", {}, _HOST, "fd00::2", (), {"fd00::9"},
+         ("fd00::9", GlooRule.FASTEST_LINK, "ib3")),
+        # the operator's heal pin wins over a faster link, if the store answers from it
+        ("10.0.0.1", {}, [*_HOST, _IB1], "10.0.0.2", ("ib0",), {"10.1.0.2", "10.2.0.2"},
+         ("10.1.0.2", GlooRule.PINNED, "ib0")),
+        ("10.0.0.1", {}, _HOST, "10.0.0.2", ("eth0",), {"10.1.0.2"},
+         ("10.0.0.2", GlooRule.PINNED, "eth0")),
+        ("10.0.0.1", {}, _HOST, "10.0.0.2", ("ib7", "ib2", "ib0"), {"10.1.0.2"},
+         ("10.1.0.2", GlooRule.PINNED, "ib0")),
+        # a pin the store does not answer from: the route (not a faster link: the pin says
+        # which network to use)
+        ("10.0.0.1", {}, _HOST, "10.0.0.2", ("ib0",), set(), ("10.0.0.2", GlooRule.ROUTE, "eth0")),
+    ],
+)  # fmt: skip
+def test_gloo_takes_the_pin_else_the_fastest_link_the_store_answers_from(
+    store, env, interfaces, route, pinned, answering, expected
+) -> None:
+    asked: list[str] = []
+
+    def answers_from(source: str) -> bool:
+        asked.append(source)
+        return source in answering
+
+    choice = gloo_address(store, env, interfaces, route, pinned, answers_from)
+    assert (choice.address, choice.rule, choice.interface) == expected
+    assert "127.0.0.1" not in asked and "10.4.0.2" not in asked  # never loopback, never down
+    line = choice.describe(store)
+    assert "\n" not in line and choice.rule.value in line and store in line
+
+
+def test_gloo_says_which_links_it_passed_over() -> None:
+    choice = gloo_address("10.0.0.1", {}, _HOST, "10.0.0.2", ("ib7", "ib0"), lambda a: False)
+    assert choice.passed_over == (
+        "ib7 (not up with an IPv4 address)",
+        "ib0 (the store does not answer from 10.1.0.2)",
+    )
+    assert choice.speed_mbit_s == 1000.0
 
 
 def test_gloo_listens_on_the_route_towards_the_store() -> None:

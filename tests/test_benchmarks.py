@@ -355,6 +355,12 @@ def test_heal_paths_takes_the_fast_link_and_finishes_on_the_slow_one_when_it_is_
     (failure,) = fallback["path"]["failures"]
     assert failure.startswith(fast["path"]["address"]) and "stalled" in failure, failure
     assert out["cpu"]["model"] and out["cpu"]["flags"]
+    torchft = out["torchft"]  # torchft 0.2.0's own transport, unconfigured: the host name's link
+    if "skipped" not in torchft:
+        assert torchft["interface"] == "eth0" and torchft["bytes"] == 16_000_000, torchft
+        assert out["ours_over_torchft"] == pytest.approx(
+            heal["rate_mb_s"] / torchft["rate_mb_s"], 0.01
+        )
 
 
 def _torchft_record(group: int, step: int, committed: bool, participating: bool, drawn: int):

@@ -87,6 +87,15 @@ CONFIG_CASES = [
         ["quorum_timeout_ms to at least 30000", "process_group_timeout_ms to at most 5000"],
     ),
     (
+        [
+            "--fault_tolerance.step_timeout_ms=15000",
+            "--fault_tolerance.heal_stall_timeout_ms=15000",
+        ],
+        (Key.HEAL_STALL, Key.STEP),
+        ["fault_tolerance.step_timeout_ms=15000", "fault_tolerance.heal_stall_timeout_ms=15000"],
+        ["step_timeout_ms to above 15000", "heal_stall_timeout_ms to below 15000"],
+    ),
+    (
         ["--fault_tolerance.process_group_timeout_ms=30000", "--comm.train_timeout_seconds=20"],
         (Key.PROCESS_GROUP, Key.TITAN_TRAIN),
         ["comm.train_timeout_seconds=20", "fault_tolerance.process_group_timeout_ms=30000"],
@@ -146,6 +155,16 @@ ENV_CASES = [
         ["env TORCHFT_QUORUM_TIMEOUT_SEC=5", "fault_tolerance.process_group_timeout_ms=10000"],
         ["TORCHFT_QUORUM_TIMEOUT_SEC to at least 10"],
     ),
+    (
+        {"TORCHFT_HEAL_STALL_TIMEOUT_SEC": "60"},
+        (Key.HEAL_STALL, Key.STEP),
+        [
+            "env TORCHFT_HEAL_STALL_TIMEOUT_SEC=60 (as fault_tolerance.heal_stall_timeout_ms is "
+            "not set)",
+            "fault_tolerance.step_timeout_ms=60000",
+        ],
+        ["TORCHFT_HEAL_STALL_TIMEOUT_SEC to below 60"],
+    ),
 ]
 
 
@@ -159,9 +178,9 @@ def test_each_wrong_order_through_variables_stops_at_start(
     _one_line(error.value, [*values, *fixes, _relation(*relation).formula()])
     # A field the user set wins over its variable, which then cannot break the order.
     fields = [f"--fault_tolerance.{f}=60000" for f in ("step_timeout_ms", "quorum_timeout_ms")]
-    check_manager_env(
-        parse_job([*FT_ON, *fields, "--fault_tolerance.connect_timeout_ms=60000"]).config, env
-    )
+    fields += ["--fault_tolerance.connect_timeout_ms=60000"]
+    fields += ["--fault_tolerance.heal_stall_timeout_ms=10000"]
+    check_manager_env(parse_job([*FT_ON, *fields]).config, env)
 
 
 @pytest.mark.parametrize(
@@ -188,6 +207,20 @@ def test_each_wrong_order_through_variables_stops_at_start(
             (Key.PROCESS_GROUP, Key.QUORUM),
             ["env TORCHFT_QUORUM_TIMEOUT_SEC=5", "TORCHFT_QUORUM_TIMEOUT_SEC to at least 30"],
         ),
+        (
+            {"TORCHFT_HEAL_STALL_TIMEOUT_SEC": "5"},
+            {"timeout": timedelta(seconds=5)},
+            None,
+            (Key.HEAL_STALL, Key.STEP),
+            ["env TORCHFT_HEAL_STALL_TIMEOUT_SEC=5", "Manager(timeout)=5"],
+        ),
+        (
+            {},
+            {"timeout": timedelta(seconds=20), "heal_stall_timeout": timedelta(seconds=30)},
+            None,
+            (Key.HEAL_STALL, Key.STEP),
+            ["Manager(heal_stall_timeout)=30", "Manager(heal_stall_timeout) to below 20"],
+        ),
     ],
 )
 def test_each_wrong_order_of_a_plain_manager_is_refused(
@@ -203,6 +236,47 @@ def test_each_wrong_order_of_a_plain_manager_is_refused(
     assert (first.relation.lower, first.relation.upper) == relation
     with pytest.raises(ValueError) as error:
         check_order(values)
+    _one_line(error.value, names)
+
+
+def test_the_stall_timeout_at_its_default_yields_to_a_short_step_timeout() -> None:
+    """Only a stall timeout that was set is held to the relation: at its default (10 s) beside
+    a step timeout of 10 s or less the transport does not apply it, as before it existed."""
+    settings = resolve_manager_settings(env={}, timeout=timedelta(seconds=5))
+    assert Key.HEAL_STALL not in timeout_values(settings, None)
+    check_order(timeout_values(settings, None))
+    short = ["--fault_tolerance.step_timeout_ms=10000"]
+    job = parse_job([*FT_ON, *short]).config
+    check_manager_env(job, {})
+    with pytest.raises(ConfigError, match=r"heal_stall_timeout_ms=10000 "):
+        parse_job([*FT_ON, *short, "--fault_tolerance.heal_stall_timeout_ms=10000"])
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "names"),
+    [
+        (
+            ["--fault_tolerance.heal_stall_timeout_ms=0"],
+            {},
+            ["fault_tolerance.heal_stall_timeout_ms=0 must be > 0"],
+        ),
+        (
+            [],
+            {"TORCHFT_HEAL_STALL_TIMEOUT_SEC": "ten"},
+            ["env var TORCHFT_HEAL_STALL_TIMEOUT_SEC must be a number of seconds", "'ten'"],
+        ),
+        (
+            [],
+            {"TORCHFT_HEAL_STALL_TIMEOUT_SEC": "-1"},
+            ["env var TORCHFT_HEAL_STALL_TIMEOUT_SEC must be positive", "'-1'"],
+        ),
+    ],
+)
+def test_a_bad_stall_timeout_stops_at_start_with_one_line(
+    args: list[str], env: dict[str, str], names: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        check_manager_env(parse_job([*FT_ON, *args]).config, env)
     _one_line(error.value, names)
 
 
@@ -225,6 +299,28 @@ def test_a_manager_with_timeouts_out_of_order_stops_before_any_server() -> None:
             world_size=1,
             hostname="127.0.0.1",
         )
+
+
+def test_the_managers_stall_timeout_reaches_its_transport() -> None:
+    from torchtitan_ft.manager import Manager
+    from torchtitan_ft.process_group import ProcessGroupGloo
+
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=5)),
+        load_state_dict=None,
+        state_dict=None,
+        min_replica_size=1,
+        lighthouse_addr="http://127.0.0.1:9",  # nothing listens: no quorum is asked here
+        rank=0,
+        world_size=1,
+        hostname="127.0.0.1",
+        timeout=timedelta(seconds=20),
+        heal_stall_timeout=timedelta(seconds=3),
+    )
+    try:
+        assert manager._checkpoint_transport._stall_s == 3.0
+    finally:
+        manager.shutdown(wait=False)
 
 
 def test_the_entry_point_stops_on_a_variable_out_of_order(

@@ -242,6 +242,7 @@ def test_manager_takes_torchfts_arguments_in_its_order_and_ours_by_keyword_only(
         "lighthouse_outage",
         "on_state_loss",
         "heal_interfaces",
+        "heal_stall_timeout",
     ]
 
 

@@ -30,8 +30,10 @@ address to set:
 - :func:`hostname_problem`: at start-up, a ``hostname`` that is not an address of this host
   (the checkpoint server could not listen on it).
 - :func:`gloo_bind_address`: the local address the cross-group gloo transport listens on and
-  advertises: the one the kernel routes towards the quorum's store, unless
-  ``GLOO_SOCKET_IFNAME`` names an interface.
+  advertises, by the heal's rule where it is ours to choose (:func:`gloo_address`, pure): the
+  pinned heal interface, else a link faster than the route's that the store answers from,
+  else the one the kernel routes towards the quorum's store; ``GLOO_SOCKET_IFNAME`` leaves
+  the choice to gloo.
 - :func:`local_interfaces`: this host's network interfaces, their addresses, whether they are
   up and the link speed the kernel reports (the heal's paths, ``checkpoint.paths``).
 """
@@ -39,7 +41,9 @@ address to set:
 from __future__ import annotations
 
 import fcntl
+import functools
 import ipaddress
+import logging
 import socket
 import struct
 from collections.abc import Callable, Mapping, Sequence
@@ -55,6 +59,8 @@ LOOPBACK_NAMES = {
 }
 """The names that are loopback without a lookup (lower case), and the address a server that
 peers reach under that name listens on."""
+logger = logging.getLogger(__name__)
+
 GLOO_SOCKET_IFNAME_ENV = "GLOO_SOCKET_IFNAME"
 HOSTNAME_SETTING = "fault_tolerance.hostname"
 """How the setting is named in messages (the Manager's ``hostname`` argument)."""
@@ -243,17 +249,186 @@ def advertised_store_host(store_host: str, hostname: str) -> str:
     return store_host
 
 
+class GlooRule(Enum):
+    """Why the cross-group gloo group listens on the address it does (:func:`gloo_address`)."""
+
+    LOOPBACK = "loopback store"
+    """The store is on loopback: every peer is on this host."""
+    GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+    """The operator named gloo's interface: gloo's own choice, left alone."""
+    PINNED = "pinned heal interface"
+    """The interface the operator pinned heals to (``TORCHFT_HEAL_INTERFACES``)."""
+    FASTEST_LINK = "fastest link"
+    """A link the kernel reports faster than the route's, from which the store answers."""
+    ROUTE = "route to the store"
+    """The address the kernel routes towards the store from."""
+    DEFAULT = "gloo's default"
+    """No route towards the store: gloo's default (the address of this machine's name)."""
+
+
+@dataclass(frozen=True)
+class GlooAddress:
+    """The address a cross-group gloo group listens on and advertises, and why."""
+
+    address: str | None
+    """``None``: gloo chooses (``GLOO_SOCKET_IFNAME``, or its default)."""
+    rule: GlooRule
+    interface: str | None = None
+    """This host's interface holding ``address`` (or ``GLOO_SOCKET_IFNAME``'s), when known."""
+    speed_mbit_s: float | None = None
+    """The link speed the kernel reports for ``interface``, when it does."""
+    passed_over: tuple[str, ...] = ()
+    """Faster or pinned interfaces not taken, each ``name (why)``."""
+
+    def describe(self, store_host: str) -> str:
+        """One line for the log: the address, its interface and link speed, the rule."""
+        where = self.address or "gloo's choice"
+        if self.interface:
+            where += f" on {self.interface}"
+        if self.speed_mbit_s:
+            where += f" ({self.speed_mbit_s:g} Mbit/s)"
+        skipped = f"; not {', '.join(self.passed_over)}" if self.passed_over else ""
+        return (
+            f"cross-group gloo group listens on {where}: {self.rule.value} (store "
+            f"{store_host}){skipped}"
+        )
+
+
+def gloo_address(
+    store_host: str,
+    env: Mapping[str, str],
+    interfaces: Sequence[Interface],
+    route: str | None,
+    pinned: Sequence[str],
+    answers_from: Callable[[str], bool],
+) -> GlooAddress:
+    """The address a cross-group gloo group whose store is at ``store_host`` listens on and
+    advertises (pure: the interfaces, the route and the reachability test are inputs).
+
+    Gloo takes one address per group and every peer dials the address each rank advertises,
+    so the choice is one address, and it must be one the peers reach. In order:
+
+    1. ``127.0.0.1`` for a loopback store (every peer is on this host);
+    2. ``None`` when ``GLOO_SOCKET_IFNAME`` is set (gloo then uses that interface; unchanged);
+    3. ``None`` without a ``route`` (this host's address towards the store): gloo's default;
+    4. the first ``pinned`` interface (the heal pin) that is up with an address of the route's
+       family, if it holds the route or the store answers from its address;
+    5. with no pin, the fastest up, non-loopback interface whose reported link speed exceeds
+       that of the route's interface (which must report one), holding an address of the
+       route's family that the store answers from (a link the kernel cannot compare, or one
+       the store's host cannot route back to, is not taken);
+    6. ``route``.
+
+    Args:
+        store_host: the quorum's store host (a name or an address).
+        env: the environment (``GLOO_SOCKET_IFNAME``).
+        interfaces: this host's interfaces (:func:`local_interfaces`).
+        route: :func:`route_source` of ``store_host``.
+        pinned: the heal interfaces the operator pinned (empty: none).
+        answers_from: whether the store's host answers a connection from a local address
+            (:func:`store_answers_from`): its host routes back to that address.
+    """
+    if is_loopback(store_host):
+        return GlooAddress("127.0.0.1", GlooRule.LOOPBACK)
+    if env.get(GLOO_SOCKET_IFNAME_ENV):
+        name = env[GLOO_SOCKET_IFNAME_ENV].split(",")[0]
+        return GlooAddress(None, GlooRule.GLOO_SOCKET_IFNAME, name)
+    if route is None:
+        return GlooAddress(None, GlooRule.DEFAULT)
+    family = ipaddress.ip_address(route).version
+    home = interface_with(route, interfaces)
+    speed = home.speed_mbit_s if home is not None else None
+    passed: list[str] = []
+
+    def address_on(interface: Interface) -> str | None:
+        found = [a for a in interface.addresses if ipaddress.ip_address(a).version == family]
+        return found[0] if interface.up and found else None
+
+    by_name = {i.name: i for i in interfaces}
+    for name in pinned:
+        interface = by_name.get(name)
+        address = address_on(interface) if interface is not None else None
+        if interface is None or address is None:
+            passed.append(f"{name} (not up with an IPv{family} address)")
+        elif interface == home:
+            return GlooAddress(route, GlooRule.PINNED, name, speed, tuple(passed))
+        elif answers_from(address):
+            return GlooAddress(
+                address, GlooRule.PINNED, name, interface.speed_mbit_s, tuple(passed)
+            )
+        else:
+            passed.append(f"{name} (the store does not answer from {address})")
+    if not pinned and speed is not None:
+        faster = [
+            (i, address)
+            for i in interfaces
+            if not i.loopback and i != home and (i.speed_mbit_s or 0) > speed
+            if (address := address_on(i)) is not None
+        ]
+        for interface, address in sorted(faster, key=lambda pair: -(pair[0].speed_mbit_s or 0)):
+            if answers_from(address):
+                return GlooAddress(
+                    address,
+                    GlooRule.FASTEST_LINK,
+                    interface.name,
+                    interface.speed_mbit_s,
+                    tuple(passed),
+                )
+            passed.append(f"{interface.name} (the store does not answer from {address})")
+    return GlooAddress(
+        route, GlooRule.ROUTE, home.name if home is not None else None, speed, tuple(passed)
+    )
+
+
+ANSWER_TIMEOUT_S = 1.0
+"""How long :func:`store_answers_from` waits for the store's host to answer."""
+
+
+def store_answers_from(source: str, host: str, timeout_s: float = ANSWER_TIMEOUT_S) -> bool:
+    """Whether ``host`` answers a TCP connection made from the local address ``source``: an
+    accepted or refused connection (the refusal came back to ``source``) means its host
+    routes back to that address; silence or an error means not. Dials the discard port."""
+    for address in resolve(host)[:1]:
+        family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.settimeout(timeout_s)
+            try:
+                probe.bind((source, 0))
+                probe.connect((address, _DISCARD_PORT))
+            except ConnectionRefusedError:
+                return True
+            except OSError:
+                return False
+            return True
+    return False
+
+
 def gloo_bind_address(store_host: str, env: Mapping[str, str]) -> str | None:
     """The address a cross-group gloo group whose store is at ``store_host`` listens on (and
-    tells its peers): ``127.0.0.1`` for a loopback store (every peer is on this machine),
-    else this host's address on the route towards the store, which is the network the peers
-    share. ``None`` when ``GLOO_SOCKET_IFNAME`` is set (gloo then uses that interface) or
-    there is no route (gloo's default: this machine's host name)."""
-    if is_loopback(store_host):
-        return "127.0.0.1"
-    if env.get(GLOO_SOCKET_IFNAME_ENV):
-        return None
-    return route_source(store_host)
+    tells its peers): :func:`gloo_address` with this host's interfaces, its route towards the
+    store and the heal pin of ``env`` (``TORCHFT_HEAL_INTERFACES``). Decided once per store
+    host and environment in a process, and said in one log line then."""
+    from torchtitan_ft.manager.settings import resolve_heal_interfaces  # after the Manager
+
+    pinned = resolve_heal_interfaces(None, env).value
+    gloo_env = env.get(GLOO_SOCKET_IFNAME_ENV, "")
+    return _decided(store_host, gloo_env, pinned).address
+
+
+@functools.lru_cache(maxsize=16)
+def _decided(store_host: str, gloo_env: str, pinned: tuple[str, ...]) -> GlooAddress:
+    env = {GLOO_SOCKET_IFNAME_ENV: gloo_env} if gloo_env else {}
+    loopback = is_loopback(store_host)
+    choice = gloo_address(
+        store_host,
+        env,
+        [] if loopback or gloo_env else local_interfaces(),
+        None if loopback or gloo_env else route_source(store_host),
+        pinned,
+        lambda source: store_answers_from(source, store_host),
+    )
+    logger.info(choice.describe(store_host))
+    return choice
 
 
 def hostname_problem(hostname: str, lighthouse_addr: str, unset: bool = False) -> str | None:

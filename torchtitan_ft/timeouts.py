@@ -38,6 +38,7 @@ class Key(StrEnum):
     STEP = "step"
     QUORUM = "quorum"
     CONNECT = "connect"
+    HEAL_STALL = "heal_stall"
     JOIN = "join"
     HEARTBEAT = "heartbeat"
     HEARTBEAT_INTERVAL = "heartbeat_interval"
@@ -114,6 +115,18 @@ TIMEOUTS: tuple[Timeout, ...] = (
         "unary lighthouse `heartbeat()`. It does **not** shorten a quorum request to a "
         "lighthouse that cannot be reached: that waits `quorum_timeout_ms`",
         "a donor whose server hangs while a healing group connects stalls the heal this long",
+    ),
+    Timeout(
+        Key.HEAL_STALL,
+        "`heal_stall_timeout_ms`",
+        10.0,
+        "config; `Manager(heal_stall_timeout)`, else `TORCHFT_HEAL_STALL_TIMEOUT_SEC`; "
+        "`HTTPTransport(stall_timeout)`",
+        'one path of a heal over HTTP (`checkpoint_transport = "http"`): a connection to '
+        "the donor that receives no byte this long (a pulled cable or a dead switch resets "
+        "nothing) counts as failed, and the transfer restarts on the donor's next path "
+        "([operations.md](operations.md#the-heals-network-path)); the whole heal, every path "
+        "together, stays bounded by `step_timeout_ms`",
     ),
     Timeout(
         Key.JOIN,
@@ -228,6 +241,17 @@ RELATIONS: tuple[Relation, ...] = (
         "other groups' requests wait for it at the lighthouse; a shorter quorum timeout fails "
         "them first, as `no quorum from the lighthouse`, which points at the wrong cause",
         CheckedAt.START,
+    ),
+    Relation(
+        Key.HEAL_STALL,
+        Key.STEP,
+        "the step timeout bounds the whole heal, every path together: a stall bound that is not "
+        "below it never fires first, and a pulled cable fails the heal instead of moving it to "
+        "the donor's next path. Checked where the stall timeout is set (field, variable or "
+        "argument): at its default beside a step timeout of 10 s or less it is not applied, and "
+        "the step timeout alone bounds each path",
+        CheckedAt.START,
+        strict=True,
     ),
     Relation(
         Key.PROCESS_GROUP,

@@ -113,6 +113,7 @@ def test_port_in_use_message() -> None:
         ("timeout", "TORCHFT_TIMEOUT_SEC", timedelta(seconds=60)),
         ("quorum_timeout", "TORCHFT_QUORUM_TIMEOUT_SEC", timedelta(seconds=60)),
         ("connect_timeout", "TORCHFT_CONNECT_TIMEOUT_SEC", timedelta(seconds=60)),
+        ("heal_stall_timeout", "TORCHFT_HEAL_STALL_TIMEOUT_SEC", timedelta(seconds=10)),
     ],
 )
 def test_torchft_timeout_env_vars(arg_name: str, env_var: str, default: timedelta) -> None:
@@ -193,6 +194,8 @@ def test_auth_token_env_no_client_can_present_names_the_variable() -> None:
         ("TORCHFT_SAMPLES_PER_BATCH", "0", "TORCHFT_SAMPLES_PER_BATCH must be a positive"),
         ("TORCHFT_LIGHTHOUSE_OUTAGE", "stall", "TORCHFT_LIGHTHOUSE_OUTAGE must be one of 'wait'"),
         ("TORCHFT_HEAL_INTERFACES", "ib0,,eth1", "TORCHFT_HEAL_INTERFACES must name network"),
+        ("TORCHFT_HEAL_STALL_TIMEOUT_SEC", "x", "TORCHFT_HEAL_STALL_TIMEOUT_SEC must be a number"),
+        ("TORCHFT_HEAL_STALL_TIMEOUT_SEC", "0", "TORCHFT_HEAL_STALL_TIMEOUT_SEC must be positive"),
     ],
 )
 def test_bad_env_var_is_an_error_even_when_an_argument_overrides_it(var, bad, match) -> None:
@@ -208,6 +211,7 @@ def test_bad_env_var_is_an_error_even_when_an_argument_overrides_it(var, bad, ma
         "lighthouse_outage": "wait",
         "on_state_loss": "stop",
         "heal_interfaces": "lo",
+        "heal_stall_timeout": timedelta(seconds=2),
     }
     with pytest.raises(ValueError, match=match):
         resolve_manager_settings(env={var: bad}, **arguments)

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from torchtitan_ft.checkpoint.http_transport import DEFAULT_STALL_TIMEOUT
 from torchtitan_ft.manager.outage import LighthouseOutage
 from torchtitan_ft.manager.settings import (
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_HEAL_STALL_TIMEOUT,
     DEFAULT_QUORUM_RETRIES,
     DEFAULT_QUORUM_TIMEOUT,
     DEFAULT_TIMEOUT,
@@ -20,6 +22,7 @@ from torchtitan_ft.manager.settings import (
     resolve_manager_settings,
 )
 from torchtitan_ft.manager.state_loss import OnStateLoss
+from torchtitan_ft.timeouts import BY_KEY, Key
 from torchtitan_ft.titan.config import ConfigError, FaultTolerance, parse_job
 from torchtitan_ft.titan.config_cli import explicit_fields
 from torchtitan_ft.titan.config_schema import ENV_OVERRIDABLE, manager_timeouts
@@ -59,6 +62,10 @@ def test_field_defaults_are_the_managers_defaults() -> None:
     assert timedelta(milliseconds=ft.quorum_timeout_ms) == DEFAULT_QUORUM_TIMEOUT
     assert timedelta(milliseconds=ft.connect_timeout_ms) == DEFAULT_CONNECT_TIMEOUT
     assert ft.quorum_retries == DEFAULT_QUORUM_RETRIES
+    # ... and the transport's and the timeouts table's.
+    stall = timedelta(milliseconds=ft.heal_stall_timeout_ms)
+    assert stall == DEFAULT_HEAL_STALL_TIMEOUT == DEFAULT_STALL_TIMEOUT
+    assert stall.total_seconds() == BY_KEY[Key.HEAL_STALL].default_s
 
 
 ENV = {
@@ -69,6 +76,7 @@ ENV = {
     "TORCHFT_LIGHTHOUSE_OUTAGE": "wait",
     "TORCHFT_ON_STATE_LOSS": "from_scratch",
     "TORCHFT_HEAL_INTERFACES": "lo",
+    "TORCHFT_HEAL_STALL_TIMEOUT_SEC": "4",
 }
 
 
@@ -87,6 +95,7 @@ def test_a_variable_applies_when_the_field_is_not_set() -> None:
     assert settings.lighthouse_outage.value is LighthouseOutage.WAIT
     assert settings.on_state_loss.value is OnStateLoss.FROM_SCRATCH
     assert settings.heal_interfaces.value == ("lo",)
+    assert settings.heal_stall_timeout.value == timedelta(seconds=4)
     for name in (
         "timeout",
         "quorum_timeout",
@@ -95,6 +104,7 @@ def test_a_variable_applies_when_the_field_is_not_set() -> None:
         "lighthouse_outage",
         "on_state_loss",
         "heal_interfaces",
+        "heal_stall_timeout",
     ):
         assert getattr(settings, name).source is Source.ENV
     assert settings.overridden == ()

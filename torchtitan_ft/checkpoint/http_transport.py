@@ -111,6 +111,7 @@ its duration more, then are measured by what arrived (they are slower: their ord
 PROBE_TTL_S = 600.0
 """How long a donor's probed rates are reused (a failed path forgets them at once)."""
 DEFAULT_STALL_TIMEOUT = timedelta(seconds=10)
+"""``stall_timeout``'s default (the Manager's, ``heal_stall_timeout_ms``'s: the same)."""
 
 
 class HTTPTransport(CheckpointTransport[T]):
@@ -137,7 +138,8 @@ class HTTPTransport(CheckpointTransport[T]):
             (the donor offers all, the healer measures them). An interface that does not exist
             here raises ValueError naming it.
         stall_timeout: a path that delivers no byte for this long counts as failed and the
-            heal restarts on the next path (capped by the transfer's timeout). Default 10 s.
+            heal restarts on the next path (capped by the transfer's timeout). Default 10 s
+            (Manager: ``ManagerOptions.heal_stall_timeout``).
         reuse_receive_buffer: what ``recv_checkpoint_borrowed`` (the Manager's heals) receives
             into. True (default): one buffer kept from receive to receive, so every heal after
             the first writes into memory already mapped, at socket speed instead of page-fault

@@ -4,7 +4,8 @@ keyword arguments of the same names (``Manager(..., auth_token="...")``); ``Mana
 maps the keywords onto it. torchft's own arguments stay the Manager's, in torchft's order.
 
 The settings among them that an env var can also give (``auth_token``, ``events_dir``,
-``samples_per_batch``, ``lighthouse_outage``, ``on_state_loss``, ``heal_interfaces``) are
+``samples_per_batch``, ``lighthouse_outage``, ``on_state_loss``, ``heal_interfaces``,
+``heal_stall_timeout``) are
 resolved, argument > env var > default, with the others in
 ``settings.resolve_manager_settings``; a field left ``None`` means "not given here".
 """
@@ -15,6 +16,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from torchtitan_ft.manager.outage import LighthouseOutage
@@ -123,6 +125,16 @@ class ManagerOptions:
     line naming it. Argument > ``TORCHFT_HEAL_INTERFACES`` > every interface. Ignored with a
     ``checkpoint_transport`` of your own (pin it there)."""
 
+    heal_stall_timeout: timedelta | None = None
+    """How long a heal's connection to the donor may receive no byte before that path counts
+    as failed and the default (HTTP) transport restarts the transfer on the donor's next path
+    (a pulled cable resets nothing; docs/operations.md, "The heal's network path"). Default
+    ``None``: ``TORCHFT_HEAL_STALL_TIMEOUT_SEC`` (seconds) if set, else 10 s. Lower leaves a
+    dead path sooner; too low leaves a healthy path that pauses and restarts the transfer from
+    its first byte. Must be below ``timeout`` (the bound of the whole heal; checked at
+    construction, ``timeouts.RELATIONS``). Ignored with a ``checkpoint_transport`` of your own
+    (``HTTPTransport(stall_timeout=)``)."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.retry_inflight_allreduce, bool):
             raise ValueError(
@@ -162,4 +174,5 @@ class ManagerOptions:
             "lighthouse_outage": self.lighthouse_outage,
             "on_state_loss": self.on_state_loss,
             "heal_interfaces": self.heal_interfaces,
+            "heal_stall_timeout": self.heal_stall_timeout,
         }

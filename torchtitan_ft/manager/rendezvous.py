@@ -128,6 +128,7 @@ def join_replica_group(
                 hostname=hostname,
                 auth_token=auth_token,
                 interfaces=settings.heal_interfaces.value,
+                stall_timeout=settings.heal_stall_timeout.value,
             )
     except BaseException:
         if client is not None:

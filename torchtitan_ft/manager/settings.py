@@ -43,11 +43,14 @@ SAMPLES_PER_BATCH_ENV = "TORCHFT_SAMPLES_PER_BATCH"
 LIGHTHOUSE_OUTAGE_ENV = "TORCHFT_LIGHTHOUSE_OUTAGE"
 ON_STATE_LOSS_ENV = "TORCHFT_ON_STATE_LOSS"
 HEAL_INTERFACES_ENV = "TORCHFT_HEAL_INTERFACES"
+HEAL_STALL_TIMEOUT_SEC_ENV = "TORCHFT_HEAL_STALL_TIMEOUT_SEC"
 
 DEFAULT_TIMEOUT = timedelta(seconds=60)
 DEFAULT_QUORUM_TIMEOUT = timedelta(seconds=60)
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=60)
 DEFAULT_QUORUM_RETRIES = 0
+DEFAULT_HEAL_STALL_TIMEOUT = timedelta(seconds=10)
+"""The default transport's ``stall_timeout`` (``HTTPTransport``'s default too)."""
 
 DEFAULT_LIGHTHOUSE_ADDR = "http://localhost:29510"
 
@@ -121,6 +124,9 @@ class ManagerSettings:
     heal_interfaces: Resolved[tuple[str, ...]] = Resolved((), Source.DEFAULT)
     """The network interfaces heals may use (the default transport's ``interfaces``); empty:
     every interface, the fastest path measured."""
+    heal_stall_timeout: Resolved[timedelta] = Resolved(DEFAULT_HEAL_STALL_TIMEOUT, Source.DEFAULT)
+    """How long a heal's connection may receive no byte before the heal moves to the donor's
+    next path (the default transport's ``stall_timeout``)."""
     launcher_job: Resolved[str | None] = Resolved(None, Source.DEFAULT)
     """The launcher's name for the job this process runs in, which the status page shows for
     the group (e.g. ``slurm:4312``, ``torchx:<app id>/replica_1``, ``pod:ft-groups-1``);
@@ -171,6 +177,7 @@ class ManagerSettings:
             "lighthouse_outage",
             "on_state_loss",
             "heal_interfaces",
+            "heal_stall_timeout",
             "launcher_job",
         )
         described = [f"{n}={getattr(self, n).describe()}" for n in names]
@@ -325,6 +332,7 @@ _ENV_SETTINGS = {
     LIGHTHOUSE_OUTAGE_ENV: "lighthouse_outage",
     ON_STATE_LOSS_ENV: "on_state_loss",
     HEAL_INTERFACES_ENV: "heal_interfaces",
+    HEAL_STALL_TIMEOUT_SEC_ENV: "heal_stall_timeout",
     LAUNCHER_JOB_ENV: "launcher_job",
 }
 """The ``TORCHFT_*`` variables the Manager reads -> the setting each one gives."""
@@ -345,7 +353,12 @@ def validate_env(env: Mapping[str, str]) -> None:
             raise ValueError(
                 f"env var {MANAGER_PORT_ENV} must be a port in [0, 65536), got {value}"
             )
-    for var in (TIMEOUT_SEC_ENV, QUORUM_TIMEOUT_SEC_ENV, CONNECT_TIMEOUT_SEC_ENV):
+    for var in (
+        TIMEOUT_SEC_ENV,
+        QUORUM_TIMEOUT_SEC_ENV,
+        CONNECT_TIMEOUT_SEC_ENV,
+        HEAL_STALL_TIMEOUT_SEC_ENV,
+    ):
         if (timeout := given(var)) is not None:
             _as_timeout(timeout, _ENV_SETTINGS[var])
     retries = given(QUORUM_RETRIES_ENV)
@@ -441,15 +454,33 @@ def resolve_timeouts(
     )
 
 
+def resolve_heal_stall_timeout(
+    arg: timedelta | None, env: Mapping[str, str]
+) -> Resolved[timedelta]:
+    """Argument > ``TORCHFT_HEAL_STALL_TIMEOUT_SEC`` (seconds) > 10 s; a positive duration
+    (ValueError naming where a bad value came from)."""
+    picked = _pick(arg, env, HEAL_STALL_TIMEOUT_SEC_ENV, DEFAULT_HEAL_STALL_TIMEOUT)
+    return _as_timeout(picked, "heal_stall_timeout")
+
+
 def timeout_values(
     settings: ManagerSettings, pg_timeout: timedelta | None
 ) -> dict[timeouts.Key, timeouts.Value]:
     """The Manager's timeouts as they were set (argument, variable or default), and its
-    process group's timeout when known, for ``timeouts.check_order``."""
-    args = {"timeout": "step", "quorum_timeout": "quorum", "connect_timeout": "connect"}
+    process group's timeout when known, for ``timeouts.check_order``. The heal's stall
+    timeout only when it was set (argument or variable): at its default beside a short step
+    timeout the transport does not apply it (``HTTPTransport(stall_timeout)``)."""
+    args = {
+        "timeout": "step",
+        "quorum_timeout": "quorum",
+        "connect_timeout": "connect",
+        "heal_stall_timeout": "heal_stall",
+    }
     values = {}
     for name, key in args.items():
         resolved: Resolved[timedelta] = getattr(settings, name)
+        if key == "heal_stall" and resolved.source is Source.DEFAULT:
+            continue
         setting = f"env {resolved.env_var}" if resolved.env_var else f"Manager({name})"
         note = "(default)" if resolved.source is Source.DEFAULT else ""
         values[timeouts.Key(key)] = timeouts.seconds_value(
@@ -482,6 +513,7 @@ def resolve_manager_settings(
     lighthouse_outage: LighthouseOutage | str | None = None,
     on_state_loss: OnStateLoss | str | None = None,
     heal_interfaces: str | Sequence[str] | None = None,
+    heal_stall_timeout: timedelta | None = None,
     default_store_host: str = "127.0.0.1",
 ) -> ManagerSettings:
     """Resolves the Manager's settings: argument, else env var, else default.
@@ -505,6 +537,7 @@ def resolve_manager_settings(
     | lighthouse_outage | TORCHFT_LIGHTHOUSE_OUTAGE | ``previous_quorum`` |
     | on_state_loss | TORCHFT_ON_STATE_LOSS | ``checkpoint`` |
     | heal_interfaces | TORCHFT_HEAL_INTERFACES (comma-separated) | none (every interface) |
+    | heal_stall_timeout | TORCHFT_HEAL_STALL_TIMEOUT_SEC (seconds) | 10 s |
     | (launcher_job) | TORCHFT_LAUNCHER_JOB, else ``slurm:`` + SLURM_JOB_ID | none |
 
     torchft 0.2.0 reads the same four ``TORCHFT_*`` variables but lets them override the
@@ -547,6 +580,7 @@ def resolve_manager_settings(
         lighthouse_outage=_lighthouse_outage(lighthouse_outage, env),
         on_state_loss=_on_state_loss(on_state_loss, env),
         heal_interfaces=resolve_heal_interfaces(heal_interfaces, env),
+        heal_stall_timeout=resolve_heal_stall_timeout(heal_stall_timeout, env),
         launcher_job=_launcher_job(env),
     )
     settings = dataclasses.replace(settings, overridden=overridden_env(settings, env))

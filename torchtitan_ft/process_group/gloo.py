@@ -42,9 +42,11 @@ class ProcessGroupGloo(BackendProcessGroup):
     recorded in :meth:`errored` until the next ``configure``).
 
     The gloo transport binds 127.0.0.1 when the store host is a loopback address; otherwise
-    this host's address on the route towards the store, or the interface ``GLOO_SOCKET_IFNAME``
-    names (:func:`torchtitan_ft.addresses.gloo_bind_address`). All groups of the process share
-    one gloo device (``lifecycle``).
+    the interface ``GLOO_SOCKET_IFNAME`` names, else the pinned heal interface
+    (``TORCHFT_HEAL_INTERFACES``), else a link faster than the route's that the store answers
+    from, else this host's address on the route towards the store
+    (:func:`torchtitan_ft.addresses.gloo_address`; said in one log line). All groups of the
+    process share one gloo device (``lifecycle``).
 
     Args:
         timeout: bound for building a group in :meth:`configure` (store connection and
@@ -60,9 +62,10 @@ class ProcessGroupGloo(BackendProcessGroup):
         options = dist.ProcessGroupGloo._Options()
         options._timeout = self._timeout
         # Peers dial the address the device binds: loopback when the store is on loopback
-        # (then every peer is on this host), else this host's address on the route towards the
-        # store (gloo's default, the address of this machine's name, is often loopback and
-        # would be told to peers on other machines), or GLOO_SOCKET_IFNAME's interface.
+        # (then every peer is on this host), else GLOO_SOCKET_IFNAME's interface, else the
+        # heal's rule (addresses.gloo_address: the pin, a faster link, the route towards the
+        # store; gloo's default, the address of this machine's name, is often loopback and
+        # would be told to peers on other machines).
         bind = gloo_bind_address(host, os.environ)
         interface = "" if bind else os.environ.get(GLOO_SOCKET_IFNAME_ENV, "").split(",")[0]
         options._devices = [lifecycle.gloo_device(bind or "", interface)]

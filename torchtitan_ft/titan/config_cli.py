@@ -67,8 +67,9 @@ def parse_job(args: list[str] | None = None) -> ParsedJob:
     config = parse_cli(args)
     if fragments is not None:
         config.fault_tolerance.module_fqns_per_model_fragment = fragments
-    validate_job_config(config)
+    # What the user set first: the timeout order holds a stall timeout only where it is set.
     config.fault_tolerance.explicit_fields = explicit_fields(SECTION, toml_values, args)
+    validate_job_config(config)
     explicit_dtype = "mixed_precision_param" in explicit_fields("training", toml_values, args)
     return ParsedJob(config, explicit_dtype)
 

@@ -176,7 +176,8 @@ class FaultTolerance(TitanFaultTolerance):
     checkpoint send/receive when healing), in milliseconds. Default 60000 (torchft's
     ``timeout``). Unset (neither TOML nor command line), the ``TORCHFT_TIMEOUT_SEC`` env var
     (seconds) applies if set; set, this field wins and the Manager says so in one line. Must be
-    >= ``process_group_timeout_ms``; raise it when healing large states over slow links.
+    >= ``process_group_timeout_ms``, and > ``heal_stall_timeout_ms`` when that is set; raise it
+    when healing large states over slow links.
     Applies when ``enable``.
     """
 
@@ -289,13 +290,31 @@ class FaultTolerance(TitanFaultTolerance):
     operator's pin. Default "" = every interface: each rank's checkpoint server offers all its
     up, non-loopback addresses, and a healing rank probes each of the donor's paths (4 MiB over
     all at once, the slower cut short; once per donor, kept 10 minutes), fetches over the
-    fastest and falls back to the next when one fails or stalls for 10 s (torchft #329: a host
-    name resolving to the slow network healed at its speed). Pin when the probe would mislead
-    (e.g. a path that is fast but metered) or to keep heals off a network. An interface that
-    does not exist on this machine stops the trainer at start with one line. Unset, the
-    ``TORCHFT_HEAL_INTERFACES`` env var applies if set (the field wins when set). The process
-    group's network is gloo's or NCCL's own (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``).
+    fastest and falls back to the next when one fails or stalls (``heal_stall_timeout_ms``;
+    torchft #329: a host name resolving to the slow network healed at its speed). Pin when the
+    probe would mislead (e.g. a path that is fast but metered) or to keep heals off a network.
+    An interface that does not exist on this machine stops the trainer at start with one line.
+    Unset, the ``TORCHFT_HEAL_INTERFACES`` env var applies if set (the field wins when set).
+    The gloo process group follows the pin when it is given by the variable (it is built
+    before the Manager), else a faster link than the route's, unless ``GLOO_SOCKET_IFNAME``
+    is set (docs/operations.md, "The cross-group process group's address"); NCCL's is its own
+    (``NCCL_SOCKET_IFNAME``).
     Applies when ``enable`` and ``checkpoint_transport = "http"``.
+    """
+
+    heal_stall_timeout_ms: int = 10000
+    """
+    How long a heal's connection to the donor may receive no byte before that path counts as
+    failed and the transfer restarts on the donor's next path, in milliseconds. A pulled cable
+    or a dead switch resets nothing: without this bound the heal would wait out the whole
+    ``step_timeout_ms`` on the dead path. Default 10000 (10 s). Lower = a dead path is left
+    sooner; too low leaves a healthy path that pauses (a donor busy staging its snapshot, a
+    congested link) and restarts the transfer from its first byte on a slower one. Unset, the
+    ``TORCHFT_HEAL_STALL_TIMEOUT_SEC`` env var (seconds) applies if set (the field wins when
+    set). Must be < ``step_timeout_ms`` (the bound of the whole heal, all paths together),
+    checked at start when set; left at its default beside a ``step_timeout_ms`` of 10000 or
+    less, it is not applied (docs/timeouts.md). Applies when ``enable`` and
+    ``checkpoint_transport = "http"``.
     """
 
     retry_inflight_allreduce: bool = False
@@ -542,6 +561,7 @@ ENV_OVERRIDABLE = {
     "lighthouse_outage": "TORCHFT_LIGHTHOUSE_OUTAGE",
     "on_state_loss": "TORCHFT_ON_STATE_LOSS",
     "heal_interfaces": "TORCHFT_HEAL_INTERFACES",
+    "heal_stall_timeout_ms": "TORCHFT_HEAL_STALL_TIMEOUT_SEC",
 }
 """Fields whose ``TORCHFT_*`` variable (torchft's name) applies when the user did not set the
 field; a field the user set wins over its variable (the Manager says so in one line)."""
@@ -555,10 +575,10 @@ def is_set(ft: Any, name: str) -> bool:
 
 def manager_timeouts(ft: Any) -> dict[str, Any]:
     """The Manager's ``timeout``, ``quorum_timeout``, ``connect_timeout``, ``quorum_retries``,
-    ``lighthouse_outage``, ``on_state_loss`` and ``heal_interfaces`` arguments: a field the
-    user set, else None,
-    so that the Manager takes the field's ``TORCHFT_*`` variable (:data:`ENV_OVERRIDABLE`) or
-    its default, which equals the field's."""
+    ``lighthouse_outage``, ``on_state_loss``, ``heal_interfaces`` and ``heal_stall_timeout``
+    arguments: a field the user set, else None, so that the Manager takes the field's
+    ``TORCHFT_*`` variable (:data:`ENV_OVERRIDABLE`) or its default, which equals the
+    field's."""
 
     def given(name: str, value: Any) -> Any:
         return value if is_set(ft, name) else None
@@ -573,6 +593,9 @@ def manager_timeouts(ft: Any) -> dict[str, Any]:
         "lighthouse_outage": given("lighthouse_outage", ft.lighthouse_outage),
         "on_state_loss": given("on_state_loss", ft.on_state_loss),
         "heal_interfaces": given("heal_interfaces", ft.heal_interfaces),
+        "heal_stall_timeout": given(
+            "heal_stall_timeout_ms", timedelta(milliseconds=ft.heal_stall_timeout_ms)
+        ),
     }
 
 

@@ -30,6 +30,7 @@ from torchtitan_ft.manager.settings import (
     Source,
     is_lighthouse_url,
     resolve_heal_interfaces,
+    resolve_heal_stall_timeout,
     resolve_timeouts,
     validate_env,
 )
@@ -44,6 +45,7 @@ from torchtitan_ft.titan.config_schema import (
     ConfigError,
     JobConfig,
     fragment_fqns,
+    is_set,
     manager_timeouts,
     num_fragments,
     quorum_mode,
@@ -79,6 +81,7 @@ _TIMEOUTS_MS = (
     "step_timeout_ms",
     "quorum_timeout_ms",
     "connect_timeout_ms",
+    "heal_stall_timeout_ms",
 )
 
 
@@ -256,23 +259,30 @@ def timeout_values(
     """The timeouts of this job, as the user set them, for ``timeouts.check_order``: the
     ``fault_tolerance`` fields; with ``env``, a ``TORCHFT_*`` variable in place of a field the
     user did not set (``config_schema.ENV_OVERRIDABLE``, as the Manager resolves them); with
-    ``job_config``, TorchTitan's ``comm.train_timeout_seconds`` and ``init_timeout_seconds``."""
+    ``job_config``, TorchTitan's ``comm.train_timeout_seconds`` and ``init_timeout_seconds``.
+    The heal's stall timeout only where it is set (field or variable), as the Manager does
+    (``settings.timeout_values``)."""
     values = {
         Key.PROCESS_GROUP: config_value("process_group_timeout_ms", ft.process_group_timeout_ms),
         Key.STEP: config_value("step_timeout_ms", ft.step_timeout_ms),
         Key.QUORUM: config_value("quorum_timeout_ms", ft.quorum_timeout_ms),
         Key.CONNECT: config_value("connect_timeout_ms", ft.connect_timeout_ms),
     }
+    if is_set(ft, "heal_stall_timeout_ms"):  # at its default it yields to a short step timeout
+        values[Key.HEAL_STALL] = config_value("heal_stall_timeout_ms", ft.heal_stall_timeout_ms)
     if env is not None:
         args = manager_timeouts(ft)
-        resolved = resolve_timeouts(
-            env,
-            timeout=args["timeout"],
-            quorum_timeout=args["quorum_timeout"],
-            connect_timeout=args["connect_timeout"],
+        resolved = (
+            *resolve_timeouts(
+                env,
+                timeout=args["timeout"],
+                quorum_timeout=args["quorum_timeout"],
+                connect_timeout=args["connect_timeout"],
+            ),
+            resolve_heal_stall_timeout(args["heal_stall_timeout"], env),
         )
         keyed = ((Key.STEP, "step_timeout_ms"), (Key.QUORUM, "quorum_timeout_ms"))
-        keyed += ((Key.CONNECT, "connect_timeout_ms"),)
+        keyed += ((Key.CONNECT, "connect_timeout_ms"), (Key.HEAL_STALL, "heal_stall_timeout_ms"))
         for (key, field), value in zip(keyed, resolved, strict=True):
             if value.source is Source.ENV:
                 values[key] = seconds_value(
