@@ -134,9 +134,10 @@ def test_one_rank_collectives_reconfigure_shutdown_and_configure_timeout(
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="timed out after 8 seconds"):
         lonely.configure(f"127.0.0.1:{store.port}/q2", "r", 0, 2)
-    # The timeout, plus the child's start (outside the timeout; twice what it took above, for
-    # a machine whose load changes), plus killing and scheduling.
-    assert time.monotonic() - start < 8 + 2 * child_start_s + 5
+    # It gave up rather than waiting on: the timeout, plus the child's start (outside the
+    # timeout; a busy machine's load changes, and once it took 6x the start above), plus killing
+    # and scheduling. The timeout itself is the error's "after 8 seconds".
+    assert time.monotonic() - start < 8 + 8 * child_start_s + 10
     assert isinstance(lonely.errored(), TimeoutError)
     assert lonely.child_pid() is None
 

@@ -22,6 +22,7 @@ from torchtitan_ft.testing import netns
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [
+    pytest.mark.slow,  # default tier: tests/test_addresses.py's gloo_address table
     pytest.mark.multihost,
     pytest.mark.multiprocess,
     pytest.mark.skipif(

@@ -27,6 +27,7 @@ PG = ("--fault_tolerance.checkpoint_transport=pg",)
 RANKS = 2
 
 
+@pytest.mark.slow  # default tier: docs/development.md's table of what moved to --full
 @pytest.mark.multiprocess
 @pytest.mark.step_timing
 @pytest.mark.timeout(E2E_TIMEOUT_S)
