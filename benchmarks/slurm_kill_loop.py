@@ -43,6 +43,7 @@ from pathlib import Path
 from benchmarks import machine
 from torchtitan_ft.slurm import Punisher, SlurmJob
 from torchtitan_ft.testing.commit_log import commit_log_path, read_commit_log
+from torchtitan_ft.testing.mlp import write_stop_step
 from torchtitan_ft.testing.mlp_job import wait_until
 from torchtitan_ft.testing.processes import ROOT, free_port
 from torchtitan_ft.testing.slurm_cluster import SlurmCluster
@@ -143,7 +144,7 @@ def _stop_at_a_common_step(args: argparse.Namespace, work: Path, events: Path) -
         for rep, att in last.items()
         for r in read_commit_log(commit_log_path(work / "commit_logs", rep, att), rep, att)
     )
-    (work / "stop_step").write_text(str(step + 20))
+    write_stop_step(work / "stop_step", step + 20)
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -408,7 +408,8 @@ def gloo_bind_address(store_host: str, env: Mapping[str, str]) -> str | None:
     tells its peers): :func:`gloo_address` with this host's interfaces, its route towards the
     store and the heal pin of ``env`` (``TORCHFT_HEAL_INTERFACES``). Decided once per store
     host and environment in a process, and said in one log line then."""
-    from torchtitan_ft.manager.settings import resolve_heal_interfaces  # after the Manager
+    # load order: the Manager package imports this module (through the process groups)
+    from torchtitan_ft.manager.settings import resolve_heal_interfaces
 
     pinned = resolve_heal_interfaces(None, env).value
     gloo_env = env.get(GLOO_SOCKET_IFNAME_ENV, "")

@@ -28,6 +28,7 @@ from torchtitan_ft.slurm import (
     titan_command,
 )
 from torchtitan_ft.testing.commit_log import commit_log_path, read_commit_log
+from torchtitan_ft.testing.mlp import write_stop_step
 from torchtitan_ft.testing.mlp_job import wait_until
 from torchtitan_ft.testing.processes import ROOT, free_port
 from torchtitan_ft.testing.slurm_cluster import SlurmCluster, missing_daemons, mlp_group_command
@@ -228,7 +229,7 @@ def test_cancelled_group_is_resubmitted_and_rejoins(cluster: SlurmCluster, tmp_p
         assert in_quorum == {f"slurm:{jobs[0, 0]}", f"slurm:{jobs[1, 1]}"}, status["groups"]
         assert f"slurm:{victim}" in {g["launcher_job"] for g in status["groups"]}
         step = max(r.step for r in _committed(work, 0, 0)) + 10
-        (work / "stop_step").write_text(str(step))
+        write_stop_step(work / "stop_step", step)
         _, err = runner.communicate(timeout=300)
         assert runner.returncode == 0, err
     finally:
@@ -297,7 +298,7 @@ def test_cancelled_lighthouse_is_resubmitted_and_training_goes_on(
             timeout_s=300,
         )
         step = max(r.step for r in _committed(work, 0, 0)) + 10
-        (work / "stop_step").write_text(str(step))
+        write_stop_step(work / "stop_step", step)
         _, err = runner.communicate(timeout=300)
         assert runner.returncode == 0, err
     finally:

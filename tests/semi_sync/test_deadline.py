@@ -27,6 +27,7 @@ import torch.multiprocessing as mp
 from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.semi_sync import DiLoCo, OuterOptimizerConfig
 from torchtitan_ft.testing.cpulimit import CpuLimit
+from torchtitan_ft.testing.mlp import write_stop_step
 
 from ._helpers import loss_fn, make_model
 
@@ -176,7 +177,7 @@ def test_outer_sync_proceeds_without_late_group_which_heals(tmp_path: Path) -> N
         limit.close()
         limit = None
         stop = max(s["step"] for r in range(GROUPS) for s in _syncs(tmp_path, r)) + 3
-        (tmp_path / "stop").write_text(str(stop))
+        write_stop_step(tmp_path / "stop", stop)  # whole: the groups read it as it appears
         for p in procs:
             p.join(150)
         assert [p.exitcode for p in procs] == [0] * GROUPS
