@@ -403,17 +403,21 @@ def store_answers_from(source: str, host: str, timeout_s: float = ANSWER_TIMEOUT
     return False
 
 
-def gloo_bind_address(store_host: str, env: Mapping[str, str]) -> str | None:
+def gloo_bind_address(
+    store_host: str, env: Mapping[str, str], pinned: Sequence[str] | None = None
+) -> str | None:
     """The address a cross-group gloo group whose store is at ``store_host`` listens on (and
     tells its peers): :func:`gloo_address` with this host's interfaces, its route towards the
-    store and the heal pin of ``env`` (``TORCHFT_HEAL_INTERFACES``). Decided once per store
-    host and environment in a process, and said in one log line then."""
-    # load order: the Manager package imports this module (through the process groups)
-    from torchtitan_ft.manager.settings import resolve_heal_interfaces
+    store and the heal pin: ``pinned`` (the group's ``heal_interfaces``), else that of ``env``
+    (``TORCHFT_HEAL_INTERFACES``). Decided once per store host, environment and pin in a
+    process, and said in one log line then."""
+    if pinned is None:
+        # load order: the Manager package imports this module (through the process groups)
+        from torchtitan_ft.manager.settings import resolve_heal_interfaces
 
-    pinned = resolve_heal_interfaces(None, env).value
+        pinned = resolve_heal_interfaces(None, env).value
     gloo_env = env.get(GLOO_SOCKET_IFNAME_ENV, "")
-    return _decided(store_host, gloo_env, pinned).address
+    return _decided(store_host, gloo_env, tuple(pinned)).address
 
 
 @functools.lru_cache(maxsize=16)

@@ -280,3 +280,30 @@ def test_model_config_fingerprint_follows_the_model_config() -> None:
     assert model_config_fingerprint(config) == first
     config.model.flavor = "8B"  # built on the meta device: no memory
     assert model_config_fingerprint(config) != first
+
+
+@pytest.mark.parametrize(
+    ("field", "variable", "pinned"),
+    [
+        ("ib1", "ib0", ("ib1",)),  # the field wins, as for the heal
+        ("", "ib0,eth1", ("ib0", "eth1")),
+        ("", "", ()),
+    ],
+)
+def test_the_cross_group_gloo_group_takes_the_heal_pin(
+    field: str, variable: str, pinned: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin hands its gloo group the heal pin it resolved (the field, else
+    ``TORCHFT_HEAL_INTERFACES``): the group listens on the pinned link as the heal does
+    (``addresses.gloo_address``; on two test hosts: test_gloo_address_netns.py)."""
+    from torchtitan_ft.process_group import ProcessGroupGloo
+    from torchtitan_ft.titan.config import parse_job_config
+    from torchtitan_ft.titan.replica_axis import cross_group_pg
+
+    monkeypatch.setenv("TORCHFT_HEAL_INTERFACES", variable)
+    flags = ["--fault_tolerance.enable", "--fault_tolerance.group_size=2"]
+    if field:
+        flags.append(f"--fault_tolerance.heal_interfaces={field}")
+    pg = cross_group_pg(parse_job_config(flags).fault_tolerance, 0, 1)
+    assert isinstance(pg, ProcessGroupGloo)
+    assert pg._heal_interfaces == pinned

@@ -28,6 +28,8 @@ Facts about gloo in torch 2.13 that shaped this module (measured on CPU, loopbac
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -43,8 +45,8 @@ class ProcessGroupGloo(BackendProcessGroup):
 
     The gloo transport binds 127.0.0.1 when the store host is a loopback address; otherwise
     the interface ``GLOO_SOCKET_IFNAME`` names, else the pinned heal interface
-    (``TORCHFT_HEAL_INTERFACES``), else a link faster than the route's that the store answers
-    from, else this host's address on the route towards the store
+    (``heal_interfaces``, else ``TORCHFT_HEAL_INTERFACES``), else a link faster than the
+    route's that the store answers from, else this host's address on the route towards the store
     (:func:`torchtitan_ft.addresses.gloo_address`; said in one log line). All groups of the
     process share one gloo device (``lifecycle``).
 
@@ -52,9 +54,21 @@ class ProcessGroupGloo(BackendProcessGroup):
         timeout: bound for building a group in :meth:`configure` (store connection and
             rendezvous with every peer) and for each collective (gloo's own timeout and
             ``Work.wait()``). Default 60 s.
+        heal_interfaces: the interfaces the operator pinned heals to (the group listens on
+            the first one the store's host answers from, where ``GLOO_SOCKET_IFNAME`` is
+            unset); ``None``: ``TORCHFT_HEAL_INTERFACES``, if set. The TorchTitan plugin
+            passes ``fault_tolerance.heal_interfaces`` (else that variable).
     """
 
     _BACKEND_NAME = "torchft-gloo"
+
+    def __init__(
+        self,
+        timeout: timedelta = timedelta(seconds=60),
+        heal_interfaces: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__(timeout)
+        self._heal_interfaces = None if heal_interfaces is None else tuple(heal_interfaces)
 
     def _create_pg(
         self, store: dist.Store, host: str, rank: int, world_size: int
@@ -66,7 +80,7 @@ class ProcessGroupGloo(BackendProcessGroup):
         # heal's rule (addresses.gloo_address: the pin, a faster link, the route towards the
         # store; gloo's default, the address of this machine's name, is often loopback and
         # would be told to peers on other machines).
-        bind = gloo_bind_address(host, os.environ)
+        bind = gloo_bind_address(host, os.environ, self._heal_interfaces)
         interface = "" if bind else os.environ.get(GLOO_SOCKET_IFNAME_ENV, "").split(",")[0]
         options._devices = [lifecycle.gloo_device(bind or "", interface)]
         backend = dist.ProcessGroupGloo(store, rank, world_size, options)

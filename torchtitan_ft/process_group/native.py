@@ -178,6 +178,10 @@ class ProcessGroupNativeGloo(NativeProcessGroup):
             be members (e.g. its global rank).
         world_size: the number of such ranks (an upper bound of any membership).
         timeout: bound of each collective, reconfigure and the store connection. Default 60 s.
+        heal_interfaces: the interfaces the operator pinned heals to (the group listens on
+            the first one the store's host answers from, where ``GLOO_SOCKET_IFNAME`` is
+            unset); ``None``: ``TORCHFT_HEAL_INTERFACES``, if set. The TorchTitan plugin
+            passes ``fault_tolerance.heal_interfaces`` (else that variable).
 
     Raises:
         RuntimeError: torch has no native reconfigure (one line naming its version).
@@ -189,6 +193,7 @@ class ProcessGroupNativeGloo(NativeProcessGroup):
         rank: int,
         world_size: int,
         timeout: timedelta = timedelta(seconds=60),
+        heal_interfaces: Sequence[str] | None = None,
     ) -> None:
         require_native_reconfigure()
         if world_size < 1 or not 0 <= rank < world_size:
@@ -199,7 +204,7 @@ class ProcessGroupNativeGloo(NativeProcessGroup):
         options._timeout = timeout
         options.enable_reconfigure = True
         # Bound as the project's gloo group binds (loopback for a loopback store; see gloo.py).
-        bind = gloo_bind_address(host, os.environ)
+        bind = gloo_bind_address(host, os.environ, heal_interfaces)
         interface = "" if bind else os.environ.get(GLOO_SOCKET_IFNAME_ENV, "").split(",")[0]
         options._devices = [lifecycle.gloo_device(bind or "", interface)]
         pg = dist.ProcessGroup(store, rank, world_size)

@@ -21,7 +21,7 @@ from torchtitan.tools.logging import logger
 
 from torchtitan_ft.checkpoint import PGTransport
 from torchtitan_ft.manager import Manager, WorldSizeMode, model_fingerprint
-from torchtitan_ft.manager.settings import resolve_timeouts
+from torchtitan_ft.manager.settings import resolve_heal_interfaces, resolve_timeouts
 from torchtitan_ft.process_group import (
     ProcessGroup,
     ProcessGroupGloo,
@@ -566,15 +566,19 @@ def cross_group_pg(ft: Any, group_rank: int, group_world_size: int) -> ProcessGr
     ``process_group_store``, this rank's place there its global rank (replica id x group
     size + group rank)."""
     timeout = timedelta(milliseconds=ft.process_group_timeout_ms)
+    # The heal pin (the field, else TORCHFT_HEAL_INTERFACES) picks the gloo group's link too.
+    pinned = resolve_heal_interfaces(manager_timeouts(ft)["heal_interfaces"], os.environ).value
     if ft.process_group_kind == "native":
         return ProcessGroupNativeGloo(
             f"{ft.process_group_store}/torchtitan_ft_native",
             rank=ft.replica_id * group_world_size + group_rank,
             world_size=ft.group_size * group_world_size,
             timeout=timeout,
+            heal_interfaces=pinned,
         )
-    pg_class = ProcessGroupGloo if ft.process_group == "gloo" else ProcessGroupNCCL
-    return pg_class(timeout=timeout)
+    if ft.process_group == "gloo":
+        return ProcessGroupGloo(timeout=timeout, heal_interfaces=pinned)
+    return ProcessGroupNCCL(timeout=timeout)  # NCCL picks its own interface (NCCL_SOCKET_IFNAME)
 
 
 def build_manager_runtime(job_config: Any) -> ManagerRuntime:
