@@ -1,5 +1,7 @@
 """Fixtures of the TorchTitan plugin tests."""
 
+import math
+
 import pytest
 import torch.distributed as dist
 
@@ -17,7 +19,9 @@ def single_rank_group():
 @pytest.fixture(autouse=True)
 def _job_budget(request: pytest.FixtureRequest):
     """Runs of ``_jobs`` wait within this test's pytest timeout; whatever still runs at the
-    end is SIGKILLed."""
+    end is SIGKILLed. The budget ends with the test: a later test of this worker outside
+    ``tests/titan`` (tests/testing/test_titan_jobs_log.py) would otherwise wait within this
+    one's spent budget."""
     _jobs.RUNS.clear()
     marker = request.node.get_closest_marker("timeout")
     timeout = marker.args[0] if marker and marker.args else request.config.getini("timeout")
@@ -28,6 +32,7 @@ def _job_budget(request: pytest.FixtureRequest):
             run.sigkill()
         if isinstance(run, _jobs.TrainRun):  # a core it left goes to its dump folder
             run.collect_core()
+    _jobs.set_budget(math.inf)
 
 
 @pytest.hookimpl(hookwrapper=True)
