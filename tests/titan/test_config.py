@@ -593,26 +593,33 @@ def test_missing_tokenizer_stops_the_entry_point_before_any_process_group(
     assert not dist.is_initialized()
 
 
+def _entry_point_error(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
+    """What the entry point prints to stderr when ``args`` stop it with exit status 2, before
+    any process group exists."""
+    import torch.distributed as dist
+
+    from torchtitan_ft.titan.train import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 2
+    assert not dist.is_initialized()
+    return capsys.readouterr().err
+
+
 def test_a_profiler_cycle_shorter_than_warmup_and_active_stops_the_entry_point(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """TorchTitan asserts ``profile_freq >= warmup + active`` only when it builds the profiler,
     after the process groups exist; the entry point says it first, in one line."""
-    import torch.distributed as dist
-
-    from torchtitan_ft.titan.train import main
-
     profiling = ["--profiling.enable_profiling", "--profiling.profile_freq=2"]
-    with pytest.raises(SystemExit) as stop:
-        main([*profiling, "--profiling.profiler_warmup=3", "--profiling.profiler_active=1"])
-    assert stop.value.code == 2
-    assert capsys.readouterr().err == (
+    warmup = ["--profiling.profiler_warmup=3", "--profiling.profiler_active=1"]
+    assert _entry_point_error(capsys, [*profiling, *warmup]) == (
         "torchtitan_ft: config error: profiling.profile_freq=2 is shorter than "
         "profiling.profiler_warmup + profiling.profiler_active = 3 + 1: expected profile_freq "
         ">= 4 (each cycle of profile_freq steps waits, warms up, then traces), or fewer warm-up "
         "steps, e.g. --profiling.profiler_warmup=1\n"
     )
-    assert not dist.is_initialized()
     for flags in ([*profiling, "--profiling.profiler_warmup=1"], ["--profiling.profile_freq=1"]):
         check_profiler_schedule(parse_job_config(flags).profiling, "profiling")  # fits, or off
 
@@ -620,22 +627,15 @@ def test_a_profiler_cycle_shorter_than_warmup_and_active_stops_the_entry_point(
 def test_hostname_of_another_machine_stops_the_entry_point_with_the_address_to_use(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import torch.distributed as dist
-
-    from torchtitan_ft.titan.train import main
-
     ft = ["--fault_tolerance.enable", "--fault_tolerance.group_size=1"]
     lighthouse = "--fault_tolerance.lighthouse_addr=http://127.0.0.1:29510"
-    with pytest.raises(SystemExit) as stop:
-        main([*ft, lighthouse, "--fault_tolerance.hostname=192.0.2.77"])  # TEST-NET-1
-    assert stop.value.code == 2
-    assert capsys.readouterr().err == (
+    hostname = "--fault_tolerance.hostname=192.0.2.77"  # TEST-NET-1
+    assert _entry_point_error(capsys, [*ft, lighthouse, hostname]) == (
         "torchtitan_ft: config error: fault_tolerance.hostname='192.0.2.77' resolves to "
         "192.0.2.77, which is not an address of this host; the other replica groups dial it "
         "and this group's servers listen on it: set it to an address of this host (e.g. "
         "127.0.0.1, this host's address towards the lighthouse at http://127.0.0.1:29510)\n"
     )
-    assert not dist.is_initialized()
     for hostname in ("127.0.0.1", ""):  # unset: this machine's name, an address of it
         check_local_address(parse_job_config([*ft, f"--fault_tolerance.hostname={hostname}"]))
     check_local_address(parse_job_config(["--fault_tolerance.hostname=192.0.2.77"]))  # FT off
