@@ -20,7 +20,7 @@ import torch
 
 from torchtitan_ft.lighthouse import LighthouseServer
 from torchtitan_ft.spare import Command, CommandKind, open_lock, parse_command, try_lock
-from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank
+from torchtitan_ft.testing.mlp import WorkerConfig, spawn_rank, write_stop_step
 
 ROOT = Path(__file__).resolve().parent.parent
 SPARE = [sys.executable, "-m", "torchtitan_ft.spare"]
@@ -246,10 +246,9 @@ def test_spare_takes_over_a_sigkilled_group_heals_and_trains_identically(
             lambda: len(together("spare")) >= 3, 90, "the spare to take over and train", all_logs
         )
         assert not ready.exists()  # removed on takeover
-        # A stop step a few steps ahead, the same for both (written whole, then renamed).
+        # A stop step a few steps ahead, the same for both.
         step = max(r["step"] for r in _records(logs["survivor"]))
-        (tmp_path / "stop.tmp").write_text(str(step + 10))
-        os.replace(tmp_path / "stop.tmp", stop)
+        write_stop_step(stop, step + 10)
         assert spare.wait(60) == 0
         children[0].join(60)
         assert children[0].exitcode == 0

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from torchtitan_ft.testing.mlp import write_stop_step
 from torchtitan_ft.testing.netns import INTERFACE, Host, HostNetwork, unavailable_reason
 from torchtitan_ft.testing.processes import descendants
 from torchtitan_ft.testing.titan_jobs import (
@@ -162,8 +163,7 @@ def stop_after_next_steps(out: Path, runs: list[TrainRun]) -> int:
     """Ends every run a few steps past the furthest step seen; that step."""
     last = max(c.step for run in runs for c in commits(run))
     stop = last + STOP_MARGIN
-    (out / "stop.tmp").write_text(str(stop))
-    (out / "stop.tmp").replace(out / "stop")
+    write_stop_step(out / "stop", stop)
     return stop
 
 
