@@ -14,16 +14,19 @@ Figures:
 
 * ``back_s``: for each kill, from the ``scancel`` to the first committed step a later job of
   the group took part in (its commit log): median, p95, max. It includes the runner noticing (its
-  ``--poll_s``), Slurm starting the job, the Python and torch imports, and the heal;
+  ``--poll_s``), then either a warm standby job taking the place (``--standbys``, default 1:
+  the standby reads its assignment and builds the Manager) or Slurm starting a new job with its
+  Python and torch imports, and the heal;
 * ``noticed_s_median`` and ``resubmitted_s_median``: from the kill to the runner's ``ended``
-  and to its ``submitted`` of the group's next job (the rest of ``back_s`` is Slurm starting
-  the job, the imports and the heal);
+  and to its ``submitted`` or ``assigned`` of the group's next job (the rest of ``back_s`` is
+  the job's start and the heal); ``replaced_by_standby``: how many of those were standbys;
 * ``groups_back``: kills whose group came back; ``whole_job_restarts``: lighthouse
   resubmissions plus group resubmissions no kill explains (0 when only the killed group came
   back); ``identical_end``: every group's last commit at the same step with the same hash of
   parameters and optimizer state.
 
     python -m benchmarks.slurm_kill_loop [--groups 3] [--kills 50] [--mtbf_secs 4] [--seed 0]
+        [--standbys 1]
 """
 
 from __future__ import annotations
@@ -53,6 +56,11 @@ NAME = "bench"
 
 def _events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _group_jobs(events: list[dict]) -> list[dict]:
+    """The runner's record of each group job: a submission, or a standby given the place."""
+    return [e for e in events if e["event"] in ("submitted", "assigned") and e["role"] == "group"]
 
 
 def _first_commit(work: Path, replica: int, attempt: int, since: float) -> float | None:
@@ -89,25 +97,27 @@ def _runner_argv(args: argparse.Namespace, work: Path, events: Path) -> list[str
         "--lighthouse_arg=--quorum_tick_ms=50",
         f"--poll_s={args.poll_s}",
         f"--max_resubmits={args.kills + 1}",
+        f"--standbys={args.standbys}",
     ]
 
 
 def _back(work: Path, events: Path, kill: dict) -> float | None:
     """From ``kill`` to the first committed step any later job of its group took
     part in; None before there is one."""
-    submitted = [e for e in _events(events) if e["event"] == "submitted"]
-    old = next(e for e in submitted if e["job_id"] == kill["job_id"])
+    jobs = _group_jobs(_events(events))
+    old = next(e for e in jobs if e["job_id"] == kill["job_id"])
     firsts = [
         _first_commit(work, old["replica"], e["attempt"], kill["time"])
-        for e in submitted
-        if e["role"] == "group" and e["replica"] == old["replica"] and e["attempt"] > old["attempt"]
+        for e in jobs
+        if e["replica"] == old["replica"] and e["attempt"] > old["attempt"]
     ]
     at = min((f for f in firsts if f is not None), default=None)
     return None if at is None else at - kill["time"]
 
 
 def _where_time_went(kills: list[dict], record: list[dict]) -> tuple[list[float], list[float]]:
-    """Per kill: seconds to the runner seeing the job ended, and to its resubmission."""
+    """Per kill: seconds to the runner seeing the job ended, and to the group's next job
+    (submitted, or a standby given its place)."""
     noticed = [
         e["time"] - k["time"]
         for k in kills
@@ -115,15 +125,13 @@ def _where_time_went(kills: list[dict], record: list[dict]) -> tuple[list[float]
         if e["event"] == "ended" and e["job_id"] == k["job_id"]
     ]
     resubmitted = []
+    jobs = _group_jobs(record)
     for k in kills:
-        old = next(e for e in record if e["event"] == "submitted" and e["job_id"] == k["job_id"])
+        old = next(e for e in jobs if e["job_id"] == k["job_id"])
         resubmitted += [
             e["time"] - k["time"]
-            for e in record
-            if e["event"] == "submitted"
-            and e["role"] == "group"
-            and e["replica"] == old["replica"]
-            and e["attempt"] == old["attempt"] + 1
+            for e in jobs
+            if e["replica"] == old["replica"] and e["attempt"] == old["attempt"] + 1
         ]
     return noticed, resubmitted
 
@@ -131,8 +139,7 @@ def _where_time_went(kills: list[dict], record: list[dict]) -> tuple[list[float]
 def _stop_at_a_common_step(args: argparse.Namespace, work: Path, events: Path) -> None:
     """Once every group's current job commits, tells all groups to stop 20 steps after the
     newest committed step (``work/stop_step``)."""
-    submitted = [e for e in _events(events) if e["event"] == "submitted"]
-    last = {e["replica"]: e["attempt"] for e in submitted if e["role"] == "group"}
+    last = {e["replica"]: e["attempt"] for e in _group_jobs(_events(events))}
     # A group's last job may have been killed at its start: wait for every current job.
     wait_until(
         "every group's current job committing",
@@ -207,14 +214,16 @@ def run(args: argparse.Namespace) -> dict:
             if runner.poll() is None:
                 runner.terminate()
                 runner.communicate(timeout=60)
-        submitted = [e for e in _events(events) if e["event"] == "submitted"]
-        last = {e["replica"]: e["attempt"] for e in submitted if e["role"] == "group"}
+        record = _events(events)
+        submitted = [e for e in record if e["event"] == "submitted"]
+        last = {e["replica"]: e["attempt"] for e in _group_jobs(record)}
         finals = {
             rep: read_commit_log(commit_log_path(work / "commit_logs", rep, att), rep, att)[-1]
             for rep, att in last.items()
         }
         lighthouse_resubmits = sum(1 for e in submitted if e["role"] == "lighthouse") - 1
-        group_resubmits = sum(1 for e in submitted if e["role"] == "group") - args.groups
+        group_resubmits = len(_group_jobs(record)) - args.groups
+        to_standby = sum(1 for e in record if e["event"] == "assigned")
     shutil.rmtree(root, ignore_errors=True)
     return {
         "benchmark": "slurm_kill_loop",
@@ -225,8 +234,10 @@ def run(args: argparse.Namespace) -> dict:
         "mtbf_secs": args.mtbf_secs,
         "seed": args.seed,
         "poll_s": args.poll_s,
+        "standbys": args.standbys,
         "paced": args.pace,
         "groups_back": len(backs),
+        "replaced_by_standby": to_standby,
         "whole_job_restarts": lighthouse_resubmits + max(0, group_resubmits - done),
         "runner_outcome": outcome,
         "runner_stderr": err.strip(),
@@ -256,6 +267,9 @@ def main() -> None:
         help="kill on the draws alone (default: each wait starts once the victim is back)",
     )
     parser.add_argument("--poll_s", type=float, default=0.2, help="the runner's squeue period")
+    parser.add_argument(
+        "--standbys", type=int, default=1, help="the runner's warm standby jobs (0: resubmit)"
+    )
     parser.add_argument("--budget_s", type=float, default=600.0, help="the kill loop's most time")
     parser.add_argument("--start_timeout_s", type=float, default=300.0)
     parser.add_argument("--back_timeout_s", type=float, default=300.0)

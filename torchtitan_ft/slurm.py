@@ -13,8 +13,11 @@ database) that a plain ``slurmctld`` has not (docs/launchers.md, "Slurm").
 What restarts what: a dead rank inside a group is restarted by the group's torchrun
 (``MAX_RESTARTS``); a group job that ends in any state but ``COMPLETED`` (cancelled, failed, its
 node lost, ...) is resubmitted with the same replica id, at most ``max_resubmits`` times per
-group, and the other groups keep training; the lighthouse job likewise. The runner ends when
-every group job has completed (it then cancels the lighthouse), when a job has used up its
+group, and the other groups keep training; the lighthouse job likewise. With ``--standbys K``
+the runner keeps K warm standby jobs (``NAME-standby``: allocated, the group's Python modules
+imported) and hands a dead group's place to one of them instead of submitting a new job
+(:func:`pick_standby`, :func:`run_standby`), then submits a standby in its place. The runner
+ends when every group job has completed (it then cancels the lighthouse), when a job has used up its
 resubmits (one line on stderr, every job cancelled, exit status 1), or on SIGTERM/SIGINT (every
 job cancelled). Its record (``--events``) has one JSON object a line, :class:`RunnerEvent`.
 """
@@ -22,9 +25,11 @@ job cancelled). Its record (``--events``) has one JSON object a line, :class:`Ru
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import random
+import runpy
 import shlex
 import signal
 import socket
@@ -62,6 +67,9 @@ ALIVE_STATES = frozenset(
     }
 )
 """``squeue``'s job states of a job that has not ended (its ``job_state``)."""
+
+WAITING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "RUNNING"})
+"""The states of a standby that can still take a group's place (not on its way out)."""
 
 
 class SlurmError(RuntimeError):
@@ -115,6 +123,34 @@ def kill_intervals(seed: int, mtbf_s: float) -> Iterable[float]:
     rng = random.Random(seed)
     while True:
         yield rng.expovariate(1.0 / mtbf_s)
+
+
+STANDBY_WARM_MODULES = ("torch._dynamo",)
+"""What a standby imports beside the group's module: what a PyTorch training process imports
+lazily, at its first optimizer's construction (``torch.optim`` imports ``torch._dynamo``, with
+sympy: 2.4-2.9 s of a 2-core machine)."""
+
+STANDBY_POLL_S = 0.02
+"""How often a waiting standby looks for its assignment file (a ``stat``)."""
+
+
+def standby_files(folder: Path, job_id: int) -> tuple[Path, Path]:
+    """The standby job ``job_id``'s ``(ready, assignment)`` files in the runner's ``folder``:
+    the standby writes the first once its imports are done; the runner writes the second, the
+    JSON ``{"argv": [...], "env": {...}}`` of the group job it is to become."""
+    return folder / f"{job_id}.ready", folder / f"{job_id}.json"
+
+
+def pick_standby(standbys: Sequence[tuple[int, str, bool]]) -> int | None:
+    """Which standby takes a dead group's place, from ``(job_id, squeue state, ready)`` of
+    each: one whose imports are done, else one that runs, else one still pending (each is
+    ahead of a new submission in Slurm's queue), the oldest first; None if none can."""
+    ranked = [
+        (0 if ready else 1, job_id) if state == "RUNNING" else (2, job_id)
+        for job_id, state, ready in standbys
+        if state in WAITING_STATES
+    ]
+    return min(ranked)[1] if ranked else None
 
 
 @dataclass(frozen=True)
@@ -206,6 +242,11 @@ class Slurm:
             for j in data.get("jobs", [])
         }
 
+    def rename(self, job_id: int, name: str) -> None:
+        """``scontrol update``: the job's name becomes ``name`` (a standby that became a
+        group takes the group's name, so that ``squeue`` and the punisher see it as one)."""
+        self._run(["scontrol", "update", f"JobId={job_id}", f"JobName={name}"])
+
     def cancel(self, job_ids: Iterable[int], signal_name: str | None = None) -> None:
         """``scancel`` the jobs (``signal_name``: send that signal instead of ending them)."""
         ids = [str(j) for j in job_ids]
@@ -266,10 +307,12 @@ class RunnerEvent:
     time: float
     """Unix time."""
     event: str
-    """``submitted``, ``ended`` (a job seen ended: ``state``), ``finished`` (a group
-    completed), ``gave_up``, ``done`` (every group completed) or ``stopped`` (signal)."""
+    """``submitted``, ``assigned`` (a standby job took a dead group's place: ``job_id`` is
+    the standby's, ``attempt`` the group's), ``ended`` (a job seen ended: ``state``),
+    ``finished`` (a group completed), ``gave_up``, ``done`` (every group completed) or
+    ``stopped`` (signal)."""
     role: str = ""
-    """``lighthouse`` or ``group``."""
+    """``lighthouse``, ``group`` or ``standby``."""
     replica: int = -1
     """The group's replica id (-1: the lighthouse or the whole job)."""
     attempt: int = -1
@@ -301,7 +344,8 @@ def listening(address: str, timeout_s: float = 2.0) -> bool:
 class SlurmRunner:
     """Runs one fault-tolerant job on Slurm (module docstring): ``replicas`` group jobs named
     ``NAME-group-I`` running ``group_command``, under ``lighthouse`` (a :class:`LighthouseJob`
-    it submits as ``NAME-lighthouse``, or the address of one that runs apart)."""
+    it submits as ``NAME-lighthouse``, or the address of one that runs apart), with
+    ``standbys`` warm standby jobs named ``NAME-standby`` (module docstring)."""
 
     def __init__(
         self,
@@ -318,6 +362,7 @@ class SlurmRunner:
         lighthouse_start_timeout_s: float = 120.0,
         sbatch_args: Sequence[str] = (),
         events: TextIO | None = None,
+        standbys: int = 0,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"--replicas must be >= 1, got {replicas}")
@@ -330,6 +375,8 @@ class SlurmRunner:
             raise ValueError(f"--max_resubmits must be >= 0, got {max_resubmits}")
         if poll_s <= 0:
             raise ValueError(f"--poll_s must be > 0, got {poll_s}")
+        if standbys < 0:
+            raise ValueError(f"--standbys must be >= 0, got {standbys}")
         self.slurm = slurm
         self.name = name
         self.replicas = replicas
@@ -343,7 +390,10 @@ class SlurmRunner:
         self.events = events
         self.address = lighthouse if isinstance(lighthouse, str) else ""
         self._lighthouse_job = lighthouse if isinstance(lighthouse, LighthouseJob) else None
+        self.standbys = standbys
         self._jobs: list[_Tracked] = []
+        self._standbys: list[_Tracked] = []
+        self._standby_failures = 0
         self._stop = False
 
     def _record(self, event: str, tracked: _Tracked | None = None, state: str = "") -> None:
@@ -369,6 +419,8 @@ class SlurmRunner:
         if self._lighthouse_job is not None and role == "lighthouse":
             sub, name = self._lighthouse_job.submission(), f"{self.name}-lighthouse"
             sbatch_args += self._lighthouse_job.sbatch_args
+        elif role == "standby":
+            sub, name = self._standby_submission(), f"{self.name}-standby"
         else:
             sub = self.group_command(replica, attempt, self.address)
             name = f"{self.name}-group-{replica}"
@@ -383,6 +435,81 @@ class SlurmRunner:
         tracked = _Tracked(role, replica, attempt, job_id)
         self._jobs.append(tracked)
         self._record("submitted", tracked)
+        return tracked
+
+    @property
+    def _standby_folder(self) -> Path:
+        return self.workdir / "standby"
+
+    def _standby_submission(self) -> Submission:
+        """A standby job: ``run_standby`` with the module of the group's ``python -m`` and
+        :data:`STANDBY_WARM_MODULES` (none for another command), in the environment of group
+        0's first job, which the assignment's overrides (so that what is read at import, e.g.
+        ``OMP_NUM_THREADS``, is the groups')."""
+        group = self.group_command(0, 0, self.address)
+        in_python = len(group.argv) > 2 and group.argv[1] == "-m"
+        modules = [group.argv[2], *STANDBY_WARM_MODULES] if in_python else []
+        return Submission(
+            (
+                sys.executable,
+                "-m",
+                "torchtitan_ft.slurm",
+                "standby",
+                f"--folder={self._standby_folder}",
+                *(f"--preimport={m}" for m in modules),
+            ),
+            group.env,
+        )
+
+    def _keep_standbys(self, listed: Mapping[int, SlurmJob]) -> None:
+        """Drops the standbys that ended before they were needed and submits new ones up to
+        ``standbys``. After ``max_resubmits`` such failures the job runs on without standbys
+        (one line on stderr): a dead group is then resubmitted as a new job."""
+        for tracked in list(self._standbys):
+            job = listed.get(tracked.job_id)
+            if liveness(job.state if job else None) is not Liveness.ALIVE:
+                self._standbys.remove(tracked)
+                self._record("ended", tracked, job.state if job else "GONE")
+                self._standby_failures += 1
+                if self._standby_failures == self.max_resubmits + 1:
+                    print(
+                        f"slurm runner: {self._standby_failures} standby jobs ended before "
+                        f"they were needed (--max_resubmits {self.max_resubmits}): going on "
+                        f"without standbys; see {self.workdir}/{self.name}-standby.*.out",
+                        file=sys.stderr,
+                    )
+        if self._standby_failures > self.max_resubmits:
+            return
+        submitted = sum(1 for j in self._jobs if j.role == "standby")
+        while len(self._standbys) < self.standbys:
+            self._standbys.append(self._submit("standby", -1, submitted))
+            submitted += 1
+
+    def _replace(self, replica: int, attempt: int, listed: Mapping[int, SlurmJob]) -> _Tracked:
+        """Group ``replica``'s next job: a standby given its place (:func:`pick_standby`),
+        else a new submission."""
+        ready = {
+            j.job_id: standby_files(self._standby_folder, j.job_id)[0].exists()
+            for j in self._standbys
+        }
+        chosen = pick_standby(
+            [(j, listed[j].state if j in listed else "", is_ready) for j, is_ready in ready.items()]
+        )
+        if chosen is None:
+            return self._submit("group", replica, attempt)
+        self._standbys = [j for j in self._standbys if j.job_id != chosen]
+        sub = self.group_command(replica, attempt, self.address)
+        assignment = standby_files(self._standby_folder, chosen)[1]
+        partial = assignment.with_suffix(".partial")
+        partial.write_text(json.dumps({"argv": list(sub.argv), "env": dict(sub.env)}))
+        partial.replace(assignment)  # the standby reads a whole file or none
+        tracked = _Tracked("group", replica, attempt, chosen)
+        self._jobs.append(tracked)
+        self._record("assigned", tracked)
+        try:
+            self.slurm.rename(chosen, f"{self.name}-group-{replica}")
+        except SlurmError as e:  # the group runs either way; only its name in squeue is off
+            print(f"slurm runner: renaming standby job {chosen}: {e}", file=sys.stderr)
         return tracked
 
     def _start_lighthouse(self, lighthouse: LighthouseJob) -> _Tracked:
@@ -424,6 +551,8 @@ class SlurmRunner:
                 "torchft_lighthouse; without --lighthouse the runner runs one as a Slurm job)"
             )
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.standbys:
+            self._standby_folder.mkdir(exist_ok=True)
         current: dict[int, _Tracked] = {}
         resubmits: dict[int, int] = {}
         try:
@@ -432,7 +561,9 @@ class SlurmRunner:
             for replica in range(self.replicas):
                 current[replica] = self._submit("group", replica, 0)
             finished: set[int] = set()
+            listed: Mapping[int, SlurmJob] = {}
             while not self._stop:
+                self._keep_standbys(listed)
                 time.sleep(self.poll_s)
                 listed = self.slurm.jobs()
                 for key, tracked in sorted(current.items()):
@@ -467,7 +598,7 @@ class SlurmRunner:
                         if self._lighthouse_job is not None and key < 0:
                             current[key] = self._start_lighthouse(self._lighthouse_job)
                         else:
-                            current[key] = self._submit("group", key, resubmits[key])
+                            current[key] = self._replace(key, resubmits[key], listed)
                 if len(finished) == self.replicas:
                     self._record("done")
                     return 0
@@ -477,16 +608,16 @@ class SlurmRunner:
             self._cancel_all()
 
     def _cancel_all(self) -> None:
+        ids = sorted({j.job_id for j in self._jobs})  # a standby that became a group: once
         try:
             listed = self.slurm.jobs()
             alive = [
-                j.job_id
-                for j in self._jobs
-                if liveness(listed[j.job_id].state if j.job_id in listed else None)
-                is Liveness.ALIVE
+                j
+                for j in ids
+                if liveness(listed[j].state if j in listed else None) is Liveness.ALIVE
             ]
         except SlurmError:
-            alive = [j.job_id for j in self._jobs]
+            alive = ids
         if not alive:
             return
         self.slurm.cancel(alive)
@@ -574,6 +705,37 @@ class Punisher:
         return done
 
 
+def run_standby(folder: Path, job_id: int, preimport: Sequence[str]) -> int:
+    """A standby job's process: imports ``preimport``, says it is ready, waits for its
+    assignment (:func:`standby_files`), then becomes that group job: a ``python -m MODULE``
+    of this interpreter and a pre-imported module runs in this process (what the standby
+    saves is the imports); any other command replaces this process (what it saves is Slurm's
+    queue and the allocation)."""
+    for module in preimport:
+        importlib.import_module(module)
+    ready, assignment = standby_files(folder, job_id)
+    ready.touch()
+    while not assignment.exists():
+        time.sleep(STANDBY_POLL_S)
+    spec = json.loads(assignment.read_text())
+    argv, env = list(spec["argv"]), dict(spec["env"])
+    os.environ.update(env)
+    in_process = (
+        len(argv) > 2
+        and argv[1] == "-m"
+        and argv[2] in preimport
+        and os.path.realpath(argv[0]) == os.path.realpath(sys.executable)
+    )
+    if not in_process:
+        os.execvpe(argv[0], argv, os.environ)
+    sys.argv = [argv[2], *argv[3:]]
+    # runpy warns when the module it runs as __main__ is imported already; what it imported
+    # stays cached, which is the point.
+    sys.modules.pop(argv[2], None)
+    runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+    return 0
+
+
 def _mlp_command(work: Path, replicas: int) -> GroupCommand:
     # load order: testing.slurm_cluster imports this module
     from torchtitan_ft.testing.slurm_cluster import mlp_group_command
@@ -631,6 +793,12 @@ def _parser() -> argparse.ArgumentParser:
         help="an sbatch flag for the lighthouse job only (e.g. --nodelist=NODE)",
     )
     run.add_argument("--max_resubmits", type=int, default=10, help="per job")
+    run.add_argument(
+        "--standbys",
+        type=int,
+        default=0,
+        help="warm standby jobs that take a dead group's place (each holds an allocation)",
+    )
     run.add_argument("--poll_s", type=float, default=0.5, help="seconds between squeue polls")
     run.add_argument("--workdir", type=Path, default=Path("slurm_jobs"), help="job outputs")
     run.add_argument("--events", type=Path, help="append the runner's record (JSON lines)")
@@ -651,6 +819,11 @@ def _parser() -> argparse.ArgumentParser:
     loop = cmds.add_parser("kill_loop")
     loop.add_argument("--mtbf_secs", type=float, default=300.0, help="mean time between kills")
     loop.add_argument("--kills", type=int, default=None, help="stop after this many")
+    standby = sub.add_parser("standby", help="a warm standby job (the runner submits it)")
+    standby.add_argument("--folder", type=Path, required=True, help="the runner's standby folder")
+    standby.add_argument(
+        "--preimport", action="append", default=[], help="a module to import while waiting"
+    )
     return parser
 
 
@@ -706,6 +879,7 @@ def _run(slurm: Slurm, args: argparse.Namespace) -> int:
         poll_s=args.poll_s,
         sbatch_args=args.sbatch_arg,
         events=events,
+        standbys=args.standbys,
     )
     signal.signal(signal.SIGTERM, runner.request_stop)
     signal.signal(signal.SIGINT, runner.request_stop)
@@ -714,6 +888,16 @@ def _run(slurm: Slurm, args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "standby":
+        job_id = os.environ.get("SLURM_JOB_ID", "")
+        if not job_id.isdigit():
+            print(
+                f"slurm standby: SLURM_JOB_ID is {job_id!r} (expected the id of the Slurm job "
+                "the runner submitted; a standby runs only as such a job)",
+                file=sys.stderr,
+            )
+            return 2
+        return run_standby(args.folder, int(job_id), args.preimport)
     slurm = Slurm()
     try:
         return _punish(slurm, args) if args.command == "punisher" else _run(slurm, args)

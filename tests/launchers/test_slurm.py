@@ -1,13 +1,15 @@
 """The Slurm runner and punisher against a real Slurm (``munged``, ``slurmctld`` and ``slurmd``
 started by ``testing.slurm_cluster``, no systemd, no mock of ``sbatch``/``squeue``/``scancel``):
-the lighthouse and the groups as jobs, a cancelled group resubmitted alone and back in a
-committed step, the groups identical at the end; bad input stopping with one line. The runner's
-decisions are table-tested without Slurm."""
+the lighthouse and the groups as jobs, a cancelled group's place taken by a warm standby job and
+back in a committed step, the groups identical at the end; a dead group resubmitted; bad input
+stopping with one line. The runner's decisions are table-tested without Slurm, and a standby's
+process is tested as a plain process."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -25,6 +27,8 @@ from torchtitan_ft.slurm import (
     decide,
     kill_intervals,
     liveness,
+    pick_standby,
+    standby_files,
     titan_command,
 )
 from torchtitan_ft.testing.commit_log import commit_log_path, read_commit_log
@@ -77,6 +81,90 @@ def test_kill_intervals_are_seeded_exponential_draws() -> None:
     assert len(set(draws)) == len(draws)  # drawn, not the mean repeated
     with pytest.raises(ValueError, match="mtbf_secs must be > 0, got 0"):
         next(kill_intervals(1, 0))
+
+
+@pytest.mark.parametrize(
+    ("standbys", "expected"),
+    [
+        ([], None),
+        ([(5, "RUNNING", True), (4, "RUNNING", False)], 5),  # imports done first
+        ([(6, "PENDING", False), (7, "RUNNING", False)], 7),  # then running
+        ([(9, "RUNNING", True), (8, "RUNNING", True)], 8),  # the oldest
+        ([(3, "PENDING", False)], 3),  # pending is still ahead of a new submission
+        ([(3, "COMPLETING", True), (4, "CANCELLED", True), (5, "", False)], None),
+    ],
+)
+def test_pick_standby(standbys: list[tuple[int, str, bool]], expected: int | None) -> None:
+    assert pick_standby(standbys) == expected
+
+
+def _standby(tmp_path: Path, job_id: str, *preimport: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchtitan_ft.slurm",
+            "standby",
+            f"--folder={tmp_path}",
+            *(f"--preimport={m}" for m in preimport),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "SLURM_JOB_ID": job_id, "FROM_STANDBY": "standby"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _assign(tmp_path: Path, job_id: int, argv: list[str], env: dict[str, str]) -> None:
+    ready, assignment = standby_files(tmp_path, job_id)
+    wait_until("the standby ready", ready.exists, timeout_s=120)
+    assignment.write_text(json.dumps({"argv": argv, "env": env}))
+
+
+def test_a_standby_runs_a_python_module_in_its_own_process(tmp_path: Path) -> None:
+    module = "tests.launchers._standby_probe"
+    standby = _standby(tmp_path, "41", module)
+    _assign(tmp_path, 41, [sys.executable, "-m", module, "a", "b"], {"FROM_ASSIGNMENT": "x"})
+    out, err = standby.communicate(timeout=60)
+    assert standby.returncode == 0, err
+    seen = json.loads(out)
+    # The same process (imported before the assignment), the group's argv and environment
+    # over the standby's, and no warning about the module it had imported.
+    assert seen["pid"] == standby.pid and seen["body_runs"] == 2
+    assert seen["argv"] == [str(ROOT / "tests" / "launchers" / "_standby_probe.py"), "a", "b"]
+    assert (seen["from_assignment"], seen["from_standby"]) == ("x", "standby")
+    assert err == ""
+
+
+def test_a_standby_becomes_any_other_command(tmp_path: Path) -> None:
+    standby = _standby(tmp_path, "42")
+    _assign(
+        tmp_path,
+        42,
+        ["sh", "-c", 'echo "$FROM_ASSIGNMENT $FROM_STANDBY $$"'],
+        {"FROM_ASSIGNMENT": "y"},
+    )
+    out, err = standby.communicate(timeout=60)
+    assert standby.returncode == 0, err
+    assert out.split() == ["y", "standby", str(standby.pid)]  # exec'd: the same pid
+
+
+def test_a_standby_outside_slurm_stops_with_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torchtitan_ft.slurm", "standby", f"--folder={tmp_path}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "slurm standby: SLURM_JOB_ID is '' (expected the id of the Slurm job the runner "
+        "submitted; a standby runs only as such a job)"
+    ]
 
 
 def test_titan_group_command_runs_run_train_with_the_groups_flags() -> None:
@@ -185,8 +273,10 @@ def _wait_both_committing(runner: subprocess.Popen[str], work: Path) -> None:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(900)  # Python and torch imports in three jobs: minutes on a loaded machine
-def test_cancelled_group_is_resubmitted_and_rejoins(cluster: SlurmCluster, tmp_path: Path) -> None:
+@pytest.mark.timeout(900)  # Python and torch imports in four jobs: minutes on a loaded machine
+def test_a_cancelled_groups_place_goes_to_a_standby_and_it_rejoins(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
     work = tmp_path / "job"
     port = free_port()
     runner = _runner(
@@ -198,11 +288,18 @@ def test_cancelled_group_is_resubmitted_and_rejoins(cluster: SlurmCluster, tmp_p
         f"--lighthouse_port={port}",
         *FAST_LIGHTHOUSE,
         "--max_resubmits=3",
+        "--standbys=1",
     )
     try:
         _wait_both_committing(runner, work)
         victim = next(
             e["job_id"] for e in _events(work) if e["event"] == "submitted" and e["replica"] == 1
+        )
+        standby = next(e["job_id"] for e in _events(work) if e["role"] == "standby")
+        wait_until(
+            "the standby's imports done",
+            _while_running(runner, standby_files(work / "standby", standby)[0].exists),
+            timeout_s=300,
         )
         cancelled = time.time()
         subprocess.run(["scancel", str(victim)], env=cluster.environ(), check=True)
@@ -211,19 +308,24 @@ def test_cancelled_group_is_resubmitted_and_rejoins(cluster: SlurmCluster, tmp_p
             _while_running(runner, lambda: _committed(work, 1, 1, since=cancelled)),
             timeout_s=300,
         )
-        # Group 0 trained on in its first job: never resubmitted.
+        # Group 1's place went to the standby, which Slurm now lists under the group's name; a
+        # new standby was submitted; group 0 trained on in its first job.
         submitted = [e for e in _events(work) if e["event"] == "submitted"]
         assert sorted((e["role"], e["replica"], e["attempt"]) for e in submitted) == [
             ("group", 0, 0),
             ("group", 1, 0),
-            ("group", 1, 1),
             ("lighthouse", -1, 0),
+            ("standby", -1, 0),
+            ("standby", -1, 1),
         ]
+        assigned = [e for e in _events(work) if e["event"] == "assigned"]
+        assert [(e["replica"], e["attempt"], e["job_id"]) for e in assigned] == [(1, 1, standby)]
+        assert cluster.slurm().jobs()[standby].name == "ft-group-1"
         ended = [e for e in _events(work) if e["event"] == "ended"]
         assert [(e["job_id"], e["state"]) for e in ended] == [(victim, "CANCELLED")]
         # The status page names each group's Slurm job: the live groups their current jobs,
         # the cancelled process its own.
-        jobs = {(e["replica"], e["attempt"]): e["job_id"] for e in submitted}
+        jobs = {(e["replica"], e["attempt"]): e["job_id"] for e in submitted + assigned}
         status = json.loads(urlopen(f"http://127.0.0.1:{port + 1}/status.json", timeout=10).read())
         in_quorum = {g["launcher_job"] for g in status["groups"] if g["in_quorum"]}
         assert in_quorum == {f"slurm:{jobs[0, 0]}", f"slurm:{jobs[1, 1]}"}, status["groups"]
