@@ -18,6 +18,7 @@ from torchtitan_ft.titan.releases.v0_3.parse import (
 from torchtitan_ft.titan.releases.v0_3.titan_trainer import (
     NCCL_ON_CPU,
     gloo_for_nccl,
+    mccl_problem,
     trainer_line,
     wants_titan_trainer,
 )
@@ -53,6 +54,30 @@ def test_nccl_becomes_gloo_on_a_cpu_where_the_user_did_not_choose(
     gloo_for_nccl(parsed, cuda, logged.append)
     assert parsed.config.fault_tolerance.process_group == process_group
     assert logged == lines
+
+
+@pytest.mark.parametrize(
+    ("process_group", "torchcomms", "torchft_torchcomms", "stops"),
+    [
+        ("mccl", False, False, True),
+        ("mccl", True, False, True),
+        ("mccl", False, True, True),
+        ("mccl", True, True, False),  # where both install, TorchTitan's trainer builds it
+        ("gloo", False, False, False),
+    ],
+)
+def test_mccl_stops_with_one_line_naming_what_is_missing_and_what_works(
+    process_group: str, torchcomms: bool, torchft_torchcomms: bool, stops: bool
+) -> None:
+    parsed = parse([*TITAN_FT, f"--fault_tolerance.process_group={process_group}"], None)
+    problem = mccl_problem(parsed, torchcomms, torchft_torchcomms)
+    assert (problem is not None) is stops
+    if problem is None:
+        return
+    assert "\n" not in problem
+    assert "process_group='mccl'" in problem and "'gloo'" in problem and "'nccl'" in problem
+    assert ("the torchcomms package" in problem) is not torchcomms
+    assert ("torchft.torchcomms (the torchft compatibility" in problem) is not torchft_torchcomms
 
 
 def test_the_line_names_the_trainer() -> None:

@@ -22,6 +22,7 @@ refuses with one line before torchrun when no torchft is importable.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -76,6 +77,42 @@ def gloo_for_nccl(parsed: ParsedJob, cuda: bool, log: Callable[[str], None]) -> 
     log(NCCL_ON_CPU)
 
 
+def mccl_problem(parsed: ParsedJob, torchcomms: bool, torchft_torchcomms: bool) -> str | None:
+    """Why ``fault_tolerance.process_group="mccl"`` cannot run (one line), or None. TorchTitan's
+    FT trainer builds it as ``torchft.torchcomms.ProcessGroupTorchComms`` over a
+    ``torchcomms`` communicator: it needs both modules (``torchcomms``, ``torchft_torchcomms``:
+    whether each is importable). The compatibility package has no ``torchft.torchcomms``."""
+    ft = getattr(parsed.config, "fault_tolerance", None)
+    if ft is None or ft.process_group != "mccl":
+        return None
+    missing = [
+        what
+        for what, found in (
+            ("the torchcomms package (not installed)", torchcomms),
+            (
+                "torchft.torchcomms (the torchft compatibility package does not provide it)",
+                torchft_torchcomms,
+            ),
+        )
+        if not found
+    ]
+    if not missing:
+        return None
+    return (
+        "fault_tolerance.process_group='mccl' builds torchft.torchcomms.ProcessGroupTorchComms "
+        f"over torchcomms, which needs {' and '.join(missing)}; values that work here: 'gloo' "
+        "(CPU or GPU) or 'nccl' (GPU)"
+    )
+
+
+def _importable(module: str) -> bool:
+    """Whether ``module`` can be imported (a submodule: its packages first)."""
+    parts = module.split(".")
+    return all(
+        importlib.util.find_spec(".".join(parts[: i + 1])) is not None for i in range(len(parts))
+    )
+
+
 def _sum_reduction(parallelize: Any) -> Any:
     """``parallelize`` followed by :func:`cpu_compat.force_sum_reduction` (gloo has no
     PREMUL_SUM)."""
@@ -108,6 +145,10 @@ def main(argv: list[str] | None = None) -> None:
     cuda = cpu_compat.cuda_available()
     runnable_here(parsed, cuda, group_ranks(), logger.info)
     gloo_for_nccl(parsed, cuda, logger.info)
+    if problem := mccl_problem(
+        parsed, _importable("torchcomms"), _importable("torchft.torchcomms")
+    ):
+        _config_error(problem)
     if not cuda:
         spec = config.model_spec
         config.model_spec = dataclasses.replace(
