@@ -14,19 +14,22 @@ Figures:
 
 * ``back_s``: for each kill, from the ``scancel`` to the first committed step a later job of
   the group took part in (its commit log): median, p95, max. It includes the runner noticing (its
-  ``--poll_s``), then either a warm standby job taking the place (``--standbys``, default 1:
+  ``--poll_s``), then either a warm standby job taking the place (``--standbys``, default 4:
   the standby reads its assignment and builds the Manager) or Slurm starting a new job with its
   Python and torch imports, and the heal;
 * ``noticed_s_median`` and ``resubmitted_s_median``: from the kill to the runner's ``ended``
   and to its ``submitted`` or ``assigned`` of the group's next job (the rest of ``back_s`` is
   the job's start and the heal); ``replaced_by_standby``: how many of those were standbys;
+* ``back_s_ready_standby``: ``back_s`` of the kills whose place went to a standby that had
+  finished its imports (the others waited for them); ``standby_warmup_s``: each standby's
+  submission to its imports done (how fast the runner refills the pool);
 * ``groups_back``: kills whose group came back; ``whole_job_restarts``: lighthouse
   resubmissions plus group resubmissions no kill explains (0 when only the killed group came
   back); ``identical_end``: every group's last commit at the same step with the same hash of
   parameters and optimizer state.
 
-    python -m benchmarks.slurm_kill_loop [--groups 3] [--kills 50] [--mtbf_secs 4] [--seed 0]
-        [--standbys 1]
+    python -m benchmarks.slurm_kill_loop [--groups 3] [--kills 50] [--mtbf_secs 10] [--seed 0]
+        [--standbys 4]
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import time
 from pathlib import Path
 
 from benchmarks import machine
-from torchtitan_ft.slurm import Punisher, SlurmJob
+from torchtitan_ft.slurm import Punisher, SlurmJob, standby_files
 from torchtitan_ft.testing.commit_log import commit_log_path, read_commit_log
 from torchtitan_ft.testing.mlp import write_stop_step
 from torchtitan_ft.testing.mlp_job import wait_until
@@ -136,6 +139,50 @@ def _where_time_went(kills: list[dict], record: list[dict]) -> tuple[list[float]
     return noticed, resubmitted
 
 
+def _standby_readiness(work: Path, record: list[dict], kills: list[dict]) -> list[bool | None]:
+    """Per kill: whether the group's next job was a standby whose imports were done when it
+    was given the place (its ready file older than the ``assigned``); None: a new job, or none
+    yet."""
+    jobs = _group_jobs(record)
+    out: list[bool | None] = []
+    for k in kills:
+        old = next(e for e in jobs if e["job_id"] == k["job_id"])
+        nxt = next(
+            (
+                e
+                for e in jobs
+                if e["replica"] == old["replica"] and e["attempt"] == old["attempt"] + 1
+            ),
+            None,
+        )
+        if nxt is None or nxt["event"] != "assigned":
+            out.append(None)
+            continue
+        ready = standby_files(work / "standby", nxt["job_id"])[0]
+        out.append(ready.exists() and ready.stat().st_mtime < nxt["time"])
+    return out
+
+
+def _warmups(work: Path, record: list[dict]) -> list[float]:
+    """Each standby's warm-up: from its submission to its ready file."""
+    return [
+        ready.stat().st_mtime - e["time"]
+        for e in record
+        if e["event"] == "submitted"
+        and e["role"] == "standby"
+        and (ready := standby_files(work / "standby", e["job_id"])[0]).exists()
+    ]
+
+
+def _stats(values: list[float]) -> dict:
+    return {
+        "median": statistics.median(values) if values else None,
+        "p95": _percentile(values, 0.95) if values else None,
+        "max": max(values) if values else None,
+        "count": len(values),
+    }
+
+
 def _stop_at_a_common_step(args: argparse.Namespace, work: Path, events: Path) -> None:
     """Once every group's current job commits, tells all groups to stop 20 steps after the
     newest committed step (``work/stop_step``)."""
@@ -204,6 +251,10 @@ def run(args: argparse.Namespace) -> dict:
                     timeout_s=args.back_timeout_s,
                 )
             backs = [b for k in kills if (b := back(k)) is not None]
+            readiness = _standby_readiness(work, _events(events), kills)
+            backs_ready = [
+                b for k, r in zip(kills, readiness, strict=True) if r and (b := back(k)) is not None
+            ]
             # Where the time went: from the kill to the runner seeing the job ended, and to
             # its resubmission (the rest is Slurm starting the job, imports and the heal).
             noticed, resubmitted = _where_time_went(kills, _events(events))
@@ -224,6 +275,7 @@ def run(args: argparse.Namespace) -> dict:
         lighthouse_resubmits = sum(1 for e in submitted if e["role"] == "lighthouse") - 1
         group_resubmits = len(_group_jobs(record)) - args.groups
         to_standby = sum(1 for e in record if e["event"] == "assigned")
+        warmups = _warmups(work, record)
     shutil.rmtree(root, ignore_errors=True)
     return {
         "benchmark": "slurm_kill_loop",
@@ -245,6 +297,8 @@ def run(args: argparse.Namespace) -> dict:
         "end_step": sorted({r.step for r in finals.values()}),
         "noticed_s_median": statistics.median(noticed) if noticed else None,
         "resubmitted_s_median": statistics.median(resubmitted) if resubmitted else None,
+        "back_s_ready_standby": _stats(backs_ready),
+        "standby_warmup_s": _stats(warmups),
         "back_s": {
             "median": statistics.median(backs) if backs else None,
             "p95": _percentile(backs, 0.95) if backs else None,
@@ -258,7 +312,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--groups", type=int, default=3)
     parser.add_argument("--kills", type=int, default=50)
-    parser.add_argument("--mtbf_secs", type=float, default=4.0, help="the punisher's mean wait")
+    parser.add_argument("--mtbf_secs", type=float, default=10.0, help="the punisher's mean wait")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--no_pace",
@@ -268,7 +322,7 @@ def main() -> None:
     )
     parser.add_argument("--poll_s", type=float, default=0.2, help="the runner's squeue period")
     parser.add_argument(
-        "--standbys", type=int, default=1, help="the runner's warm standby jobs (0: resubmit)"
+        "--standbys", type=int, default=4, help="the runner's warm standby jobs (0: resubmit)"
     )
     parser.add_argument("--budget_s", type=float, default=600.0, help="the kill loop's most time")
     parser.add_argument("--start_timeout_s", type=float, default=300.0)
