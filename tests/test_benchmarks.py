@@ -637,9 +637,11 @@ def test_slurm_kill_loop_prints_the_groups_back_and_their_times() -> None:
     out = _benchmark(
         "benchmarks.slurm_kill_loop",
         *("--groups", "2", "--kills", "1", "--mtbf_secs", "0.5", "--budget_s", "300"),
+        *("--standbys", "1"),
         timeout=880,
     )
     assert out["kills"] == out["groups_back"] == 1 and len(out["back_s"]["all"]) == 1
+    assert out["replaced_by_standby"] == 1 and out["standby_warmup_s"]["count"] >= 1
     assert out["runner_outcome"] == "done" and out["whole_job_restarts"] == 0
     assert out["identical_end"] is True
 
