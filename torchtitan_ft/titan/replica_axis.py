@@ -129,7 +129,7 @@ def install_replica_allreduce_hook(
 @dataclass(frozen=True)
 class UnitReduction:
     """What FSDP does with an FSDP unit's reduced gradient shard after the all-reduce hook
-    returns (torch 2.13 ``foreach_reduce``), as far as it decides whether the hook may return
+    returns (torch 2.13-2.15 ``foreach_reduce``), as far as it decides whether the hook may return
     before the cross-group all-reduce has finished.
 
     Args:
@@ -138,7 +138,9 @@ class UnitReduction:
             the loss by the global token count instead).
         force_sum: the unit's ``force_sum_reduction_for_comms`` (set on gloo).
         reduce_dtype: dtype of the reduced shard.
-        orig_dtype: dtype of the sharded parameters (their gradients).
+        orig_dtype: dtype FSDP gives the gradients after the hook (the sharded parameters';
+            on torch 2.15 their ``sharded_grad_dtype``): one that differs from
+            ``reduce_dtype`` where any does.
         accumulating: a parameter of the unit already holds a gradient (gradient
             accumulation: FSDP adds the shard into it at once).
         offload: a parameter of the unit is offloaded to the CPU (FSDP copies the shard).
@@ -189,12 +191,20 @@ def unit_reduction(module: Any, device_type: str) -> UnitReduction:
     """The :class:`UnitReduction` of FSDP module ``module`` now (read from its FSDP state)."""
     (group,) = module._get_fsdp_state()._fsdp_param_groups
     params = [p.sharded_param for p in group.fsdp_params]
+    # Per parameter, as every torch from 2.13 keeps them (2.15 dropped the group's
+    # ``_orig_dtype``). FSDP requires one reduce dtype per unit; torch 2.15 casts each
+    # gradient to its ``sharded_grad_dtype`` after the hook (before: the parameter's dtype).
+    trainable = [p for p in group.fsdp_params if p.sharded_param.requires_grad]
+    reduce_dtype = next(
+        (p.reduce_dtype or p.orig_dtype for p in trainable), group.fsdp_params[0].orig_dtype
+    )
+    after = {getattr(p, "sharded_grad_dtype", None) or p.orig_dtype for p in trainable}
     return UnitReduction(
         device_type=device_type,
         divide_factor=group.gradient_divide_factor,
         force_sum=group.force_sum_reduction_for_comms,
-        reduce_dtype=group._reduce_dtype or group._orig_dtype,  # None: no mixed precision
-        orig_dtype=group._orig_dtype,
+        reduce_dtype=reduce_dtype,  # the parameters' own without mixed precision
+        orig_dtype=next((d for d in after if d != reduce_dtype), reduce_dtype),
         accumulating=any(p.grad is not None for p in params),
         offload=any(p.offload_to_cpu for p in group.fsdp_params),
         grad_hooks=any(getattr(p, "_post_accumulate_grad_hooks", None) for p in params),
