@@ -23,6 +23,7 @@ from torchtitan_ft.titan.replica_axis import (
     overlap_blocker,
     replica_dataloader_shard,
     shard_on_single_rank,
+    unit_reduction,
 )
 
 
@@ -177,6 +178,26 @@ def test_overlap_only_where_fsdp_leaves_the_shard_alone(
         assert reason is None
     else:
         assert reason is not None and blocked_because in reason
+
+
+@pytest.mark.usefixtures("single_rank_group")
+@pytest.mark.parametrize(
+    ("reduce_dtype", "expected"),
+    [(None, (_FP32, _FP32)), (torch.bfloat16, (torch.bfloat16, _FP32))],
+)
+def test_unit_reduction_reads_a_real_fsdp_units_dtypes(
+    reduce_dtype: torch.dtype | None, expected: tuple[torch.dtype, torch.dtype]
+) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    model = _model()
+    policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,)), mp_policy=policy)
+    model(torch.ones(4, 8)).sum().backward()  # FSDP sets its dtypes at its lazy init
+    unit = unit_reduction(model, "cpu")
+    assert (unit.reduce_dtype, unit.orig_dtype) == expected
+    assert unit.accumulating  # the backward left gradients
 
 
 def _two_units() -> torch.nn.Module:
