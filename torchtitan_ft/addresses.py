@@ -27,6 +27,8 @@ address to set:
   (fatal, even for a group that trained before: ``manager.decisions.QuorumGate``); a group
   seeing a member that advertises loopback gets a warning naming it.
   :class:`QuorumAddressCheck` runs it with the real resolver, once per set of member addresses.
+- :func:`listening`: whether a server accepts connections at a URL; :func:`absent_here`: a URL
+  of this machine where nothing does (a launcher's check of a lighthouse it is given).
 - :func:`hostname_problem`: at start-up, a ``hostname`` that is not an address of this host
   (the checkpoint server could not listen on it).
 - :func:`gloo_bind_address`: the local address the cross-group gloo transport listens on and
@@ -46,9 +48,11 @@ import ipaddress
 import logging
 import socket
 import struct
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from urllib.parse import urlparse
 
 from torchtitan_ft.netaddr import WILDCARD_HOSTS, ip_literal, url_hostname
 
@@ -142,6 +146,35 @@ def is_local_address(address: str) -> bool:
 def runs_here(host: str) -> bool:
     """Whether ``host`` (a name or address) resolves to an address of this host."""
     return any(is_local_address(a) for a in resolve(host))
+
+
+def listening(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether something accepts TCP connections at ``address`` (``http://host:port``)."""
+    url = urlparse(address if "://" in address else f"http://{address}")
+    if url.hostname is None or url.port is None:
+        return False
+    try:
+        socket.create_connection((url.hostname, url.port), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
+def absent_here(address: str, wait_s: float = 10.0) -> bool:
+    """Whether ``address`` (``http://host:port``) names this machine (loopback, or one of its
+    addresses) and nothing accepts TCP connections there within ``wait_s`` seconds (a server
+    started just before, e.g. with ``&``, is given that long): a server that is not running.
+    An address of another host is not probed (False): a launcher may not reach a cluster's
+    network from where it submits."""
+    host = urlparse(address if "://" in address else f"http://{address}").hostname
+    if host is None or not (resolves_to_loopback(host) or runs_here(host)):
+        return False
+    deadline = time.monotonic() + wait_s
+    while not listening(address, timeout_s=1.0):
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def route_source(host: str) -> str | None:

@@ -32,7 +32,6 @@ import random
 import runpy
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,8 +40,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import TextIO
-from urllib.parse import urlparse
 
+from torchtitan_ft.addresses import listening
 from torchtitan_ft.titan.releases.job import FtGroup, TitanJob, command
 
 LIGHTHOUSE_PORT = 29510
@@ -327,18 +326,6 @@ class _Tracked:
     replica: int
     attempt: int
     job_id: int
-
-
-def listening(address: str, timeout_s: float = 2.0) -> bool:
-    """Whether something accepts TCP connections at ``address`` (``http://host:port``)."""
-    url = urlparse(address if "://" in address else f"http://{address}")
-    if url.hostname is None or url.port is None:
-        return False
-    try:
-        socket.create_connection((url.hostname, url.port), timeout=timeout_s).close()
-        return True
-    except OSError:
-        return False
 
 
 class SlurmRunner:

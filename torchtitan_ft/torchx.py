@@ -21,7 +21,9 @@ the roles inherit them from the environment of the job's own processes (docs/lau
 "The job token").
 
 Not torchft's: no Rust logging variables (``RUST_BACKTRACE``, ``CLICOLOR_FORCE``: there is no
-Rust here), and a bad count raises ``ValueError`` where torchft asserts.
+Rust here), a bad count raises ``ValueError`` where torchft asserts, and a lighthouse address
+of the submitting machine where nothing listens raises ``ValueError`` before anything starts
+(an address of another host is not probed).
 
 This module imports ``torchx`` (``pip install torchx``); nothing else in the package does.
 """
@@ -34,6 +36,7 @@ from typing import Dict, List, Optional
 
 import torchx.specs as specs
 
+from torchtitan_ft.addresses import absent_here
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, GROUP_KEY_ENV
 from torchtitan_ft.launcher_job import LAUNCHER_JOB_ENV
 
@@ -46,6 +49,9 @@ PASSED_ENV = ("GLOO_SOCKET_IFNAME",)
 SECRET_ENV = (AUTH_TOKEN_ENV, GROUP_KEY_ENV)
 """Never put into an application definition: the job token, and a group's key (which is also
 one group's own, not every role's)."""
+LIGHTHOUSE_WAIT_S = 10.0
+"""How long a component waits for a lighthouse of the submitting machine to listen (one started
+with ``&`` just before ``torchx run``) before it refuses the submission."""
 IDLE_EXIT_MS = 60_000
 """:func:`titan`'s lighthouse role ends by default this long after the last group left: longer
 than a group's restart, so that only a finished job, or one whose every group stays away for a
@@ -93,6 +99,17 @@ def _group_env(
     }
 
 
+def _check_lighthouse(address: str, given_as: str, instead: str) -> None:
+    """A lighthouse address of this machine where nothing listens within
+    :data:`LIGHTHOUSE_WAIT_S` stops the submission (:func:`~torchtitan_ft.addresses.absent_here`;
+    one of another host is not probed)."""
+    if absent_here(address, LIGHTHOUSE_WAIT_S):
+        raise ValueError(
+            f"{given_as} {address}: nobody listens there (expected a running "
+            f"torchft_lighthouse on this machine: start it first, or {instead})"
+        )
+
+
 def launcher_job(replica_id: int) -> str:
     """Group ``replica_id``'s launcher job on the lighthouse's status page:
     ``torchx:<app id>/replica_<i>`` (TorchX fills in the app id when it submits)."""
@@ -129,6 +146,11 @@ def hsdp(
     """
     _check_counts(replicas, workers_per_replica, max_restarts)
     lighthouse = os.environ.get("TORCHFT_LIGHTHOUSE", f"http://localhost:{LIGHTHOUSE_PORT}")
+    _check_lighthouse(
+        lighthouse,
+        "TORCHFT_LIGHTHOUSE" if "TORCHFT_LIGHTHOUSE" in os.environ else "the default lighthouse",
+        "set TORCHFT_LIGHTHOUSE to where it runs",
+    )
     roles = []
     for i in range(replicas):
         args = [
@@ -213,7 +235,9 @@ def titan(
             f"does), got {lighthouse_idle_exit_ms}"
         )
     roles = []
-    if not lighthouse:
+    if lighthouse:
+        _check_lighthouse(lighthouse, "lighthouse", "leave lighthouse empty to run one as a role")
+    else:
         lighthouse = f"http://localhost:{lighthouse_port}"
         roles.append(
             specs.Role(

@@ -1,8 +1,11 @@
 """The TorchX components as application definitions (no scheduler): one role per replica group
 with torchft's ports, ids and restarts; the TorchTitan component's lighthouse role; the
-environment passed through, the job token never."""
+environment passed through, the job token never; a lighthouse of this machine that nobody runs
+refused."""
 
 from __future__ import annotations
+
+import socket
 
 import pytest
 from torchx.specs import macros
@@ -11,6 +14,35 @@ from torchtitan_ft import torchx as components
 from torchtitan_ft.auth import AUTH_TOKEN_ENV, GROUP_KEY_ENV
 
 TOKEN = "s3cr3t-token-value"
+
+
+@pytest.fixture(autouse=True)
+def _lighthouse_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hsdp``'s lighthouse on a host that is not probed (the default, localhost:29510, would
+    be: a test that means to probe sets its own)."""
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://lh.example:29510")
+    monkeypatch.setattr(components, "LIGHTHOUSE_WAIT_S", 0.3)
+
+
+@pytest.mark.parametrize("how", ["hsdp", "titan"])
+def test_a_lighthouse_of_this_machine_that_nobody_runs_is_refused(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = f"http://127.0.0.1:{server.getsockname()[1]}"
+
+        def submit() -> object:
+            if how == "hsdp":
+                monkeypatch.setenv("TORCHFT_LIGHTHOUSE", address)
+                return components.hsdp()
+            return components.titan(lighthouse=address)
+
+        app = submit()  # something listens: accepted
+        assert {r.env["TORCHFT_LIGHTHOUSE"] for r in app.roles} == {address}
+    named = "TORCHFT_LIGHTHOUSE" if how == "hsdp" else "lighthouse"
+    with pytest.raises(ValueError, match=f"{named} {address}: nobody listens there") as e:
+        submit()  # closed: nobody listens
+    assert "\n" not in str(e.value)
 
 
 def test_hsdp_has_torchfts_roles(monkeypatch: pytest.MonkeyPatch) -> None:
