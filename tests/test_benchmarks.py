@@ -544,7 +544,13 @@ def test_goodput_names_a_process_that_trained_its_own_line() -> None:
 
 @pytest.mark.parametrize(
     ("method", "interval"),
-    [("ideal", None), ("torchtitan_ft", 7), ("torchft", 7), ("checkpoint_restart", 7)],
+    [
+        ("ideal", None),
+        ("torchtitan_ft", 7),
+        ("torchtitan_ft_spare", 7),
+        ("torchft", 7),
+        ("checkpoint_restart", 7),
+    ],
 )
 def test_goodput_every_method_but_ideal_writes_checkpoints(
     tmp_path: Path, method: str, interval: int | None
