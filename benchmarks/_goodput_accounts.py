@@ -15,7 +15,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks._goodput_job import LOCAL_BATCH, Injected, Method, Options, checkpoint_every
+from benchmarks._goodput_job import (
+    LOCAL_BATCH,
+    Injected,
+    Method,
+    Options,
+    checkpoint_every,
+    launched_groups,
+)
 from torchtitan_ft.events import EventKind, read_events
 from torchtitan_ft.recoveries import Recovery, recoveries
 from torchtitan_ft.testing.faults import FaultKind
@@ -23,6 +30,7 @@ from torchtitan_ft.testing.goodput_accounting import (
     faults_losing_state,
     job_samples,
     ledger_check,
+    samples_per_cpu_s,
     samples_rolled_back,
     second_lines,
     state_losses,
@@ -268,10 +276,25 @@ class Accounts:
         self.method, self.opts, self.started = method, opts, started
         self.t0: float | None = None
         self.load_at_start: float | None = None
+        self.groups = launched_groups(method, opts)
+        """Replica groups launched (with torchtitan_ft_spare's hot spare)."""
 
     @property
     def ft(self) -> bool:
         return self.method is not Method.CHECKPOINT_RESTART
+
+    @property
+    def spare(self) -> bool:
+        return self.method is Method.TORCHTITAN_FT_SPARE
+
+    def in_step_since(self, records: list[Record], since: float) -> bool:
+        """Every launched group wrote a record after ``since`` (Unix time) of a commit it did
+        not heal in: with a hot spare, the groups are in step (the spare, which no step's
+        participants name, took the update too)."""
+        return all(
+            any(r.group == g and r.committed and not r.healed and r.time > since for r in records)
+            for g in range(self.groups)
+        )
 
     def samples_now(self, records: list[Record]) -> int:
         """The job's committed samples at the last record (FT: :func:`job_samples`, back to
@@ -288,19 +311,22 @@ class Accounts:
         return record_samples(records[-1], self.opts)
 
     def training_started(self, records: list[Record]) -> bool:
-        """Every group took part in a commit (the native job: it committed)."""
+        """Every group took part in a commit (the native job: it committed); with a hot spare,
+        ``--groups`` groups did and every launched group is in step (:meth:`in_step_since`)."""
         for r in records:
             if r.committed and (r.participants is None or len(r.participants) == self.opts.groups):
-                return True
+                return not self.spare or self.in_step_since(records, 0.0)
         return False
 
     def trained_together_since(self, records: list[Record], since: float) -> bool:
         """Every group took part in a commit after ``since`` (Unix time): a commit from before
-        it may predate a fault that struck as the run reached its target."""
-        return any(
+        it may predate a fault that struck as the run reached its target. With a hot spare,
+        ``--groups`` groups did and every launched group is in step since."""
+        together = any(
             r.committed and r.time > since and len(r.participants or ()) == self.opts.groups
             for r in records
         )
+        return together and (not self.spare or self.in_step_since(records, since))
 
     def summary(
         self,
@@ -345,9 +371,15 @@ class Accounts:
             and (i.rejoin_s is not None or not i.groups)
             and not i.state_lost
         ]
+        cpus = self.groups * opts.cpus_per_group
+        per_cpu = samples_per_cpu_s(target, at, cpus)
         return {
             "target_samples": target,
             "time_to_target_s": round(at, 2) if at is not None else None,
+            "launched_groups": self.groups,
+            "cpus_quota": cpus,
+            "cpu_s_to_target": round(at * cpus, 1) if at is not None else None,
+            "samples_per_cpu_s": round(per_cpu, 4) if per_cpu is not None else None,
             "startup_s": round(self.t0, 1) if self.t0 is not None else None,
             "load_avg_1m": [self.load_at_start, os.getloadavg()[0]],
             "reached_target": at is not None,
@@ -414,14 +446,14 @@ class Accounts:
             for tag, f in finals.items()
             if tag.startswith("r") and tag.endswith("_rank0")
         }
-        same = len(finals) == opts.groups * opts.ranks and all(
+        same = len(finals) == self.groups * opts.ranks and all(
             len(h) == 1 for h in by_rank.values()
         )
         if self.method is Method.TORCHFT:
             ledger, identical = drawn_batches_check(records), same
         elif self.ft:
-            ledger = ledger_check(group_finals, opts.groups)
-            identical = same and len(group_finals) == opts.groups
+            ledger = ledger_check(group_finals, self.groups)
+            identical = same and len(group_finals) == self.groups
         else:
             ledger = self._checkpoint_lineage(records)
             identical = True  # one job: HSDP replicas are kept equal by its all-reduce
@@ -441,7 +473,8 @@ class Accounts:
     def _fault_figures(self, inj: Injected, records: list[Record]) -> None:
         """Stall (until the job's samples pass those at the fault), rejoin (until each victim
         group takes part again: a new process after a kill, any commit after the hang or the
-        link outage ended), samples rolled back (checkpoint-restart)."""
+        link outage ended; with a hot spare, until it is in step again, a commit it did not
+        heal in, in a slot or as the spare), samples rolled back (checkpoint-restart)."""
         t = self.started + inj.time
         at_fault = self.samples_now([r for r in records if r.time <= t and r.committed])
         after = [r for r in records if r.time > t and r.committed]
@@ -469,8 +502,11 @@ class Accounts:
                     r
                     for r in after
                     if r.group == g
-                    and r.participants
-                    and g in r.participants
+                    and (
+                        r.committed and not r.healed
+                        if self.spare
+                        else bool(r.participants) and g in r.participants
+                    )
                     and r.time > resume
                     and (kind in (FaultKind.SIGSTOP, FaultKind.LINK_DOWN) or r.pid not in old)
                 ),

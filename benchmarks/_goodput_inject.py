@@ -8,13 +8,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks._goodput_accounts import Record
-from benchmarks._goodput_job import Injected, Method, Options
+from benchmarks._goodput_job import Injected, Method, Options, launched_groups
 from benchmarks._goodput_launch import Launcher, signal_pids
 from torchtitan_ft.events import EventKind, read_events
 from torchtitan_ft.replica_ids import group_number
@@ -32,6 +34,64 @@ DONOR_WATCH_S = 300.0
 KILLS = (FaultKind.SIGKILL, FaultKind.TWO_GROUPS, FaultKind.DONOR_KILL, FaultKind.CORRELATED)
 
 
+def spare_schedule(schedule: Sequence[Fault], seed: int, groups: int) -> list[Fault]:
+    """torchtitan_ft_spare's faults: ``schedule``'s times, kinds and ranks, with each fault's
+    victim groups drawn again (seeded by ``seed``) uniformly over its ``groups`` launched
+    groups, the hot spare included (the correlated kind: all of them). The schedule's own
+    victims are among ``--groups``, which in the spare's job are the groups that hold the slots
+    while all is well (the lowest replica ids participate): the spare would never be hit,
+    whereas on a real job its hardware fails as often as any group's, and its death costs the
+    step in flight as a participant's does."""
+    rng = random.Random(seed)
+    out = []
+    for fault in schedule:
+        if fault.kind is FaultKind.CORRELATED:
+            victims = tuple(range(groups))
+        else:
+            victims = tuple(rng.sample(range(groups), len(fault.groups)))
+        out.append(replace(fault, groups=victims))
+    return out
+
+
+def state_holders(
+    records: Sequence[Record],
+    running: Sequence[int],
+    struck: Mapping[int, float],
+    *,
+    spare: bool,
+) -> list[int]:
+    """The groups that hold the job's newest committed state: running (``running``: every rank
+    runs), in step, and not struck since (``struck``: group -> Unix time a fault last hit it)
+    without being in step again. In step: a participant of the job's latest commit (a
+    record's ``participants``; a group one of whose ranks was just killed still has all its
+    workers until torchrun notices); with a hot spare (``spare``), also a group whose own newest
+    record is a commit it did not heal in, of the job's latest step or the one before (the
+    groups write their records of a step at slightly different times): the spare takes every
+    step's update without a slot, so it holds the state though no step names it."""
+    latest = next((r for r in reversed(records) if r.committed and r.participants), None)
+    if latest is None:
+        return []
+
+    def in_step(r: Record, g: int) -> bool:
+        if r.participants and g in r.participants:
+            return True
+        return spare and r.group == g and r.committed and not r.healed
+
+    members = set(latest.participants or ())
+    if spare:
+        newest: dict[int, Record] = {}
+        for r in records:
+            if r.group is not None:
+                newest[r.group] = r
+        members |= {g for g, r in newest.items() if in_step(r, g) and r.step >= latest.step - 1}
+    return [
+        g
+        for g in sorted(members)
+        if g in running
+        and not (g in struck and not any(r.time > struck[g] and in_step(r, g) for r in records))
+    ]
+
+
 class Injector:
     """Injects ``schedule`` (times after the job trained, :meth:`tick`'s ``t0``) into the
     processes of ``launcher``, started at ``started`` (Unix time); keeps what it did in
@@ -42,7 +102,10 @@ class Injector:
     ) -> None:
         self.launcher, self.opts, self.started = launcher, opts, started
         self.method = launcher.method
+        self.groups = launched_groups(self.method, opts)
         self.faults = list(schedule) if self.method is not Method.IDEAL else []
+        if self.method is Method.TORCHTITAN_FT_SPARE:
+            self.faults = spare_schedule(schedule, opts.seed, self.groups)
         self.injected: list[Injected] = []
         self.pending: list[tuple[float, Callable[[], None]]] = []
         self.watch: Callable[[list[Record]], bool] | None = None
@@ -79,32 +142,20 @@ class Injector:
         self.pending = []
 
     def holders(self, records: list[Record]) -> list[int]:
-        """Running groups that took part in the job's latest commit and have not been struck
-        since without taking part again: they hold its state. (A group one of whose ranks was
-        just killed still has all its workers until torchrun notices.)"""
-        latest = next((r for r in reversed(records) if r.committed and r.participants), None)
-        if latest is None:
-            return []
-        running = self.launcher.running_groups()
-        return [
-            g
-            for g in latest.participants
-            if g in running
-            and not (
-                g in self.struck
-                and not any(
-                    r.time > self.struck[g] and r.participants and g in r.participants
-                    for r in records
-                )
-            )
-        ]
+        """The groups holding the job's state now (:func:`state_holders`)."""
+        return state_holders(
+            records,
+            self.launcher.running_groups(),
+            self.struck,
+            spare=self.method is Method.TORCHTITAN_FT_SPARE,
+        )
 
     def victims(self, fault: Fault, records: list[Record]) -> list[int] | None:
         """The fault's victim groups (``faults.fault_victims`` over the holders), or None while
         it must wait. The native job (one job, no per-group state) takes them as scheduled."""
         if not self.launcher.ft:
             return list(fault.groups)
-        victims = fault_victims(fault.kind, fault.groups, self.holders(records), self.opts.groups)
+        victims = fault_victims(fault.kind, fault.groups, self.holders(records), self.groups)
         return None if victims is None else list(victims)
 
     def _inject(self, fault: Fault, victims: list[int], due: float) -> None:

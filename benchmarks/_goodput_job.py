@@ -20,6 +20,14 @@ class Method(StrEnum):
     CHECKPOINT_RESTART = "checkpoint_restart"
     TORCHFT = "torchft"
     TORCHTITAN_FT = "torchtitan_ft"
+    TORCHTITAN_FT_SPARE = "torchtitan_ft_spare"
+    """torchtitan_ft with one replica group more, a hot spare (``fixed_with_spares``)."""
+
+
+DEFAULT_METHODS = [m for m in Method if m is not Method.TORCHTITAN_FT_SPARE]
+"""The methods a run compares unless ``--methods`` names others: every one but the hot spare's,
+whose extra group needs a CPU budget the default ``--cpus-per-group`` does not leave on a
+2-core machine."""
 
 
 @dataclass
@@ -48,6 +56,13 @@ class Options:
     @property
     def samples_per_step(self) -> int:
         return self.groups * self.ranks * LOCAL_BATCH
+
+
+def launched_groups(method: Method, opts: Options) -> int:
+    """Replica groups ``method`` launches: ``--groups``, and for torchtitan_ft_spare one more,
+    the hot spare. The groups that average their gradients in a step are ``--groups`` for every
+    method (the spare's job caps them there: ``min_replica_size``)."""
+    return opts.groups + 1 if method is Method.TORCHTITAN_FT_SPARE else opts.groups
 
 
 def checkpoint_every(method: Method, opts: Options) -> int | None:

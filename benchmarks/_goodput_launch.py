@@ -1,7 +1,7 @@
 """Launching for ``benchmarks.goodput``: the lighthouse and the ``./run_train.sh`` (torchrun)
 jobs of one method (a replica group each, or the native HSDP job), each in its CPU budget and,
-for torchtitan_ft, in a network-namespace host of its own; finding, signalling and killing their
-workers. The TorchTitan command line is spelled here, for TorchTitan 0.2.2's flags."""
+for this project's methods, in a network-namespace host of its own; finding, signalling and
+killing their workers. The TorchTitan command line is spelled here, for TorchTitan 0.2.2's flags."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._goodput_job import CONFIG, ROOT, Method, Options, checkpoint_every
+from benchmarks._goodput_job import (
+    CONFIG,
+    ROOT,
+    Method,
+    Options,
+    checkpoint_every,
+    launched_groups,
+)
 from benchmarks._reference import REFERENCE_DIR, RUNTIME_DEPS_DIR
 from torchtitan_ft.testing import netns
 from torchtitan_ft.testing.cpulimit import CpuLimit
@@ -164,9 +171,10 @@ class Lighthouse:
 
 class Launcher:
     """The processes of one method's run in ``folder``: the lighthouse (FT methods), one
-    :class:`Launch` per replica group (FT) or one for the native job, and for torchtitan_ft
-    the network-namespace hosts where they work here. :meth:`prepare` builds them,
-    :meth:`start` starts them, :meth:`close` leaves none behind."""
+    :class:`Launch` per replica group (FT; torchtitan_ft_spare's hot spare is the last) or one
+    for the native job, and for this project's methods the network-namespace hosts where they
+    work here. :meth:`prepare` builds them, :meth:`start` starts them, :meth:`close` leaves none
+    behind."""
 
     def __init__(self, method: Method, opts: Options, folder: Path) -> None:
         self.method, self.opts, self.folder = method, opts, folder
@@ -181,11 +189,17 @@ class Launcher:
     def ft(self) -> bool:
         return self.method is not Method.CHECKPOINT_RESTART
 
+    @property
+    def ours(self) -> bool:
+        """This project's per-step FT (torchtitan_ft, with or without the hot spare)."""
+        return self.method in (Method.TORCHTITAN_FT, Method.TORCHTITAN_FT_SPARE)
+
     def prepare(self) -> None:
         """Builds the method's processes (and the hosts they run in), starting none."""
         opts = self.opts
-        if self.method is Method.TORCHTITAN_FT and netns.unavailable_reason() is None:
-            self.net = netns.HostNetwork(["L", *(f"G{g}" for g in range(opts.groups))])
+        groups = launched_groups(self.method, opts)
+        if self.ours and netns.unavailable_reason() is None:
+            self.net = netns.HostNetwork(["L", *(f"G{g}" for g in range(groups))])
             self.net.start()
         net = self.net
         self.lighthouse = Lighthouse(
@@ -197,7 +211,7 @@ class Launcher:
         if self.ft:
             self.launches = [
                 self._group_launch(g, self.lighthouse, net[f"G{g}"] if net else None)
-                for g in range(opts.groups)
+                for g in range(groups)
             ]
         else:
             self.launches = [self._native_launch()]
@@ -321,8 +335,12 @@ class Launcher:
                          process_group_timeout_ms=opts.process_group_timeout_ms)  # fmt: skip
         else:
             own = [f"--fault_tolerance.replacement={opts.replacement}"]
-            ft = FtGroup(g, opts.groups, min_replica_size=1, hostname=hostname,
-                         quorum_timeout_ms=300000,
+            participants = 1
+            if self.method is Method.TORCHTITAN_FT_SPARE:  # as benchmarks.recovery's spare row
+                own.append("--fault_tolerance.world_size_mode=fixed_with_spares")
+                participants = opts.groups
+            ft = FtGroup(g, launched_groups(self.method, opts), min_replica_size=participants,
+                         hostname=hostname, quorum_timeout_ms=300000,
                          process_group_timeout_ms=opts.process_group_timeout_ms)  # fmt: skip
         launch = self._job(
             opts.ranks, lighthouse.address, self.folder / "events" / f"g{g}", ft=ft,

@@ -3,6 +3,8 @@ once per recovery method, one after the other; prints JSON and draws a PNG.
 
     python -m benchmarks.goodput [--duration 600] [--mean-interval 30] [--seed 27]
     python -m benchmarks.goodput --quick          # CI: short, 1 rank per group
+    python -m benchmarks.goodput --methods ideal torchtitan_ft torchtitan_ft_spare \
+        --cpus-per-group 0.35                     # with the hot spare's row (2 cores)
 
 The job: the llama3 debugmodel (``configs/debug_ft_cpu.toml``: batch 2 x seq 256 per rank,
 fp32), ``--groups`` (3) replica groups of ``--ranks`` (2) FSDP ranks, each group one
@@ -25,6 +27,25 @@ Methods, in this order, under the same schedule (times after launch):
 * ``torchtitan_ft``: per-step FT; each group in a network namespace host of its own
   (``testing.netns``), the lighthouse in another; torchrun restarts a group's workers after a
   rank dies (``MAX_RESTARTS``), nothing is restarted by hand.
+* ``torchtitan_ft_spare`` (only when ``--methods`` names it): torchtitan_ft with a hot spare
+  (docs/titan.md, "A hot spare group"): ``--groups`` + 1 groups, each with
+  ``fault_tolerance.world_size_mode = "fixed_with_spares"``, ``group_size = --groups + 1`` and
+  ``min_replica_size = --groups`` (as ``benchmarks.recovery --titan spare``), so that exactly
+  ``--groups`` groups average each step (the lowest replica ids in step) and the spare, which
+  takes every update without a slot and stays identical, takes a lost group's slot at the next
+  quorum. Each group has the same quota as torchtitan_ft's, so the spare costs one group's CPU
+  more: with the default ``--cpus-per-group`` that is more than 2 cores leave (lower it, for
+  every method of the run). Its faults are the schedule's times, kinds and ranks with the
+  victims drawn again over the ``--groups`` + 1 groups (``_goodput_inject.spare_schedule``):
+  the schedule's victims are replica ids below ``--groups``, the spare's job's slot holders
+  while all is well, so as drawn they would never hit the spare, whose hardware fails as often
+  as any group's (its death costs the step in flight, as a participant's does). Two groups
+  lost together leave fewer than ``min_replica_size``: no step commits until one is back.
+  Here a group is back (``rejoin_s``) and holds the state once it commits a step it did not
+  heal in, in a slot or as the spare. Its samples are the data ledger's, as torchtitan_ft's:
+  a step adds the batches of the groups that held a slot in it, so the spare's steps without
+  one add none (its slice is read only while it holds a slot); the ledger check and
+  ``groups_identical`` cover every launched group, the spare included.
 * ``torchft``: TorchTitan 0.2.2's own FT trainer (``torchtitan.experiments.ft.train``) on the
   torchft 0.2.0 reference under ``.cache``, with torchft's lighthouse, through a recording
   subclass (``benchmarks._goodput_torchft_worker``; nothing of either is changed): the same
@@ -64,6 +85,12 @@ The benchmark's parts: ``_goodput_launch`` (the processes), ``_goodput_inject`` 
 ``_goodput_accounts`` (the figures).
 
 Per method (JSON ``methods.<name>``): ``time_to_target_s``, ``goodput`` (ideal's time / this),
+``launched_groups``, ``cpus_quota`` (the launched groups' CPU quotas added up: a hot spare's
+counts, the lighthouse's does not, as checkpoint-restart runs none), ``cpu_s_to_target``
+(``cpus_quota`` x ``time_to_target_s``), ``samples_per_cpu_s`` (the target samples per such
+CPU-second), ``goodput_per_cpu`` (this method's ``samples_per_cpu_s`` / ideal's: its goodput
+with the CPU it was given paid for; the same as ``goodput`` for a method with ``--groups``
+groups, ``--groups`` / (``--groups`` + 1) of it for the spare's),
 ``checkpoint_every_steps`` (null for ideal), ``faults_injected``, ``faults_survived`` (the job
 committed again, the victim group took part again, and the job did not lose its state after
 it), ``job_restarts`` (the native job's restarts,
@@ -112,11 +139,12 @@ from typing import Any
 from benchmarks import machine
 from benchmarks._goodput_accounts import Accounts, Record, RecordReader, fill_participants
 from benchmarks._goodput_inject import Injector
-from benchmarks._goodput_job import CONFIG, ROOT, Method, Options
+from benchmarks._goodput_job import CONFIG, DEFAULT_METHODS, ROOT, Method, Options, launched_groups
 from benchmarks._goodput_launch import Launcher
 from benchmarks._reference import REFERENCE_DIR, RUNTIME_DEPS_DIR
 from torchtitan_ft.testing.cpulimit import CpuLimit
 from torchtitan_ft.testing.faults import DEFAULT_KINDS, Fault, FaultKind, fault_schedule
+from torchtitan_ft.testing.goodput_accounting import samples_per_cpu_s
 from torchtitan_ft.testing.mlp import write_stop_step
 
 STOP_MARGIN_STEPS = 2
@@ -158,7 +186,7 @@ class MethodRun:
             self.target,
             events_dir=(
                 self.folder / "events"
-                if self.method in (Method.IDEAL, Method.TORCHTITAN_FT)
+                if self.method in (Method.IDEAL, Method.TORCHTITAN_FT, Method.TORCHTITAN_FT_SPARE)
                 else None
             ),
         )
@@ -224,6 +252,16 @@ class MethodRun:
         for path in self.folder.glob("final_*.json"):
             finals[path.stem.removeprefix("final_")] = json.loads(path.read_text())
         return finals
+
+
+def per_cpu_goodput(entry: dict[str, Any], ideal: dict[str, Any]) -> float | None:
+    """``goodput_per_cpu``: a method's samples per CPU-second of its groups' quota to the
+    target (``samples_per_cpu_s``), over ideal's; None when it did not reach the target."""
+    rate, base = (
+        samples_per_cpu_s(e["target_samples"], e["time_to_target_s"], e["cpus_quota"])
+        for e in (entry, ideal)
+    )
+    return round(rate / base, 3) if rate and base else None
 
 
 # ------------------------------------------------------------------------------ torchft
@@ -360,7 +398,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "state on purpose: name it to have it about once in 50 faults)",
     )
     p.add_argument(
-        "--methods", nargs="+", choices=[m.value for m in Method], default=[m.value for m in Method]
+        "--methods",
+        nargs="+",
+        choices=[m.value for m in Method],
+        default=[m.value for m in DEFAULT_METHODS],
+        help="the methods run (default: every one but torchtitan_ft_spare, whose hot spare is "
+        "one group more: name it, with a --cpus-per-group that leaves room for it)",
     )
     p.add_argument(
         "--quick", action="store_true", help="CI: 3 groups of 1 rank, 60 s, a fault every 12 s"
@@ -442,7 +485,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     probe = CpuLimit("goodput_probe", [], cpus=1.0)
     result["cpu_quota"].update(mechanism=probe.mechanism, parent=probe.parent, weight=probe.weight)
     probe.close()
-    budget = args.groups * args.cpus_per_group + args.cpus_lighthouse
+    groups = max(launched_groups(Method(m), opts) for m in args.methods)
+    budget = groups * args.cpus_per_group + args.cpus_lighthouse
     if budget >= 0.9 * (os.cpu_count() or 1):
         print(
             f"goodput: the groups' and the lighthouse's budgets add up to {budget:g} CPUs of "
@@ -453,7 +497,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ideal = MethodRun(Method.IDEAL, opts, schedule).run()
     result["methods"][Method.IDEAL.value] = ideal
     baseline = ideal["time_to_target_s"]
-    for name in (Method.TORCHTITAN_FT, Method.TORCHFT, Method.CHECKPOINT_RESTART):
+    order = (
+        Method.TORCHTITAN_FT,
+        Method.TORCHTITAN_FT_SPARE,
+        Method.TORCHFT,
+        Method.CHECKPOINT_RESTART,
+    )
+    for name in order:
         if name.value not in args.methods:
             continue
         if name is Method.TORCHFT and (problem := torchft_problem()):
@@ -466,11 +516,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             continue
         at = entry["time_to_target_s"]
         entry["goodput"] = round(baseline / at, 3) if at and baseline else None
+        entry["goodput_per_cpu"] = per_cpu_goodput(entry, ideal)
         entry["ideal_loss"] = ideal["final_loss"]
         result["methods"][name.value] = entry
         # after each method: a run cut short keeps the methods it finished
         (args.out / "goodput.json").write_text(json.dumps(result, indent=1, default=str))
     ideal["goodput"] = 1.0
+    ideal["goodput_per_cpu"] = 1.0
     kills = [
         f["rejoin_s"]
         for f in result["methods"].get(Method.TORCHTITAN_FT.value, {}).get("faults", [])

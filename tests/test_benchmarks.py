@@ -544,7 +544,13 @@ def test_goodput_names_a_process_that_trained_its_own_line() -> None:
 
 @pytest.mark.parametrize(
     ("method", "interval"),
-    [("ideal", None), ("torchtitan_ft", 7), ("torchft", 7), ("checkpoint_restart", 7)],
+    [
+        ("ideal", None),
+        ("torchtitan_ft", 7),
+        ("torchtitan_ft_spare", 7),
+        ("torchft", 7),
+        ("checkpoint_restart", 7),
+    ],
 )
 def test_goodput_every_method_but_ideal_writes_checkpoints(
     tmp_path: Path, method: str, interval: int | None
@@ -676,3 +682,202 @@ def test_native_pg_prints_both_group_types_or_why_not() -> None:
     assert set(out["results"]) == {"ours", "native"}
     assert all(set(r) == figures for r in out["results"].values()), out["results"]
     assert out["faster_membership"] in out["results"]
+
+
+@pytest.mark.parametrize(
+    ("method", "flags"),
+    [
+        (
+            "torchtitan_ft",
+            ["--fault_tolerance.group_size=3", "--fault_tolerance.min_replica_size=1"],
+        ),
+        (
+            "torchtitan_ft_spare",
+            [
+                "--fault_tolerance.group_size=4",
+                "--fault_tolerance.min_replica_size=3",
+                "--fault_tolerance.world_size_mode=fixed_with_spares",
+            ],
+        ),
+    ],
+)
+def test_goodput_spare_method_launches_a_hot_spare_group(
+    tmp_path: Path, method: str, flags: list[str]
+) -> None:
+    """torchtitan_ft_spare launches ``--groups`` + 1 groups, every one with
+    ``fixed_with_spares`` and ``min_replica_size = --groups`` (as benchmarks.recovery's spare
+    row): ``--groups`` of them average each step, the last launched is the spare."""
+    from types import SimpleNamespace
+
+    from benchmarks._goodput_job import Method, launched_groups
+    from benchmarks._goodput_launch import Launcher
+    from benchmarks.goodput import options, parse
+
+    opts = options(parse(["--quick", "--methods", "ideal", method, "--out", str(tmp_path)]))
+    launcher = Launcher(Method(method), opts, tmp_path / method)
+    last = launched_groups(Method(method), opts) - 1
+    assert last == (3 if method == "torchtitan_ft_spare" else 2)
+    launch = launcher._group_launch(last, SimpleNamespace(address="http://127.0.0.1:1"), None)
+    try:
+        assert set(flags) <= set(launch.argv), launch.argv
+        assert f"--fault_tolerance.replica_id={last}" in launch.argv
+        if method == "torchtitan_ft":
+            assert not any("world_size_mode" in a for a in launch.argv)
+    finally:
+        launch.limits[0].close()
+
+
+def test_goodput_runs_the_spare_method_only_when_named(tmp_path: Path) -> None:
+    from benchmarks.goodput import parse
+
+    assert "torchtitan_ft_spare" not in parse(["--out", str(tmp_path)]).methods
+    named = parse(["--methods", "ideal", "torchtitan_ft_spare", "--out", str(tmp_path)])
+    assert named.methods == ["ideal", "torchtitan_ft_spare"]
+
+
+def test_goodput_spare_schedule_keeps_the_faults_and_draws_victims_among_every_group() -> None:
+    """The spare's run has the schedule's times, kinds and ranks; its victims are drawn over
+    the launched groups, the spare included (it is hit as often as any group), the same for
+    the same seed; the correlated kind takes all of them."""
+    from benchmarks._goodput_inject import spare_schedule
+    from torchtitan_ft.testing.faults import DEFAULT_KINDS, Fault, FaultKind, fault_schedule
+
+    schedule = fault_schedule(
+        5, start_s=0, end_s=3000, mean_interval_s=10, min_interval_s=1, groups=3, ranks=2,
+        kinds=DEFAULT_KINDS,
+    )  # fmt: skip
+    spare = spare_schedule(schedule, 5, 4)
+    assert [(f.at_s, f.kind, f.rank, len(f.groups)) for f in spare] == [
+        (f.at_s, f.kind, f.rank, len(f.groups)) for f in schedule
+    ]
+    assert all(set(f.groups) <= {0, 1, 2, 3} and len(set(f.groups)) == len(f.groups) for f in spare)
+    hits = [g for f in spare for g in f.groups]
+    assert all(hits.count(g) > len(hits) / 8 for g in range(4)), hits  # each about 1/4
+    assert spare_schedule(schedule, 5, 4) == spare
+    assert spare_schedule(schedule, 6, 4) != spare
+    correlated = Fault(1.0, FaultKind.CORRELATED, (0, 1, 2), 0)
+    assert spare_schedule([correlated], 5, 4)[0].groups == (0, 1, 2, 3)
+
+
+def _spare_record(
+    group: int, time: float, step: int, consumed: list[int], participants: list[int], **kw: Any
+):
+    from benchmarks._goodput_accounts import Record
+
+    return Record(group, 100 + group, time, step, True, consumed, participants, 1.0, 0.0, 0, **kw)
+
+
+@pytest.mark.parametrize(
+    ("spare_records", "running", "struck", "expected"),
+    [
+        # the spare (group 2) took the latest step's update without a slot: it holds the state
+        ([_spare_record(2, 5.1, 5, [5, 5, 0], [0, 1])], [0, 1, 2], {}, [0, 1, 2]),
+        # one step behind (its record of step 5 not yet written): still in step
+        ([_spare_record(2, 4.1, 4, [4, 4, 0], [0, 1])], [0, 1, 2], {}, [0, 1, 2]),
+        # two steps behind: not in step
+        ([_spare_record(2, 3.1, 3, [3, 3, 0], [0, 1])], [0, 1, 2], {}, [0, 1]),
+        # its newest record is its healing step: it holds what it healed to only from the next
+        ([_spare_record(2, 5.1, 5, [5, 5, 0], [], healed=True)], [0, 1, 2], {}, [0, 1]),
+        # not every rank of it runs
+        ([_spare_record(2, 5.1, 5, [5, 5, 0], [0, 1])], [0, 1], {}, [0, 1]),
+        # struck after its last record: not a holder until it is in step again
+        ([_spare_record(2, 5.1, 5, [5, 5, 0], [0, 1])], [0, 1, 2], {2: 5.2}, [0, 1]),
+    ],
+)
+def test_goodput_counts_an_in_step_hot_spare_among_the_state_s_holders(
+    spare_records: list, running: list[int], struck: dict[int, float], expected: list[int]
+) -> None:
+    """Groups 0 and 1 hold the slots and committed step 5; group 2 is the spare, which no
+    step's participants name. Without a spare job the same records give the participants only."""
+    from benchmarks._goodput_inject import state_holders
+
+    slots = [_spare_record(g, 5.0, 5, [5, 5, 0], [0, 1]) for g in (0, 1)]
+    records = sorted([*slots, *spare_records], key=lambda r: r.time)
+    assert state_holders(records, running, struck, spare=True) == expected
+    assert state_holders(records, running, struck, spare=False) == [0, 1]
+
+
+def test_goodput_spare_s_steps_without_a_slot_are_not_trained_samples(tmp_path: Path) -> None:
+    """``--groups 2``, one rank each, and a spare (group 2). Steps 1-3: groups 0 and 1 train
+    (2 samples each per step), the spare takes the update without a slot and its own slice
+    stays unread. Group 1 is killed after step 3; the spare takes its slot at step 4 (its slice
+    is read from then on); group 1's replacement heals at step 5 and is in step at step 6. The
+    job's samples are the ledger's: 4 per step whoever trains, none for the spare's steps
+    without a slot; group 1 is back when it is in step again; every launched group's quota is
+    paid for."""
+    from benchmarks._goodput_accounts import Accounts
+    from benchmarks._goodput_job import Injected, Method
+    from benchmarks.goodput import options, parse, per_cpu_goodput
+    from torchtitan_ft.testing.faults import Fault, FaultKind
+
+    opts = options(
+        parse(["--quick", "--groups", "2", "--methods", "ideal", "torchtitan_ft_spare",
+               "--cpus-per-group", "0.25", "--out", str(tmp_path)])
+    )  # fmt: skip
+    accounts = Accounts(Method.TORCHTITAN_FT_SPARE, opts, started=0.0)
+    accounts.t0 = 0.0
+    rec = _spare_record
+    records = []
+    for n in (1, 2, 3):
+        records += [rec(g, n + g / 10, n, [n, n, 0], [0, 1]) for g in (0, 1, 2)]
+    assert accounts.training_started(records)
+    assert not accounts.training_started([r for r in records if r.group != 2])
+    assert accounts.samples_now(records) == 12  # 3 steps x 2 groups x 2 samples
+    records += [rec(g, 4 + g / 10, 4, [4, 3, 1], [0, 2]) for g in (0, 2)]
+    records += [rec(1, 5.0, 5, [5, 3, 2], [], healed=True)]  # group 1's replacement heals
+    records[-1].pid = 201
+    records += [rec(g, 5 + g / 10, 5, [5, 3, 2], [0, 2]) for g in (0, 2)]
+    for g in (0, 1, 2):
+        records += [rec(g, 6 + g / 10, 6, [6, 3, 3], [0, 2])]
+    records[-2].pid = 201
+    records.sort(key=lambda r: r.time)
+    assert accounts.samples_now(records) == 24  # 6 steps x 4: none for the spare's 1-3
+    assert accounts.trained_together_since(records, since=5.5)
+    assert not accounts.trained_together_since(records[:-1], since=5.5)  # the spare not yet
+    kill = Injected(Fault(3.5, FaultKind.SIGKILL, (1,), 0), 3.5, [1], effect="kill")
+    out = accounts.summary(records, {}, [kill], job_restarts=0, target=24)
+    assert out["time_to_target_s"] == 6.0
+    assert out["faults"][0]["stall_s"] == 0.5  # the spare's step 4 passed the samples at 3.5
+    assert out["faults"][0]["rejoin_s"] == 2.6  # group 1 in step again at step 6
+    assert out["faults_survived"] == 1
+    assert out["launched_groups"] == 3 and out["cpus_quota"] == 0.75
+    assert out["cpu_s_to_target"] == 4.5 and out["samples_per_cpu_s"] == pytest.approx(
+        24 / 4.5, 1e-3
+    )
+    # ideal's two groups took the same 6 s: the same goodput, two thirds of it per CPU-second
+    ideal = {"target_samples": 24, "time_to_target_s": 6.0, "cpus_quota": 0.5}
+    assert per_cpu_goodput(out, ideal) == pytest.approx(0.667)
+    assert per_cpu_goodput({**out, "time_to_target_s": None}, ideal) is None
+
+
+def test_goodput_a_spare_victim_is_back_when_it_is_in_step_again(tmp_path: Path) -> None:
+    """A spare never takes part in a step while the slots are full: it is back once its
+    replacement commits a step it did not heal in."""
+    from benchmarks._goodput_accounts import Accounts
+    from benchmarks._goodput_job import Injected, Method
+    from benchmarks.goodput import options, parse
+    from torchtitan_ft.testing.faults import Fault, FaultKind
+
+    opts = options(parse(["--quick", "--groups", "2", "--out", str(tmp_path)]))
+    accounts = Accounts(Method.TORCHTITAN_FT_SPARE, opts, started=0.0)
+    accounts.t0 = 0.0
+    rec = _spare_record
+    records = [rec(g, 1 + g / 10, 1, [1, 1, 0], [0, 1]) for g in (0, 1, 2)]
+    records += [rec(g, 2 + g / 10, 2, [2, 2, 0], [0, 1]) for g in (0, 1)]
+    healing = rec(2, 3.2, 3, [3, 3, 0], [], healed=True)
+    back = rec(2, 4.2, 4, [4, 4, 0], [0, 1])
+    healing.pid = back.pid = 302
+    records += [
+        healing,
+        *(rec(g, n + g / 10, n, [n, n, 0], [0, 1]) for n in (3, 4) for g in (0, 1)),
+    ]
+    records = sorted([*records, back], key=lambda r: r.time)
+    kill = Injected(Fault(1.5, FaultKind.SIGKILL, (2,), 0), 1.5, [2], effect="kill")
+    out = accounts.summary(records, {}, [kill], job_restarts=0, target=16)
+    assert out["faults"][0]["rejoin_s"] == 2.7 and out["faults_survived"] == 1
+    # the same records in a job without a spare: the group never took part, never back
+    plain = Accounts(Method.TORCHTITAN_FT, opts, started=0.0)
+    plain.t0 = 0.0
+    kill = Injected(Fault(1.5, FaultKind.SIGKILL, (2,), 0), 1.5, [2], effect="kill")
+    out = plain.summary(records, {}, [kill], job_restarts=0, target=16)
+    assert out["faults"][0]["rejoin_s"] is None and out["faults_survived"] == 0

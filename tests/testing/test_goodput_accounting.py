@@ -11,6 +11,7 @@ from torchtitan_ft.testing.goodput_accounting import (
     faults_losing_state,
     job_samples,
     ledger_check,
+    samples_per_cpu_s,
     samples_rolled_back,
     second_lines,
     state_losses,
@@ -154,3 +155,21 @@ def test_second_lines_and_state_losses() -> None:
 )
 def test_faults_losing_state(fault_times: list, loss_times: list, expected: set) -> None:
     assert faults_losing_state(fault_times, [{"time": t} for t in loss_times]) == expected
+
+
+@pytest.mark.parametrize(
+    ("samples", "seconds", "cpus", "expected"),
+    [
+        (1200, 240.0, 1.5, 1200 / 360),  # 3 groups of 0.5 CPU
+        (1200, 240.0, 2.0, 1200 / 480),  # the same with a hot spare: a quarter less per CPU-s
+        (1200, None, 1.5, None),  # the target never reached
+        (1200, 0.0, 1.5, None),
+        (1200, 240.0, 0.0, None),
+    ],
+)
+def test_samples_per_cpu_s(
+    samples: int, seconds: float | None, cpus: float, expected: float | None
+) -> None:
+    assert samples_per_cpu_s(samples, seconds, cpus) == (
+        pytest.approx(expected) if expected is not None else None
+    )

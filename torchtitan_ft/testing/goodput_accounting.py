@@ -3,7 +3,7 @@ job's committed samples over time (:func:`job_samples`), when they reached a tar
 (:func:`time_to_samples`), whether every batch was trained exactly once (:func:`ledger_check`),
 and when the job lost its state (:func:`second_lines`, :func:`state_losses`), which faults it
 did so after (:func:`faults_losing_state`) and the samples each loss rolled back
-(:func:`samples_rolled_back`).
+(:func:`samples_rolled_back`); and what the samples cost in CPU (:func:`samples_per_cpu_s`).
 
 A record here is anything with ``time`` (Unix seconds), ``pid``, ``group``, ``step`` and
 ``committed`` (``benchmarks.goodput.Record``).
@@ -76,6 +76,16 @@ def samples_rolled_back(series: Sequence[tuple[float, int]], loss_time: float, r
     not as trained twice: the final model holds each once."""
     before = [samples for time, samples in sorted(series) if time < loss_time]
     return max(0, before[-1] - resumed) if before else 0
+
+
+def samples_per_cpu_s(samples: int, seconds: float | None, cpus: float) -> float | None:
+    """Samples per CPU-second of quota: ``samples`` trained in ``seconds`` by replica groups
+    whose CPU quotas add up to ``cpus``, every group the job launched counted whether it trained
+    or stood by (a hot spare is paid for as a group is); None when the samples were never
+    reached (``seconds`` None) or no time or CPU was spent."""
+    if seconds is None or seconds <= 0 or cpus <= 0:
+        return None
+    return samples / (seconds * cpus)
 
 
 def ledger_check(finals: dict[int, dict], groups: int) -> dict:
