@@ -181,14 +181,26 @@ sys.meta_path.insert(0, _BeforeTestModules())
 """
 
 CONFTEST = """\
+import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
 import _torchft_standins
+from scripts.run_torchft_tests import is_excluded
 
 _torchft_standins.install()
+
+
+def pytest_collection_modifyitems(config, items):
+    # the excluded tests of this run, which run_torchft_tests.py writes beside this file
+    keys = json.loads((Path(__file__).parent / "excluded.json").read_text())
+    dropped = [item for item in items if is_excluded(item.nodeid, keys)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item not in dropped]
 
 
 def pytest_runtest_setup(item):
@@ -285,10 +297,16 @@ def is_whole_file(key: str) -> bool:
     return key.endswith(".py")
 
 
-def deselect_prefix(key: str) -> str:
-    """The pytest node-id prefix that deselects exclusion ``key`` (a test id, or the stem of a
-    parameterized test's ids ending in ``*``) in the staged tree."""
-    return "torchft/" + key.rstrip("*")
+def is_excluded(nodeid: str, keys: list[str]) -> bool:
+    """Whether the staged test ``nodeid`` (``torchft/<file>::Class::test``) is excluded by one
+    of ``keys``: a test id names that test (and its pytest parameters, ``[...]``), a stem
+    ending in ``*`` every test whose id starts with it. (pytest's ``--deselect`` matches every
+    id with the prefix: ``TestDDP::test_ddp`` would also drop ``TestDDP::test_ddp_after_...``.)"""
+    for key in keys:
+        name = "torchft/" + key.rstrip("*")
+        if nodeid.startswith(name) if key.endswith("*") else nodeid.split("[")[0] == name:
+            return True
+    return False
 
 
 def stage(torchft: Path, tmp: Path) -> None:
@@ -374,8 +392,7 @@ def run(
     cmd += ["--continue-on-collection-errors", f"--timeout={timeout:g}"]
     cmd += [f"--junitxml={report}", "-o", "junit_family=xunit1"]
     cmd += ["-k", keyword] if keyword else []
-    for key in excluded:
-        cmd += ["--deselect", deselect_prefix(key)]
+    (tmp / "excluded.json").write_text(json.dumps(excluded))
     cmd += [f"torchft/{file}" for file in files]
     proc = subprocess.run(cmd, cwd=tmp, env=_env(torchft, tmp), stdout=sys.stderr, check=False)
     out = _outcomes(report)
