@@ -1,24 +1,31 @@
-"""Runs torchft 0.2.0's own shipped tests against torchtitan_ft, under torchft's module names.
+"""Runs torchft's own shipped tests (0.2.0's, or torchft-nightly's) against torchtitan_ft, under
+torchft's module names.
 
 torchft's wheel ships its tests beside its modules (``torchft/manager_test.py``, ...). This script
-copies them, at run time, from the installed reference (``scripts/install_reference.sh``, under
-``.cache/torchft_reference``; none of torchft's code is kept in this repository) into a temporary
-directory, and runs pytest on them with the opt-in compatibility package (``compat/``) first on
-``PYTHONPATH``, so that ``import torchft`` is torchtitan_ft. The reference's own directory is
-never put on ``sys.path``; the compatibility package refuses to import if it is.
+copies them, at run time, from an installed torchft into a temporary directory, and runs pytest
+on them with the opt-in compatibility package (``compat/``) first on ``PYTHONPATH``, so that
+``import torchft`` is torchtitan_ft. None of torchft's code is kept in this repository. The
+source (``--source``): ``0.2.0`` (the default), the reference that
+``scripts/install_reference.sh`` installs under ``.cache/torchft_reference``; or ``nightly``, the
+``torchft`` directory of an installed torchft-nightly wheel, which ``TORCHFT_NIGHTLY_DIR`` names
+(its tests exercise torch's native reconfigure: run this script with a torch >= 2.14). The
+source's own directory is never put on ``sys.path``; the compatibility package refuses to
+import if it is.
 
 The quick files (FAST) share one pytest process; every other file runs in its own, as
 torchft's CI runs them (several initialize torch.distributed's default group and never
-destroy it). A file that does not import is reported as such. The tests
-that cannot pass here, each with its reason, are listed in docs/torchft_tests.md ("Excluded
-tests"); they are not run, and are reported apart. One JSON document is printed:
-``{"files": {file: {"passed": n, "failed": n, "skipped": n, ...}}, "failed": [...],
-"excluded": {test: reason}, "seconds": s}``.
+destroy it). A file that does not import is reported as such. The tests that cannot pass here,
+each with its reason, are listed in docs/torchft_tests.md ("Excluded tests" for 0.2.0, "Excluded
+tests (torchft-nightly)" for nightly); they are not run, and are reported apart. One JSON
+document is printed: ``{"source": "0.2.0" | "nightly", "files": {file: {"passed": n, "failed":
+n, "skipped": n, ...}}, "failed": [...], "excluded": {test: reason}, "seconds": s}``.
 
     python scripts/run_torchft_tests.py                  # the default files (see FILES)
     python scripts/run_torchft_tests.py --fast           # the quick ones (FAST)
     python scripts/run_torchft_tests.py manager_test.py checkpointing/pg_transport_test.py
     python scripts/run_torchft_tests.py --k test_gloo_apis process_group_test.py
+    export TORCHFT_NIGHTLY_DIR=/tmp/tfnvenv/lib/python3.11/site-packages/torchft
+    <venv with torch 2.14>/bin/python scripts/run_torchft_tests.py --source nightly
 
 Exit status: 0 when every test outside the exclusions passed or was skipped, else 1.
 Needs the ``parameterized`` package (torchft's tests use it; in the ``dev`` extra).
@@ -36,6 +43,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +51,9 @@ COMPAT = ROOT / "compat"
 EXCLUSIONS_DOC = ROOT / "docs/torchft_tests.md"
 REFERENCE = Path(os.environ.get("TORCHFT_REFERENCE_DIR", ROOT / ".cache/torchft_reference"))
 TORCHFT = REFERENCE / "torchft"
+NIGHTLY_DIR_ENV = "TORCHFT_NIGHTLY_DIR"
+"""Names the ``torchft`` directory of an installed torchft-nightly wheel (``--source nightly``);
+no default."""
 
 # Quick files (a few seconds each): the subset tests/test_torchft_compat.py runs.
 FAST = [
@@ -72,6 +83,8 @@ FILES = [
     "fsdp_test.py",
     "torchcomms_test.py",
 ]
+# torchft-nightly's default run: 0.2.0's files and the two it added.
+NIGHTLY_FILES = [*FILES, "reconfigure_test.py", "utils_test.py"]
 
 # torchft's private names that its test files import at module level, which this project does
 # not provide. So that the other tests of such a file still run, the harness (never the
@@ -83,6 +96,7 @@ PRIVATE_STANDINS = {
     "torchft.checkpointing._rwlock": ["RWLock"],
     "torchft.multiprocessing": ["_MonitoredPipe"],
     "torchft.checkpointing.http_transport_bench": ["main"],
+    "torchft.process_group": ["_rendezvous"],  # torchft-nightly's reconfigure_test.py
 }
 
 # Private objects whose attributes torchft's test fixtures set and restore around every test
@@ -91,28 +105,21 @@ PRIVATE_STANDINS = {
 # the fixtures run and the tests exercise the public functions. There is no watchdog here.
 INERT_STANDINS = {"torchft.futures": {"_TIMEOUT_MANAGER": {"_watchdog_interval": None}}}
 
-# Written into the temporary directory: makes torchft's test modules and test helpers
-# (``torchft.process_group_test``, ``torchft._test_utils``, ``torchft._test.diloco_trainer``,
+# Written into the temporary directory as ``_torchft_standins.py``: ``install()`` makes
+# torchft's test modules and test helpers (``torchft.process_group_test``,
+# ``torchft._test_utils``, ``torchft._test.diloco_trainer``,
 # ``torchft.checkpointing.transport_test``) importable as submodules of the compatibility
 # package, which is how they import each other, without copying them into it; then binds the
-# stand-ins.
-CONFTEST = """\
+# stand-ins. The conftest calls it in the pytest process, and ``sitecustomize.py`` in every
+# process the tests start (``mp.spawn``'s workers import the test module anew).
+STANDINS_MODULE = """\
 import importlib
-import os
 import sys
 import types
 from pathlib import Path
 
-import pytest
-
-import torchft
-import torchft.checkpointing
-
 HERE = Path(__file__).resolve().parent
-if not torchft.__file__.startswith({compat!r}):
-    sys.exit(f"torchft resolved to {{torchft.__file__}}, not the compatibility package")
-torchft.__path__.append(str(HERE / "torchft"))
-torchft.checkpointing.__path__.append(str(HERE / "torchft" / "checkpointing"))
+_installed = []
 
 
 class _NotProvided:
@@ -128,20 +135,73 @@ class _NotProvided:
     __call__ = __getattr__ = __setattr__ = __iter__ = _refuse
 
 
-for module_name, names in {standins!r}.items():
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        module = sys.modules[module_name] = types.ModuleType(module_name)
-    for name in names:
-        if not hasattr(module, name):
-            setattr(module, name, _NotProvided(f"{{module_name}}.{{name}}"))
+def install():
+    if _installed:
+        return
+    _installed.append(True)
+    import torchft
+    import torchft.checkpointing
 
-for module_name, objects in {inert!r}.items():
-    module = importlib.import_module(module_name)
-    for name, attributes in objects.items():
-        if not hasattr(module, name):
-            setattr(module, name, types.SimpleNamespace(**attributes))
+    if not torchft.__file__.startswith({compat!r}):
+        sys.exit(f"torchft resolved to {{torchft.__file__}}, not the compatibility package")
+    torchft.__path__.append(str(HERE / "torchft"))
+    torchft.checkpointing.__path__.append(str(HERE / "torchft" / "checkpointing"))
+    for module_name, names in {standins!r}.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            module = sys.modules[module_name] = types.ModuleType(module_name)
+        for name in names:
+            if not hasattr(module, name):
+                setattr(module, name, _NotProvided(f"{{module_name}}.{{name}}"))
+    for module_name, objects in {inert!r}.items():
+        module = importlib.import_module(module_name)
+        for name, attributes in objects.items():
+            if not hasattr(module, name):
+                setattr(module, name, types.SimpleNamespace(**attributes))
+"""
+
+# Written into the temporary directory, which is on the test processes' PYTHONPATH: in a
+# process the tests start, installs the stand-ins before its first import of a test module.
+SITECUSTOMIZE = """\
+import sys
+
+
+class _BeforeTestModules:
+    def find_spec(self, name, path=None, target=None):
+        if name.rpartition(".")[2].endswith("_test"):
+            sys.meta_path.remove(self)
+            import _torchft_standins
+
+            _torchft_standins.install()
+        return None
+
+
+sys.meta_path.insert(0, _BeforeTestModules())
+"""
+
+CONFTEST = """\
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import _torchft_standins
+from scripts.run_torchft_tests import is_excluded
+
+_torchft_standins.install()
+
+
+def pytest_collection_modifyitems(config, items):
+    # the excluded tests of this run, which run_torchft_tests.py writes beside this file
+    keys = json.loads((Path(__file__).parent / "excluded.json").read_text())
+    dropped = [item for item in items if is_excluded(item.nodeid, keys)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item not in dropped]
+
 
 def pytest_runtest_setup(item):
     # torchft's tests draw models and inputs unseeded: local_sgd_test's SimpleModel leaves its
@@ -155,7 +215,7 @@ def pytest_runtest_setup(item):
 
 # A failed integration test can leave non-daemon threads (replicas blocked in a quorum) that
 # would keep the interpreter from exiting once pytest is done: exit at the very end.
-_exit_status = {{}}
+_exit_status = {}
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -169,17 +229,62 @@ def pytest_unconfigure(config):
     os._exit(_exit_status.get("code", 1))
 """
 
+
+@dataclass(frozen=True)
+class Source:
+    """Whose tests run: ``name`` (``--source``), the installed ``torchft`` directory they are
+    copied from (None: not located), the default ``files``, the headings of the exclusion
+    tables in docs/torchft_tests.md that apply (a later table's row replaces an earlier one's
+    for the same test), and the one line that says how to get the tests when they are
+    missing."""
+
+    name: str
+    torchft: Path | None
+    files: list[str]
+    exclusion_tables: tuple[str, ...]
+    missing: str
+
+
+def source(name: str, environ: dict[str, str]) -> Source:
+    """The :class:`Source` called ``name`` (``"0.2.0"`` or ``"nightly"``), located from
+    ``environ``."""
+    if name == "nightly":
+        located = environ.get(NIGHTLY_DIR_ENV)
+        return Source(
+            name="nightly",
+            torchft=Path(located) if located else None,
+            files=NIGHTLY_FILES,
+            # nightly's copy of a test 0.2.0 also ships fails here for the same reason
+            exclusion_tables=("## Excluded tests", "## Excluded tests (torchft-nightly)"),
+            missing=(
+                f"--source nightly needs {NIGHTLY_DIR_ENV}, the torchft directory of an installed "
+                f"torchft-nightly ({f'{located} has no manager.py' if located else 'unset'}): "
+                "pip install --no-deps torchft_nightly==2026.10.26 into a venv of its own, then "
+                f"{NIGHTLY_DIR_ENV}=<venv>/lib/python3.11/site-packages/torchft"
+            ),
+        )
+    return Source(
+        name="0.2.0",
+        torchft=TORCHFT,
+        files=FILES,
+        exclusion_tables=("## Excluded tests",),
+        missing=(
+            f"the torchft 0.2.0 reference is not at {TORCHFT}: run scripts/install_reference.sh"
+        ),
+    )
+
+
 _EXCLUSION_ROW = re.compile(r"^\| `([^`]+)` \| (.+?) \|$")
 
 
-def exclusions(doc: Path = EXCLUSIONS_DOC) -> dict[str, str]:
+def exclusions(doc: Path = EXCLUSIONS_DOC, heading: str = "## Excluded tests") -> dict[str, str]:
     """Excluded test (``file::Class::test``, a parameterized test's stem ending in ``*``, or a
-    whole ``file``) -> reason, from the doc's "Excluded tests" table."""
+    whole ``file``) -> reason, from the doc's table under ``heading``."""
     rows: dict[str, str] = {}
     in_section = False
     for line in doc.read_text().splitlines():
         if line.startswith("## "):
-            in_section = line.strip() == "## Excluded tests"
+            in_section = line.strip() == heading
             continue
         match = _EXCLUSION_ROW.match(line) if in_section else None
         if match:
@@ -192,37 +297,47 @@ def is_whole_file(key: str) -> bool:
     return key.endswith(".py")
 
 
-def deselect_prefix(key: str) -> str:
-    """The pytest node-id prefix that deselects exclusion ``key`` (a test id, or the stem of a
-    parameterized test's ids ending in ``*``) in the staged tree."""
-    return "torchft/" + key.rstrip("*")
+def is_excluded(nodeid: str, keys: list[str]) -> bool:
+    """Whether the staged test ``nodeid`` (``torchft/<file>::Class::test``) is excluded by one
+    of ``keys``: a test id names that test (and its pytest parameters, ``[...]``), a stem
+    ending in ``*`` every test whose id starts with it. (pytest's ``--deselect`` matches every
+    id with the prefix: ``TestDDP::test_ddp`` would also drop ``TestDDP::test_ddp_after_...``.)"""
+    for key in keys:
+        name = "torchft/" + key.rstrip("*")
+        if nodeid.startswith(name) if key.endswith("*") else nodeid.split("[")[0] == name:
+            return True
+    return False
 
 
-def stage(tmp: Path) -> None:
-    """Copy the reference's tests and test helpers into ``tmp/torchft`` and write the
-    conftest."""
+def stage(torchft: Path, tmp: Path) -> None:
+    """Copy the tests and test helpers of the installed ``torchft`` directory into
+    ``tmp/torchft``, and write the conftest and the stand-ins' modules beside it."""
     dest = tmp / "torchft"
-    for path in sorted(TORCHFT.rglob("*.py")):
-        rel = path.relative_to(TORCHFT)
+    for path in sorted(torchft.rglob("*.py")):
+        rel = path.relative_to(torchft)
         is_test = path.name.endswith("_test.py") or rel.parts[0] == "_test"
         if is_test or path.name == "_test_utils.py":
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest / rel)
-    (tmp / "conftest.py").write_text(
-        CONFTEST.format(compat=str(COMPAT), standins=PRIVATE_STANDINS, inert=INERT_STANDINS)
+    (tmp / "_torchft_standins.py").write_text(
+        STANDINS_MODULE.format(compat=str(COMPAT), standins=PRIVATE_STANDINS, inert=INERT_STANDINS)
     )
+    (tmp / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (tmp / "conftest.py").write_text(CONFTEST)
 
 
-def _env() -> dict[str, str]:
-    """The test processes' environment: the compatibility package and this checkout first;
-    any path into the reference removed."""
+def _env(torchft: Path, tmp: Path) -> dict[str, str]:
+    """The test processes' environment: the compatibility package, this checkout and the
+    staging directory ``tmp`` first; any path into the directory that holds the installed
+    ``torchft`` removed."""
+    holder = torchft.resolve().parent
     inherited = [
         p
         for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-        if p and not Path(p).resolve().is_relative_to(REFERENCE.resolve())
+        if p and not Path(p).resolve().is_relative_to(holder)
     ]
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(COMPAT), str(ROOT), *inherited])
+    env["PYTHONPATH"] = os.pathsep.join([str(COMPAT), str(ROOT), str(tmp), *inherited])
     return env
 
 
@@ -261,21 +376,25 @@ def _outcomes(report: Path) -> dict[str, dict[str, str]]:
 
 
 def run(
-    tmp: Path, files: list[str], excluded: list[str], timeout: float, keyword: str | None
+    torchft: Path,
+    tmp: Path,
+    files: list[str],
+    excluded: list[str],
+    timeout: float,
+    keyword: str | None,
 ) -> dict:
-    """Run the staged test files in one pytest process (a module that does not import is
-    reported, the others still run), the excluded tests deselected; file -> test id ->
-    outcome. pytest's output goes to stderr."""
+    """Run the test files staged from ``torchft`` in one pytest process (a module that does
+    not import is reported, the others still run), the excluded tests deselected; file -> test
+    id -> outcome. pytest's output goes to stderr."""
     report = tmp / "report.xml"
     report.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE"]
     cmd += ["--continue-on-collection-errors", f"--timeout={timeout:g}"]
     cmd += [f"--junitxml={report}", "-o", "junit_family=xunit1"]
     cmd += ["-k", keyword] if keyword else []
-    for key in excluded:
-        cmd += ["--deselect", deselect_prefix(key)]
+    (tmp / "excluded.json").write_text(json.dumps(excluded))
     cmd += [f"torchft/{file}" for file in files]
-    proc = subprocess.run(cmd, cwd=tmp, env=_env(), stdout=sys.stderr, check=False)
+    proc = subprocess.run(cmd, cwd=tmp, env=_env(torchft, tmp), stdout=sys.stderr, check=False)
     out = _outcomes(report)
     if proc.returncode not in (0, 1, 5):
         for file in files:
@@ -304,31 +423,42 @@ def summarize(results: dict[str, dict[str, str]], files: list[str], rows: dict[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="*", help="test files, relative to torchft/")
+    parser.add_argument(
+        "--source",
+        choices=("0.2.0", "nightly"),
+        default="0.2.0",
+        help=f"whose tests: torchft 0.2.0's reference (default) or the torchft-nightly wheel's "
+        f"(${NIGHTLY_DIR_ENV})",
+    )
     parser.add_argument("--fast", action="store_true", help="only the quick files (FAST)")
     parser.add_argument("--k", dest="keyword", help="pytest -k expression")
     parser.add_argument(
         "--timeout", type=float, default=120.0, help="per-test timeout, seconds (default 120)"
     )
     args = parser.parse_args(argv)
-    if not (TORCHFT / "manager.py").exists():
-        print(f"the torchft 0.2.0 reference is not at {TORCHFT}: run scripts/install_reference.sh")
+    src = source(args.source, dict(os.environ))
+    torchft = src.torchft
+    if torchft is None or not (torchft / "manager.py").exists():
+        print(src.missing)
         return 2
-    files = args.files or (FAST if args.fast else FILES)
-    unknown = [f for f in files if not (TORCHFT / f).is_file()]
+    files = args.files or (FAST if args.fast else src.files)
+    unknown = [f for f in files if not (torchft / f).is_file()]
     if unknown:
-        parser.error(f"no such torchft test file: {', '.join(unknown)} (under {TORCHFT})")
-    rows = exclusions()
+        parser.error(f"no such torchft test file: {', '.join(unknown)} (under {torchft})")
+    rows = {
+        k: r for heading in src.exclusion_tables for k, r in exclusions(heading=heading).items()
+    }
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="torchft-tests-") as tmp:
-        stage(Path(tmp))
+        stage(torchft, Path(tmp))
         runnable = [f for f in files if not (f in rows and is_whole_file(f))]
         partial = [k for k in rows if not is_whole_file(k) and k.split("::")[0] in runnable]
         batches = [[f for f in runnable if f in FAST]]
         batches += [[f] for f in runnable if f not in FAST]
         results = {}
         for batch in filter(None, batches):
-            results.update(run(Path(tmp), batch, partial, args.timeout, args.keyword))
-    doc = summarize(results, files, rows)
+            results.update(run(torchft, Path(tmp), batch, partial, args.timeout, args.keyword))
+    doc = {"source": src.name, **summarize(results, files, rows)}
     doc["seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(doc, indent=1))
     return 1 if doc["failed"] else 0

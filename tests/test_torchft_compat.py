@@ -2,7 +2,8 @@
 compatibility package"): its modules re-export exactly what docs/torchft_mapping.md says is
 provided, as the same objects; it refuses to import, and its install script to install, beside
 a real torchft; the project itself never imports it; and torchft 0.2.0's own quick test files
-pass against it as docs/torchft_tests.md claims (scripts/run_torchft_tests.py).
+pass against it as docs/torchft_tests.md claims (scripts/run_torchft_tests.py); so do
+torchft-nightly's where ``TORCHFT_NIGHTLY_DIR`` names its installed ``torchft`` directory.
 
 Everything that imports ``torchft`` runs in a subprocess, so this test process never has a
 ``torchft`` module (TorchTitan's ``components.ft`` would otherwise pick it up).
@@ -229,10 +230,10 @@ _JOB_VARIABLES = (
 )
 
 
-def _claimed_results() -> dict[str, dict[str, int]]:
-    """file -> {"passed", "skipped", "excluded"} from docs/torchft_tests.md's "Results"
-    table."""
-    section = TESTS_DOC.read_text().split("## Results", 1)[1].split("\n## ", 1)[0]
+def _claimed_results(heading: str = "## Results") -> dict[str, dict[str, int]]:
+    """file -> {"passed", "skipped", "excluded"} from the table under docs/torchft_tests.md's
+    ``heading`` (0.2.0's "Results", or nightly's)."""
+    section = TESTS_DOC.read_text().split(f"{heading}\n", 1)[1].split("\n## ", 1)[0]
     claimed = {}
     for line in section.splitlines():
         match = re.fullmatch(r"\| `([^`]+)` \| (\d+) \| (\d+) \| (\d+) \|.*", line)
@@ -246,19 +247,16 @@ def _claimed_results() -> dict[str, dict[str, int]]:
     return claimed
 
 
-@needs_reference
-@pytest.mark.multiprocess
-@pytest.mark.timeout(240)
-def test_torchft_s_quick_test_files_pass_as_the_docs_claim() -> None:
-    pytest.importorskip("parameterized", reason="torchft's tests need parameterized (dev extra)")
-    from scripts.run_torchft_tests import FAST
-
+def _run_fast(source: str, extra_env: dict[str, str]) -> tuple[dict, str]:
+    """scripts/run_torchft_tests.py ``--source <source> --fast``: its JSON report and
+    stderr."""
     # Without what other tests of this session may have left in the environment (torchrun's
     # and torchft's variables would change what torchft's tests construct).
     env = {k: v for k, v in os.environ.items() if not k.startswith(_JOB_VARIABLES)}
+    script = str(ROOT / "scripts/run_torchft_tests.py")
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/run_torchft_tests.py"), "--fast", "--timeout", "60"],
-        env={**env, "PYTHONPATH": str(ROOT)},
+        [sys.executable, script, "--source", source, "--fast", "--timeout", "60"],
+        env={**env, **extra_env, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         timeout=200,
@@ -266,11 +264,79 @@ def test_torchft_s_quick_test_files_pass_as_the_docs_claim() -> None:
     )
     assert result.stdout, result.stderr[-4000:]
     report = json.loads(result.stdout)
+    assert report["source"] == source
     assert report["failed"] == [], result.stderr[-6000:]
-    claimed = _claimed_results()
+    assert result.returncode == 0, result.stderr[-6000:]
+    return report, result.stderr
+
+
+def _assert_counts_as_claimed(report: dict, heading: str, stderr: str) -> None:
+    from scripts.run_torchft_tests import FAST
+
+    claimed = _claimed_results(heading)
     for file in FAST:
         counts = dict(report["files"][file])
         del counts["failed"]
         counts["excluded"] = sum(key.split("::")[0] == file for key in report["excluded"])
-        assert counts == claimed[file], (file, counts, claimed[file], result.stderr[-6000:])
-    assert result.returncode == 0
+        assert counts == claimed[file], (file, counts, claimed[file], stderr[-6000:])
+
+
+@needs_reference
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_torchft_s_quick_test_files_pass_as_the_docs_claim() -> None:
+    pytest.importorskip("parameterized", reason="torchft's tests need parameterized (dev extra)")
+    # the reference that needs_reference found (TORCHFT_ is among the variables left out)
+    report, stderr = _run_fast("0.2.0", {"TORCHFT_REFERENCE_DIR": str(TORCHFT.parent)})
+    _assert_counts_as_claimed(report, "## Results", stderr)
+
+
+NIGHTLY_DIR = os.environ.get("TORCHFT_NIGHTLY_DIR", "")
+
+
+@pytest.mark.skipif(
+    not NIGHTLY_DIR,
+    reason="TORCHFT_NIGHTLY_DIR unset (torchft-nightly's installed torchft directory; "
+    "docs/torchft_tests.md)",
+)
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_torchft_nightly_s_quick_test_files_pass_as_the_docs_claim() -> None:
+    pytest.importorskip("parameterized", reason="torchft's tests need parameterized (dev extra)")
+    report, stderr = _run_fast("nightly", {"TORCHFT_NIGHTLY_DIR": NIGHTLY_DIR})
+    _assert_counts_as_claimed(report, "## Results (torchft-nightly 2026.10.26)", stderr)
+
+
+def test_nightly_tests_without_their_directory_stop_with_how_to_get_them() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TORCHFT_NIGHTLY_DIR"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/run_torchft_tests.py"), "--source", "nightly"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1 and "TORCHFT_NIGHTLY_DIR" in lines[0] and "(unset)" in lines[0]
+    assert "pip install --no-deps torchft_nightly==2026.10.26" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("nodeid", "excluded"),
+    [
+        ("torchft/ddp_test.py::TestDDP::test_ddp", True),
+        # a test whose name only starts with an excluded one's still runs
+        ("torchft/ddp_test.py::TestDDP::test_ddp_after_the_manager_errored", False),
+        ("torchft/ddp_test.py::TestDDP::test_ddp[cpu]", True),
+        ("torchft/x_test.py::T::test_resiliency_0_allreduce", True),
+        ("torchft/x_test.py::T::test_other", False),
+        ("torchft/other_test.py::TestDDP::test_ddp", False),
+    ],
+)
+def test_an_exclusion_names_a_test_or_with_a_star_a_stem(nodeid: str, excluded: bool) -> None:
+    from scripts.run_torchft_tests import is_excluded
+
+    keys = ["ddp_test.py::TestDDP::test_ddp", "x_test.py::T::test_resiliency*"]
+    assert is_excluded(nodeid, keys) is excluded

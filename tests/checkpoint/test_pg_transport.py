@@ -78,3 +78,45 @@ def test_a_silent_peer_is_a_transfer_error_that_says_timed_out() -> None:
         transport.recv_checkpoint(1, "<n/a>", 3, short)
     with pytest.raises(CheckpointTransferError, match=r"to rank 1 timed out after 0:00:00.2"):
         transport.send_checkpoint([1], 3, {"w": torch.ones(2)}, short)
+
+
+class _TimedOutWork(dist.Work):
+    """A send or recv of a silent peer: records the timeout it was waited with, then times
+    out."""
+
+    def __init__(self, waits: list[timedelta | None]) -> None:
+        super().__init__()
+        self._waits = waits
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self._waits.append(timeout)
+        raise TimeoutError("the peer did not answer")
+
+
+class _RecordingSilentPeer:
+    def __init__(self) -> None:
+        self.waits: list[timedelta | None] = []
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
+        return _TimedOutWork(self.waits)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist.Work:
+        return _TimedOutWork(self.waits)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("omitted", TIMEOUT), (None, TIMEOUT), (timedelta(seconds=2), timedelta(seconds=2))],
+)
+def test_a_call_without_a_timeout_of_its_own_waits_with_the_transport_s(
+    given: object, expected: timedelta
+) -> None:
+    # torchft-nightly's signature: send_checkpoint / recv_checkpoint's timeout is optional.
+    peer = _RecordingSilentPeer()
+    transport: PGTransport = PGTransport(peer, TIMEOUT, torch.device("cpu"))  # type: ignore[arg-type]
+    kwargs = {} if given == "omitted" else {"timeout": given}
+    with pytest.raises(CheckpointTransferError, match="timed out"):
+        transport.recv_checkpoint(1, "<n/a>", 3, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(CheckpointTransferError, match="timed out"):
+        transport.send_checkpoint([1], 3, {"w": torch.ones(2)}, **kwargs)  # type: ignore[arg-type]
+    assert peer.waits == [expected, expected]

@@ -15,6 +15,7 @@ from torchtitan_ft.process_group import (
     FakeProcessGroupWrapper,
     ProcessGroupDummy,
     ProcessGroupGloo,
+    ReconfigureOptions,
 )
 
 
@@ -29,6 +30,8 @@ def test_dummy_completes_every_collective_as_one_rank_would() -> None:
     pg.configure("unused:0/p", "r", 0, 1)
     pg.configure("unused:0/q", "r", 0, 1)
     assert pg.configure_count == 2
+    assert pg.reconfigure(ReconfigureOptions()).wait()
+    assert (pg.configure_count, pg.reconfigure_count) == (2, 1)
 
     t = torch.arange(3.0)
     work = pg.allreduce([t], ReduceOp.SUM)

@@ -49,7 +49,8 @@ class PGTransport(CheckpointTransport[T]):
         pg: a ``torch.distributed.ProcessGroup`` (or one of this package's process groups)
             holding the donor and the receivers; ``dst_ranks`` and ``src_rank`` are ranks in
             this group.
-        timeout: default time limit of one transfer.
+        timeout: default time limit of each send or receive of one transfer (a call's own
+            ``timeout`` replaces it; None or omitted there: this one).
         device: where received tensors are allocated and what the process group moves
             (``cpu`` for gloo, ``cuda`` for NCCL).
     """
@@ -66,13 +67,14 @@ class PGTransport(CheckpointTransport[T]):
         return "<n/a>"
 
     def send_checkpoint(
-        self, dst_ranks: list[int], step: int, state_dict: T, timeout: timedelta
+        self, dst_ranks: list[int], step: int, state_dict: T, timeout: timedelta | None = None
     ) -> None:
         """Sends ``state_dict`` as ``step`` to each of ``dst_ranks`` in turn; blocks until done.
 
         Raises TypeError for unsupported leaves and CheckpointTransferError when a send fails
-        or does not complete within ``timeout``.
+        or does not complete within ``timeout`` (None: the transport's).
         """
+        timeout = self._timeout if timeout is None else timeout
         started = time.perf_counter()
         tree, tensors = flatten(state_dict)
         specs = layout(tensors)
@@ -100,13 +102,16 @@ class PGTransport(CheckpointTransport[T]):
             time.perf_counter() - started,
         )
 
-    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> T:
+    def recv_checkpoint(
+        self, src_rank: int, metadata: str, step: int, timeout: timedelta | None = None
+    ) -> T:
         """Receives the state of ``step`` from ``src_rank`` (``metadata`` is unused).
 
         Raises CheckpointTransferError when the source fails, nothing arrives within
-        ``timeout``, or the source sends another step (its tensors are drained first so the
-        process group stays in sync).
+        ``timeout`` (None: the transport's), or the source sends another step (its tensors are
+        drained first so the process group stays in sync).
         """
+        timeout = self._timeout if timeout is None else timeout
         started = time.perf_counter()
         try:
             length = torch.zeros(1, dtype=torch.int64, device=self._device)

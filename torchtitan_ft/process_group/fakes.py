@@ -14,7 +14,13 @@ from torch.distributed.distributed_c10d import (
 )
 from torch.futures import Future
 
-from torchtitan_ft.process_group.base import NO_TIMEOUT, CompletedWork, GroupConfig, ProcessGroup
+from torchtitan_ft.process_group.base import (
+    NO_TIMEOUT,
+    CompletedWork,
+    GroupConfig,
+    ProcessGroup,
+    ReconfigureOptions,
+)
 from torchtitan_ft.process_group.collectives import Args, Collective
 from torchtitan_ft.process_group.wrappers import ProcessGroupWrapper
 
@@ -27,7 +33,8 @@ class ProcessGroupDummy(ProcessGroup):
     leave the tensors as they are; allgather, reduce_scatter and alltoall copy the input to the
     output. send and recv do nothing. Futures complete with what the real groups' do. Useful
     to run code that needs a process group (e.g. torch's DDP) without communicating.
-    :meth:`configure` only counts its calls (``configure_count``).
+    :meth:`configure` only counts its calls (``configure_count``), and so does
+    :meth:`reconfigure` (``reconfigure_count``, torchft-nightly's name).
 
     Args:
         rank: must be 0.
@@ -48,9 +55,16 @@ class ProcessGroupDummy(ProcessGroup):
         self._world = world
         self.configure_count = 0
         """How many times :meth:`configure` was called."""
+        self.reconfigure_count = 0
+        """How many times :meth:`reconfigure` was called."""
 
     def _configure(self, config: GroupConfig) -> None:
         self.configure_count += 1
+
+    def reconfigure(self, opts: ReconfigureOptions) -> Work:
+        """Counts the call; ``opts`` is not used (a group of one has no peers to find)."""
+        self.reconfigure_count += 1
+        return CompletedWork(None)
 
     def set_timeout(self, timeout: timedelta) -> None:
         """Nothing to time out: accepted and ignored."""
