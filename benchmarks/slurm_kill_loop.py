@@ -14,7 +14,7 @@ Figures:
 
 * ``back_s``: for each kill, from the ``scancel`` to the first committed step a later job of
   the group took part in (its commit log): median, p95, max. It includes the runner noticing (its
-  ``--poll_s``), then either a warm standby job taking the place (``--standbys``, default 4:
+  ``--poll_s``), then either a warm standby job taking the place (``--standbys``, default 6:
   the standby reads its assignment and builds the Manager) or Slurm starting a new job with its
   Python and torch imports, and the heal;
 * ``noticed_s_median`` and ``resubmitted_s_median``: from the kill to the runner's ``ended``
@@ -29,7 +29,7 @@ Figures:
   parameters and optimizer state.
 
     python -m benchmarks.slurm_kill_loop [--groups 3] [--kills 50] [--mtbf_secs 10] [--seed 0]
-        [--standbys 4]
+        [--standbys 6]
 """
 
 from __future__ import annotations
@@ -322,7 +322,7 @@ def main() -> None:
     )
     parser.add_argument("--poll_s", type=float, default=0.2, help="the runner's squeue period")
     parser.add_argument(
-        "--standbys", type=int, default=4, help="the runner's warm standby jobs (0: resubmit)"
+        "--standbys", type=int, default=6, help="the runner's warm standby jobs (0: resubmit)"
     )
     parser.add_argument("--budget_s", type=float, default=600.0, help="the kill loop's most time")
     parser.add_argument("--start_timeout_s", type=float, default=300.0)
