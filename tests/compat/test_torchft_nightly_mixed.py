@@ -8,11 +8,12 @@ from the other kind's server and reads its checkpoint metadata over that server'
 
 What this does not cover, and why: a mixed *training* job. torchft-nightly's ``Manager`` forms
 its cross-group group only from field-14 handles (``ProcessGroup.reconfigure``), and our
-``Manager`` still forms it from the quorum's store address (``pg.configure``) and sends no
-handle; a quorum holding one of our groups therefore gives a nightly rank no handles, and its
-reconfigure fails. The two heal transports differ as well (nightly's HTTP transport sends
-pickles, ours a JSON header and raw tensors), so a mixed job would pass both Managers one
-transport. See docs/torchft_tests.md.
+``Manager``, with the default ``process_group_kind = "rebuilt"``, forms it from the quorum's
+store address (``pg.configure``) and sends no handle; a quorum holding one of our groups
+therefore gives a nightly rank no handles, and its reconfigure fails (a ``"native"`` group
+sends one; not yet run mixed). The two heal transports differ as well (nightly's HTTP
+transport sends pickles, ours a JSON header and raw tensors), so a mixed job would pass both
+Managers one transport. See docs/torchft_tests.md.
 
 Then, in --full, a training job of two groups on nightly's own ``Manager`` and native-reconfigure
 ``ProcessGroupGloo`` under our lighthouse, one SIGKILLed and healed.
