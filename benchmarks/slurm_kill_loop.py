@@ -299,12 +299,7 @@ def run(args: argparse.Namespace) -> dict:
         "resubmitted_s_median": statistics.median(resubmitted) if resubmitted else None,
         "back_s_ready_standby": _stats(backs_ready),
         "standby_warmup_s": _stats(warmups),
-        "back_s": {
-            "median": statistics.median(backs) if backs else None,
-            "p95": _percentile(backs, 0.95) if backs else None,
-            "max": max(backs) if backs else None,
-            "all": [round(b, 3) for b in backs],
-        },
+        "back_s": {**_stats(backs), "all": [round(b, 3) for b in backs]},
     }
 
 
